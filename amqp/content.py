@@ -1,0 +1,111 @@
+"""Content: the inbound message, its assembly from frames, and its splitting into frames.
+
+A Message holds what a basic.publish carried: the exchange and routing key, the content header
+payload exactly as the publisher encoded it, and the body. Properties are decoded on first use
+only. Outbound, a message becomes one header frame and as many body frames as frame_max allows,
+built from those same bytes.
+
+No I/O and no broker knowledge; a Message is immutable once built and can be shared freely.
+"""
+
+from __future__ import annotations
+
+import copy
+import struct
+from typing import Any
+
+from leveret.amqp import constants as c
+from leveret.amqp import properties as props
+
+_FRAME_HEAD = struct.Struct(">BHI")
+_END = c.FRAME_END_BYTE
+_REMOVE = object()
+
+
+class Message:
+    """One published message, with lazily decoded properties."""
+
+    __slots__ = ("_props", "body", "exchange", "header", "routing_key")
+
+    def __init__(self, exchange: str, routing_key: str, header: bytes, body: bytes) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.header = header
+        self.body = body
+        self._props: Any = None
+
+    @classmethod
+    def build(
+        cls, exchange: str, routing_key: str, body: bytes, properties: Any = None
+    ) -> Message:
+        """A message created by the broker itself (tests, dead letters, the management API)."""
+        properties = properties if properties is not None else props.Properties()
+        return cls(exchange, routing_key, props.encode(len(body), properties), body)
+
+    @property
+    def properties(self) -> Any:
+        if self._props is None:
+            self._props = props.decode(self.header)
+        return self._props
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        if not self.header[12] & 0x20:  # FLAG_HEADERS is bit 13: high byte, bit 5
+            return {}
+        return self.properties.headers or {}
+
+    @property
+    def delivery_mode(self) -> int:
+        return self.properties.delivery_mode or 1
+
+    @property
+    def persistent(self) -> bool:
+        return self.properties.delivery_mode == 2
+
+    @property
+    def priority(self) -> int:
+        return self.properties.priority or 0
+
+    @property
+    def expiration(self) -> str | None:
+        value = self.properties.expiration
+        return value if value else None
+
+    @property
+    def size(self) -> int:
+        return len(self.body)
+
+    def replace(self, *, exchange: str | None = None, routing_key: str | None = None,
+                **changes: Any) -> Message:
+        """A copy with some properties changed; a property given as None is removed."""
+        header = self.header
+        if changes:
+            new_props = copy.copy(self.properties)
+            for name, value in changes.items():
+                setattr(new_props, name, value)
+            header = props.encode(len(self.body), new_props)
+        return Message(
+            self.exchange if exchange is None else exchange,
+            self.routing_key if routing_key is None else routing_key,
+            header,
+            self.body,
+        )
+
+    def __repr__(self) -> str:
+        return f"<Message {self.exchange!r}/{self.routing_key!r} {len(self.body)} bytes>"
+
+
+def content_frames(channel: int, header: bytes, body: bytes, frame_max: int) -> list[bytes]:
+    """The header frame and body frames of a message, as byte strings to write."""
+    parts = [_FRAME_HEAD.pack(c.FRAME_HEADER, channel, len(header)), header, _END]
+    max_body = frame_max - c.FRAME_OVERHEAD
+    size = len(body)
+    if size <= max_body:
+        if size:
+            parts += (_FRAME_HEAD.pack(c.FRAME_BODY, channel, size), body, _END)
+        return parts
+    view = memoryview(body)
+    for start in range(0, size, max_body):
+        piece = view[start : start + max_body]
+        parts += (_FRAME_HEAD.pack(c.FRAME_BODY, channel, len(piece)), piece, _END)
+    return parts

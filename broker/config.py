@@ -1,0 +1,112 @@
+"""Broker configuration: embedded defaults, then a TOML file, then LEVERET_* env vars, then flags.
+
+`leveret serve` runs with no file at all. Every setting has a default here; a TOML file
+overrides some of them, environment variables named LEVERET_<SETTING> (upper case) override
+those, and command-line flags override everything. Unknown keys and bad values are errors
+that name the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(Exception):
+    """A configuration value that cannot be used; the message names the setting."""
+
+
+@dataclass
+class Config:
+    host: str = "0.0.0.0"
+    port: int = 5672
+    data_dir: Path = Path("./leveret-data")
+    default_vhost: str = "/"
+    default_user: str = "guest"
+    default_pass: str = "guest"
+    loopback_users: list[str] = field(default_factory=lambda: ["guest"])
+    frame_max: int = 131072
+    channel_max: int = 2047
+    heartbeat_s: int = 60
+    max_message_size_bytes: int = 134_217_728
+    max_connections: int = 0  # 0 = unlimited
+    handshake_timeout_s: float = 10.0
+    management_port: int = 15672
+    management_host: str = ""  # "" = same as host
+    log_format: str = "auto"  # auto | console | json
+    log_level: str = "info"
+    loop: str = "asyncio"  # asyncio | uvloop
+    stream_fsync: str = "never"  # never | always | <ms>
+    definitions: Path | None = None
+    tls_port: int = 0  # 0 = no amqps listener
+    tls_certfile: Path | None = None
+    tls_keyfile: Path | None = None
+    tls_cacertfile: Path | None = None
+    tls_verify_peer: bool = False
+    vm_memory_high_watermark: float = 0.4
+    disk_free_limit_bytes: int = 50_000_000
+
+    def replace(self, **changes: Any) -> Config:
+        return dataclasses.replace(self, **changes)
+
+
+_FIELDS = {f.name: f for f in fields(Config)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    default = getattr(Config(), name)
+    kind = _FIELDS[name].type
+    try:
+        if isinstance(default, bool) or kind == "bool":
+            if isinstance(value, bool):
+                return value
+            lowered = str(value).strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if isinstance(default, int):
+            return int(value)
+        if isinstance(default, float):
+            return float(value)
+        if isinstance(default, list):
+            return [v.strip() for v in value.split(",")] if isinstance(value, str) else list(value)
+        if "Path" in str(kind):
+            return Path(value) if value not in (None, "") else None
+        return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"invalid value {value!r} for setting '{name}'") from None
+
+
+def load(config_file: Path | None = None, env: Mapping[str, str] | None = None,
+         overrides: Mapping[str, Any] | None = None) -> Config:
+    """Defaults < TOML file < LEVERET_* environment < explicit overrides (flags)."""
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            with open(config_file, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {config_file}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from None
+        for key, value in data.items():
+            name = key.replace("-", "_")
+            if name not in _FIELDS:
+                raise ConfigError(f"unknown setting '{key}' in {config_file}")
+            values[name] = _coerce(name, value)
+    env = os.environ if env is None else env
+    for name in _FIELDS:
+        raw = env.get(f"LEVERET_{name.upper()}")
+        if raw is not None:
+            values[name] = _coerce(name, raw)
+    for name, value in (overrides or {}).items():
+        if value is not None:
+            values[name] = _coerce(name, value)
+    return Config(**values)

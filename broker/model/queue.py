@@ -1,0 +1,361 @@
+"""Queues: what every queue type shares, and the classic queue.
+
+The classic queue keeps ready messages in a store (FIFO or per priority), hands them round
+robin to consumers that have credit, and applies RabbitMQ's arguments: message TTL (expiry at
+the head only), x-expires, max length and bytes with drop-head or reject-publish, priorities,
+dead-lettering and single active consumer. Unacked messages live in the consuming channel;
+they come back through requeue() or leave through settle().
+
+Single-threaded: every method runs on the event loop thread.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from leveret.broker.model import args as qargs
+from leveret.broker.model.consumer import Consumer
+from leveret.broker.model.errors import AccessRefused, PreconditionFailed, resource
+from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
+from leveret.broker.model.store import MemoryStore, PriorityStore
+
+if TYPE_CHECKING:
+    from leveret.broker.model.vhost import VHost
+
+
+class Queue:
+    """What every queue type has: identity, flags, consumers and the exclusive rules."""
+
+    kind = "queue"
+    type = "classic"
+
+    def __init__(self, vhost: VHost, name: str, *, durable: bool = True,
+                 exclusive_owner: Any = None, auto_delete: bool = False,
+                 arguments: dict[str, Any] | None = None) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner
+        self.auto_delete = auto_delete
+        self.arguments = dict(arguments or {})
+        self.consumers: list[Consumer] = []
+        self.had_consumers = False
+        self.deleted = False
+        self.dedup: Any = None  # a queue-level deduplication cache, when enabled
+        self.stats_published = 0
+        self.stats_delivered = 0
+
+    @property
+    def resource(self) -> str:
+        return resource("queue", self.name, self.vhost.name)
+
+    @property
+    def exclusive(self) -> bool:
+        return self.exclusive_owner is not None
+
+    @property
+    def message_count(self) -> int:
+        return 0
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self.consumers)
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        if consumer.exclusive and self.consumers:
+            raise AccessRefused(f"{self.resource} in exclusive use")
+        if any(c.exclusive for c in self.consumers):
+            raise AccessRefused(f"{self.resource} in exclusive use")
+        self.consumers.append(consumer)
+        self.had_consumers = True
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        if self.auto_delete and self.had_consumers and not self.consumers and not self.deleted:
+            self.vhost.delete_queue(self)
+
+    def touch(self) -> None:
+        """A basic.get or a redeclare: the queue is in use (x-expires)."""
+
+    def on_delete(self) -> None:
+        """The queue is being deleted: tell consumers, free resources."""
+        self.deleted = True
+        for consumer in list(self.consumers):
+            consumer.sink.server_cancel(consumer)
+        self.consumers.clear()
+
+
+class ClassicQueue(Queue):
+    type = "classic"
+
+    def __init__(self, vhost: VHost, name: str, **kwargs: Any) -> None:
+        super().__init__(vhost, name, **kwargs)
+        a = self.arguments
+        self.ttl_ms: int | None = a.get("x-message-ttl")
+        self.expires_ms: int | None = a.get("x-expires")
+        self.max_length: int | None = a.get("x-max-length")
+        self.max_length_bytes: int | None = a.get("x-max-length-bytes")
+        self.overflow = qargs.text(a.get("x-overflow", "drop-head"))
+        self.max_priority: int | None = a.get("x-max-priority")
+        dlx = a.get("x-dead-letter-exchange")
+        self.dlx: str | None = qargs.text(dlx) if dlx is not None else None
+        dlrk = a.get("x-dead-letter-routing-key")
+        self.dlrk: str | None = qargs.text(dlrk) if dlrk is not None else None
+        self.single_active = a.get("x-single-active-consumer") is True
+        self.messages: MemoryStore | PriorityStore = (
+            PriorityStore(self.max_priority) if self.max_priority else MemoryStore()
+        )
+        self.unacked = 0
+        self._seq = 0
+        self._rr = 0
+        self._dispatching = False
+        self._expiry_timer: Any = None
+        self._expiry_at: int | None = None
+        self._idle_timer: Any = None
+        self.arm_idle_timer()
+
+    @property
+    def message_count(self) -> int:
+        return len(self.messages)
+
+    @property
+    def message_bytes(self) -> int:
+        return self.messages.bytes
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    def _expires_at(self, message: InboundMessage, now: int) -> int | None:
+        ttl = self.ttl_ms
+        expiration = message.expiration
+        if expiration is not None:
+            per_message = qargs.parse_expiration(expiration)
+            ttl = per_message if ttl is None else min(ttl, per_message)
+        return None if ttl is None else now + ttl
+
+    def _would_overflow(self, message: InboundMessage) -> bool:
+        if self.max_length is not None and len(self.messages) + 1 > self.max_length:
+            return True
+        return (self.max_length_bytes is not None
+                and self.messages.bytes + message.size > self.max_length_bytes)
+
+    def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
+        """Enqueue one message; False if it was refused (reject-publish overflow)."""
+        if self.overflow != "drop-head" and self._would_overflow(message):
+            if confirm is not None:
+                confirm.reject()
+            if self.overflow == "reject-publish-dlx":
+                self.vhost.dead_letter(self, QueuedMessage(message, 0), "maxlen")
+            return False
+        now = self.vhost.scheduler.now_ms()
+        self._seq += 1
+        entry = QueuedMessage(message, self._seq, self._expires_at(message, now),
+                              min(message.priority, self.max_priority or 0))
+        self.stats_published += 1
+        self.messages.push(entry)
+        self.accept(entry, confirm)
+        self.dispatch()
+        self._drop_over_limit()
+        self._expire_head(now)
+        return True
+
+    def accept(self, entry: QueuedMessage, confirm: Confirm | None) -> None:
+        """A new entry is in the store; a durable queue persists it here."""
+
+    def _drop_over_limit(self) -> None:
+        messages = self.messages
+        while (
+            (self.max_length is not None and len(messages) > self.max_length)
+            or (self.max_length_bytes is not None and messages.bytes > self.max_length_bytes)
+        ):
+            entry = messages.pop()
+            if entry is None:
+                break
+            self.discard(entry, "maxlen")
+
+    # -- delivering ---------------------------------------------------------------------------
+
+    def _next_consumer(self) -> Consumer | None:
+        consumers = self.consumers
+        if not consumers:
+            return None
+        if self.single_active:
+            first = consumers[0]
+            return first if first.sink.can_send(first) else None
+        count = len(consumers)
+        top = max(c.priority for c in consumers)
+        for step in range(count):
+            index = (self._rr + step) % count
+            consumer = consumers[index]
+            if consumer.priority == top and consumer.sink.can_send(consumer):
+                self._rr = (index + 1) % count
+                return consumer
+        if any(c.priority != top for c in consumers):
+            for consumer in sorted(consumers, key=lambda c: -c.priority):
+                if consumer.sink.can_send(consumer):
+                    return consumer
+        return None
+
+    def dispatch(self) -> None:
+        """Hand ready messages to consumers while any has credit."""
+        if self._dispatching or not self.consumers or not len(self.messages):
+            return
+        self._dispatching = True
+        try:
+            now = self.vhost.scheduler.now_ms()
+            while len(self.messages):
+                consumer = self._next_consumer()
+                if consumer is None:
+                    break
+                entry = self._pop_live(now)
+                if entry is None:
+                    break
+                self.deliver_to(consumer, entry)
+        finally:
+            self._dispatching = False
+
+    def deliver_to(self, consumer: Consumer, entry: QueuedMessage) -> None:
+        self.stats_delivered += 1
+        if consumer.no_ack:
+            consumer.sink.send(consumer, entry, self)
+            self.settled(entry)
+        else:
+            self.unacked += 1
+            consumer.sink.send(consumer, entry, self)
+
+    def _pop_live(self, now: int) -> QueuedMessage | None:
+        """Pop the head, dead-lettering expired messages in front of it."""
+        while True:
+            entry = self.messages.pop()
+            if entry is None or entry.expires_at is None or entry.expires_at > now:
+                return entry
+            self.discard(entry, "expired")
+
+    def get(self, no_ack: bool) -> QueuedMessage | None:
+        """basic.get: the head message, or None."""
+        self.touch()
+        entry = self._pop_live(self.vhost.scheduler.now_ms())
+        if entry is None:
+            return None
+        self.stats_delivered += 1
+        if no_ack:
+            self.settled(entry)
+        else:
+            self.unacked += 1
+        return entry
+
+    # -- settling -----------------------------------------------------------------------------
+
+    def ack(self, entry: QueuedMessage) -> None:
+        self.unacked -= 1
+        self.settled(entry)
+
+    def settled(self, entry: QueuedMessage) -> None:
+        """An entry left the queue for good; a durable queue records it."""
+
+    def reject(self, entry: QueuedMessage) -> None:
+        """nack/reject without requeue: dead-letter (reason rejected) or drop."""
+        self.unacked -= 1
+        self.discard(entry, "rejected")
+
+    def requeue(self, entries: list[QueuedMessage]) -> None:
+        """Put unacked entries back at their places, marked redelivered."""
+        if self.deleted:
+            return
+        for entry in entries:
+            self.unacked -= 1
+            entry.redelivered = True
+            self.messages.requeue(entry)
+            self.requeued(entry)
+        self.dispatch()
+        self._expire_head(self.vhost.scheduler.now_ms())
+
+    def requeued(self, entry: QueuedMessage) -> None:
+        """An entry came back; a durable queue records the redelivered flag."""
+
+    def discard(self, entry: QueuedMessage, reason: str) -> None:
+        """An entry leaves without delivery: dead-letter it if the queue has a DLX."""
+        self.settled(entry)
+        if self.dlx is not None:
+            self.vhost.dead_letter(self, entry, reason)
+
+    def purge(self) -> int:
+        entries = self.messages.clear()
+        for entry in entries:
+            self.settled(entry)
+        return len(entries)
+
+    # -- consumers ----------------------------------------------------------------------------
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        super().add_consumer(consumer)
+        self._cancel_idle_timer()
+        self.dispatch()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        super().remove_consumer(consumer)
+        if not self.deleted:
+            self.arm_idle_timer()
+            self.dispatch()
+
+    def check_delete(self, if_unused: bool, if_empty: bool) -> None:
+        if if_unused and self.consumers:
+            raise PreconditionFailed(f"{self.resource} in use")
+        if if_empty and len(self.messages):
+            raise PreconditionFailed(f"{self.resource} not empty")
+
+    def on_delete(self) -> None:
+        super().on_delete()
+        self._cancel_idle_timer()
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+        self.messages.clear()
+
+    # -- timers -------------------------------------------------------------------------------
+
+    def touch(self) -> None:
+        self.arm_idle_timer()
+
+    def arm_idle_timer(self) -> None:
+        """x-expires: delete the queue after that long without consumers or use."""
+        if self.expires_ms is None or self.consumers or self.deleted:
+            return
+        self._cancel_idle_timer()
+        self._idle_timer = self.vhost.scheduler.call_later(self.expires_ms, self._idle_expired)
+
+    def _cancel_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _idle_expired(self) -> None:
+        self._idle_timer = None
+        if not self.consumers and not self.deleted:
+            self.vhost.delete_queue(self)
+
+    def _expire_head(self, now: int) -> None:
+        """Drop expired messages at the head, and set a timer for the next one."""
+        messages = self.messages
+        while True:
+            head = messages.peek()
+            if head is None or head.expires_at is None:
+                return
+            if head.expires_at > now:
+                break
+            messages.pop()
+            self.discard(head, "expired")
+        if self._expiry_at is not None and self._expiry_at <= head.expires_at:
+            return
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+        self._expiry_at = head.expires_at
+        self._expiry_timer = self.vhost.scheduler.call_later(
+            max(0, head.expires_at - now), self._on_expiry_timer
+        )
+
+    def _on_expiry_timer(self) -> None:
+        self._expiry_timer = None
+        self._expiry_at = None
+        if not self.deleted:
+            self._expire_head(self.vhost.scheduler.now_ms())

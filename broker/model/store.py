@@ -1,0 +1,115 @@
+"""Where a classic queue keeps its ready messages: FIFO, or one FIFO per priority.
+
+The stores hold QueuedMessage entries in delivery order and count their body bytes. A
+requeued entry goes back to its original place (by sequence number), as in RabbitMQ. A
+durable store (leveret.broker.durable) wraps these and adds the disk. No I/O here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+
+from leveret.broker.model.message import QueuedMessage
+
+
+class MemoryStore:
+    """Ready messages of a classic queue, in order."""
+
+    __slots__ = ("bytes", "_entries")
+
+    def __init__(self) -> None:
+        self._entries: deque[QueuedMessage] = deque()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[QueuedMessage]:
+        return iter(self._entries)
+
+    def push(self, entry: QueuedMessage) -> None:
+        self._entries.append(entry)
+        self.bytes += len(entry.message.body)
+
+    def peek(self) -> QueuedMessage | None:
+        return self._entries[0] if self._entries else None
+
+    def pop(self) -> QueuedMessage | None:
+        if not self._entries:
+            return None
+        entry = self._entries.popleft()
+        self.bytes -= len(entry.message.body)
+        return entry
+
+    def requeue(self, entry: QueuedMessage) -> None:
+        """Put an entry back where its sequence number says it belongs."""
+        entries = self._entries
+        self.bytes += len(entry.message.body)
+        if not entries or entries[0].seq > entry.seq:
+            entries.appendleft(entry)
+            return
+        if entries[-1].seq < entry.seq:
+            entries.append(entry)
+            return
+        for index, other in enumerate(entries):
+            if other.seq > entry.seq:
+                entries.insert(index, entry)
+                return
+        entries.append(entry)
+
+    def clear(self) -> list[QueuedMessage]:
+        entries = list(self._entries)
+        self._entries.clear()
+        self.bytes = 0
+        return entries
+
+
+class PriorityStore:
+    """Ready messages of a queue with x-max-priority: highest priority first, FIFO within."""
+
+    __slots__ = ("_levels", "max_priority")
+
+    def __init__(self, max_priority: int) -> None:
+        self.max_priority = max_priority
+        self._levels = [MemoryStore() for _ in range(max_priority + 1)]
+
+    def __len__(self) -> int:
+        return sum(len(level) for level in self._levels)
+
+    def __iter__(self) -> Iterator[QueuedMessage]:
+        for level in reversed(self._levels):
+            yield from level
+
+    @property
+    def bytes(self) -> int:
+        return sum(level.bytes for level in self._levels)
+
+    def _level(self, entry: QueuedMessage) -> MemoryStore:
+        return self._levels[min(entry.priority, self.max_priority)]
+
+    def push(self, entry: QueuedMessage) -> None:
+        self._level(entry).push(entry)
+
+    def _top(self) -> MemoryStore | None:
+        for level in reversed(self._levels):
+            if len(level):
+                return level
+        return None
+
+    def peek(self) -> QueuedMessage | None:
+        top = self._top()
+        return top.peek() if top else None
+
+    def pop(self) -> QueuedMessage | None:
+        top = self._top()
+        return top.pop() if top else None
+
+    def requeue(self, entry: QueuedMessage) -> None:
+        self._level(entry).requeue(entry)
+
+    def clear(self) -> list[QueuedMessage]:
+        out: list[QueuedMessage] = []
+        for level in reversed(self._levels):
+            out += level.clear()
+        return out

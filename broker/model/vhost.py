@@ -1,0 +1,387 @@
+"""A virtual host: its exchanges, queues and bindings, and routing between them.
+
+Declarations, deletions and bindings follow RabbitMQ's rules and raise domain errors with its
+texts; routing follows exchange-to-exchange bindings and alternate exchanges with cycle
+protection, so each queue gets a message at most once. Who may do what is checked by the
+session before it calls in here. Single-threaded; no I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Callable
+from typing import Any
+
+from leveret.broker.model import args as qargs
+from leveret.broker.model.binding import MISSING, Binding, describe, equivalent
+from leveret.broker.model.deadletter import dead_lettered_copy, is_cycle, routing_keys_of
+from leveret.broker.model.errors import (
+    AccessRefused,
+    CommandInvalid,
+    NotFound,
+    PreconditionFailed,
+    ResourceLocked,
+    resource,
+)
+from leveret.broker.model.exchange import Exchange, exchange_class
+from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
+from leveret.broker.model.queue import ClassicQueue, Queue
+from leveret.broker.model.scheduler import Scheduler
+
+PREDECLARED = (
+    ("", "direct"),  # the default exchange: routing to it is by queue name, see route()
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+DEFAULT_EXCHANGE_TEXT = "operation not permitted on the default exchange"
+
+QueueFactory = Callable[..., Queue]
+Authorize = Callable[[str, str, str], None]  # (permission, resource kind, name); raises
+
+
+def allow_all(_permission: str, _kind: str, _name: str) -> None:
+    return None
+
+
+def server_generated_name(prefix: str) -> str:
+    """`amq.gen-` / `amq.ctag-` + 22 base64url characters of 16 random bytes."""
+    return prefix + base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode()
+
+
+class Observer:
+    """Told about durable changes, so a metadata store can record them (no-op here)."""
+
+    def exchange_declared(self, exchange: Exchange) -> None: ...
+    def exchange_deleted(self, exchange: Exchange) -> None: ...
+    def queue_declared(self, queue: Queue) -> None: ...
+    def queue_deleted(self, queue: Queue) -> None: ...
+    def binding_added(self, binding: Binding) -> None: ...
+    def binding_removed(self, binding: Binding) -> None: ...
+
+
+class VHost:
+    def __init__(self, name: str, scheduler: Scheduler,
+                 queue_types: dict[str, QueueFactory] | None = None,
+                 observer: Observer | None = None) -> None:
+        self.name = name
+        self.scheduler = scheduler
+        self.exchanges: dict[str, Exchange] = {}
+        self.queues: dict[str, Queue] = {}
+        self.queue_types: dict[str, QueueFactory] = {"classic": ClassicQueue}
+        self.queue_types.update(queue_types or {})
+        self.observer = observer or Observer()
+        for name_, type_ in PREDECLARED:
+            cls = exchange_class(type_)
+            assert cls is not None
+            self.exchanges[name_] = cls(self.name, name_, durable=True)
+
+    def rs(self, kind: str, name: str) -> str:
+        return resource(kind, name, self.name)
+
+    # -- exchanges ----------------------------------------------------------------------------
+
+    def exchange(self, name: str) -> Exchange:
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            raise NotFound(f"no exchange '{name}' in vhost '{self.name}'")
+        return exchange
+
+    def declare_exchange(self, name: str, type_: str, *, passive: bool = False,
+                         durable: bool = True, auto_delete: bool = False,
+                         internal: bool = False, arguments: dict[str, Any] | None = None,
+                         check: Authorize = allow_all) -> Exchange:
+        """RabbitMQ's order: type, default exchange, permission, then reserved names."""
+        arguments = arguments or {}
+        if passive:
+            if name == "":
+                raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
+            return self.exchange(name)
+        cls = exchange_class(type_)
+        if cls is None:
+            raise CommandInvalid(f"unknown exchange type '{type_}'")
+        if name == "":
+            raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
+        check("configure", "exchange", name)
+        existing = self.exchanges.get(name)
+        if existing is None:
+            if name.startswith("amq."):
+                raise AccessRefused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
+            ae = arguments.get("alternate-exchange")
+            if ae is not None and not qargs.is_str(ae):
+                raise PreconditionFailed(
+                    f"invalid type '{qargs.erlang_type(ae)}' for arg 'alternate-exchange' in "
+                    f"{self.rs('exchange', name)}"
+                )
+            if ae is not None:
+                check("read", "exchange", name)
+                check("write", "exchange", qargs.text(ae))
+            exchange = cls(self.name, name, durable=durable, auto_delete=auto_delete,
+                           internal=internal, arguments=arguments)
+            self.exchanges[name] = exchange
+            if durable:
+                self.observer.exchange_declared(exchange)
+            return exchange
+        self._exchange_equivalence(existing, type_, durable, auto_delete, internal, arguments)
+        return existing
+
+    def _exchange_equivalence(self, x: Exchange, type_: str, durable: bool, auto_delete: bool,
+                              internal: bool, arguments: dict[str, Any]) -> None:
+        rs = self.rs("exchange", x.name)
+        for field, current, received in (
+            ("type", x.type, type_),
+            ("durable", x.durable, durable),
+            ("auto_delete", x.auto_delete, auto_delete),
+            ("internal", x.internal, internal),
+        ):
+            if current != received:
+                shown = [str(v).lower() if isinstance(v, bool) else v for v in (received, current)]
+                raise PreconditionFailed(
+                    f"inequivalent arg '{field}' for {rs}: received '{shown[0]}' but current "
+                    f"is '{shown[1]}'"
+                )
+        self._args_equivalence(rs, x.arguments, arguments, ("alternate-exchange",))
+
+    @staticmethod
+    def _args_equivalence(rs: str, current: dict[str, Any], received: dict[str, Any],
+                          keys: tuple[str, ...] | list[str]) -> None:
+        for key in keys:
+            old, new = current.get(key, MISSING), received.get(key, MISSING)
+            if not equivalent(old, new):
+                raise PreconditionFailed(
+                    f"inequivalent arg '{key}' for {rs}: received {describe(new)} but current "
+                    f"is {describe(old)}"
+                )
+
+    def delete_exchange(self, name: str, if_unused: bool = False) -> None:
+        if name == "":
+            raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
+        if name.startswith("amq."):
+            raise AccessRefused(f"deletion of system {self.rs('exchange', name)} not allowed")
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            return
+        if if_unused and exchange.bindings:
+            raise PreconditionFailed(f"{self.rs('exchange', name)} in use")
+        self._remove_exchange(exchange)
+
+    def _remove_exchange(self, exchange: Exchange) -> None:
+        del self.exchanges[exchange.name]
+        for key in list(exchange.bindings):
+            binding = exchange.remove(key)
+            if binding is not None and exchange.durable:
+                self.observer.binding_removed(binding)
+        self._remove_bindings_to(exchange)
+        if exchange.durable:
+            self.observer.exchange_deleted(exchange)
+
+    def _remove_bindings_to(self, destination: Any) -> None:
+        for source in list(self.exchanges.values()):
+            for binding in source.bindings_to(destination):
+                self._unbind(binding)
+
+    def _unbind(self, binding: Binding) -> None:
+        source = binding.source
+        source.remove(binding.key)
+        if source.durable and getattr(binding.destination, "durable", False):
+            self.observer.binding_removed(binding)
+        if source.auto_delete and not source.bindings and source.name in self.exchanges:
+            self._remove_exchange(source)
+
+    # -- queues -------------------------------------------------------------------------------
+
+    def queue(self, name: str) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            raise NotFound(f"no queue '{name}' in vhost '{self.name}'")
+        return queue
+
+    @staticmethod
+    def check_exclusive(queue: Queue, owner: Any, strict: bool = False) -> None:
+        owned_elsewhere = queue.exclusive_owner is not None and queue.exclusive_owner is not owner
+        if owned_elsewhere or (strict and queue.exclusive_owner is not owner):
+            raise ResourceLocked(
+                f"cannot obtain exclusive access to locked {queue.resource}. It could be "
+                "originally declared on another connection or the exclusive property value "
+                "does not match that of the original declaration."
+            )
+
+    def declare_queue(self, name: str, *, owner: Any, passive: bool = False,
+                      durable: bool = False, exclusive: bool = False, auto_delete: bool = False,
+                      arguments: dict[str, Any] | None = None,
+                      check: Authorize = allow_all) -> Queue:
+        arguments = dict(arguments or {})
+        if passive:
+            queue = self.queue(name)
+            self.check_exclusive(queue, owner)
+            queue.touch()
+            return queue
+        rs = self.rs("queue", name or "amq.gen")
+        queue_type = qargs.queue_type_of(arguments, rs)
+        if name == "":
+            if queue_type == "stream":
+                raise PreconditionFailed(
+                    "Cannot declare a server-named queue for type rabbit_stream_queue"
+                )
+            name = server_generated_name("amq.gen-")
+        elif name.startswith("amq."):
+            raise AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+        check("configure", "queue", name)
+        exclusive_owner = owner if exclusive else None
+        durable = durable and not exclusive
+        existing = self.queues.get(name)
+        if existing is not None:
+            self._queue_equivalence(existing, exclusive_owner, durable, auto_delete, arguments)
+            existing.touch()
+            return existing
+        rs = self.rs("queue", name)
+        qargs.check_queue_args(arguments, queue_type, rs)
+        dlx = arguments.get("x-dead-letter-exchange")
+        if dlx is not None and not qargs.is_str(dlx):
+            raise PreconditionFailed(
+                f"invalid type '{qargs.erlang_type(dlx)}' for arg 'x-dead-letter-exchange' in {rs}"
+            )
+        if dlx is not None:
+            check("read", "queue", name)
+            check("write", "exchange", qargs.text(dlx))
+        factory = self.queue_types.get(queue_type)
+        if factory is None:
+            raise PreconditionFailed(
+                f"invalid arg 'x-queue-type' for {rs}: \"unsupported queue type '{queue_type}'\""
+            )
+        queue = factory(self, name, durable=durable, exclusive_owner=exclusive_owner,
+                        auto_delete=auto_delete, arguments=arguments)
+        self.queues[name] = queue
+        if queue.durable:
+            self.observer.queue_declared(queue)
+        return queue
+
+    def _queue_equivalence(self, queue: Queue, owner: Any, durable: bool, auto_delete: bool,
+                           arguments: dict[str, Any]) -> None:
+        self.check_exclusive(queue, owner, strict=True)
+        rs = queue.resource
+        for field, current, received in (("durable", queue.durable, durable),
+                                         ("auto_delete", queue.auto_delete, auto_delete)):
+            if current != received:
+                raise PreconditionFailed(
+                    f"inequivalent arg '{field}' for {rs}: received '{str(received).lower()}' "
+                    f"but current is '{str(current).lower()}'"
+                )
+        current_args = dict(queue.arguments)
+        current_args.setdefault("x-queue-type", "classic")
+        received = dict(arguments)
+        received.setdefault("x-queue-type", "classic")
+        keys = qargs.QUEUE_TYPE_ARGS.get(queue.type, ())
+        ordered = ["x-queue-type"] + [k for k in keys if k != "x-queue-type"]
+        self._args_equivalence(rs, current_args, received, ordered)
+
+    def delete_queue(self, queue: Queue) -> int:
+        if self.queues.get(queue.name) is not queue:
+            return 0
+        count = queue.message_count
+        del self.queues[queue.name]
+        self._remove_bindings_to(queue)
+        queue.on_delete()
+        if queue.durable:
+            self.observer.queue_deleted(queue)
+        return count
+
+    # -- bindings -----------------------------------------------------------------------------
+
+    def _destination(self, kind: str, name: str) -> Any:
+        return self.queue(name) if kind == "queue" else self.exchange(name)
+
+    def bind(self, source_name: str, kind: str, destination_name: str, routing_key: str,
+             arguments: dict[str, Any] | None = None, owner: Any = None) -> None:
+        if source_name == "" or (kind == "exchange" and destination_name == ""):
+            raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
+        source = self.exchange(source_name)
+        destination = self._destination(kind, destination_name)
+        if kind == "queue":
+            self.check_exclusive(destination, owner)
+        arguments = dict(arguments or {})
+        source.check_binding(routing_key, arguments)
+        binding = Binding(source, destination, routing_key, arguments)
+        if source.add(binding) and source.durable and getattr(destination, "durable", False):
+            self.observer.binding_added(binding)
+
+    def unbind(self, source_name: str, kind: str, destination_name: str, routing_key: str,
+               arguments: dict[str, Any] | None = None, owner: Any = None) -> None:
+        if source_name == "" or (kind == "exchange" and destination_name == ""):
+            raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
+        source = self.exchange(source_name)
+        destination = self._destination(kind, destination_name)
+        if kind == "queue":
+            self.check_exclusive(destination, owner)
+        binding = source.bindings.get(Binding(source, destination, routing_key,
+                                              dict(arguments or {})).key)
+        if binding is not None:
+            self._unbind(binding)
+
+    # -- routing ------------------------------------------------------------------------------
+
+    def route(self, exchange: Exchange, message: InboundMessage) -> list[Queue]:
+        """Every queue the message goes to, each once."""
+        if exchange.name == "":
+            queue = self.queues.get(message.routing_key)
+            return [queue] if queue is not None else []
+        headers = message.headers
+        keys: Any = message.routing_key
+        if "CC" in headers or "BCC" in headers:
+            keys = routing_keys_of(message) + _string_list(headers.get("BCC"))
+        queues: dict[Queue, None] = {}
+        seen: set[int] = set()
+        pending = [exchange]
+        while pending:
+            x = pending.pop()
+            if id(x) in seen:
+                continue
+            seen.add(id(x))
+            destinations = x.route(keys, headers)
+            if not destinations:
+                ae = x.alternate_exchange
+                if ae is not None and ae in self.exchanges:
+                    pending.append(self.exchanges[ae])
+                continue
+            for destination in destinations:
+                if destination.kind == "queue":
+                    queues[destination] = None
+                else:
+                    pending.append(destination)
+        return list(queues)
+
+    def publish(self, exchange: Exchange, message: InboundMessage,
+                confirm: Confirm | None) -> int:
+        """Route and enqueue; returns how many queues took it."""
+        queues = self.route(exchange, message)
+        if queues and "BCC" in message.headers:
+            headers = dict(message.headers)
+            del headers["BCC"]
+            message = message.replace(headers=headers)
+        taken = 0
+        for queue in queues:
+            if queue.publish(message, confirm):  # type: ignore[attr-defined]
+                taken += 1
+        return taken
+
+    def dead_letter(self, queue: Any, entry: QueuedMessage, reason: str) -> None:
+        dlx_name = getattr(queue, "dlx", None)
+        if dlx_name is None:
+            return
+        exchange = self.exchanges.get(dlx_name)
+        if exchange is None:
+            return
+        copy = dead_lettered_copy(entry.message, queue.name, reason, self.scheduler.now_ms(),
+                                  dlx_name, getattr(queue, "dlrk", None))
+        for target in self.route(exchange, copy):
+            if not is_cycle(copy, target.name, reason):
+                target.publish(copy, None)  # type: ignore[attr-defined]
+
+
+def _string_list(value: Any) -> list[str]:
+    if not isinstance(value, list):
+        return []
+    return [v.decode() if isinstance(v, bytes) else v for v in value if isinstance(v, str | bytes)]

@@ -1,0 +1,551 @@
+"""One AMQP channel: methods in, model calls, deliveries and confirms out.
+
+The channel keeps what RabbitMQ keeps per channel: the last declared queue, its consumers,
+the unacked deliveries (by delivery tag), QoS, the confirm sequence and the transaction
+buffer. It is the ConsumerSink through which queues deliver. Domain errors raised by the
+model leave through `errors.to_amqp`; the wire layer closes the channel or the connection.
+
+Single-threaded: runs on the event loop thread of its connection.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands as m
+
+from leveret.amqp import codec
+from leveret.amqp import constants as c
+from leveret.amqp.content import Message, content_frames
+from leveret.amqp.errors import AMQPError
+from leveret.broker.model import args as qargs
+from leveret.broker.model.consumer import Consumer
+from leveret.broker.model.errors import (
+    AccessRefused,
+    BrokerError,
+    NotAllowed,
+    NotFound,
+    NotImplementedFeature,
+    PreconditionFailed,
+)
+from leveret.broker.model.message import Confirm, QueuedMessage
+from leveret.broker.model.vhost import server_generated_name
+from leveret.broker.session.errors import to_amqp
+
+if TYPE_CHECKING:
+    from leveret.broker.session.connection import Session
+
+FLAG_EXPIRATION = 1 << 8
+FLAG_USER_ID = 1 << 4
+
+
+class Unacked:
+    __slots__ = ("consumer", "entry", "queue")
+
+    def __init__(self, entry: QueuedMessage, queue: Any, consumer: Consumer | None) -> None:
+        self.entry = entry
+        self.queue = queue
+        self.consumer = consumer
+
+
+class Channel:
+    def __init__(self, session: Session, number: int) -> None:
+        self.session = session
+        self.number = number
+        self.vhost = session.vhost
+        self.last_queue: str | None = None
+        self.consumers: dict[str, Consumer] = {}
+        self.unacked: OrderedDict[int, Unacked] = OrderedDict()
+        self.next_tag = 1
+        self.consumer_prefetch = 0
+        self.global_prefetch = 0
+        self.confirming = False
+        self.publish_seq = 0
+        self.outstanding: dict[int, Confirm] = {}
+        self.done_acks: list[int] = []
+        self.done_nacks: list[int] = []
+        self.confirm_flush_scheduled = False
+        self.tx: list[Any] | None = None
+        self.closed = False
+        self._handlers = {
+            m.Channel.Flow: self._flow,
+            m.Channel.FlowOk: lambda _m: None,
+            m.Exchange.Declare: self._exchange_declare,
+            m.Exchange.Delete: self._exchange_delete,
+            m.Exchange.Bind: self._exchange_bind,
+            m.Exchange.Unbind: self._exchange_unbind,
+            m.Queue.Declare: self._queue_declare,
+            m.Queue.Bind: self._queue_bind,
+            m.Queue.Unbind: self._queue_unbind,
+            m.Queue.Purge: self._queue_purge,
+            m.Queue.Delete: self._queue_delete,
+            m.Basic.Qos: self._qos,
+            m.Basic.Consume: self._consume,
+            m.Basic.Cancel: self._cancel,
+            m.Basic.Get: self._get,
+            m.Basic.Ack: lambda method: self.ack(method.delivery_tag, method.multiple),
+            m.Basic.Reject: lambda method: self._settle(method.delivery_tag, False,
+                                                        method.requeue, "reject"),
+            m.Basic.Nack: lambda method: self._settle(method.delivery_tag, method.multiple,
+                                                      method.requeue, "nack"),
+            m.Basic.Recover: self._recover,
+            m.Basic.RecoverAsync: self._recover,
+            m.Confirm.Select: self._confirm_select,
+            m.Tx.Select: self._tx_select,
+            m.Tx.Commit: self._tx_commit,
+            m.Tx.Rollback: self._tx_rollback,
+        }
+
+    # -- dispatch -----------------------------------------------------------------------------
+
+    def handle(self, method: Any) -> None:
+        handler = self._handlers.get(type(method))
+        if handler is None:
+            raise AMQPError(c.COMMAND_INVALID, "unimplemented method",
+                            *divmod(method.index, 0x10000))
+        try:
+            handler(method)
+        except BrokerError as error:
+            raise to_amqp(error) from None
+
+    def reply(self, method: Any) -> None:
+        self.session.write(codec.encode_method(self.number, method))
+
+    def _queue_name(self, name: str) -> str:
+        """An empty queue name means the last queue declared on this channel."""
+        if name:
+            return name
+        if self.last_queue is None:
+            raise NotFound("no previously declared queue")
+        return self.last_queue
+
+    def _check(self, kind: str, resource_kind: str, name: str) -> None:
+        self.session.check_permission(kind, resource_kind, name)
+
+    # -- channel ------------------------------------------------------------------------------
+
+    def _flow(self, method: Any) -> None:
+        if not method.active:
+            raise NotImplementedFeature("active=false")
+        self.reply(m.Channel.FlowOk(active=True))
+
+    # -- exchanges ----------------------------------------------------------------------------
+
+    def _exchange_declare(self, method: Any) -> None:
+        self.vhost.declare_exchange(
+            _strip_cr_lf(method.exchange), method.exchange_type, passive=method.passive,
+            durable=method.durable, auto_delete=method.auto_delete, internal=method.internal,
+            arguments=method.arguments or {}, check=self._check,
+        )
+        if not method.nowait:
+            self.reply(m.Exchange.DeclareOk())
+
+    def _exchange_delete(self, method: Any) -> None:
+        name = _strip_cr_lf(method.exchange)
+        if name and not name.startswith("amq."):
+            self._check("configure", "exchange", name)
+        self.vhost.delete_exchange(name, method.if_unused)
+        if not method.nowait:
+            self.reply(m.Exchange.DeleteOk())
+
+    def _exchange_bind(self, method: Any) -> None:
+        self._binding_permissions("exchange", method.destination, method.source)
+        self.vhost.bind(method.source, "exchange", method.destination, method.routing_key,
+                        method.arguments or {})
+        if not method.nowait:
+            self.reply(m.Exchange.BindOk())
+
+    def _exchange_unbind(self, method: Any) -> None:
+        self._binding_permissions("exchange", method.destination, method.source)
+        self.vhost.unbind(method.source, "exchange", method.destination, method.routing_key,
+                          method.arguments or {})
+        if not method.nowait:
+            self.reply(m.Exchange.UnbindOk())
+
+    def _binding_permissions(self, kind: str, destination: str, source: str) -> None:
+        self._check("write", kind, destination)
+        if source and destination:
+            self._check("read", "exchange", source)
+
+    # -- queues -------------------------------------------------------------------------------
+
+    def _queue_declare(self, method: Any) -> None:
+        name = _strip_cr_lf(method.queue)
+        if method.passive and not name:
+            name = self._queue_name(name)
+        queue = self.vhost.declare_queue(
+            name, owner=self.session, passive=method.passive,
+            durable=method.durable, exclusive=method.exclusive,
+            auto_delete=method.auto_delete, arguments=method.arguments or {},
+            check=self._check,
+        )
+        self.last_queue = queue.name
+        if not method.nowait:
+            consumers = 0 if queue.type == "stream" else queue.consumer_count
+            self.session.write(codec.encode_declare_ok(
+                self.number, queue.name, queue.message_count, consumers))
+
+    def _queue_bind(self, method: Any) -> None:
+        queue = self._queue_name(_strip_cr_lf(method.queue))
+        key = method.routing_key
+        if not method.queue and not key:
+            key = queue
+        self._binding_permissions("queue", queue, method.exchange)
+        self.vhost.bind(method.exchange, "queue", queue, key, method.arguments or {},
+                        owner=self.session)
+        if not method.nowait:
+            self.reply(m.Queue.BindOk())
+
+    def _queue_unbind(self, method: Any) -> None:
+        queue = self._queue_name(_strip_cr_lf(method.queue))
+        self._binding_permissions("queue", queue, method.exchange)
+        self.vhost.unbind(method.exchange, "queue", queue, method.routing_key,
+                          method.arguments or {}, owner=self.session)
+        self.reply(m.Queue.UnbindOk())
+
+    def _queue_purge(self, method: Any) -> None:
+        name = self._queue_name(_strip_cr_lf(method.queue))
+        self._check("read", "queue", name)
+        queue = self.vhost.queue(name)
+        self.vhost.check_exclusive(queue, self.session)
+        count = queue.purge()
+        if not method.nowait:
+            self.reply(m.Queue.PurgeOk(message_count=count))
+
+    def _queue_delete(self, method: Any) -> None:
+        name = self._queue_name(_strip_cr_lf(method.queue))
+        self._check("configure", "queue", name)
+        queue = self.vhost.queues.get(name)
+        count = 0
+        if queue is not None:
+            self.vhost.check_exclusive(queue, self.session)
+            queue.check_delete(method.if_unused, method.if_empty)
+            count = self.vhost.delete_queue(queue)
+        if not method.nowait:
+            self.reply(m.Queue.DeleteOk(message_count=count))
+
+    # -- consuming ----------------------------------------------------------------------------
+
+    def _qos(self, method: Any) -> None:
+        if method.prefetch_size:
+            raise NotImplementedFeature(f"prefetch_size!=0 ({method.prefetch_size})")
+        if method.global_:
+            self.global_prefetch = method.prefetch_count
+        else:
+            self.consumer_prefetch = method.prefetch_count
+        self.reply(m.Basic.QosOk())
+        self.redispatch()
+
+    def _consume(self, method: Any) -> None:
+        name = self._queue_name(_strip_cr_lf(method.queue))
+        self._check("read", "queue", name)
+        queue = self.vhost.queue(name)
+        self.vhost.check_exclusive(queue, self.session)
+        tag = method.consumer_tag or server_generated_name("amq.ctag-")
+        if tag in self.consumers:
+            raise NotAllowed(f"attempt to reuse consumer tag '{tag}'")
+        arguments = method.arguments or {}
+        qargs.check_consume_args(arguments, queue.type, queue.resource)
+        priority = arguments.get("x-priority", 0)
+        consumer = Consumer(
+            tag, queue, self, no_ack=method.no_ack, exclusive=method.exclusive,
+            prefetch=self.consumer_prefetch, priority=priority if qargs.is_int(priority) else 0,
+            arguments=arguments,
+        )
+        if not method.nowait:
+            self.reply(m.Basic.ConsumeOk(consumer_tag=tag))
+        self.consumers[tag] = consumer
+        try:
+            queue.add_consumer(consumer)
+        except BrokerError:
+            del self.consumers[tag]
+            raise
+
+    def _cancel(self, method: Any) -> None:
+        consumer = self.consumers.pop(method.consumer_tag, None)
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)
+        if not method.nowait:
+            self.reply(m.Basic.CancelOk(consumer_tag=method.consumer_tag))
+
+    def _get(self, method: Any) -> None:
+        name = self._queue_name(_strip_cr_lf(method.queue))
+        self._check("read", "queue", name)
+        queue = self.vhost.queue(name)
+        self.vhost.check_exclusive(queue, self.session)
+        if queue.type == "stream":
+            raise NotImplementedFeature(f"basic.get not supported by stream queues {queue.resource}")
+        entry = queue.get(method.no_ack)
+        if entry is None:
+            self.reply(m.Basic.GetEmpty())
+            return
+        tag = self.next_tag
+        self.next_tag += 1
+        if not method.no_ack:
+            self.unacked[tag] = Unacked(entry, queue, None)
+        message = entry.message
+        session = self.session
+        session.write(codec.encode_get_ok(
+            self.number, tag, entry.redelivered, codec.short_str(message.exchange),
+            codec.short_str(message.routing_key), queue.message_count))
+        session.write_many(content_frames(self.number, message.header, message.body,
+                                          session.frame_max))
+
+    # -- the ConsumerSink interface -----------------------------------------------------------
+
+    def can_send(self, consumer: Consumer) -> bool:
+        if not self.session.writable or self.closed:
+            return False
+        if consumer.no_ack:
+            return True
+        if consumer.prefetch and consumer.unacked >= consumer.prefetch:
+            return False
+        return not self.global_prefetch or len(self.unacked) < self.global_prefetch
+
+    def send(self, consumer: Consumer, entry: QueuedMessage, queue: Any) -> None:
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        if not consumer.no_ack:
+            self.unacked[tag] = Unacked(entry, queue, consumer)
+            consumer.unacked += 1
+        message = entry.message
+        session = self.session
+        session.write(codec.encode_deliver(
+            self.number, consumer.tag_bytes, tag, entry.redelivered,
+            codec.short_str(message.exchange), codec.short_str(message.routing_key)))
+        session.write_many(content_frames(self.number, message.header, message.body,
+                                          session.frame_max))
+
+    def server_cancel(self, consumer: Consumer) -> None:
+        """The queue went away: tell the client, if it understands basic.cancel."""
+        if self.consumers.pop(consumer.tag, None) is None or self.closed:
+            return
+        if self.session.capabilities.get("consumer_cancel_notify"):
+            self.reply(m.Basic.Cancel(consumer_tag=consumer.tag))
+
+    def redispatch(self) -> None:
+        """Credit or writability came back: let every consumed queue deliver again."""
+        for queue in {id(c.queue): c.queue for c in self.consumers.values()}.values():
+            queue.dispatch()
+
+    # -- settling -----------------------------------------------------------------------------
+
+    def _take(self, tag: int, multiple: bool) -> list[Unacked]:
+        unacked = self.unacked
+        if multiple:
+            taken: list[Unacked] = []
+            while unacked:
+                first = next(iter(unacked))
+                if tag and first > tag:
+                    break
+                taken.append(unacked.popitem(last=False)[1])
+            if not taken and tag:
+                raise PreconditionFailed(f"unknown delivery tag {tag}")
+            return taken
+        item = unacked.pop(tag, None)
+        if item is None:
+            raise PreconditionFailed(f"unknown delivery tag {tag}")
+        return [item]
+
+    def ack(self, tag: int, multiple: bool) -> None:
+        if self.tx is not None:
+            self._take_check(tag, multiple)
+            self.tx.append(("ack", tag, multiple))
+            return
+        queues: dict[int, Any] = {}
+        for item in self._take(tag, multiple):
+            consumer = item.consumer
+            if consumer is not None:
+                consumer.unacked -= 1
+            item.queue.ack(item.entry)
+            queues[id(item.queue)] = item.queue
+        for queue in queues.values():
+            queue.dispatch()
+
+    def _take_check(self, tag: int, multiple: bool) -> None:
+        if multiple and tag == 0:
+            return
+        if tag not in self.unacked and not (multiple and any(t <= tag for t in self.unacked)):
+            raise PreconditionFailed(f"unknown delivery tag {tag}")
+
+    def _settle(self, tag: int, multiple: bool, requeue: bool, _kind: str) -> None:
+        if self.tx is not None:
+            self._take_check(tag, multiple)
+            self.tx.append(("nack", tag, multiple, requeue))
+            return
+        self._reject(self._take(tag, multiple), requeue)
+
+    def _reject(self, items: list[Unacked], requeue: bool) -> None:
+        by_queue: dict[int, tuple[Any, list[QueuedMessage]]] = {}
+        for item in items:
+            if item.consumer is not None:
+                item.consumer.unacked -= 1
+            if requeue:
+                by_queue.setdefault(id(item.queue), (item.queue, []))[1].append(item.entry)
+            else:
+                item.queue.reject(item.entry)
+        for queue, entries in by_queue.values():
+            queue.requeue(entries)
+        self.redispatch()
+
+    def _recover(self, method: Any) -> None:
+        if not method.requeue:
+            raise NotImplementedFeature("requeue=false")
+        self.requeue_all()
+        if isinstance(method, m.Basic.Recover):
+            self.reply(m.Basic.RecoverOk())
+
+    def requeue_all(self) -> None:
+        items = list(self.unacked.values())
+        self.unacked.clear()
+        self._reject(items, requeue=True)
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    def publish(self, exchange_name: str, routing_key: str, mandatory: bool, immediate: bool,
+                header: bytes, body: bytes) -> None:
+        try:
+            self._publish(exchange_name, routing_key, mandatory, immediate, header, body)
+        except BrokerError as error:
+            raise to_amqp(error) from None
+
+    def _publish(self, exchange_name: str, routing_key: str, mandatory: bool, immediate: bool,
+                 header: bytes, body: bytes) -> None:
+        if immediate:
+            raise NotImplementedFeature("immediate=true")
+        session = self.session
+        if session.limited_permissions:
+            self._check("write", "exchange", exchange_name)
+        exchange = self.vhost.exchanges.get(exchange_name)
+        if exchange is None:
+            raise NotFound(f"no exchange '{exchange_name}' in vhost '{self.vhost.name}'")
+        if exchange.internal:
+            raise AccessRefused(f"cannot publish to internal {self.vhost.rs('exchange', exchange_name)}")
+        message = Message(exchange_name, routing_key, header, body)
+        flags = (header[12] << 8) | header[13]
+        if flags & (FLAG_EXPIRATION | FLAG_USER_ID):
+            self._check_properties(message, flags)
+        if self.tx is not None:
+            self.tx.append(("publish", exchange, message, mandatory))
+            return
+        self._route(exchange, message, mandatory)
+
+    def _check_properties(self, message: Message, flags: int) -> None:
+        props = message.properties
+        if flags & FLAG_EXPIRATION and props.expiration:
+            qargs.parse_expiration(props.expiration)
+        if flags & FLAG_USER_ID and props.user_id and props.user_id != self.session.username:
+            raise PreconditionFailed(
+                f"user_id property set to '{props.user_id}' but authenticated user was "
+                f"'{self.session.username}'"
+            )
+
+    def _route(self, exchange: Any, message: Message, mandatory: bool) -> None:
+        confirm: Confirm | None = None
+        if self.confirming:
+            self.publish_seq += 1
+            confirm = Confirm(self.publish_seq, self._confirmed)
+            self.outstanding[confirm.seq] = confirm
+        taken = self.vhost.publish(exchange, message, confirm)
+        if not taken and mandatory:
+            self._return(message, c.NO_ROUTE, "NO_ROUTE")
+        if confirm is not None:
+            confirm.seal()
+
+    def _return(self, message: Message, code: int, text: str) -> None:
+        session = self.session
+        session.write(codec.encode_return(
+            self.number, code, text, codec.short_str(message.exchange),
+            codec.short_str(message.routing_key)))
+        session.write_many(content_frames(self.number, message.header, message.body,
+                                          session.frame_max))
+
+    # -- confirms -----------------------------------------------------------------------------
+
+    def _confirm_select(self, method: Any) -> None:
+        if self.tx is not None:
+            raise PreconditionFailed("cannot switch from tx to confirm mode")
+        self.confirming = True
+        if not method.nowait:
+            self.reply(m.Confirm.SelectOk())
+
+    def _confirmed(self, confirm: Confirm) -> None:
+        if self.outstanding.pop(confirm.seq, None) is None:
+            return
+        (self.done_nacks if confirm.rejected else self.done_acks).append(confirm.seq)
+        if not self.confirm_flush_scheduled:
+            self.confirm_flush_scheduled = True
+            self.session.after_turn(self._send_confirms)
+
+    def _send_confirms(self) -> None:
+        """Coalesce: one ack(multiple) for everything below the lowest outstanding seq."""
+        self.confirm_flush_scheduled = False
+        if self.closed:
+            return
+        write = self.session.write
+        for seq in self.done_nacks:
+            write(codec.encode_nack(self.number, seq, False))
+        self.done_nacks = []
+        acks = self.done_acks
+        if not acks:
+            return
+        self.done_acks = []
+        acks.sort()
+        lowest = next(iter(self.outstanding), None)
+        below = acks if lowest is None else [s for s in acks if s < lowest]
+        if below:
+            write(codec.encode_ack(self.number, below[-1], len(below) > 1))
+        for seq in acks[len(below):]:
+            write(codec.encode_ack(self.number, seq, False))
+
+    # -- transactions -------------------------------------------------------------------------
+
+    def _tx_select(self, _method: Any) -> None:
+        if self.confirming:
+            raise PreconditionFailed("cannot switch from confirm to tx mode")
+        if self.tx is None:
+            self.tx = []
+        self.reply(m.Tx.SelectOk())
+
+    def _tx_commit(self, _method: Any) -> None:
+        if self.tx is None:
+            raise PreconditionFailed("channel is not transactional")
+        work, self.tx = self.tx, None
+        try:
+            for item in work:
+                if item[0] == "publish":
+                    self._route(item[1], item[2], item[3])
+                elif item[0] == "ack":
+                    self.ack(item[1], item[2])
+                else:
+                    self._reject(self._take(item[1], item[2]), item[3])
+        finally:
+            self.tx = []
+        self.reply(m.Tx.CommitOk())
+
+    def _tx_rollback(self, _method: Any) -> None:
+        if self.tx is None:
+            raise PreconditionFailed("channel is not transactional")
+        self.tx = []
+        self.reply(m.Tx.RollbackOk())
+
+    # -- closing ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """The channel is gone: requeue what it held and cancel its consumers."""
+        if self.closed:
+            return
+        self.closed = True
+        for consumer in list(self.consumers.values()):
+            consumer.queue.remove_consumer(consumer)
+        self.consumers.clear()
+        items = list(self.unacked.values())
+        self.unacked.clear()
+        self._reject(items, requeue=True)
+        self.outstanding.clear()
+
+
+def _strip_cr_lf(name: str) -> str:
+    """RabbitMQ strips CR and LF from names in declarations."""
+    return name.replace("\r", "").replace("\n", "") if ("\r" in name or "\n" in name) else name

@@ -1,0 +1,324 @@
+"""One client connection: the asyncio protocol that feeds the wire machine and runs channels.
+
+Session reads bytes into the WireConnection, answers the handshake (authentication, vhost,
+permissions), opens and closes Channels, buffers outbound frames into one socket write per
+loop turn, keeps heartbeats, and follows the transport's flow control (a paused transport
+stops deliveries; a resource alarm stops reading from publishers).
+
+The only broad `except` of a connection sits in `data_received`: an unexpected error closes
+this connection with 541 and is logged; the broker and other connections carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from leveret.amqp import auth as wire_auth
+from leveret.amqp import constants as c
+from leveret.amqp.connection import BadProtocolHeader, State, WireConnection
+from leveret.amqp.errors import AMQPError
+from leveret.amqp.frames import HEARTBEAT_FRAME
+from leveret.broker import logs
+from leveret.broker.model.errors import AccessRefused, BrokerError
+from leveret.broker.session.channel import Channel
+from leveret.broker.session.errors import to_amqp
+
+if TYPE_CHECKING:
+    from leveret.broker.auth import Permission, User
+    from leveret.broker.broker import Broker
+
+log = logs.get("leveret.connection")
+_ids = itertools.count(1)
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+class Session(asyncio.Protocol):
+    def __init__(self, broker: Broker, tls: bool = False) -> None:
+        self.broker = broker
+        self.id = next(_ids)
+        self.tls = tls
+        cfg = broker.config
+        self.wire = WireConnection(
+            self, self.write, server_properties=broker.server_properties(),
+            frame_max=cfg.frame_max, channel_max=cfg.channel_max, heartbeat=cfg.heartbeat_s,
+            max_message_size=cfg.max_message_size_bytes,
+        )
+        self.transport: asyncio.Transport | None = None
+        self.peer: tuple[str, int] = ("", 0)
+        self.channels: dict[int, Channel] = {}
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._after_turn: list[Callable[[], None]] = []
+        self.writable = True
+        self.user: User | None = None
+        self.username = ""
+        self.vhost: Any = None
+        self.permission: Permission | None = None
+        self.limited_permissions = True
+        self.client_properties: dict[str, Any] = {}
+        self.capabilities: dict[str, Any] = {}
+        self.client_product = ""
+        self.frame_max = cfg.frame_max
+        self.heartbeat = 0
+        self.connected_at = time.time()
+        self.last_received = time.monotonic()
+        self.last_sent = time.monotonic()
+        self._heartbeat_timer: asyncio.TimerHandle | None = None
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        self._close_timer: asyncio.TimerHandle | None = None
+        self.blocked = False
+        self.closed = False
+        self.bytes_received = 0
+        self.bytes_sent = 0
+        self.loop = asyncio.get_event_loop()
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = (peer[0], peer[1]) if peer else ("", 0)
+        transport.set_write_buffer_limits(high=4 * 1024 * 1024)
+        self.broker.connection_opened(self)
+        self._handshake_timer = self.loop.call_later(
+            self.broker.config.handshake_timeout_s, self._handshake_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_received = time.monotonic()
+        self.bytes_received += len(data)
+        try:
+            self.wire.receive(data)
+        except BadProtocolHeader as bad:
+            self._write_now(bad.reply)
+            self.abort()
+        except AMQPError as error:
+            self.close_with(error)
+        except Exception:  # noqa: BLE001 - the one broad except of a connection
+            log.exception("connection crashed", connection=self.name)
+            self.close_with(AMQPError(c.INTERNAL_ERROR, "internal error"))
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for timer in (self._heartbeat_timer, self._handshake_timer, self._close_timer):
+            if timer is not None:
+                timer.cancel()
+        for channel in list(self.channels.values()):
+            channel.close()
+        self.channels.clear()
+        self.broker.connection_closed(self)
+        if self.wire.state not in (State.AWAIT_HEADER, State.AWAIT_START_OK):
+            log.info("connection closed", connection=self.name, client=self.client_product,
+                     user=self.username, reason=str(exc) if exc else "normal")
+
+    def pause_writing(self) -> None:
+        self.writable = False
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        for channel in list(self.channels.values()):
+            channel.redispatch()
+
+    # -- output -------------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def write_many(self, parts: list[bytes]) -> None:
+        self._out += parts
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def after_turn(self, callback: Callable[[], None]) -> None:
+        """Run a callback just before this turn's output is written (confirm coalescing)."""
+        self._after_turn.append(callback)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._after_turn:
+            callbacks, self._after_turn = self._after_turn, []
+            for callback in callbacks:
+                callback()
+        if not self._out or self.transport is None or self.transport.is_closing():
+            self._out.clear()
+            return
+        data = b"".join(self._out)
+        self._out.clear()
+        self.bytes_sent += len(data)
+        self.last_sent = time.monotonic()
+        self.transport.write(data)
+
+    def _write_now(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    @property
+    def name(self) -> str:
+        return f"{self.peer[0]}:{self.peer[1]} #{self.id}"
+
+    # -- the wire handler interface -----------------------------------------------------------
+
+    def on_start_ok(self, mechanism: str, response: bytes,
+                    client_properties: dict[str, Any]) -> None:
+        self.client_properties = client_properties
+        caps = client_properties.get("capabilities")
+        self.capabilities = caps if isinstance(caps, dict) else {}
+        product = client_properties.get("product", "")
+        self.client_product = product.decode("utf-8", "replace") if isinstance(product, bytes) else str(product)
+        try:
+            username, password = wire_auth.parse_response(mechanism, response)
+        except wire_auth.BadCredentials:
+            username, password = "", ""
+        user = self.broker.users.authenticate(username, password)
+        self.username = username
+        if user is not None and username in self.broker.config.loopback_users and not self._loopback():
+            log.warning("login refused: user can only connect via localhost",
+                        connection=self.name, user=username)
+            user = None
+        if user is None:
+            log.warning("login refused", connection=self.name, user=username, mechanism=mechanism)
+            self.broker.login_failed()
+            if self.capabilities.get("authentication_failure_close"):
+                raise AMQPError(
+                    c.ACCESS_REFUSED, f"Login was refused using authentication mechanism "
+                    f"{mechanism}. For details see the broker logfile.", 10, 11)
+            self.abort()
+            return
+        self.user = user
+        self.wire.start_tune()
+
+    def on_tune_ok(self, channel_max: int, frame_max: int, heartbeat: int) -> None:
+        self.frame_max = frame_max
+        self.heartbeat = heartbeat
+        if heartbeat:
+            self._heartbeat_timer = self.loop.call_later(heartbeat / 2, self._heartbeat_tick)
+
+    def on_open(self, virtual_host: str) -> None:
+        vhost = self.broker.vhosts.get(virtual_host)
+        if vhost is None:
+            raise AMQPError(c.NOT_ALLOWED, f"vhost {virtual_host} not found", 10, 40)
+        assert self.user is not None
+        permission = self.user.permissions.get(virtual_host)
+        if permission is None:
+            raise AMQPError(
+                c.NOT_ALLOWED,
+                f"access to vhost '{virtual_host}' refused for user '{self.user.name}'", 10, 40)
+        if self.broker.too_many_connections(self):
+            raise AMQPError(c.NOT_ALLOWED, "connection limit reached", 10, 40)
+        self.vhost = vhost
+        self.permission = permission
+        self.limited_permissions = (permission.configure, permission.write, permission.read) != (
+            ".*", ".*", ".*")
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        self.wire.open_ok()
+        log.info("connection opened", connection=self.name, client=self.client_product,
+                 user=self.username, vhost=virtual_host)
+
+    def on_channel_open(self, number: int) -> None:
+        self.channels[number] = Channel(self, number)
+        self.wire.channel_open_ok(number)
+
+    def on_channel_closed(self, number: int) -> None:
+        channel = self.channels.pop(number, None)
+        if channel is not None:
+            channel.close()
+
+    def on_method(self, number: int, method: Any) -> None:
+        self.channels[number].handle(method)
+
+    def on_publish(self, number: int, exchange: str, routing_key: str, mandatory: bool,
+                   immediate: bool, header: bytes, body: bytes) -> None:
+        self.channels[number].publish(exchange, routing_key, mandatory, immediate, header, body)
+
+    def on_ack(self, number: int, delivery_tag: int, multiple: bool) -> None:
+        try:
+            self.channels[number].ack(delivery_tag, multiple)
+        except BrokerError as error:
+            raise to_amqp(error) from None
+
+    def on_close(self, code: int, text: str) -> None:
+        pass
+
+    def on_closed(self) -> None:
+        """The close handshake is complete (either side): flush and drop the socket."""
+        self.abort()
+
+    # -- permissions --------------------------------------------------------------------------
+
+    def check_permission(self, kind: str, resource_kind: str, name: str) -> None:
+        if not self.limited_permissions:
+            return
+        assert self.permission is not None
+        if not self.permission.allows(kind, name):
+            raise AccessRefused(
+                f"access to {resource_kind} '{name}' in vhost '{self.vhost.name}' refused for "
+                f"user '{self.username}'"
+            )
+
+    # -- closing and timers -------------------------------------------------------------------
+
+    def close_with(self, error: AMQPError) -> None:
+        """Send connection.close for a hard error; drop the socket if the client lingers."""
+        log.info("closing connection", connection=self.name, code=error.code,
+                 text=error.reply_text)
+        was_closing = self.wire.state in (State.CLOSING, State.CLOSED)
+        self.wire.close_connection(error)
+        for channel in list(self.channels.values()):
+            channel.close()
+        self.channels.clear()
+        if not was_closing and self._close_timer is None:
+            self._close_timer = self.loop.call_later(3.0, self.abort)
+        self._flush()
+
+    def abort(self) -> None:
+        self._flush()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def _loopback(self) -> bool:
+        host = self.peer[0]
+        return host in LOOPBACK or host.startswith("127.") or host == "::ffff:127.0.0.1"
+
+    def _handshake_timeout(self) -> None:
+        self._handshake_timer = None
+        if self.wire.state is not State.OPEN:
+            log.info("handshake timeout", connection=self.name)
+            self.abort()
+
+    def _heartbeat_tick(self) -> None:
+        interval = self.heartbeat
+        now = time.monotonic()
+        if now - self.last_received > 2 * interval:
+            log.warning("missed heartbeats from client, timeout: %ss" % interval,
+                        connection=self.name, client=self.client_product)
+            self.abort()
+            return
+        if now - self.last_sent >= interval / 2 - 0.05:
+            self.write(HEARTBEAT_FRAME)
+        self._heartbeat_timer = self.loop.call_later(interval / 2, self._heartbeat_tick)
+
+    # -- server-initiated close (shutdown) ----------------------------------------------------
+
+    def force_close(self, text: str = "broker forced connection closure with reason 'shutdown'") -> None:
+        if self.wire.state is State.OPEN:
+            self.close_with(AMQPError(c.CONNECTION_FORCED, text))
+        else:
+            self.abort()

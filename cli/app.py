@@ -1,0 +1,76 @@
+"""`leveret`: run the broker, and the tools that go with it.
+
+Presentation only: parse the flags, build the config, call the broker, and turn every
+operator mistake into one clear line and exit code 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from leveret.broker import logs
+from leveret.broker.config import ConfigError, load
+from leveret.broker.server import ServerError, serve
+
+app = typer.Typer(help="Leveret, an AMQP 0.9.1 broker in Python.", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False)
+
+
+@app.callback()
+def _root() -> None:
+    """Leveret, an AMQP 0.9.1 broker in Python."""
+
+
+def fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+@app.command("serve")
+def serve_command(
+    host: Annotated[str | None, typer.Option(help="Address to listen on [default: 0.0.0.0; env LEVERET_HOST]")] = None,
+    port: Annotated[int | None, typer.Option(help="AMQP port [default: 5672; env LEVERET_PORT]")] = None,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Data directory [default: ./leveret-data; env LEVERET_DATA_DIR]")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="A TOML config file")] = None,
+    management_port: Annotated[int | None, typer.Option("--management-port", help="Management HTTP API port, 0 to disable [default: 15672]")] = None,
+    definitions: Annotated[Path | None, typer.Option("--definitions", help="A definitions JSON file to load at boot")] = None,
+    loop: Annotated[str | None, typer.Option("--loop", help="Event loop: asyncio or uvloop")] = None,
+    log_format: Annotated[str | None, typer.Option("--log-format", help="auto, console or json")] = None,
+) -> None:
+    """Run the broker with its embedded defaults, overridden by a file, LEVERET_* and flags."""
+    try:
+        cfg = load(config, overrides={
+            "host": host, "port": port, "data_dir": data_dir,
+            "management_port": management_port, "definitions": definitions, "loop": loop,
+            "log_format": log_format,
+        })
+    except ConfigError as exc:
+        fail(str(exc))
+    logs.configure(cfg.log_format, cfg.log_level)
+    if cfg.loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            fail("--loop uvloop needs the uvloop extra: pip install 'leveret[uvloop]'")
+        runner = uvloop.run
+    elif cfg.loop == "asyncio":
+        runner = asyncio.run
+    else:
+        fail(f"unknown event loop '{cfg.loop}'; use asyncio or uvloop")
+    try:
+        code = runner(serve(cfg))
+    except ServerError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
