@@ -14,10 +14,9 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from pamqp import commands, frame
-
 from leveret.amqp import constants as c
 from leveret.amqp.errors import AMQPError, frame_error
+from pamqp import commands, frame
 
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
@@ -52,11 +51,20 @@ def decode_method(payload: bytes) -> Method:
         ) from None
     try:
         method.unmarshal(payload[4:])
-    except (ValueError, struct.error, UnicodeDecodeError, RecursionError, IndexError,
-            TypeError, OverflowError) as exc:
+    except (
+        ValueError,
+        struct.error,
+        UnicodeDecodeError,
+        RecursionError,
+        IndexError,
+        TypeError,
+        OverflowError,
+    ) as exc:
         raise AMQPError(
-            c.FRAME_ERROR, f"cannot decode method arguments: {type(exc).__name__}",
-            index >> 16, index & 0xFFFF,
+            c.FRAME_ERROR,
+            f"cannot decode method arguments: {type(exc).__name__}",
+            index >> 16,
+            index & 0xFFFF,
         ) from None
     return method
 
@@ -105,8 +113,12 @@ def short_str(value: str | bytes) -> bytes:
 
 
 def encode_deliver(
-    channel: int, consumer_tag: bytes, delivery_tag: int, redelivered: bool,
-    exchange: bytes, routing_key: bytes,
+    channel: int,
+    consumer_tag: bytes,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange: bytes,
+    routing_key: bytes,
 ) -> bytes:
     """A whole basic.deliver method frame. The three names come pre-encoded as shortstrs."""
     args = b"".join(
@@ -116,12 +128,20 @@ def encode_deliver(
 
 
 def encode_get_ok(
-    channel: int, delivery_tag: int, redelivered: bool, exchange: bytes, routing_key: bytes,
+    channel: int,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange: bytes,
+    routing_key: bytes,
     message_count: int,
 ) -> bytes:
     args = b"".join(
-        (_U64_BIT.pack(delivery_tag, 1 if redelivered else 0), exchange, routing_key,
-         _U32.pack(message_count))
+        (
+            _U64_BIT.pack(delivery_tag, 1 if redelivered else 0),
+            exchange,
+            routing_key,
+            _U32.pack(message_count),
+        )
     )
     return _DELIVER_HEAD.pack(c.FRAME_METHOD, channel, len(args) + 4, 60, 71) + args + _END
 
@@ -140,10 +160,14 @@ def encode_declare_ok(channel: int, queue: str, message_count: int, consumer_cou
 
 def encode_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
     """A basic.ack frame (server to client, for publisher confirms)."""
-    return _ACK_FRAME.pack(c.FRAME_METHOD, channel, 13, 60, 80, delivery_tag, 1 if multiple else 0) + _END
+    return (
+        _ACK_FRAME.pack(c.FRAME_METHOD, channel, 13, 60, 80, delivery_tag, 1 if multiple else 0)
+        + _END
+    )
 
 
 def encode_nack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
-    return _ACK_FRAME.pack(
-        c.FRAME_METHOD, channel, 13, 60, 120, delivery_tag, 1 if multiple else 0
-    ) + _END
+    return (
+        _ACK_FRAME.pack(c.FRAME_METHOD, channel, 13, 60, 120, delivery_tag, 1 if multiple else 0)
+        + _END
+    )

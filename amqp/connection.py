@@ -19,13 +19,12 @@ import struct
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from pamqp import commands
-
 from leveret.amqp import codec
 from leveret.amqp import constants as c
 from leveret.amqp import properties as props
 from leveret.amqp.errors import AMQPError, channel_error, command_invalid, unexpected_frame
 from leveret.amqp.frames import FrameBuffer, check_heartbeat_channel
+from pamqp import commands
 
 _FRAME_HEAD = struct.Struct(">BHI")
 
@@ -43,14 +42,24 @@ class State(enum.Enum):
 class Handler(Protocol):
     """What the session implements; the machine calls it as frames arrive."""
 
-    def on_start_ok(self, mechanism: str, response: bytes, client_properties: dict[str, Any]) -> None: ...
+    def on_start_ok(
+        self, mechanism: str, response: bytes, client_properties: dict[str, Any]
+    ) -> None: ...
     def on_tune_ok(self, channel_max: int, frame_max: int, heartbeat: int) -> None: ...
     def on_open(self, virtual_host: str) -> None: ...
     def on_channel_open(self, channel: int) -> None: ...
     def on_channel_closed(self, channel: int) -> None: ...
     def on_method(self, channel: int, method: Any) -> None: ...
-    def on_publish(self, channel: int, exchange: str, routing_key: str, mandatory: bool,
-                   immediate: bool, header: bytes, body: bytes) -> None: ...
+    def on_publish(
+        self,
+        channel: int,
+        exchange: str,
+        routing_key: str,
+        mandatory: bool,
+        immediate: bool,
+        header: bytes,
+        body: bytes,
+    ) -> None: ...
     def on_ack(self, channel: int, delivery_tag: int, multiple: bool) -> None: ...
     def on_close(self, code: int, text: str) -> None: ...
     def on_closed(self) -> None: ...
@@ -163,10 +172,16 @@ class WireConnection:
         self._pending_header = b""
         check_protocol_header(header[:8])
         self.state = State.AWAIT_START_OK
-        self._send_method(0, commands.Connection.Start(
-            version_major=0, version_minor=9, server_properties=self.server_properties,
-            mechanisms=self.mechanisms, locales="en_US",
-        ))
+        self._send_method(
+            0,
+            commands.Connection.Start(
+                version_major=0,
+                version_minor=9,
+                server_properties=self.server_properties,
+                mechanisms=self.mechanisms,
+                locales="en_US",
+            ),
+        )
         return header[8:]
 
     def _connection_frame(self, frame_type: int, payload: bytes) -> None:
@@ -178,7 +193,8 @@ class WireConnection:
         if expected is not None:
             if not isinstance(method, expected):
                 raise AMQPError(
-                    c.COMMAND_INVALID, f"expected '{expected.name.lower()}', got '{method.name.lower()}'",
+                    c.COMMAND_INVALID,
+                    f"expected '{expected.name.lower()}', got '{method.name.lower()}'",  # type: ignore[attr-defined]
                     *divmod(method.index, 0x10000),
                 )
             self._handshake(method)
@@ -194,9 +210,8 @@ class WireConnection:
     def _handshake(self, method: Any) -> None:
         if isinstance(method, commands.Connection.StartOk):
             self.state = State.AWAIT_TUNE_OK
-            response = method.response
-            if isinstance(response, str):
-                response = response.encode("utf-8", "surrogateescape")
+            raw = method.response
+            response = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
             self.handler.on_start_ok(method.mechanism, response, method.client_properties or {})
         elif isinstance(method, commands.Connection.TuneOk):
             self._negotiate(method)
@@ -209,20 +224,29 @@ class WireConnection:
         frame_max = tune_ok.frame_max
         if frame_max == 0 or frame_max > self.frame_max:
             raise AMQPError(
-                c.NOT_ALLOWED, f"negotiated frame_max = {frame_max} is higher than the maximum "
-                f"allowed value ({self.frame_max})", 10, 31,
+                c.NOT_ALLOWED,
+                f"negotiated frame_max = {frame_max} is higher than the maximum "
+                f"allowed value ({self.frame_max})",
+                10,
+                31,
             )
         if frame_max < c.MIN_FRAME_MAX:
             raise AMQPError(
-                c.NOT_ALLOWED, f"negotiated frame_max = {frame_max} is lower than the minimum "
-                f"allowed value ({c.MIN_FRAME_MAX})", 10, 31,
+                c.NOT_ALLOWED,
+                f"negotiated frame_max = {frame_max} is lower than the minimum "
+                f"allowed value ({c.MIN_FRAME_MAX})",
+                10,
+                31,
             )
         channel_max = tune_ok.channel_max
         if channel_max == 0 or channel_max > self.channel_max:
             suffix = " (no limit)" if channel_max == 0 else ""
             raise AMQPError(
-                c.NOT_ALLOWED, f"negotiated channel_max = {channel_max}{suffix} is higher than "
-                f"the maximum allowed value ({self.channel_max})", 10, 31,
+                c.NOT_ALLOWED,
+                f"negotiated channel_max = {channel_max}{suffix} is higher than "
+                f"the maximum allowed value ({self.channel_max})",
+                10,
+                31,
             )
         self.frame_max = frame_max
         self.channel_max = channel_max
@@ -231,7 +255,7 @@ class WireConnection:
 
     def _open_connection_method(self, method: Any) -> None:
         if isinstance(method, commands.Connection.Close):
-            self.handler.on_close(method.reply_code, method.reply_text)
+            self.handler.on_close(method.reply_code or 0, method.reply_text or "")
             self._send_method(0, commands.Connection.CloseOk())
             self._closed()
         elif isinstance(method, commands.Connection.CloseOk):
@@ -239,8 +263,11 @@ class WireConnection:
         elif isinstance(method, commands.Connection.UpdateSecret):
             raise AMQPError(c.NOT_IMPLEMENTED, "connection.update_secret", 10, 70)
         else:
-            raise AMQPError(c.COMMAND_INVALID, f"unexpected method {method.name} on channel 0",
-                            *divmod(method.index, 0x10000))
+            raise AMQPError(
+                c.COMMAND_INVALID,
+                f"unexpected method {method.name} on channel 0",
+                *divmod(method.index, 0x10000),
+            )
 
     def _channel_frame(self, frame_type: int, number: int, payload: bytes) -> None:
         channel = self.channels.get(number)
@@ -275,8 +302,11 @@ class WireConnection:
             raise channel_error("expected 'channel.open'")
         if number > self.channel_max:
             raise AMQPError(
-                c.NOT_ALLOWED, f"number of channels opened ({len(self.channels)}) has reached "
-                f"the negotiated channel_max ({self.channel_max})", 20, 10,
+                c.NOT_ALLOWED,
+                f"number of channels opened ({len(self.channels)}) has reached "
+                f"the negotiated channel_max ({self.channel_max})",
+                20,
+                10,
             )
         self.channels[number] = _Channel()
         self._guard(number, 0x0014000A, self.handler.on_channel_open, number)
@@ -297,8 +327,11 @@ class WireConnection:
         elif index == 0x0014000A:  # channel.open on an open channel
             raise channel_error("second 'channel.open' seen")
         elif index >> 16 == c.CLASS_CONNECTION:
-            raise AMQPError(c.COMMAND_INVALID, "connection method on a non-zero channel",
-                            *divmod(index, 0x10000))
+            raise AMQPError(
+                c.COMMAND_INVALID,
+                "connection method on a non-zero channel",
+                *divmod(index, 0x10000),
+            )
         else:
             method = codec.decode_method(payload)
             self._guard(number, index, self.handler.on_method, number, method)
@@ -307,11 +340,16 @@ class WireConnection:
         size = props.check_header(payload)
         if size > self.max_message_size:
             channel.state = ChannelState.EXPECT_METHOD
-            self.close_channel(number, AMQPError(
-                c.PRECONDITION_FAILED,
-                f"message size {size} is larger than configured max size {self.max_message_size}",
-                60, 40,
-            ))
+            self.close_channel(
+                number,
+                AMQPError(
+                    c.PRECONDITION_FAILED,
+                    f"message size {size} is larger than configured max size "
+                    f"{self.max_message_size}",
+                    60,
+                    40,
+                ),
+            )
             return
         channel.header = payload
         if size == 0:
@@ -343,8 +381,18 @@ class WireConnection:
         assert publish is not None
         channel.publish = None
         exchange, routing_key, mandatory, immediate = publish
-        self._guard(number, c.BASIC_PUBLISH, self.handler.on_publish, number, exchange,
-                    routing_key, mandatory, immediate, channel.header, body)
+        self._guard(
+            number,
+            c.BASIC_PUBLISH,
+            self.handler.on_publish,
+            number,
+            exchange,
+            routing_key,
+            mandatory,
+            immediate,
+            channel.header,
+            body,
+        )
 
     def _guard(self, number: int, index: int, call: Callable[..., None], *args: Any) -> None:
         """Run a handler call; a soft error closes the channel, a hard one propagates."""
@@ -366,9 +414,14 @@ class WireConnection:
 
     def start_tune(self) -> None:
         """Authentication passed: offer the limits."""
-        self._send_method(0, commands.Connection.Tune(
-            channel_max=self.channel_max, frame_max=self.frame_max, heartbeat=self.heartbeat,
-        ))
+        self._send_method(
+            0,
+            commands.Connection.Tune(
+                channel_max=self.channel_max,
+                frame_max=self.frame_max,
+                heartbeat=self.heartbeat,
+            ),
+        )
 
     def open_ok(self) -> None:
         self.state = State.OPEN
@@ -385,10 +438,15 @@ class WireConnection:
         channel.state = ChannelState.CLOSING
         channel.body = []
         self.handler.on_channel_closed(number)
-        self._send_method(number, commands.Channel.Close(
-            reply_code=error.code, reply_text=error.reply_text,
-            class_id=error.class_id, method_id=error.method_id,
-        ))
+        self._send_method(
+            number,
+            commands.Channel.Close(
+                reply_code=error.code,
+                reply_text=error.reply_text,
+                class_id=error.class_id,
+                method_id=error.method_id,
+            ),
+        )
 
     def close_connection(self, error: AMQPError) -> None:
         """Send connection.close; afterwards only close and close-ok are read."""
@@ -398,10 +456,15 @@ class WireConnection:
             self._closed()
             return
         self.state = State.CLOSING
-        self._send_method(0, commands.Connection.Close(
-            reply_code=error.code, reply_text=error.reply_text,
-            class_id=error.class_id, method_id=error.method_id,
-        ))
+        self._send_method(
+            0,
+            commands.Connection.Close(
+                reply_code=error.code,
+                reply_text=error.reply_text,
+                class_id=error.class_id,
+                method_id=error.method_id,
+            ),
+        )
 
     def _closed(self) -> None:
         if self.state is State.CLOSED:

@@ -35,9 +35,7 @@ class Message:
         self._props: Any = None
 
     @classmethod
-    def build(
-        cls, exchange: str, routing_key: str, body: bytes, properties: Any = None
-    ) -> Message:
+    def build(cls, exchange: str, routing_key: str, body: bytes, properties: Any = None) -> Message:
         """A message created by the broker itself (tests, dead letters, the management API)."""
         properties = properties if properties is not None else props.Properties()
         return cls(exchange, routing_key, props.encode(len(body), properties), body)
@@ -75,8 +73,9 @@ class Message:
     def size(self) -> int:
         return len(self.body)
 
-    def replace(self, *, exchange: str | None = None, routing_key: str | None = None,
-                **changes: Any) -> Message:
+    def replace(
+        self, *, exchange: str | None = None, routing_key: str | None = None, **changes: Any
+    ) -> Message:
         """A copy with some properties changed; a property given as None is removed."""
         header = self.header
         if changes:

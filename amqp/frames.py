@@ -60,8 +60,7 @@ class FrameBuffer:
                 break
             if buf[end] != c.FRAME_END:
                 raise frame_error(
-                    f"type {frame_type}, all octets = <<>>: "
-                    f"{{invalid_frame_end_marker,{buf[end]}}}"
+                    f"type {frame_type}, all octets = <<>>: {{invalid_frame_end_marker,{buf[end]}}}"
                 )
             frames.append((frame_type, channel, bytes(buf[pos + 7 : end])))
             pos = end + 1

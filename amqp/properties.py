@@ -13,11 +13,10 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from pamqp import commands
-from pamqp.header import ContentHeader
-
 from leveret.amqp import constants as c
 from leveret.amqp.errors import AMQPError
+from pamqp import commands
+from pamqp.header import ContentHeader
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -43,7 +42,8 @@ def check_header(payload: bytes) -> int:
     if class_id != c.CLASS_BASIC:
         raise AMQPError(
             c.UNEXPECTED_FRAME,
-            f"expected content header for class {c.CLASS_BASIC}, got one for class {class_id} instead",
+            f"expected content header for class {c.CLASS_BASIC}, "
+            f"got one for class {class_id} instead",
         )
     return int(size)
 
@@ -53,8 +53,15 @@ def decode(payload: bytes) -> Any:
     header = ContentHeader()
     try:
         header.unmarshal(payload)
-    except (ValueError, struct.error, UnicodeDecodeError, RecursionError, IndexError,
-            TypeError, OverflowError) as exc:
+    except (
+        ValueError,
+        struct.error,
+        UnicodeDecodeError,
+        RecursionError,
+        IndexError,
+        TypeError,
+        OverflowError,
+    ) as exc:
         raise AMQPError(
             c.FRAME_ERROR, f"cannot decode content header: {type(exc).__name__}", 60, 0
         ) from None
@@ -93,12 +100,16 @@ def add_header_entry(payload: bytes, entry: bytes) -> bytes:
     flags, pos = _headers_position(payload)
     if flags & FLAG_HEADERS:
         length = _U32.unpack_from(payload, pos)[0]
-        return b"".join(
-            (payload[:pos], _U32.pack(length + len(entry)), entry, payload[pos + 4 :])
-        )
+        return b"".join((payload[:pos], _U32.pack(length + len(entry)), entry, payload[pos + 4 :]))
     return b"".join(
-        (payload[:12], _U16.pack(flags | FLAG_HEADERS), payload[14:pos],
-         _U32.pack(len(entry)), entry, payload[pos:])
+        (
+            payload[:12],
+            _U16.pack(flags | FLAG_HEADERS),
+            payload[14:pos],
+            _U32.pack(len(entry)),
+            entry,
+            payload[pos:],
+        )
     )
 
 

@@ -34,8 +34,8 @@ def check_password(password: str, password_hash: str) -> bool:
     salt, digest = raw[:4], raw[4:]
     if len(digest) == hashlib.sha512().digest_size:
         candidate = hashlib.sha512(salt + password.encode("utf-8")).digest()
-    elif len(digest) == hashlib.md5().digest_size:  # noqa: S324 - RabbitMQ's legacy scheme
-        candidate = hashlib.md5(salt + password.encode("utf-8")).digest()  # noqa: S324
+    elif len(digest) == hashlib.md5().digest_size:
+        candidate = hashlib.md5(salt + password.encode("utf-8")).digest()
     else:
         candidate = hashlib.sha256(salt + password.encode("utf-8")).digest()
     return hmac.compare_digest(candidate, digest)
@@ -74,8 +74,14 @@ class Users:
     def __init__(self) -> None:
         self.users: dict[str, User] = {}
 
-    def add(self, name: str, password: str | None = None, *, password_hash: str | None = None,
-            tags: list[str] | None = None) -> User:
+    def add(
+        self,
+        name: str,
+        password: str | None = None,
+        *,
+        password_hash: str | None = None,
+        tags: list[str] | None = None,
+    ) -> User:
         if password_hash is None:
             password_hash = hash_password(password or "")
         user = User(name, password_hash, list(tags or []))

@@ -76,7 +76,9 @@ def _coerce(name: str, value: Any) -> Any:
         if isinstance(default, float):
             return float(value)
         if isinstance(default, list):
-            return [v.strip() for v in value.split(",")] if isinstance(value, str) else list(value)
+            if isinstance(value, str):
+                return [v.strip() for v in value.split(",") if v.strip()]
+            return list(value)
         if "Path" in str(kind):
             return Path(value) if value not in (None, "") else None
         return str(value)
@@ -84,8 +86,11 @@ def _coerce(name: str, value: Any) -> Any:
         raise ConfigError(f"invalid value {value!r} for setting '{name}'") from None
 
 
-def load(config_file: Path | None = None, env: Mapping[str, str] | None = None,
-         overrides: Mapping[str, Any] | None = None) -> Config:
+def load(
+    config_file: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
     """Defaults < TOML file < LEVERET_* environment < explicit overrides (flags)."""
     values: dict[str, Any] = {}
     if config_file is not None:

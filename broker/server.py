@@ -31,7 +31,7 @@ class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.broker: Broker | None = None
-        self.listeners: list[asyncio.AbstractServer] = []
+        self.listeners: list[asyncio.Server] = []
         self.stopped = asyncio.Event()
         self.on_stop: list[Callable[[], Awaitable[None]]] = []
 
@@ -46,12 +46,17 @@ class Server:
         try:
             config.data_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ServerError(f"cannot create data directory {config.data_dir}: {exc.strerror}") from None
+            raise ServerError(
+                f"cannot create data directory {config.data_dir}: {exc.strerror}"
+            ) from None
         self.broker = Broker(config, loop)
         broker = self.broker
         try:
             server = await loop.create_server(
-                lambda: Session(broker), config.host, config.port, reuse_address=True,
+                lambda: Session(broker),
+                config.host,
+                config.port,
+                reuse_address=True,
                 backlog=4096,
             )
         except OSError as exc:
@@ -60,7 +65,9 @@ class Server:
                     f"port {config.port} on {config.host} is already in use; "
                     "stop the other broker or pass --port"
                 ) from None
-            raise ServerError(f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from None
+            raise ServerError(
+                f"cannot listen on {config.host}:{config.port}: {exc.strerror}"
+            ) from None
         self.listeners.append(server)
         log.info("listening", host=config.host, port=self.port, data_dir=str(config.data_dir))
 

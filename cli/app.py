@@ -7,17 +7,21 @@ operator mistake into one clear line and exit code 1.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-
 from leveret.broker import logs
 from leveret.broker.config import ConfigError, load
 from leveret.broker.server import ServerError, serve
 
-app = typer.Typer(help="Leveret, an AMQP 0.9.1 broker in Python.", no_args_is_help=True,
-                  add_completion=False, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="Leveret, an AMQP 0.9.1 broker in Python.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
 
 
 @app.callback()
@@ -32,22 +36,49 @@ def fail(message: str) -> None:
 
 @app.command("serve")
 def serve_command(
-    host: Annotated[str | None, typer.Option(help="Address to listen on [default: 0.0.0.0; env LEVERET_HOST]")] = None,
-    port: Annotated[int | None, typer.Option(help="AMQP port [default: 5672; env LEVERET_PORT]")] = None,
-    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Data directory [default: ./leveret-data; env LEVERET_DATA_DIR]")] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Address to listen on [default: 0.0.0.0; env LEVERET_HOST]")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="AMQP port [default: 5672; env LEVERET_PORT]")
+    ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--data-dir", help="Data directory [default: ./leveret-data; env LEVERET_DATA_DIR]"
+        ),
+    ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="A TOML config file")] = None,
-    management_port: Annotated[int | None, typer.Option("--management-port", help="Management HTTP API port, 0 to disable [default: 15672]")] = None,
-    definitions: Annotated[Path | None, typer.Option("--definitions", help="A definitions JSON file to load at boot")] = None,
-    loop: Annotated[str | None, typer.Option("--loop", help="Event loop: asyncio or uvloop")] = None,
-    log_format: Annotated[str | None, typer.Option("--log-format", help="auto, console or json")] = None,
+    management_port: Annotated[
+        int | None,
+        typer.Option(
+            "--management-port", help="Management HTTP API port, 0 to disable [default: 15672]"
+        ),
+    ] = None,
+    definitions: Annotated[
+        Path | None, typer.Option("--definitions", help="A definitions JSON file to load at boot")
+    ] = None,
+    loop: Annotated[
+        str | None, typer.Option("--loop", help="Event loop: asyncio or uvloop")
+    ] = None,
+    log_format: Annotated[
+        str | None, typer.Option("--log-format", help="auto, console or json")
+    ] = None,
 ) -> None:
     """Run the broker with its embedded defaults, overridden by a file, LEVERET_* and flags."""
     try:
-        cfg = load(config, overrides={
-            "host": host, "port": port, "data_dir": data_dir,
-            "management_port": management_port, "definitions": definitions, "loop": loop,
-            "log_format": log_format,
-        })
+        cfg = load(
+            config,
+            overrides={
+                "host": host,
+                "port": port,
+                "data_dir": data_dir,
+                "management_port": management_port,
+                "definitions": definitions,
+                "loop": loop,
+                "log_format": log_format,
+            },
+        )
     except ConfigError as exc:
         fail(str(exc))
     logs.configure(cfg.log_format, cfg.log_level)
@@ -56,7 +87,7 @@ def serve_command(
             import uvloop
         except ImportError:
             fail("--loop uvloop needs the uvloop extra: pip install 'leveret[uvloop]'")
-        runner = uvloop.run
+        runner: Callable[[Coroutine[Any, Any, int]], int] = uvloop.run
     elif cfg.loop == "asyncio":
         runner = asyncio.run
     else:

@@ -139,8 +139,14 @@ def check_queue_version(value: Any, args: dict[str, Any]) -> str | None:
 
 
 _MAX_AGE = re.compile(r"^([0-9]*)(.*)$", re.DOTALL)
-_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "D": 86_400_000,
-            "M": 30 * 86_400_000, "Y": 365 * 86_400_000}
+_UNIT_MS = {
+    "s": 1000,
+    "m": 60_000,
+    "h": 3_600_000,
+    "D": 86_400_000,
+    "M": 30 * 86_400_000,
+    "Y": 365 * 86_400_000,
+}
 
 
 def parse_max_age(value: str) -> int | None:
@@ -187,42 +193,80 @@ DECLARE_VALIDATORS: dict[str, Validator] = {
 # The `queue_arguments` capability of each queue type.
 QUEUE_TYPE_ARGS: dict[str, tuple[str, ...]] = {
     "classic": (
-        "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
-        "x-max-length", "x-max-length-bytes", "x-max-priority", "x-overflow", "x-queue-mode",
-        "x-queue-version", "x-single-active-consumer", "x-queue-type",
-        "x-queue-master-locator", "x-queue-leader-locator",
+        "x-expires",
+        "x-message-ttl",
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-max-priority",
+        "x-overflow",
+        "x-queue-mode",
+        "x-queue-version",
+        "x-single-active-consumer",
+        "x-queue-type",
+        "x-queue-master-locator",
+        "x-queue-leader-locator",
     ),
     "quorum": (
-        "x-expires", "x-dead-letter-exchange", "x-dead-letter-routing-key",
-        "x-dead-letter-strategy", "x-max-length", "x-max-length-bytes",
-        "x-max-in-memory-length", "x-max-in-memory-bytes", "x-overflow",
-        "x-single-active-consumer", "x-queue-type", "x-quorum-initial-group-size",
-        "x-delivery-limit", "x-message-ttl", "x-queue-leader-locator",
+        "x-expires",
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-dead-letter-strategy",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-max-in-memory-length",
+        "x-max-in-memory-bytes",
+        "x-overflow",
+        "x-single-active-consumer",
+        "x-queue-type",
+        "x-quorum-initial-group-size",
+        "x-delivery-limit",
+        "x-message-ttl",
+        "x-queue-leader-locator",
     ),
     "stream": (
-        "x-queue-type", "x-max-length-bytes", "x-max-age", "x-stream-max-segment-size-bytes",
-        "x-stream-filter-size-bytes", "x-initial-cluster-size", "x-queue-leader-locator",
+        "x-queue-type",
+        "x-max-length-bytes",
+        "x-max-age",
+        "x-stream-max-segment-size-bytes",
+        "x-stream-filter-size-bytes",
+        "x-initial-cluster-size",
+        "x-queue-leader-locator",
     ),
 }
 QUEUE_TYPE_MODULES = {
-    "classic": "rabbit_classic_queue", "quorum": "rabbit_quorum_queue",
+    "classic": "rabbit_classic_queue",
+    "quorum": "rabbit_quorum_queue",
     "stream": "rabbit_stream_queue",
 }
-ALL_TYPED_ARGS = frozenset(
-    k for keys in QUEUE_TYPE_ARGS.values() for k in keys
-) | {"x-consumer-timeout", "x-consumer-disconnected-timeout", "x-member-placement-tag"}
+ALL_TYPED_ARGS = frozenset(k for keys in QUEUE_TYPE_ARGS.values() for k in keys) | {
+    "x-consumer-timeout",
+    "x-consumer-disconnected-timeout",
+    "x-member-placement-tag",
+}
 
 CONSUME_TYPE_ARGS: dict[str, tuple[str, ...]] = {
     "classic": ("x-priority", "x-cancel-on-ha-failover"),
     "quorum": ("x-priority", "x-cancel-on-ha-failover"),
-    "stream": ("x-stream-offset", "x-stream-filter", "x-stream-match-unfiltered",
-               "x-stream-automatic-offset-tracking", "x-single-active-consumer"),
+    "stream": (
+        "x-stream-offset",
+        "x-stream-filter",
+        "x-stream-match-unfiltered",
+        "x-stream-automatic-offset-tracking",
+        "x-single-active-consumer",
+    ),
 }
 # The consumer keys RabbitMQ knows; Leveret's own stream extensions are not among them, so a
 # classic queue ignores them as RabbitMQ ignores any unknown key.
 ALL_CONSUME_ARGS = frozenset(
-    {"x-priority", "x-cancel-on-ha-failover", "x-stream-offset", "x-stream-filter",
-     "x-stream-match-unfiltered"}
+    {
+        "x-priority",
+        "x-cancel-on-ha-failover",
+        "x-stream-offset",
+        "x-stream-filter",
+        "x-stream-match-unfiltered",
+    }
 )
 
 
@@ -279,7 +323,7 @@ def parse_expiration(value: str) -> int:
         raise PreconditionFailed(f"invalid expiration '{value}': no_integer")
     if digits.end() != len(stripped):
         raise PreconditionFailed(
-            f"invalid expiration '{value}': {{leftover_string,\"{stripped[digits.end():]}\"}}"
+            f"invalid expiration '{value}': {{leftover_string,\"{stripped[digits.end() :]}\"}}"
         )
     number = int(digits.group(0))
     error = check_expiry(number)

@@ -21,12 +21,32 @@ class ConsumerSink(Protocol):
 class Consumer:
     """One basic.consume on one queue."""
 
-    __slots__ = ("arguments", "exclusive", "no_ack", "prefetch", "priority", "queue", "sink",
-                 "state", "tag", "tag_bytes", "unacked")
+    __slots__ = (
+        "arguments",
+        "exclusive",
+        "no_ack",
+        "prefetch",
+        "priority",
+        "queue",
+        "sink",
+        "state",
+        "tag",
+        "tag_bytes",
+        "unacked",
+    )
 
-    def __init__(self, tag: str, queue: Any, sink: ConsumerSink, *, no_ack: bool = False,
-                 exclusive: bool = False, prefetch: int = 0, priority: int = 0,
-                 arguments: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tag: str,
+        queue: Any,
+        sink: ConsumerSink,
+        *,
+        no_ack: bool = False,
+        exclusive: bool = False,
+        prefetch: int = 0,
+        priority: int = 0,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
         self.tag = tag
         self.tag_bytes = bytes((len(tag.encode()),)) + tag.encode()  # shortstr, for deliver
         self.queue = queue

@@ -19,12 +19,15 @@ def routing_keys_of(message: InboundMessage) -> list[str]:
     keys = [message.routing_key]
     cc = message.headers.get("CC")
     if isinstance(cc, list):
-        keys += [k.decode() if isinstance(k, bytes) else k for k in cc if isinstance(k, str | bytes)]
+        keys += [
+            k.decode() if isinstance(k, bytes) else k for k in cc if isinstance(k, str | bytes)
+        ]
     return keys
 
 
-def dead_lettered_copy(message: InboundMessage, queue_name: str, reason: str, now_ms: int,
-                       dlx: str, dlrk: str | None) -> InboundMessage:
+def dead_lettered_copy(
+    message: InboundMessage, queue_name: str, reason: str, now_ms: int, dlx: str, dlrk: str | None
+) -> InboundMessage:
     headers = dict(message.headers)
     deaths: list[Any] = [d for d in headers.get("x-death", []) if isinstance(d, dict)]
     now = datetime.datetime.fromtimestamp(now_ms // 1000, tz=datetime.UTC)

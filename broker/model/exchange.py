@@ -24,8 +24,16 @@ class Exchange:
     kind = "exchange"
     type = ""
 
-    def __init__(self, vhost: str, name: str, *, durable: bool = True, auto_delete: bool = False,
-                 internal: bool = False, arguments: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        vhost: str,
+        name: str,
+        *,
+        durable: bool = True,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
         self.vhost = vhost
         self.name = name
         self.durable = durable
@@ -148,8 +156,9 @@ class TopicExchange(Exchange):
             node.destinations[binding.destination] = count
         else:
             del node.destinations[binding.destination]
-        for parent, word, child in zip(reversed(path[:-1]), reversed(words), reversed(path[1:]),
-                                       strict=True):
+        for parent, word, child in zip(
+            reversed(path[:-1]), reversed(words), reversed(path[1:]), strict=True
+        ):
             if child.children or child.destinations:
                 break
             del parent.children[word]
@@ -232,7 +241,9 @@ def _same_value(a: Any, b: Any) -> bool:
     if isinstance(a, int) and isinstance(b, int):
         return a == b
     if isinstance(a, str | bytes) and isinstance(b, str | bytes):
-        return (a.encode() if isinstance(a, str) else a) == (b.encode() if isinstance(b, str) else b)
+        return (a.encode() if isinstance(a, str) else a) == (
+            b.encode() if isinstance(b, str) else b
+        )
     return type(a) is type(b) and a == b
 
 

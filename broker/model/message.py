@@ -28,8 +28,9 @@ class InboundMessage(Protocol):
     def properties(self) -> Any: ...
     @property
     def size(self) -> int: ...
-    def replace(self, *, exchange: str | None = None, routing_key: str | None = None,
-                **changes: Any) -> InboundMessage: ...
+    def replace(
+        self, *, exchange: str | None = None, routing_key: str | None = None, **changes: Any
+    ) -> InboundMessage: ...
 
 
 class QueuedMessage:
@@ -37,8 +38,9 @@ class QueuedMessage:
 
     __slots__ = ("expires_at", "message", "priority", "redelivered", "seq", "store_ref")
 
-    def __init__(self, message: InboundMessage, seq: int, expires_at: int | None = None,
-                 priority: int = 0) -> None:
+    def __init__(
+        self, message: InboundMessage, seq: int, expires_at: int | None = None, priority: int = 0
+    ) -> None:
         self.message = message
         self.seq = seq
         self.expires_at = expires_at

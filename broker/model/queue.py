@@ -29,9 +29,16 @@ class Queue:
     kind = "queue"
     type = "classic"
 
-    def __init__(self, vhost: VHost, name: str, *, durable: bool = True,
-                 exclusive_owner: Any = None, auto_delete: bool = False,
-                 arguments: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        vhost: VHost,
+        name: str,
+        *,
+        durable: bool = True,
+        exclusive_owner: Any = None,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
         self.vhost = vhost
         self.name = name
         self.durable = durable
@@ -77,6 +84,19 @@ class Queue:
 
     def touch(self) -> None:
         """A basic.get or a redeclare: the queue is in use (x-expires)."""
+
+    def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
+        """Take one routed message; False if the queue refused it."""
+        raise NotImplementedError
+
+    def dispatch(self) -> None:
+        """Deliver to consumers that have credit."""
+
+    def purge(self) -> int:
+        raise NotImplementedError
+
+    def check_delete(self, if_unused: bool, if_empty: bool) -> None:
+        """Raise if queue.delete's conditions forbid deleting now."""
 
     def on_delete(self) -> None:
         """The queue is being deleted: tell consumers, free resources."""
@@ -136,8 +156,10 @@ class ClassicQueue(Queue):
     def _would_overflow(self, message: InboundMessage) -> bool:
         if self.max_length is not None and len(self.messages) + 1 > self.max_length:
             return True
-        return (self.max_length_bytes is not None
-                and self.messages.bytes + message.size > self.max_length_bytes)
+        return (
+            self.max_length_bytes is not None
+            and self.messages.bytes + message.size > self.max_length_bytes
+        )
 
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
         """Enqueue one message; False if it was refused (reject-publish overflow)."""
@@ -149,8 +171,12 @@ class ClassicQueue(Queue):
             return False
         now = self.vhost.scheduler.now_ms()
         self._seq += 1
-        entry = QueuedMessage(message, self._seq, self._expires_at(message, now),
-                              min(message.priority, self.max_priority or 0))
+        entry = QueuedMessage(
+            message,
+            self._seq,
+            self._expires_at(message, now),
+            min(message.priority, self.max_priority or 0),
+        )
         self.stats_published += 1
         self.messages.push(entry)
         self.accept(entry, confirm)
@@ -164,9 +190,8 @@ class ClassicQueue(Queue):
 
     def _drop_over_limit(self) -> None:
         messages = self.messages
-        while (
-            (self.max_length is not None and len(messages) > self.max_length)
-            or (self.max_length_bytes is not None and messages.bytes > self.max_length_bytes)
+        while (self.max_length is not None and len(messages) > self.max_length) or (
+            self.max_length_bytes is not None and messages.bytes > self.max_length_bytes
         ):
             entry = messages.pop()
             if entry is None:

@@ -16,7 +16,7 @@ from leveret.broker.model.message import QueuedMessage
 class MemoryStore:
     """Ready messages of a classic queue, in order."""
 
-    __slots__ = ("bytes", "_entries")
+    __slots__ = ("_entries", "bytes")
 
     def __init__(self) -> None:
         self._entries: deque[QueuedMessage] = deque()

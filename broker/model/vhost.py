@@ -64,9 +64,13 @@ class Observer:
 
 
 class VHost:
-    def __init__(self, name: str, scheduler: Scheduler,
-                 queue_types: dict[str, QueueFactory] | None = None,
-                 observer: Observer | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        scheduler: Scheduler,
+        queue_types: dict[str, QueueFactory] | None = None,
+        observer: Observer | None = None,
+    ) -> None:
         self.name = name
         self.scheduler = scheduler
         self.exchanges: dict[str, Exchange] = {}
@@ -90,10 +94,18 @@ class VHost:
             raise NotFound(f"no exchange '{name}' in vhost '{self.name}'")
         return exchange
 
-    def declare_exchange(self, name: str, type_: str, *, passive: bool = False,
-                         durable: bool = True, auto_delete: bool = False,
-                         internal: bool = False, arguments: dict[str, Any] | None = None,
-                         check: Authorize = allow_all) -> Exchange:
+    def declare_exchange(
+        self,
+        name: str,
+        type_: str,
+        *,
+        passive: bool = False,
+        durable: bool = True,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+        check: Authorize = allow_all,
+    ) -> Exchange:
         """RabbitMQ's order: type, default exchange, permission, then reserved names."""
         arguments = arguments or {}
         if passive:
@@ -119,8 +131,14 @@ class VHost:
             if ae is not None:
                 check("read", "exchange", name)
                 check("write", "exchange", qargs.text(ae))
-            exchange = cls(self.name, name, durable=durable, auto_delete=auto_delete,
-                           internal=internal, arguments=arguments)
+            exchange = cls(
+                self.name,
+                name,
+                durable=durable,
+                auto_delete=auto_delete,
+                internal=internal,
+                arguments=arguments,
+            )
             self.exchanges[name] = exchange
             if durable:
                 self.observer.exchange_declared(exchange)
@@ -128,8 +146,15 @@ class VHost:
         self._exchange_equivalence(existing, type_, durable, auto_delete, internal, arguments)
         return existing
 
-    def _exchange_equivalence(self, x: Exchange, type_: str, durable: bool, auto_delete: bool,
-                              internal: bool, arguments: dict[str, Any]) -> None:
+    def _exchange_equivalence(
+        self,
+        x: Exchange,
+        type_: str,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: dict[str, Any],
+    ) -> None:
         rs = self.rs("exchange", x.name)
         for field, current, received in (
             ("type", x.type, type_),
@@ -146,8 +171,12 @@ class VHost:
         self._args_equivalence(rs, x.arguments, arguments, ("alternate-exchange",))
 
     @staticmethod
-    def _args_equivalence(rs: str, current: dict[str, Any], received: dict[str, Any],
-                          keys: tuple[str, ...] | list[str]) -> None:
+    def _args_equivalence(
+        rs: str,
+        current: dict[str, Any],
+        received: dict[str, Any],
+        keys: tuple[str, ...] | list[str],
+    ) -> None:
         for key in keys:
             old, new = current.get(key, MISSING), received.get(key, MISSING)
             if not equivalent(old, new):
@@ -209,10 +238,18 @@ class VHost:
                 "does not match that of the original declaration."
             )
 
-    def declare_queue(self, name: str, *, owner: Any, passive: bool = False,
-                      durable: bool = False, exclusive: bool = False, auto_delete: bool = False,
-                      arguments: dict[str, Any] | None = None,
-                      check: Authorize = allow_all) -> Queue:
+    def declare_queue(
+        self,
+        name: str,
+        *,
+        owner: Any,
+        passive: bool = False,
+        durable: bool = False,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+        check: Authorize = allow_all,
+    ) -> Queue:
         arguments = dict(arguments or {})
         if passive:
             queue = self.queue(name)
@@ -252,22 +289,31 @@ class VHost:
             raise PreconditionFailed(
                 f"invalid arg 'x-queue-type' for {rs}: \"unsupported queue type '{queue_type}'\""
             )
-        queue = factory(self, name, durable=durable, exclusive_owner=exclusive_owner,
-                        auto_delete=auto_delete, arguments=arguments)
+        queue = factory(
+            self,
+            name,
+            durable=durable,
+            exclusive_owner=exclusive_owner,
+            auto_delete=auto_delete,
+            arguments=arguments,
+        )
         self.queues[name] = queue
         if queue.durable:
             self.observer.queue_declared(queue)
         return queue
 
-    def _queue_equivalence(self, queue: Queue, owner: Any, durable: bool, auto_delete: bool,
-                           arguments: dict[str, Any]) -> None:
+    def _queue_equivalence(
+        self, queue: Queue, owner: Any, durable: bool, auto_delete: bool, arguments: dict[str, Any]
+    ) -> None:
         self.check_exclusive(queue, owner, strict=True)
         rs = queue.resource
-        for field, current, received in (("durable", queue.durable, durable),
-                                         ("auto_delete", queue.auto_delete, auto_delete)):
-            if current != received:
+        for field, current, wanted in (
+            ("durable", queue.durable, durable),
+            ("auto_delete", queue.auto_delete, auto_delete),
+        ):
+            if current != wanted:
                 raise PreconditionFailed(
-                    f"inequivalent arg '{field}' for {rs}: received '{str(received).lower()}' "
+                    f"inequivalent arg '{field}' for {rs}: received '{str(wanted).lower()}' "
                     f"but current is '{str(current).lower()}'"
                 )
         current_args = dict(queue.arguments)
@@ -279,7 +325,8 @@ class VHost:
         self._args_equivalence(rs, current_args, received, ordered)
 
     def delete_queue(self, queue: Queue) -> int:
-        if self.queues.get(queue.name) is not queue:
+        current = self.queues.get(queue.name)
+        if current is None or current is not queue:
             return 0
         count = queue.message_count
         del self.queues[queue.name]
@@ -294,8 +341,15 @@ class VHost:
     def _destination(self, kind: str, name: str) -> Any:
         return self.queue(name) if kind == "queue" else self.exchange(name)
 
-    def bind(self, source_name: str, kind: str, destination_name: str, routing_key: str,
-             arguments: dict[str, Any] | None = None, owner: Any = None) -> None:
+    def bind(
+        self,
+        source_name: str,
+        kind: str,
+        destination_name: str,
+        routing_key: str,
+        arguments: dict[str, Any] | None = None,
+        owner: Any = None,
+    ) -> None:
         if source_name == "" or (kind == "exchange" and destination_name == ""):
             raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
         source = self.exchange(source_name)
@@ -308,16 +362,24 @@ class VHost:
         if source.add(binding) and source.durable and getattr(destination, "durable", False):
             self.observer.binding_added(binding)
 
-    def unbind(self, source_name: str, kind: str, destination_name: str, routing_key: str,
-               arguments: dict[str, Any] | None = None, owner: Any = None) -> None:
+    def unbind(
+        self,
+        source_name: str,
+        kind: str,
+        destination_name: str,
+        routing_key: str,
+        arguments: dict[str, Any] | None = None,
+        owner: Any = None,
+    ) -> None:
         if source_name == "" or (kind == "exchange" and destination_name == ""):
             raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
         source = self.exchange(source_name)
         destination = self._destination(kind, destination_name)
         if kind == "queue":
             self.check_exclusive(destination, owner)
-        binding = source.bindings.get(Binding(source, destination, routing_key,
-                                              dict(arguments or {})).key)
+        binding = source.bindings.get(
+            Binding(source, destination, routing_key, dict(arguments or {})).key
+        )
         if binding is not None:
             self._unbind(binding)
 
@@ -353,8 +415,7 @@ class VHost:
                     pending.append(destination)
         return list(queues)
 
-    def publish(self, exchange: Exchange, message: InboundMessage,
-                confirm: Confirm | None) -> int:
+    def publish(self, exchange: Exchange, message: InboundMessage, confirm: Confirm | None) -> int:
         """Route and enqueue; returns how many queues took it."""
         queues = self.route(exchange, message)
         if queues and "BCC" in message.headers:
@@ -363,7 +424,7 @@ class VHost:
             message = message.replace(headers=headers)
         taken = 0
         for queue in queues:
-            if queue.publish(message, confirm):  # type: ignore[attr-defined]
+            if queue.publish(message, confirm):
                 taken += 1
         return taken
 
@@ -374,11 +435,17 @@ class VHost:
         exchange = self.exchanges.get(dlx_name)
         if exchange is None:
             return
-        copy = dead_lettered_copy(entry.message, queue.name, reason, self.scheduler.now_ms(),
-                                  dlx_name, getattr(queue, "dlrk", None))
+        copy = dead_lettered_copy(
+            entry.message,
+            queue.name,
+            reason,
+            self.scheduler.now_ms(),
+            dlx_name,
+            getattr(queue, "dlrk", None),
+        )
         for target in self.route(exchange, copy):
             if not is_cycle(copy, target.name, reason):
-                target.publish(copy, None)  # type: ignore[attr-defined]
+                target.publish(copy, None)
 
 
 def _string_list(value: Any) -> list[str]:

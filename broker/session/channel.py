@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from pamqp import commands as m
-
 from leveret.amqp import codec
 from leveret.amqp import constants as c
 from leveret.amqp.content import Message, content_frames
@@ -32,6 +30,7 @@ from leveret.broker.model.errors import (
 from leveret.broker.model.message import Confirm, QueuedMessage
 from leveret.broker.model.vhost import server_generated_name
 from leveret.broker.session.errors import to_amqp
+from pamqp import commands as m
 
 if TYPE_CHECKING:
     from leveret.broker.session.connection import Session
@@ -85,10 +84,12 @@ class Channel:
             m.Basic.Cancel: self._cancel,
             m.Basic.Get: self._get,
             m.Basic.Ack: lambda method: self.ack(method.delivery_tag, method.multiple),
-            m.Basic.Reject: lambda method: self._settle(method.delivery_tag, False,
-                                                        method.requeue, "reject"),
-            m.Basic.Nack: lambda method: self._settle(method.delivery_tag, method.multiple,
-                                                      method.requeue, "nack"),
+            m.Basic.Reject: lambda method: self._settle(
+                method.delivery_tag, False, method.requeue, "reject"
+            ),
+            m.Basic.Nack: lambda method: self._settle(
+                method.delivery_tag, method.multiple, method.requeue, "nack"
+            ),
             m.Basic.Recover: self._recover,
             m.Basic.RecoverAsync: self._recover,
             m.Confirm.Select: self._confirm_select,
@@ -102,8 +103,9 @@ class Channel:
     def handle(self, method: Any) -> None:
         handler = self._handlers.get(type(method))
         if handler is None:
-            raise AMQPError(c.COMMAND_INVALID, "unimplemented method",
-                            *divmod(method.index, 0x10000))
+            raise AMQPError(
+                c.COMMAND_INVALID, "unimplemented method", *divmod(method.index, 0x10000)
+            )
         try:
             handler(method)
         except BrokerError as error:
@@ -134,9 +136,14 @@ class Channel:
 
     def _exchange_declare(self, method: Any) -> None:
         self.vhost.declare_exchange(
-            _strip_cr_lf(method.exchange), method.exchange_type, passive=method.passive,
-            durable=method.durable, auto_delete=method.auto_delete, internal=method.internal,
-            arguments=method.arguments or {}, check=self._check,
+            _strip_cr_lf(method.exchange),
+            method.exchange_type,
+            passive=method.passive,
+            durable=method.durable,
+            auto_delete=method.auto_delete,
+            internal=method.internal,
+            arguments=method.arguments or {},
+            check=self._check,
         )
         if not method.nowait:
             self.reply(m.Exchange.DeclareOk())
@@ -151,15 +158,25 @@ class Channel:
 
     def _exchange_bind(self, method: Any) -> None:
         self._binding_permissions("exchange", method.destination, method.source)
-        self.vhost.bind(method.source, "exchange", method.destination, method.routing_key,
-                        method.arguments or {})
+        self.vhost.bind(
+            method.source,
+            "exchange",
+            method.destination,
+            method.routing_key,
+            method.arguments or {},
+        )
         if not method.nowait:
             self.reply(m.Exchange.BindOk())
 
     def _exchange_unbind(self, method: Any) -> None:
         self._binding_permissions("exchange", method.destination, method.source)
-        self.vhost.unbind(method.source, "exchange", method.destination, method.routing_key,
-                          method.arguments or {})
+        self.vhost.unbind(
+            method.source,
+            "exchange",
+            method.destination,
+            method.routing_key,
+            method.arguments or {},
+        )
         if not method.nowait:
             self.reply(m.Exchange.UnbindOk())
 
@@ -175,16 +192,21 @@ class Channel:
         if method.passive and not name:
             name = self._queue_name(name)
         queue = self.vhost.declare_queue(
-            name, owner=self.session, passive=method.passive,
-            durable=method.durable, exclusive=method.exclusive,
-            auto_delete=method.auto_delete, arguments=method.arguments or {},
+            name,
+            owner=self.session,
+            passive=method.passive,
+            durable=method.durable,
+            exclusive=method.exclusive,
+            auto_delete=method.auto_delete,
+            arguments=method.arguments or {},
             check=self._check,
         )
         self.last_queue = queue.name
         if not method.nowait:
             consumers = 0 if queue.type == "stream" else queue.consumer_count
-            self.session.write(codec.encode_declare_ok(
-                self.number, queue.name, queue.message_count, consumers))
+            self.session.write(
+                codec.encode_declare_ok(self.number, queue.name, queue.message_count, consumers)
+            )
 
     def _queue_bind(self, method: Any) -> None:
         queue = self._queue_name(_strip_cr_lf(method.queue))
@@ -192,16 +214,23 @@ class Channel:
         if not method.queue and not key:
             key = queue
         self._binding_permissions("queue", queue, method.exchange)
-        self.vhost.bind(method.exchange, "queue", queue, key, method.arguments or {},
-                        owner=self.session)
+        self.vhost.bind(
+            method.exchange, "queue", queue, key, method.arguments or {}, owner=self.session
+        )
         if not method.nowait:
             self.reply(m.Queue.BindOk())
 
     def _queue_unbind(self, method: Any) -> None:
         queue = self._queue_name(_strip_cr_lf(method.queue))
         self._binding_permissions("queue", queue, method.exchange)
-        self.vhost.unbind(method.exchange, "queue", queue, method.routing_key,
-                          method.arguments or {}, owner=self.session)
+        self.vhost.unbind(
+            method.exchange,
+            "queue",
+            queue,
+            method.routing_key,
+            method.arguments or {},
+            owner=self.session,
+        )
         self.reply(m.Queue.UnbindOk())
 
     def _queue_purge(self, method: Any) -> None:
@@ -249,8 +278,13 @@ class Channel:
         qargs.check_consume_args(arguments, queue.type, queue.resource)
         priority = arguments.get("x-priority", 0)
         consumer = Consumer(
-            tag, queue, self, no_ack=method.no_ack, exclusive=method.exclusive,
-            prefetch=self.consumer_prefetch, priority=priority if qargs.is_int(priority) else 0,
+            tag,
+            queue,
+            self,
+            no_ack=method.no_ack,
+            exclusive=method.exclusive,
+            prefetch=self.consumer_prefetch,
+            priority=priority if qargs.is_int(priority) else 0,
             arguments=arguments,
         )
         if not method.nowait:
@@ -275,7 +309,9 @@ class Channel:
         queue = self.vhost.queue(name)
         self.vhost.check_exclusive(queue, self.session)
         if queue.type == "stream":
-            raise NotImplementedFeature(f"basic.get not supported by stream queues {queue.resource}")
+            raise NotImplementedFeature(
+                f"basic.get not supported by stream queues {queue.resource}"
+            )
         entry = queue.get(method.no_ack)
         if entry is None:
             self.reply(m.Basic.GetEmpty())
@@ -286,11 +322,19 @@ class Channel:
             self.unacked[tag] = Unacked(entry, queue, None)
         message = entry.message
         session = self.session
-        session.write(codec.encode_get_ok(
-            self.number, tag, entry.redelivered, codec.short_str(message.exchange),
-            codec.short_str(message.routing_key), queue.message_count))
-        session.write_many(content_frames(self.number, message.header, message.body,
-                                          session.frame_max))
+        session.write(
+            codec.encode_get_ok(
+                self.number,
+                tag,
+                entry.redelivered,
+                codec.short_str(message.exchange),
+                codec.short_str(message.routing_key),
+                queue.message_count,
+            )
+        )
+        session.write_many(
+            content_frames(self.number, message.header, message.body, session.frame_max)
+        )
 
     # -- the ConsumerSink interface -----------------------------------------------------------
 
@@ -311,11 +355,19 @@ class Channel:
             consumer.unacked += 1
         message = entry.message
         session = self.session
-        session.write(codec.encode_deliver(
-            self.number, consumer.tag_bytes, tag, entry.redelivered,
-            codec.short_str(message.exchange), codec.short_str(message.routing_key)))
-        session.write_many(content_frames(self.number, message.header, message.body,
-                                          session.frame_max))
+        session.write(
+            codec.encode_deliver(
+                self.number,
+                consumer.tag_bytes,
+                tag,
+                entry.redelivered,
+                codec.short_str(message.exchange),
+                codec.short_str(message.routing_key),
+            )
+        )
+        session.write_many(
+            content_frames(self.number, message.header, message.body, session.frame_max)
+        )
 
     def server_cancel(self, consumer: Consumer) -> None:
         """The queue went away: tell the client, if it understands basic.cancel."""
@@ -326,7 +378,8 @@ class Channel:
 
     def redispatch(self) -> None:
         """Credit or writability came back: let every consumed queue deliver again."""
-        for queue in {id(c.queue): c.queue for c in self.consumers.values()}.values():
+        queues = {id(consumer.queue): consumer.queue for consumer in self.consumers.values()}
+        for queue in queues.values():
             queue.dispatch()
 
     # -- settling -----------------------------------------------------------------------------
@@ -403,15 +456,29 @@ class Channel:
 
     # -- publishing ---------------------------------------------------------------------------
 
-    def publish(self, exchange_name: str, routing_key: str, mandatory: bool, immediate: bool,
-                header: bytes, body: bytes) -> None:
+    def publish(
+        self,
+        exchange_name: str,
+        routing_key: str,
+        mandatory: bool,
+        immediate: bool,
+        header: bytes,
+        body: bytes,
+    ) -> None:
         try:
             self._publish(exchange_name, routing_key, mandatory, immediate, header, body)
         except BrokerError as error:
             raise to_amqp(error) from None
 
-    def _publish(self, exchange_name: str, routing_key: str, mandatory: bool, immediate: bool,
-                 header: bytes, body: bytes) -> None:
+    def _publish(
+        self,
+        exchange_name: str,
+        routing_key: str,
+        mandatory: bool,
+        immediate: bool,
+        header: bytes,
+        body: bytes,
+    ) -> None:
         if immediate:
             raise NotImplementedFeature("immediate=true")
         session = self.session
@@ -421,7 +488,9 @@ class Channel:
         if exchange is None:
             raise NotFound(f"no exchange '{exchange_name}' in vhost '{self.vhost.name}'")
         if exchange.internal:
-            raise AccessRefused(f"cannot publish to internal {self.vhost.rs('exchange', exchange_name)}")
+            raise AccessRefused(
+                f"cannot publish to internal {self.vhost.rs('exchange', exchange_name)}"
+            )
         message = Message(exchange_name, routing_key, header, body)
         flags = (header[12] << 8) | header[13]
         if flags & (FLAG_EXPIRATION | FLAG_USER_ID):
@@ -455,11 +524,18 @@ class Channel:
 
     def _return(self, message: Message, code: int, text: str) -> None:
         session = self.session
-        session.write(codec.encode_return(
-            self.number, code, text, codec.short_str(message.exchange),
-            codec.short_str(message.routing_key)))
-        session.write_many(content_frames(self.number, message.header, message.body,
-                                          session.frame_max))
+        session.write(
+            codec.encode_return(
+                self.number,
+                code,
+                text,
+                codec.short_str(message.exchange),
+                codec.short_str(message.routing_key),
+            )
+        )
+        session.write_many(
+            content_frames(self.number, message.header, message.body, session.frame_max)
+        )
 
     # -- confirms -----------------------------------------------------------------------------
 
@@ -496,7 +572,7 @@ class Channel:
         below = acks if lowest is None else [s for s in acks if s < lowest]
         if below:
             write(codec.encode_ack(self.number, below[-1], len(below) > 1))
-        for seq in acks[len(below):]:
+        for seq in acks[len(below) :]:
             write(codec.encode_ack(self.number, seq, False))
 
     # -- transactions -------------------------------------------------------------------------

@@ -43,8 +43,12 @@ class Session(asyncio.Protocol):
         self.tls = tls
         cfg = broker.config
         self.wire = WireConnection(
-            self, self.write, server_properties=broker.server_properties(),
-            frame_max=cfg.frame_max, channel_max=cfg.channel_max, heartbeat=cfg.heartbeat_s,
+            self,
+            self.write,
+            server_properties=broker.server_properties(),
+            frame_max=cfg.frame_max,
+            channel_max=cfg.channel_max,
+            heartbeat=cfg.heartbeat_s,
             max_message_size=cfg.max_message_size_bytes,
         )
         self.transport: asyncio.Transport | None = None
@@ -86,7 +90,8 @@ class Session(asyncio.Protocol):
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)
         self.broker.connection_opened(self)
         self._handshake_timer = self.loop.call_later(
-            self.broker.config.handshake_timeout_s, self._handshake_timeout)
+            self.broker.config.handshake_timeout_s, self._handshake_timeout
+        )
 
     def data_received(self, data: bytes) -> None:
         self.last_received = time.monotonic()
@@ -98,7 +103,7 @@ class Session(asyncio.Protocol):
             self.abort()
         except AMQPError as error:
             self.close_with(error)
-        except Exception:  # noqa: BLE001 - the one broad except of a connection
+        except Exception:
             log.exception("connection crashed", connection=self.name)
             self.close_with(AMQPError(c.INTERNAL_ERROR, "internal error"))
 
@@ -117,8 +122,13 @@ class Session(asyncio.Protocol):
         self.channels.clear()
         self.broker.connection_closed(self)
         if self.wire.state not in (State.AWAIT_HEADER, State.AWAIT_START_OK):
-            log.info("connection closed", connection=self.name, client=self.client_product,
-                     user=self.username, reason=str(exc) if exc else "normal")
+            log.info(
+                "connection closed",
+                connection=self.name,
+                client=self.client_product,
+                user=self.username,
+                reason=str(exc) if exc else "normal",
+            )
 
     def pause_writing(self) -> None:
         self.writable = False
@@ -174,30 +184,44 @@ class Session(asyncio.Protocol):
 
     # -- the wire handler interface -----------------------------------------------------------
 
-    def on_start_ok(self, mechanism: str, response: bytes,
-                    client_properties: dict[str, Any]) -> None:
+    def on_start_ok(
+        self, mechanism: str, response: bytes, client_properties: dict[str, Any]
+    ) -> None:
         self.client_properties = client_properties
         caps = client_properties.get("capabilities")
         self.capabilities = caps if isinstance(caps, dict) else {}
         product = client_properties.get("product", "")
-        self.client_product = product.decode("utf-8", "replace") if isinstance(product, bytes) else str(product)
+        self.client_product = (
+            product.decode("utf-8", "replace") if isinstance(product, bytes) else str(product)
+        )
         try:
             username, password = wire_auth.parse_response(mechanism, response)
         except wire_auth.BadCredentials:
             username, password = "", ""
         user = self.broker.users.authenticate(username, password)
         self.username = username
-        if user is not None and username in self.broker.config.loopback_users and not self._loopback():
-            log.warning("login refused: user can only connect via localhost",
-                        connection=self.name, user=username)
+        if (
+            user is not None
+            and username in self.broker.config.loopback_users
+            and not self._loopback()
+        ):
+            log.warning(
+                "login refused: user can only connect via localhost",
+                connection=self.name,
+                user=username,
+            )
             user = None
         if user is None:
             log.warning("login refused", connection=self.name, user=username, mechanism=mechanism)
             self.broker.login_failed()
             if self.capabilities.get("authentication_failure_close"):
                 raise AMQPError(
-                    c.ACCESS_REFUSED, f"Login was refused using authentication mechanism "
-                    f"{mechanism}. For details see the broker logfile.", 10, 11)
+                    c.ACCESS_REFUSED,
+                    f"Login was refused using authentication mechanism "
+                    f"{mechanism}. For details see the broker logfile.",
+                    10,
+                    11,
+                )
             self.abort()
             return
         self.user = user
@@ -218,19 +242,30 @@ class Session(asyncio.Protocol):
         if permission is None:
             raise AMQPError(
                 c.NOT_ALLOWED,
-                f"access to vhost '{virtual_host}' refused for user '{self.user.name}'", 10, 40)
+                f"access to vhost '{virtual_host}' refused for user '{self.user.name}'",
+                10,
+                40,
+            )
         if self.broker.too_many_connections(self):
             raise AMQPError(c.NOT_ALLOWED, "connection limit reached", 10, 40)
         self.vhost = vhost
         self.permission = permission
         self.limited_permissions = (permission.configure, permission.write, permission.read) != (
-            ".*", ".*", ".*")
+            ".*",
+            ".*",
+            ".*",
+        )
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
         self.wire.open_ok()
-        log.info("connection opened", connection=self.name, client=self.client_product,
-                 user=self.username, vhost=virtual_host)
+        log.info(
+            "connection opened",
+            connection=self.name,
+            client=self.client_product,
+            user=self.username,
+            vhost=virtual_host,
+        )
 
     def on_channel_open(self, number: int) -> None:
         self.channels[number] = Channel(self, number)
@@ -244,8 +279,16 @@ class Session(asyncio.Protocol):
     def on_method(self, number: int, method: Any) -> None:
         self.channels[number].handle(method)
 
-    def on_publish(self, number: int, exchange: str, routing_key: str, mandatory: bool,
-                   immediate: bool, header: bytes, body: bytes) -> None:
+    def on_publish(
+        self,
+        number: int,
+        exchange: str,
+        routing_key: str,
+        mandatory: bool,
+        immediate: bool,
+        header: bytes,
+        body: bytes,
+    ) -> None:
         self.channels[number].publish(exchange, routing_key, mandatory, immediate, header, body)
 
     def on_ack(self, number: int, delivery_tag: int, multiple: bool) -> None:
@@ -277,8 +320,7 @@ class Session(asyncio.Protocol):
 
     def close_with(self, error: AMQPError) -> None:
         """Send connection.close for a hard error; drop the socket if the client lingers."""
-        log.info("closing connection", connection=self.name, code=error.code,
-                 text=error.reply_text)
+        log.info("closing connection", connection=self.name, code=error.code, text=error.reply_text)
         was_closing = self.wire.state in (State.CLOSING, State.CLOSED)
         self.wire.close_connection(error)
         for channel in list(self.channels.values()):
@@ -307,8 +349,11 @@ class Session(asyncio.Protocol):
         interval = self.heartbeat
         now = time.monotonic()
         if now - self.last_received > 2 * interval:
-            log.warning("missed heartbeats from client, timeout: %ss" % interval,
-                        connection=self.name, client=self.client_product)
+            log.warning(
+                f"missed heartbeats from client, timeout: {interval}s",
+                connection=self.name,
+                client=self.client_product,
+            )
             self.abort()
             return
         if now - self.last_sent >= interval / 2 - 0.05:
@@ -317,7 +362,9 @@ class Session(asyncio.Protocol):
 
     # -- server-initiated close (shutdown) ----------------------------------------------------
 
-    def force_close(self, text: str = "broker forced connection closure with reason 'shutdown'") -> None:
+    def force_close(
+        self, text: str = "broker forced connection closure with reason 'shutdown'"
+    ) -> None:
         if self.wire.state is State.OPEN:
             self.close_with(AMQPError(c.CONNECTION_FORCED, text))
         else:

@@ -20,7 +20,7 @@ REPLY_CODES: dict[type[e.BrokerError], int] = {
 
 def to_amqp(error: e.BrokerError) -> AMQPError:
     for cls in type(error).__mro__:
-        code = REPLY_CODES.get(cls)  # type: ignore[call-overload]
+        code = REPLY_CODES.get(cls)
         if code is not None:
             return AMQPError(code, error.text)
     return AMQPError(c.INTERNAL_ERROR, error.text)

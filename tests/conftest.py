@@ -1,0 +1,52 @@
+"""Shared fixtures: Leveret in-process and as a subprocess, and the reference RabbitMQ."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from leveret.broker import logs
+from support.brokers import BrokerProcess, InProcessBroker
+from support.reference import Reference, start_reference
+
+logs.configure("json", "warning")
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[InProcessBroker]:
+    """A fresh Leveret on a free port, in this process."""
+    server = InProcessBroker(tmp_path / "data").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def broker_process(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A fresh `leveret serve` subprocess (for restarts and kill -9)."""
+    proc = BrokerProcess(tmp_path / "data").start()
+    yield proc
+    proc.kill()
+
+
+@pytest.fixture(scope="session")
+def reference() -> Iterator[Reference]:
+    """The reference RabbitMQ, started once per test session."""
+    ref = start_reference()
+    if isinstance(ref, str):
+        pytest.skip(ref)
+    yield ref
+    if ref.stop is not None:
+        ref.stop()
+
+
+@pytest.fixture(params=["leveret", "rabbitmq"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """A differential target: (name, port), for Leveret and for the reference RabbitMQ."""
+    if request.param == "rabbitmq":
+        ref = request.getfixturevalue("reference")
+        yield ("rabbitmq", ref.port)
+        return
+    server = InProcessBroker(tmp_path / "data").start()
+    yield ("leveret", server.port)
+    server.stop()

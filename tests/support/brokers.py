@@ -1,0 +1,154 @@
+"""Leveret brokers for tests: in-process (a thread with its own loop) and as a subprocess.
+
+The in-process broker is fast to start and lets a test look at the broker's state; the
+subprocess broker is the real `leveret serve`, for restarts, signals and `kill -9`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+from leveret.broker.config import Config
+from leveret.broker.server import Server
+from support.ports import free_port, wait_for_port
+
+T = TypeVar("T")
+
+
+class InProcessBroker:
+    """A Leveret server on a free port, running on an event loop in a background thread."""
+
+    def __init__(self, data_dir: Path, **overrides: Any) -> None:
+        overrides.setdefault("management_port", 0)
+        self.config = Config(host="127.0.0.1", port=0, data_dir=data_dir, **overrides)
+        self.loop = asyncio.new_event_loop()
+        self.server = Server(self.config)
+        self._thread = threading.Thread(target=self._run, name="leveret-broker", daemon=True)
+        self._ready: Future[None] = Future()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self.server.start())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            self._ready.set_exception(exc)
+            return
+        self._ready.set_result(None)
+        self.loop.run_forever()
+
+    def start(self) -> InProcessBroker:
+        self._thread.start()
+        self._ready.result(timeout=30)
+        return self
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    @property
+    def broker(self) -> Any:
+        return self.server.broker
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run fn on the broker's loop thread and return its result."""
+        future: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001
+                future.set_exception(exc)
+
+        self.loop.call_soon_threadsafe(run)
+        return future.result(timeout=30)
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(timeout=30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)
+        self.loop.close()
+
+
+class BrokerProcess:
+    """`leveret serve` as a child process, with its log in the data dir's parent."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.args = args or []
+        self.env = env or {}
+        self.log_path = data_dir.parent / f"leveret-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    def start(self, timeout: float = 30.0) -> BrokerProcess:
+        env = {**os.environ, "LEVERET_LOG_FORMAT": "json", **self.env}
+        cmd = [
+            sys.executable,
+            "-m",
+            "leveret.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+            "--management-port",
+            "0",
+            *self.args,
+        ]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.data_dir.parent
+        )
+        log.close()
+        try:
+            wait_for_port(self.port, timeout)
+        except TimeoutError:
+            self.kill()
+            raise RuntimeError(f"leveret did not start; log:\n{self.log()}") from None
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: the crash every durability promise is tested against."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def restart(self) -> BrokerProcess:
+        return self.start()

@@ -1,0 +1,143 @@
+"""A reference RabbitMQ for differential tests.
+
+In order: the URL in LEVERET_REFERENCE_URL; a testcontainers RabbitMQ when a Docker engine
+answers; Debian's `rabbitmq-server` started on free ports in a temp folder; otherwise the
+tests that need it are skipped, with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from support.ports import free_port
+
+RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+
+
+@dataclass
+class Reference:
+    url: str
+    kind: str
+    stop: Any = None
+    version: str = ""
+
+    @property
+    def port(self) -> int:
+        return urlparse(self.url).port or 5672
+
+    @property
+    def host(self) -> str:
+        return urlparse(self.url).hostname or "127.0.0.1"
+
+
+def _wait_amqp(port: int, timeout: float) -> None:
+    import pika
+
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            conn = pika.BlockingConnection(
+                pika.ConnectionParameters(
+                    "127.0.0.1", port, connection_attempts=1, socket_timeout=2
+                )
+            )
+            conn.close()
+            return
+        except Exception as exc:  # noqa: BLE001 - any failure means "not yet"
+            last = exc
+            time.sleep(0.3)
+    raise TimeoutError(f"RabbitMQ did not answer on port {port}: {last}")
+
+
+def _docker_available() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=5).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _start_container() -> Reference:
+    from testcontainers.rabbitmq import RabbitMqContainer
+
+    container = RabbitMqContainer("rabbitmq:3.10")
+    container.start()
+    port = int(container.get_exposed_port(5672))
+    host = container.get_container_host_ip()
+    return Reference(f"amqp://guest:guest@{host}:{port}/", "testcontainers", container.stop)
+
+
+def _start_local() -> Reference:
+    base = Path(tempfile.mkdtemp(prefix="leveret-rabbitmq-"))
+    port, dist_port = free_port(), free_port()
+    (base / "enabled_plugins").write_text("[].\n")
+    (base / "rabbitmq.conf").write_text("loopback_users = none\n")
+    env = {
+        **os.environ,
+        "HOME": str(base),
+        "RABBITMQ_NODENAME": f"leveret-ref-{os.getpid()}-{port}@localhost",
+        "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+        "RABBITMQ_NODE_PORT": str(port),
+        "RABBITMQ_DIST_PORT": str(dist_port),
+        "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
+        "RABBITMQ_LOG_BASE": str(base / "log"),
+        "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq"),
+        "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
+        "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
+        "RABBITMQ_PID_FILE": str(base / "rabbitmq.pid"),
+        "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
+    }
+    log = open(base / "server.log", "wb")  # noqa: SIM115 - kept open for the child
+    proc = subprocess.Popen(
+        [str(RABBITMQ_SERVER)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+
+    def stop() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(base, ignore_errors=True)
+
+    try:
+        _wait_amqp(port, 90)
+    except TimeoutError:
+        output = (base / "server.log").read_text(errors="replace")[-2000:]
+        stop()
+        raise RuntimeError(f"rabbitmq-server did not start:\n{output}") from None
+    return Reference(f"amqp://guest:guest@127.0.0.1:{port}/", "rabbitmq-server", stop)
+
+
+def start_reference() -> Reference | str:
+    """A running reference broker, or the reason there is none."""
+    url = os.environ.get("LEVERET_REFERENCE_URL")
+    if url:
+        return Reference(url, "LEVERET_REFERENCE_URL")
+    if _docker_available():
+        return _start_container()
+    if RABBITMQ_SERVER.exists():
+        return _start_local()
+    return (
+        "no reference RabbitMQ: set LEVERET_REFERENCE_URL, start a Docker engine, or "
+        "install Debian's rabbitmq-server (apt-get install rabbitmq-server)"
+    )
