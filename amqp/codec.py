@@ -15,7 +15,7 @@ import struct
 from typing import Any
 
 from leveret.amqp import constants as c
-from leveret.amqp.errors import AMQPError, frame_error
+from leveret.amqp.errors import AMQPError, erlang_bytes
 from pamqp import commands, frame
 
 _U32 = struct.Struct(">I")
@@ -31,26 +31,36 @@ Method = Any  # a pamqp.base.Frame
 
 
 def method_index(payload: bytes) -> int:
-    if len(payload) < 4:
-        raise frame_error("cannot decode method frame shorter than 4 bytes")
+    """class_id << 16 | method_id of a method frame payload (at least 4 bytes long)."""
     return int(_U32.unpack_from(payload, 0)[0])
+
+
+def cannot_decode(index: int, arguments: bytes) -> AMQPError:
+    """501 for method arguments that do not decode, in RabbitMQ's words."""
+    return AMQPError(
+        c.FRAME_ERROR, f"cannot decode {erlang_bytes(arguments)}", index >> 16, index & 0xFFFF
+    )
 
 
 def decode_method(payload: bytes) -> Method:
     """Decode any method frame payload with pamqp.
 
-    An unknown class or method is 540 NOT_IMPLEMENTED; arguments that cannot be decoded are
-    501 FRAME_ERROR, stamped with the method's class and method ids.
+    An unknown class or method is 540 NOT_IMPLEMENTED; arguments that cannot be decoded,
+    including ones that stop short of what their types require, are 501 FRAME_ERROR
+    "cannot decode <<...>>", stamped with the method's class and method ids.
     """
     index = method_index(payload)
     try:
         method = commands.INDEX_MAPPING[index]()
     except KeyError:
+        class_id, method_id = index >> 16, index & 0xFFFF
         raise AMQPError(
-            c.NOT_IMPLEMENTED, f"unknown method {index >> 16}/{index & 0xFFFF}"
+            c.NOT_IMPLEMENTED, f"unknown method {class_id}/{method_id}", class_id, method_id
         ) from None
+    arguments = payload[4:]
     try:
-        method.unmarshal(payload[4:])
+        _check_length(method, arguments)
+        method.unmarshal(arguments)
     except (
         ValueError,
         struct.error,
@@ -59,14 +69,41 @@ def decode_method(payload: bytes) -> Method:
         IndexError,
         TypeError,
         OverflowError,
-    ) as exc:
-        raise AMQPError(
-            c.FRAME_ERROR,
-            f"cannot decode method arguments: {type(exc).__name__}",
-            index >> 16,
-            index & 0xFFFF,
-        ) from None
+    ):
+        raise cannot_decode(index, arguments) from None
     return method
+
+
+_FIXED_SIZES = {"octet": 1, "short": 2, "long": 4, "longlong": 8, "timestamp": 8}
+
+
+def _check_length(method: Method, data: bytes) -> None:
+    """Raise IndexError if the arguments end before their types say they do.
+
+    pamqp slices strings without checking that the bytes are there, so a truncated frame would
+    decode to a shorter value instead of failing as it does in RabbitMQ.
+    """
+    pos = 0
+    bits = 8  # bits used in the current octet; 8 means a new octet is needed
+    for argument in method.__slots__:
+        kind = method.amqp_type(argument)
+        if kind == "bit":
+            if bits == 8:
+                pos += 1
+                bits = 0
+            bits += 1
+            continue
+        bits = 8
+        if kind == "shortstr":
+            pos += 1 + data[pos]
+        elif kind in ("longstr", "table"):
+            pos += 4 + _U32.unpack_from(data, pos)[0]
+        else:
+            pos += _FIXED_SIZES[kind]
+        if pos > len(data):
+            raise IndexError("argument past the end of the frame")
+    if pos > len(data):
+        raise IndexError("argument past the end of the frame")
 
 
 def encode_method(channel: int, method: Method) -> bytes:
@@ -88,10 +125,8 @@ def decode_publish(payload: bytes) -> tuple[str, str, bool, bool]:
         exchange, pos = _short_str(payload, 6)
         routing_key, pos = _short_str(payload, pos)
         bits = payload[pos]
-    except (IndexError, UnicodeDecodeError) as exc:
-        raise AMQPError(
-            c.FRAME_ERROR, f"cannot decode method arguments: {type(exc).__name__}", 60, 40
-        ) from None
+    except (IndexError, UnicodeDecodeError):
+        raise cannot_decode(c.BASIC_PUBLISH, payload[4:]) from None
     return exchange, routing_key, bool(bits & 1), bool(bits & 2)
 
 
@@ -100,15 +135,19 @@ def decode_ack(payload: bytes) -> tuple[int, bool]:
     try:
         tag, bits = _U64_BIT.unpack_from(payload, 4)
     except struct.error:
-        raise AMQPError(c.FRAME_ERROR, "cannot decode method arguments", 60, 80) from None
+        raise cannot_decode(c.BASIC_ACK, payload[4:]) from None
     return tag, bool(bits & 1)
 
 
 def short_str(value: str | bytes) -> bytes:
-    """Encode a shortstr (length octet + bytes); values are cut at 255 bytes."""
-    raw = value.encode("utf-8") if isinstance(value, str) else value
-    if len(raw) > 255:
-        raw = raw[:255]
+    """Encode a shortstr (length octet + bytes). A longer value is cut to 255 bytes, and a str
+    on a character boundary, so that the result stays valid UTF-8."""
+    if isinstance(value, str):
+        raw = value.encode("utf-8")
+        if len(raw) > 255:
+            raw = raw[:255].decode("utf-8", "ignore").encode("utf-8")
+    else:
+        raw = value[:255]
     return bytes((len(raw),)) + raw
 
 
@@ -167,7 +206,9 @@ def encode_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
 
 
 def encode_nack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    """A basic.nack frame (publisher confirms). Its requeue bit is set, as RabbitMQ sends it
+    (the field's default); clients ignore it in a confirm."""
     return (
-        _ACK_FRAME.pack(c.FRAME_METHOD, channel, 13, 60, 120, delivery_tag, 1 if multiple else 0)
+        _ACK_FRAME.pack(c.FRAME_METHOD, channel, 13, 60, 120, delivery_tag, 3 if multiple else 2)
         + _END
     )

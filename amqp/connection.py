@@ -5,9 +5,16 @@ broker's session): the handshake (protocol header, start-ok, tune-ok, open), cha
 (open, close, close-ok), assembled publishes, fast acks, and every other method decoded by
 pamqp. It writes replies through a `write(bytes)` callable and never touches a socket.
 
-Rules live in tables: which connection methods each handshake state accepts, and what each
-channel state does with each frame type. A soft AMQPError raised while handling a channel
-method closes that channel; any other AMQPError closes the connection.
+Rules live in tables: which connection method each handshake state accepts, and which frame
+type each channel state expects (with the 505 for any other). A soft AMQPError raised while
+handling a channel method closes that channel; any other AMQPError closes the connection. The
+codes and texts are RabbitMQ's (rabbit_reader, rabbit_command_assembler, rabbit_channel). The
+deliberate differences: a wrong protocol header always gets the AMQP 0-9-1 header back
+(RabbitMQ 4.x answers non-AMQP bytes with the AMQP 1.0 one; Leveret speaks only 0-9-1); an
+unknown class or method id is 540 NOT_IMPLEMENTED, as in LavinMQ (RabbitMQ's reader crashes
+and drops the socket); errors during the handshake are reported with connection.close
+(RabbitMQ often just drops the socket after 3 s); and connection.close from the client during
+the handshake is answered with close-ok.
 
 One WireConnection belongs to one connection and is used from one thread.
 """
@@ -15,18 +22,28 @@ One WireConnection belongs to one connection and is used from one thread.
 from __future__ import annotations
 
 import enum
-import struct
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from leveret.amqp import codec
 from leveret.amqp import constants as c
 from leveret.amqp import properties as props
-from leveret.amqp.errors import AMQPError, channel_error, command_invalid, unexpected_frame
-from leveret.amqp.frames import FrameBuffer, check_heartbeat_channel
+from leveret.amqp.errors import AMQPError
+from leveret.amqp.frames import (
+    VALID_TYPES,
+    FrameBuffer,
+    unexpected_frame_type,
+    unknown_frame,
+)
 from pamqp import commands
 
-_FRAME_HEAD = struct.Struct(">BHI")
+CONNECTION_CLOSE = 0x000A0032
+CONNECTION_CLOSE_OK = 0x000A0033
+CHANNEL_OPEN = 0x0014000A
+CHANNEL_CLOSE = 0x00140028
+CHANNEL_CLOSE_OK = 0x00140029
+_CONTENT_HEADER_MIN = 14  # class id, weight, body size, first flag word
+_METHOD_MIN = 4  # class id, method id
 
 
 class State(enum.Enum):
@@ -37,6 +54,15 @@ class State(enum.Enum):
     OPEN = "open"
     CLOSING = "closing"
     CLOSED = "closed"
+
+
+# RabbitMQ's names for the states, as its "unexpected method in connection state ..." says them.
+_RABBIT_STATE = {
+    State.AWAIT_START_OK: "starting",
+    State.AWAIT_TUNE_OK: "tuning",
+    State.AWAIT_OPEN: "opening",
+    State.OPEN: "running",
+}
 
 
 class Handler(Protocol):
@@ -91,22 +117,49 @@ class _Channel:
         self.body_left = 0
 
 
+# The one connection method each handshake state accepts (connection.close aside).
 _HANDSHAKE_METHODS = {
     State.AWAIT_START_OK: commands.Connection.StartOk,
     State.AWAIT_TUNE_OK: commands.Connection.TuneOk,
     State.AWAIT_OPEN: commands.Connection.Open,
 }
 
+# The frame type each channel state expects, its handler, and the 505 (text, class, method)
+# for a frame of another type. A CLOSING channel reads close and close-ok and drops the rest.
+_CHANNEL_TABLE = {
+    ChannelState.EXPECT_METHOD: (
+        c.FRAME_METHOD,
+        "_channel_method",
+        ("expected method frame, got non method frame instead", 0, 0),
+    ),
+    ChannelState.EXPECT_HEADER: (
+        c.FRAME_HEADER,
+        "_content_header",
+        (
+            f"expected content header for class {c.CLASS_BASIC}, "
+            "got non content header frame instead",
+            60,
+            40,
+        ),
+    ),
+    ChannelState.EXPECT_BODY: (
+        c.FRAME_BODY,
+        "_content_body",
+        ("expected content body, got non content body frame instead", 60, 40),
+    ),
+}
+
 
 def check_protocol_header(data: bytes) -> None:
-    """Accept AMQP 0-9-1 (and 1-1-0-9, as RabbitMQ does); otherwise say what we speak."""
+    """Accept AMQP 0-9-1 (and 1-1-0-9, as RabbitMQ does); answer anything else with the
+    0-9-1 header, the one protocol spoken here."""
     if data in (c.PROTOCOL_HEADER, c.PROTOCOL_HEADER_0_9):
         return
-    if data[:4] == b"AMQP" and data[4] == 0 and data[5] == 0 and data[6] >= 9:
-        raise BadProtocolHeader(c.PROTOCOL_HEADER)
-    if data[:4] == b"AMQP":
-        raise BadProtocolHeader(c.PROTOCOL_HEADER)
-    raise BadProtocolHeader(c.PROTOCOL_HEADER_UNKNOWN)
+    raise BadProtocolHeader(c.PROTOCOL_HEADER)
+
+
+def _ids(index: int) -> tuple[int, int]:
+    return index >> 16, index & 0xFFFF
 
 
 class WireConnection:
@@ -133,9 +186,11 @@ class WireConnection:
         self.heartbeat = heartbeat
         self.max_message_size = max_message_size
         self.state = State.AWAIT_HEADER
-        self.buffer = FrameBuffer(frame_max)
+        # Until tune-ok, frames are limited to the protocol minimum, as in RabbitMQ.
+        self.buffer = FrameBuffer(min(frame_max, c.MIN_FRAME_MAX) if frame_max else 0)
         self.channels: dict[int, _Channel] = {}
         self._pending_header = b""
+        self._unread: list[tuple[int, int, bytes]] = []  # behind a frame that raised
         self.frames_received = 0
 
     # -- inbound -----------------------------------------------------------------------------
@@ -147,26 +202,44 @@ class WireConnection:
             data = self._receive_protocol_header(data)
             if not data:
                 return
-        if self.state is State.CLOSED:
-            return
-        for frame_type, channel, payload in self.buffer.feed(data):
-            self.frames_received += 1
-            if self.state is State.CLOSED:
-                return
-            if frame_type == c.FRAME_HEARTBEAT:
-                check_heartbeat_channel(channel)
-            elif channel == 0:
-                self._connection_frame(frame_type, payload)
-            elif self.state is State.OPEN:
-                self._channel_frame(frame_type, channel, payload)
-            elif self.state is not State.CLOSING:
-                raise command_invalid("channel frame before connection.open")
+        buffer = self.buffer
+        self._unread = []
+        if self.state is State.CLOSED or buffer.error is not None:
+            return  # closed, or out of sync with the peer after a fatal frame error
+        while True:
+            # Until the connection is open, frames are taken one at a time, so that the
+            # frame_max of tune-ok applies to the very next frame, as in RabbitMQ's reader.
+            one_by_one = self.state is not State.OPEN
+            frames = buffer.feed(data, max_frames=1 if one_by_one else 0)
+            data = b""
+            if not frames:
+                break
+            for i, (frame_type, channel, payload) in enumerate(frames):
+                self.frames_received += 1
+                state = self.state
+                if state is State.CLOSING:
+                    if channel == 0:
+                        self._closing_frame(frame_type, payload)
+                    continue
+                if state is State.CLOSED:
+                    return
+                try:
+                    self._frame(frame_type, channel, payload)
+                except AMQPError:
+                    # The frames behind the bad one still count once we are closing: the
+                    # client's own connection.close may be among them.
+                    self._unread = frames[i + 1 :] + buffer.feed(b"")
+                    raise
+            if not one_by_one:
+                break
+        if buffer.error is not None and self.state not in (State.CLOSING, State.CLOSED):
+            raise buffer.error
 
     def _receive_protocol_header(self, data: bytes) -> bytes:
         header = self._pending_header + data
         if len(header) < 8:
-            if header != c.PROTOCOL_HEADER[: len(header)] and not b"AMQP".startswith(header[:4]):
-                raise BadProtocolHeader(c.PROTOCOL_HEADER_UNKNOWN)
+            if not b"AMQP".startswith(header[:4]):
+                raise BadProtocolHeader(c.PROTOCOL_HEADER)  # cannot become one
             self._pending_header = header
             return b""
         self._pending_header = b""
@@ -184,28 +257,61 @@ class WireConnection:
         )
         return header[8:]
 
+    def _frame(self, frame_type: int, channel: int, payload: bytes) -> None:
+        """Checks every frame needs, as RabbitMQ's rabbit_command_assembler:analyze_frame."""
+        if frame_type not in VALID_TYPES:
+            raise unknown_frame(frame_type, payload)
+        if frame_type == c.FRAME_HEARTBEAT:
+            if payload:
+                raise unknown_frame(frame_type, payload)
+            if channel != 0:
+                raise unexpected_frame_type(frame_type, payload)
+            return
+        if (frame_type == c.FRAME_METHOD and len(payload) < _METHOD_MIN) or (
+            frame_type == c.FRAME_HEADER and len(payload) < _CONTENT_HEADER_MIN
+        ):
+            raise unknown_frame(frame_type, payload)
+        if channel == 0:
+            self._connection_frame(frame_type, payload)
+        elif self.state is State.OPEN:
+            self._channel_frame(frame_type, channel, payload)
+        else:
+            raise unexpected_frame_type(frame_type, payload)
+
+    # -- channel 0 ---------------------------------------------------------------------------
+
     def _connection_frame(self, frame_type: int, payload: bytes) -> None:
         if frame_type != c.FRAME_METHOD:
-            raise unexpected_frame("expected method frame, got non method frame instead")
+            raise unexpected_frame_type(frame_type, payload)
         method = codec.decode_method(payload)
+        if isinstance(method, commands.Connection.Close):
+            self.handler.on_close(method.reply_code or 0, method.reply_text or "")
+            self._send_method(0, commands.Connection.CloseOk())
+            self._closed()
+            return
         state = self.state
         expected = _HANDSHAKE_METHODS.get(state)
-        if expected is not None:
-            if not isinstance(method, expected):
-                raise AMQPError(
-                    c.COMMAND_INVALID,
-                    f"expected '{expected.name.lower()}', got '{method.name.lower()}'",  # type: ignore[attr-defined]
-                    *divmod(method.index, 0x10000),
-                )
+        if expected is not None and isinstance(method, expected):
             self._handshake(method)
-        elif state is State.OPEN:
-            self._open_connection_method(method)
-        elif state is State.CLOSING:
-            if isinstance(method, commands.Connection.Close):
-                self._send_method(0, commands.Connection.CloseOk())
-                self._closed()
-            elif isinstance(method, commands.Connection.CloseOk):
-                self._closed()
+            return
+        if state is State.OPEN and isinstance(method, commands.Connection.UpdateSecret):
+            raise AMQPError(c.NOT_IMPLEMENTED, "connection.update_secret", 10, 70)
+        raise AMQPError(
+            c.CHANNEL_ERROR,
+            f"unexpected method in connection state {_RABBIT_STATE[state]}",
+            *_ids(method.index),
+        )
+
+    def _closing_frame(self, frame_type: int, payload: bytes) -> None:
+        """After our connection.close, only close and close-ok matter (on channel 0)."""
+        if frame_type != c.FRAME_METHOD or len(payload) < _METHOD_MIN:
+            return
+        index = codec.method_index(payload)
+        if index == CONNECTION_CLOSE:
+            self._send_method(0, commands.Connection.CloseOk())
+            self._closed()
+        elif index == CONNECTION_CLOSE_OK:
+            self._closed()
 
     def _handshake(self, method: Any) -> None:
         if isinstance(method, commands.Connection.StartOk):
@@ -221,95 +327,58 @@ class WireConnection:
             self.handler.on_open(method.virtual_host)
 
     def _negotiate(self, tune_ok: Any) -> None:
-        frame_max = tune_ok.frame_max
-        if frame_max == 0 or frame_max > self.frame_max:
-            raise AMQPError(
-                c.NOT_ALLOWED,
-                f"negotiated frame_max = {frame_max} is higher than the maximum "
-                f"allowed value ({self.frame_max})",
-                10,
-                31,
-            )
-        if frame_max < c.MIN_FRAME_MAX:
-            raise AMQPError(
-                c.NOT_ALLOWED,
-                f"negotiated frame_max = {frame_max} is lower than the minimum "
-                f"allowed value ({c.MIN_FRAME_MAX})",
-                10,
-                31,
-            )
-        channel_max = tune_ok.channel_max
-        if channel_max == 0 or channel_max > self.channel_max:
-            suffix = " (no limit)" if channel_max == 0 else ""
-            raise AMQPError(
-                c.NOT_ALLOWED,
-                f"negotiated channel_max = {channel_max}{suffix} is higher than "
-                f"the maximum allowed value ({self.channel_max})",
-                10,
-                31,
-            )
+        """The client's tune-ok, checked as RabbitMQ does: each value at least the minimum
+        (unless 0) and, when the server has a maximum, neither 0 nor above it."""
+        frame_max, channel_max = tune_ok.frame_max, tune_ok.channel_max
+        _check_limit("frame_max", frame_max, c.MIN_FRAME_MAX, self.frame_max)
+        _check_limit("channel_max", channel_max, 1, self.channel_max)
         self.frame_max = frame_max
         self.channel_max = channel_max
         self.heartbeat = tune_ok.heartbeat
         self.buffer.set_frame_max(frame_max)
 
-    def _open_connection_method(self, method: Any) -> None:
-        if isinstance(method, commands.Connection.Close):
-            self.handler.on_close(method.reply_code or 0, method.reply_text or "")
-            self._send_method(0, commands.Connection.CloseOk())
-            self._closed()
-        elif isinstance(method, commands.Connection.CloseOk):
-            return
-        elif isinstance(method, commands.Connection.UpdateSecret):
-            raise AMQPError(c.NOT_IMPLEMENTED, "connection.update_secret", 10, 70)
-        else:
-            raise AMQPError(
-                c.COMMAND_INVALID,
-                f"unexpected method {method.name} on channel 0",
-                *divmod(method.index, 0x10000),
-            )
+    # -- channels ----------------------------------------------------------------------------
 
     def _channel_frame(self, frame_type: int, number: int, payload: bytes) -> None:
         channel = self.channels.get(number)
         if channel is None:
-            self._closed_channel_frame(frame_type, number, payload)
+            self._new_channel_frame(frame_type, number, payload)
             return
-        state = channel.state
-        if state is ChannelState.EXPECT_METHOD:
-            if frame_type != c.FRAME_METHOD:
-                raise unexpected_frame("expected method frame, got non method frame instead")
-            self._channel_method(channel, number, payload)
-        elif state is ChannelState.EXPECT_HEADER:
-            if frame_type != c.FRAME_HEADER:
-                raise unexpected_frame(
-                    "expected content header for class 60, got non content header frame instead"
-                )
-            self._content_header(channel, number, payload)
-        elif state is ChannelState.EXPECT_BODY:
-            if frame_type != c.FRAME_BODY:
-                raise unexpected_frame("expected content body, got non content body frame instead")
-            self._content_body(channel, number, payload)
-        elif frame_type == c.FRAME_METHOD:  # CLOSING: only close and close-ok matter
-            index = codec.method_index(payload)
-            if index == 0x00140028:  # channel.close
-                self._send_method(number, commands.Channel.CloseOk())
-            elif index == 0x00140029:  # channel.close-ok
-                del self.channels[number]
-                self.handler.on_channel_closed(number)
+        rule = _CHANNEL_TABLE.get(channel.state)
+        if rule is None:  # CLOSING: only close and close-ok matter
+            if frame_type == c.FRAME_METHOD:
+                self._closing_channel_method(number, payload)
+            return
+        expected, handler_name, (text, class_id, method_id) = rule
+        if frame_type != expected:
+            raise AMQPError(c.UNEXPECTED_FRAME, text, class_id, method_id)
+        getattr(self, handler_name)(channel, number, payload)
 
-    def _closed_channel_frame(self, frame_type: int, number: int, payload: bytes) -> None:
-        if frame_type != c.FRAME_METHOD or codec.method_index(payload) != 0x0014000A:
-            raise channel_error("expected 'channel.open'")
-        if number > self.channel_max:
+    def _new_channel_frame(self, frame_type: int, number: int, payload: bytes) -> None:
+        """A frame on a channel that is not open: it must be channel.open."""
+        if self.channel_max and len(self.channels) >= self.channel_max:
             raise AMQPError(
                 c.NOT_ALLOWED,
                 f"number of channels opened ({len(self.channels)}) has reached "
                 f"the negotiated channel_max ({self.channel_max})",
-                20,
-                10,
             )
+        if frame_type != c.FRAME_METHOD:
+            raise AMQPError(
+                c.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+            )
+        method = codec.decode_method(payload)
+        if method.index != CHANNEL_OPEN:
+            raise AMQPError(c.CHANNEL_ERROR, "expected 'channel.open'", *_ids(method.index))
         self.channels[number] = _Channel()
-        self._guard(number, 0x0014000A, self.handler.on_channel_open, number)
+        self._guard(number, CHANNEL_OPEN, self.handler.on_channel_open, number)
+
+    def _closing_channel_method(self, number: int, payload: bytes) -> None:
+        index = codec.method_index(payload)
+        if index == CHANNEL_CLOSE:
+            self._send_method(number, commands.Channel.CloseOk())
+        elif index == CHANNEL_CLOSE_OK:
+            del self.channels[number]
+            self.handler.on_channel_closed(number)
 
     def _channel_method(self, channel: _Channel, number: int, payload: bytes) -> None:
         index = codec.method_index(payload)
@@ -319,19 +388,17 @@ class WireConnection:
         elif index == c.BASIC_ACK:
             tag, multiple = codec.decode_ack(payload)
             self._guard(number, index, self.handler.on_ack, number, tag, multiple)
-        elif index == 0x00140028:  # channel.close from the client
+        elif index == CHANNEL_CLOSE:  # from the client
             codec.decode_method(payload)
             del self.channels[number]
             self.handler.on_channel_closed(number)
             self._send_method(number, commands.Channel.CloseOk())
-        elif index == 0x0014000A:  # channel.open on an open channel
-            raise channel_error("second 'channel.open' seen")
+        elif index == CHANNEL_OPEN:
+            codec.decode_method(payload)
+            raise AMQPError(c.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
         elif index >> 16 == c.CLASS_CONNECTION:
-            raise AMQPError(
-                c.COMMAND_INVALID,
-                "connection method on a non-zero channel",
-                *divmod(index, 0x10000),
-            )
+            codec.decode_method(payload)
+            raise AMQPError(c.COMMAND_INVALID, "unimplemented method", *_ids(index))
         else:
             method = codec.decode_method(payload)
             self._guard(number, index, self.handler.on_method, number, method)
@@ -362,7 +429,9 @@ class WireConnection:
     def _content_body(self, channel: _Channel, number: int, payload: bytes) -> None:
         left = channel.body_left - len(payload)
         if left < 0:
-            raise AMQPError(c.FRAME_ERROR, "content body frame exceeds remaining content size")
+            raise AMQPError(
+                c.FRAME_ERROR, "content body frame exceeds remaining content size", 60, 40
+            )
         channel.body_left = left
         if left:
             channel.body.append(payload)
@@ -449,7 +518,8 @@ class WireConnection:
         )
 
     def close_connection(self, error: AMQPError) -> None:
-        """Send connection.close; afterwards only close and close-ok are read."""
+        """Send connection.close; afterwards only close and close-ok are read, starting with
+        the frames that arrived behind the one that raised `error`."""
         if self.state in (State.CLOSING, State.CLOSED):
             return
         if self.state is State.AWAIT_HEADER:
@@ -465,6 +535,10 @@ class WireConnection:
                 method_id=error.method_id,
             ),
         )
+        unread, self._unread = self._unread, []
+        for frame_type, channel, payload in unread:
+            if channel == 0 and self.state is State.CLOSING:
+                self._closing_frame(frame_type, payload)
 
     def _closed(self) -> None:
         if self.state is State.CLOSED:
@@ -472,3 +546,21 @@ class WireConnection:
         self.state = State.CLOSED
         self.channels.clear()
         self.handler.on_closed()
+
+
+def _check_limit(field: str, value: int, minimum: int, maximum: int) -> None:
+    """RabbitMQ's validate_negotiated_integer_value, with its texts (530, as connection.tune)."""
+    if value != 0 and value < minimum:
+        relation, bound_name, bound = "lower", "minimum", minimum
+    elif maximum != 0 and (value == 0 or value > maximum):
+        relation, bound_name, bound = "higher", "maximum", maximum
+    else:
+        return
+    detail = " (no limit)" if field == "channel_max" and value == 0 else ""
+    raise AMQPError(
+        c.NOT_ALLOWED,
+        f"negotiated {field} = {value}{detail} is {relation} than the {bound_name} "
+        f"allowed value ({bound})",
+        10,
+        30,
+    )

@@ -11,11 +11,9 @@ FRAME_END = 0xCE
 FRAME_END_BYTE = b"\xce"
 FRAME_HEADER_SIZE = 7
 FRAME_OVERHEAD = 8  # header (7) + frame end (1)
-FRAME_MIN_SIZE = 4096
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 PROTOCOL_HEADER_0_9 = b"AMQP\x01\x01\x00\x09"
-PROTOCOL_HEADER_UNKNOWN = b"AMQP\x03\x01\x00\x00"
 
 # Reply codes, with RabbitMQ's constant names, and whether they close the connection.
 REPLY_SUCCESS = 200
@@ -79,5 +77,6 @@ BASIC_DELIVER = 0x003C003C
 DEFAULT_FRAME_MAX = 131072
 DEFAULT_CHANNEL_MAX = 2047
 DEFAULT_HEARTBEAT_S = 60
-MIN_FRAME_MAX = 8192
+MIN_FRAME_MAX = 8192  # RabbitMQ 4.x's FRAME_MIN_SIZE, also the frame_max before tuning
+MAX_CONTENT_SIZE = 536_870_912  # 512 MiB: a larger declared body size is a frame error
 DEFAULT_MAX_MESSAGE_SIZE = 134_217_728  # 128 MiB

@@ -3,7 +3,12 @@
 An AMQPError carries the reply code, the explanation and the failing method's class and method
 ids. Whether it closes the channel (soft) or the connection (hard) follows from the code, as in
 RabbitMQ, except that any error on channel 0 closes the connection. The reply text on the wire
-is "<NAME> - <explanation>", cut to 255 bytes.
+is "<NAME> - <explanation>"; a longer one than 255 bytes is cut to 252 bytes and "...", as
+RabbitMQ's rabbit_binary_generator does.
+
+Frame-level explanations quote the offending payload the way RabbitMQ's reader prints it with
+Erlang's ~p (`type 1, all octets = <<0,20,0,10>>: unknown_frame`); `erlang_binary` and
+`frame_explanation` build those texts.
 
 It knows nothing of the broker model; the session maps domain errors to these.
 """
@@ -33,7 +38,7 @@ class AMQPError(Exception):
         encoded = text.encode("utf-8")
         if len(encoded) <= 255:
             return text
-        return encoded[:255].decode("utf-8", "ignore")
+        return encoded[:252].decode("utf-8", "ignore") + "..."
 
     def for_method(self, class_id: int, method_id: int) -> AMQPError:
         """Stamp the failing method onto an error raised without one."""
@@ -71,3 +76,64 @@ def not_allowed(explanation: str) -> AMQPError:
 
 def precondition_failed(explanation: str) -> AMQPError:
     return AMQPError(c.PRECONDITION_FAILED, explanation)
+
+
+# -- RabbitMQ's texts for frame-level errors ---------------------------------------------------
+
+_ESCAPES = {
+    8: "\\b",
+    9: "\\t",
+    10: "\\n",
+    11: "\\v",
+    12: "\\f",
+    13: "\\r",
+    27: "\\e",
+    34: '\\"',
+    92: "\\\\",
+}
+_LINE_LENGTH = 80  # where Erlang's ~p starts to break a term over lines
+
+
+def erlang_binary(data: bytes) -> str:
+    """A binary as Erlang's ~p prints it: `<<"text">>` when every byte is printable ASCII,
+    `<<1,2,3>>` otherwise. (Erlang would also print Latin-1 letters as text; here they count
+    as unprintable, so that the reply text stays valid UTF-8.)"""
+    if data and all(32 <= b < 127 or b in _ESCAPES for b in data):
+        return '<<"' + "".join(_ESCAPES.get(b) or chr(b) for b in data) + '">>'
+    return erlang_bytes(data)
+
+
+def erlang_bytes(data: bytes) -> str:
+    """A binary as Erlang's ~w prints it: always the list of byte values."""
+    return "<<" + ",".join(map(str, data)) + ">>"
+
+
+def erlang_tuple(column: int, *elements: object) -> str:
+    """A tuple as ~p prints it at `column`: on one line if it fits in 80 columns, otherwise
+    one element a line, aligned after the brace."""
+    parts = [str(e) for e in elements]
+    one_line = "{" + ",".join(parts) + "}"
+    if column + len(one_line) <= _LINE_LENGTH:
+        return one_line
+    return "{" + (",\n" + " " * (column + 1)).join(parts) + "}"
+
+
+def octets(payload: bytes) -> str:
+    """RabbitMQ's payload snippet: the whole payload up to 16 bytes, else the first 16."""
+    if len(payload) <= 16:
+        return f"all octets = {erlang_binary(payload)}"
+    return f"first 16 octets = {erlang_binary(payload[:16])}"
+
+
+def frame_explanation(frame_type: int, payload: bytes, *reason: object) -> str:
+    """`type T, all octets = <<...>>` with `: reason` (a ~p term) when a reason is given.
+
+    A reason of one element is an atom such as unknown_frame; more make a tuple such as
+    {frame_too_large,Size,Max}."""
+    head = f"type {frame_type}, {octets(payload)}"
+    if not reason:
+        return head
+    head += ": "
+    if len(reason) == 1:
+        return head + str(reason[0])
+    return head + erlang_tuple(len(head), *reason)

@@ -14,7 +14,7 @@ import struct
 from typing import Any
 
 from leveret.amqp import constants as c
-from leveret.amqp.errors import AMQPError
+from leveret.amqp.errors import AMQPError, erlang_bytes
 from pamqp import commands
 from pamqp.header import ContentHeader
 
@@ -35,23 +35,48 @@ def body_size(payload: bytes) -> int:
 
 
 def check_header(payload: bytes) -> int:
-    """Validate a content header's fixed part; return its body size."""
-    if len(payload) < 14:
-        raise AMQPError(c.FRAME_ERROR, "content header frame too short")
-    class_id, _weight, size, _flags = _PREFIX.unpack_from(payload, 0)
+    """Validate a content header's fixed part; return its body size.
+
+    The errors are RabbitMQ's (rabbit_command_assembler), stamped with basic.publish: a weight
+    other than 0 is not a content header at all, a header of another class is 505, and a body
+    size over 512 MiB is 501. The caller has checked that the fixed part (14 bytes) is there.
+    """
+    class_id, weight, size, _flags = _PREFIX.unpack_from(payload, 0)
+    if weight != 0:
+        raise AMQPError(
+            c.UNEXPECTED_FRAME,
+            f"expected content header for class {c.CLASS_BASIC}, "
+            "got non content header frame instead",
+            60,
+            40,
+        )
     if class_id != c.CLASS_BASIC:
         raise AMQPError(
             c.UNEXPECTED_FRAME,
             f"expected content header for class {c.CLASS_BASIC}, "
             f"got one for class {class_id} instead",
+            60,
+            40,
+        )
+    if size > c.MAX_CONTENT_SIZE:
+        raise AMQPError(
+            c.FRAME_ERROR,
+            f"content body size {size} exceeds maximum allowed size {c.MAX_CONTENT_SIZE}",
+            60,
+            40,
         )
     return int(size)
 
 
 def decode(payload: bytes) -> Any:
-    """Decode every property with pamqp; returns a pamqp Basic.Properties."""
+    """Decode every property with pamqp; returns a pamqp Basic.Properties.
+
+    Properties that stop short of what their flags and lengths announce are 501 FRAME_ERROR
+    "cannot decode <<...>>" (pamqp alone would quietly return cut strings).
+    """
     header = ContentHeader()
     try:
+        _check_length(payload)
         header.unmarshal(payload)
     except (
         ValueError,
@@ -61,11 +86,36 @@ def decode(payload: bytes) -> Any:
         IndexError,
         TypeError,
         OverflowError,
-    ) as exc:
+    ):
         raise AMQPError(
-            c.FRAME_ERROR, f"cannot decode content header: {type(exc).__name__}", 60, 0
+            c.FRAME_ERROR, f"cannot decode {erlang_bytes(payload[12:])}", 60, 40
         ) from None
     return header.properties
+
+
+_FIXED_SIZES = {"octet": 1, "timestamp": 8}
+_PROPERTY_TYPES = [
+    (Properties.flags[name], getattr(Properties, "_" + name)) for name in Properties.__slots__
+]
+
+
+def _check_length(payload: bytes) -> None:
+    """Raise IndexError if a present property runs past the end of the payload."""
+    flags = _U16.unpack_from(payload, 12)[0]
+    pos = 14
+    while _U16.unpack_from(payload, pos - 2)[0] & 1:  # continuation flag words
+        pos += 2
+    for flag, kind in _PROPERTY_TYPES:
+        if not flags & flag:
+            continue
+        if kind == "shortstr":
+            pos += 1 + payload[pos]
+        elif kind == "table":
+            pos += 4 + _U32.unpack_from(payload, pos)[0]
+        else:
+            pos += _FIXED_SIZES[kind]
+        if pos > len(payload):
+            raise IndexError("property past the end of the content header")
 
 
 def encode(size: int, properties: Any) -> bytes:

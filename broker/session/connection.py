@@ -12,6 +12,7 @@ this connection with 541 and is logged; the broker and other connections carry o
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import itertools
 import time
 from collections.abc import Callable
@@ -214,13 +215,12 @@ class Session(asyncio.Protocol):
         if user is None:
             log.warning("login refused", connection=self.name, user=username, mechanism=mechanism)
             self.broker.login_failed()
-            if self.capabilities.get("authentication_failure_close"):
+            if self.capabilities.get("authentication_failure_close") is True:
+                # As RabbitMQ: a text that tells nothing, and no failing method (0/0).
                 raise AMQPError(
                     c.ACCESS_REFUSED,
                     f"Login was refused using authentication mechanism "
                     f"{mechanism}. For details see the broker logfile.",
-                    10,
-                    11,
                 )
             self.abort()
             return
@@ -337,7 +337,15 @@ class Session(asyncio.Protocol):
 
     def _loopback(self) -> bool:
         host = self.peer[0]
-        return host in LOOPBACK or host.startswith("127.") or host == "::ffff:127.0.0.1"
+        if host in LOOPBACK:
+            return True
+        try:
+            address = ipaddress.ip_address(host.split("%", 1)[0])
+        except ValueError:
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            return address.ipv4_mapped.is_loopback
+        return address.is_loopback
 
     def _handshake_timeout(self) -> None:
         self._handshake_timer = None

@@ -1,0 +1,143 @@
+"""The stored form of a message, and deliveries built from it without decoding.
+
+Streams (and durable queues) keep a message as the bytes it was published as, plus what a
+delivery needs: the exchange and routing key, already encoded as the two shortstrs that
+basic.deliver carries, and where in the content header an `x-stream-offset` entry goes. A
+delivery is then a small basic.deliver frame, the stored header with one table entry spliced
+in, and the stored body: no property is decoded and nothing is re-encoded.
+
+Record layout (all integers big-endian):
+
+    u8   flags        bit 0: the header already has a headers table
+    u16  insert_at    position in the header of the table's u32 length, or where a new
+                      table goes (after content-type and content-encoding)
+    u32  header_len
+    ...  exchange shortstr, routing-key shortstr (length octet + bytes each)
+    ...  content header payload (header_len bytes)
+    ...  body (the rest)
+
+Pure functions; no I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from leveret.amqp import constants as c
+from leveret.amqp.content import Message
+from leveret.amqp.properties import FLAG_CONTENT_ENCODING, FLAG_CONTENT_TYPE, FLAG_HEADERS
+
+_PREFIX = struct.Struct(">BHI")
+_FRAME_HEAD = struct.Struct(">BHI")
+_DELIVER_HEAD = struct.Struct(">BHIHH")
+_U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
+_TAG_BIT = struct.Struct(">QB")
+_END = c.FRAME_END_BYTE
+_OFFSET_KEY = b"\x0fx-stream-offset"
+
+
+def _insertion_point(header: bytes) -> tuple[bool, int]:
+    flags = (header[12] << 8) | header[13]
+    pos = 14
+    if flags & FLAG_CONTENT_TYPE:
+        pos += 1 + header[pos]
+    if flags & FLAG_CONTENT_ENCODING:
+        pos += 1 + header[pos]
+    return bool(flags & FLAG_HEADERS), pos
+
+
+def encode_record(message: Message) -> bytes:
+    """The stored form of a published message."""
+    header = message.header
+    has_table, insert_at = _insertion_point(header)
+    exchange = message.exchange.encode("utf-8")
+    routing_key = message.routing_key.encode("utf-8")
+    return b"".join(
+        (
+            _PREFIX.pack(1 if has_table else 0, insert_at, len(header)),
+            bytes((len(exchange),)),
+            exchange,
+            bytes((len(routing_key),)),
+            routing_key,
+            header,
+            message.body,
+        )
+    )
+
+
+def decode_record(record: bytes) -> Message:
+    """Back to a Message (for basic.get-style reads, dead-lettering, inspection)."""
+    _flags, _insert_at, header_len = _PREFIX.unpack_from(record, 0)
+    pos = 7
+    ex_len = record[pos]
+    exchange = bytes(record[pos + 1 : pos + 1 + ex_len]).decode("utf-8")
+    pos += 1 + ex_len
+    rk_len = record[pos]
+    routing_key = bytes(record[pos + 1 : pos + 1 + rk_len]).decode("utf-8")
+    pos += 1 + rk_len
+    header = bytes(record[pos : pos + header_len])
+    return Message(exchange, routing_key, header, bytes(record[pos + header_len :]))
+
+
+def deliver_frames(
+    channel: int,
+    consumer_tag: bytes,
+    delivery_tag: int,
+    offset: int,
+    record: bytes | memoryview,
+    frame_max: int,
+    out: list[bytes | memoryview],
+) -> None:
+    """Append to `out` the frames of one basic.deliver of a stored message, with the
+    `x-stream-offset` header (a long) set to `offset`."""
+    flags, insert_at, header_len = _PREFIX.unpack_from(record, 0)
+    names_end = 8 + record[7]
+    names_end += 1 + record[names_end]
+    names = record[7:names_end]
+    header_end = names_end + header_len
+    entry = _OFFSET_KEY + b"l" + offset.to_bytes(8, "big", signed=True)
+    header_start = names_end
+    at = header_start + insert_at
+    args_len = len(consumer_tag) + 9 + len(names)
+    if flags & 1:
+        table_len = _U32.unpack_from(record, at)[0]
+        new_header_len = header_len + 25
+        header_parts: tuple[bytes | memoryview, ...] = (
+            record[header_start:at],
+            _U32.pack(table_len + 25),
+            entry,
+            record[at + 4 : header_end],
+        )
+    else:
+        prop_flags = (record[header_start + 12] << 8) | record[header_start + 13]
+        new_header_len = header_len + 29
+        header_parts = (
+            record[header_start : header_start + 12],
+            _U16.pack(prop_flags | FLAG_HEADERS),
+            record[header_start + 14 : at],
+            b"\x00\x00\x00\x19",
+            entry,
+            record[at:header_end],
+        )
+    body_len = len(record) - header_end
+    out += (
+        _DELIVER_HEAD.pack(c.FRAME_METHOD, channel, args_len + 4, 60, 60),
+        consumer_tag,
+        _TAG_BIT.pack(delivery_tag, 0),
+        names,
+        _END,
+        _FRAME_HEAD.pack(c.FRAME_HEADER, channel, new_header_len),
+        *header_parts,
+        _END,
+    )
+    if not body_len:
+        return
+    max_body = frame_max - c.FRAME_OVERHEAD
+    if body_len <= max_body:
+        out += (_FRAME_HEAD.pack(c.FRAME_BODY, channel, body_len), record[header_end:], _END)
+        return
+    view = memoryview(record)
+    for start in range(header_end, len(record), max_body):
+        piece = view[start : start + max_body]
+        out += (_FRAME_HEAD.pack(c.FRAME_BODY, channel, len(piece)), piece, _END)

@@ -1,0 +1,125 @@
+"""Content: splitting a body into frames, the lazily decoded Message, and SASL parsing."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from leveret.amqp import auth
+from leveret.amqp import constants as c
+from leveret.amqp import properties as props
+from leveret.amqp.content import Message, content_frames
+from leveret.amqp.errors import AMQPError
+from leveret.amqp.frames import FrameBuffer
+from pamqp import commands, encode
+
+
+def split(parts: list[bytes]) -> list[tuple[int, int, bytes]]:
+    return FrameBuffer(0).feed(b"".join(bytes(p) for p in parts))
+
+
+@given(
+    st.integers(1, 65535),
+    st.integers(0, 3 * 4096 + 17),
+    st.sampled_from([4096, 4097, 8192, 131072]),
+)
+def test_content_frames_split_the_body(channel: int, size: int, frame_max: int) -> None:
+    body = bytes(i % 251 for i in range(size))
+    header = props.encode(size, commands.Basic.Properties(content_type="text/plain"))
+    frames = split(content_frames(channel, header, body, frame_max))
+    assert frames[0] == (c.FRAME_HEADER, channel, header)
+    bodies = frames[1:]
+    assert all(t == c.FRAME_BODY and ch == channel for t, ch, _ in bodies)
+    assert all(len(p) <= frame_max - 8 for _, _, p in bodies)
+    assert all(len(p) == frame_max - 8 for _, _, p in bodies[:-1])  # only the last is short
+    assert b"".join(p for _, _, p in bodies) == body
+    assert len(bodies) == -(-size // (frame_max - 8))  # no body frame for an empty body
+
+
+@pytest.mark.parametrize(
+    ("size", "frames"), [(0, 1), (1, 2), (8184, 2), (8185, 3), (16368, 3), (16369, 4)]
+)
+def test_content_frames_at_the_edges(size: int, frames: int) -> None:
+    got = split(content_frames(1, b"h" * 14, b"b" * size, 8192))
+    assert len(got) == frames
+    assert sum(len(p) for _, _, p in got[1:]) == size
+
+
+def test_frame_max_zero_sends_one_body_frame() -> None:
+    got = split(content_frames(1, b"h" * 14, b"b" * 300_000, 0))
+    assert [len(p) for _, _, p in got] == [14, 300_000]
+
+
+def test_message_properties_are_decoded_on_first_use() -> None:
+    properties = commands.Basic.Properties(
+        headers={"k": "v"}, delivery_mode=2, priority=3, expiration="1000"
+    )
+    message = Message("ex", "rk", props.encode(4, properties), b"body")
+    assert message._props is None
+    assert (message.exchange, message.routing_key, message.size) == ("ex", "rk", 4)
+    assert message.headers == {"k": "v"}
+    assert (message.delivery_mode, message.persistent, message.priority) == (2, True, 3)
+    assert message.expiration == "1000"
+
+
+def test_message_without_headers_does_not_decode() -> None:
+    message = Message.build("", "q", b"x")
+    assert message.headers == {}
+    assert message._props is None
+    assert (message.delivery_mode, message.persistent, message.priority) == (1, False, 0)
+    assert message.expiration is None
+
+
+def test_message_replace() -> None:
+    message = Message.build("", "q", b"x", commands.Basic.Properties(expiration="5", app_id="a"))
+    copy = message.replace(routing_key="r", expiration=None)
+    assert (copy.exchange, copy.routing_key, copy.body) == ("", "r", b"x")
+    assert copy.expiration is None
+    assert copy.properties.app_id == "a"
+    assert message.expiration == "5"
+    assert message.replace().header is message.header
+
+
+# -- SASL responses ---------------------------------------------------------------------------
+
+
+def test_plain() -> None:
+    assert auth.parse_response("PLAIN", b"\x00guest\x00secret") == ("guest", "secret")
+    assert auth.parse_response("PLAIN", b"authz\x00u\x00p") == ("u", "p")
+
+
+def test_amqplain() -> None:
+    response = encode.field_table({"LOGIN": "guest", "PASSWORD": "pw"})[4:]
+    assert auth.parse_response("AMQPLAIN", response) == ("guest", "pw")
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "response"),
+    [
+        ("PLAIN", b"guest guest"),
+        ("PLAIN", b"\x00a\x00b\x00c"),
+        ("AMQPLAIN", b"\x05LOGINS\x00\x00\x00\x05guest"),  # no PASSWORD
+        ("AMQPLAIN", b"\x05LOGINS\x00\x00"),  # cut short
+    ],
+)
+def test_malformed_responses(mechanism: str, response: bytes) -> None:
+    with pytest.raises(auth.BadCredentials):
+        auth.parse_response(mechanism, response)
+
+
+def test_unknown_mechanism_is_503() -> None:
+    with pytest.raises(AMQPError) as info:
+        auth.parse_response("EXTERNAL", b"")
+    error = info.value
+    assert (error.code, error.class_id, error.method_id) == (503, 10, 11)
+    assert error.reply_text == "COMMAND_INVALID - unknown authentication mechanism 'EXTERNAL'"
+
+
+@given(st.sampled_from(["PLAIN", "AMQPLAIN"]), st.binary(max_size=60))
+def test_any_response_parses_or_is_refused(mechanism: str, response: bytes) -> None:
+    try:
+        user, password = auth.parse_response(mechanism, response)
+    except auth.BadCredentials:
+        return
+    assert isinstance(user, str)
+    assert isinstance(password, str)
