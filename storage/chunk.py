@@ -1,0 +1,302 @@
+"""Chunk encoding and decoding, with both CRCs (docs/FORMAT.md section 3).
+
+Role: turn records (plus optional filter values and a tracking trailer) into the bytes of one
+chunk, and parse those bytes back: the 48-byte header, the body CRC, the records, the filter
+values and the trailer. This is the hot path of both appending and reading, so records are
+handled in bulk (an array of end offsets, one b"".join, one CRC call), never one struct call per
+record.
+
+Must not know: files, positions, segments, offsets policy, tracking semantics. Errors are raised
+as BadChunk(reason); the caller knows the file and position and turns them into CorruptLogError.
+Threading: pure functions over bytes; safe from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import sys
+from array import array
+from collections.abc import Sequence
+from enum import IntEnum
+from itertools import accumulate, chain
+from typing import NamedTuple
+
+import crcmod.predefined
+from leveret.storage import bloom
+from leveret.storage.errors import BadChunk
+
+crc32c = crcmod.predefined.mkPredefinedCrcFun("crc-32c")
+try:
+    import crcmod._crcfunext  # the C implementation crcmod uses when it is present
+except ImportError:  # pragma: no cover - depends on how crcmod was installed
+    logging.getLogger("leveret.storage").warning(
+        "crcmod's C extension is missing: CRC-32C runs in pure Python, about 100x slower"
+    )
+
+HEADER = struct.Struct("<4sBBBBIIIIQqII")
+HEADER_SIZE = HEADER.size  # 48
+_HEADER_CRC_AT = HEADER_SIZE - 4
+CHUNK_MAGIC = b"LVCK"
+CHUNK_VERSION = 1
+FIRST_APPLICATION_TYPE = 16
+MAX_CHUNK_TYPE = 255
+MAX_FILTER_VALUE_BYTES = 0xFFFE
+_NO_FILTER_VALUE = 0xFFFF
+_MAX_SECTION_BYTES = 0xFFFFFFFF
+_BIG_ENDIAN_HOST = sys.byteorder == "big"
+
+
+class ChunkType(IntEnum):
+    """The chunk types the engine knows; application types are any int in 16..255."""
+
+    USER = 0
+    TRACKING_DELTA = 1
+    TRACKING_SNAPSHOT = 2
+
+
+TRACKING_TYPES = frozenset({ChunkType.TRACKING_DELTA, ChunkType.TRACKING_SNAPSHOT})
+
+
+def takes_offsets(chunk_type: int) -> bool:
+    """True for USER and application types: each of their records takes one offset."""
+    return chunk_type == ChunkType.USER or FIRST_APPLICATION_TYPE <= chunk_type <= MAX_CHUNK_TYPE
+
+
+def is_valid_type(chunk_type: int) -> bool:
+    return takes_offsets(chunk_type) or chunk_type in TRACKING_TYPES
+
+
+def offset_key(first_offset: int, num_records: int) -> int:
+    """The chunk holds offsets below this; one with no records counts as holding its first
+    offset. Non-decreasing along a log, so chunks can be bisected by it."""
+    return first_offset + max(num_records, 1)
+
+
+def is_committed(first_offset: int, num_records: int, committed: int) -> bool:
+    """Whether a reader bound by `committed` may see this chunk: all its records are committed
+    (a chunk without records: every record before it is)."""
+    if num_records:
+        return first_offset + num_records - 1 <= committed
+    return first_offset <= committed + 1
+
+
+class ChunkHeader(NamedTuple):
+    chunk_type: int
+    bloom_size: int
+    num_records: int
+    data_size: int
+    filter_size: int
+    trailer_size: int
+    first_offset: int
+    timestamp_ms: int
+    body_crc: int
+
+    @property
+    def body_size(self) -> int:
+        return self.bloom_size + self.data_size + self.filter_size + self.trailer_size
+
+    @property
+    def total_size(self) -> int:
+        return HEADER_SIZE + self.body_size
+
+    @property
+    def next_offset(self) -> int:
+        return self.first_offset + self.num_records
+
+    @property
+    def trailer_start(self) -> int:
+        """Where the trailer starts, counted from the start of the body."""
+        return self.bloom_size + self.data_size + self.filter_size
+
+
+def _u32s(values: array) -> bytes:
+    if _BIG_ENDIAN_HOST:
+        values.byteswap()
+    return values.tobytes()
+
+
+def _u32_list(data: bytes | memoryview) -> list[int]:
+    values = array("I")
+    values.frombytes(data)
+    if _BIG_ENDIAN_HOST:
+        values.byteswap()
+    return values.tolist()
+
+
+def _u16_list(data: bytes | memoryview) -> list[int]:
+    values = array("H")
+    values.frombytes(data)
+    if _BIG_ENDIAN_HOST:
+        values.byteswap()
+    return values.tolist()
+
+
+def encode_filter_section(filter_values: Sequence[bytes | None]) -> bytes:
+    """The filter-value section (3.4); b"" when no record has a value."""
+    lengths = array("H")
+    present = []
+    for value in filter_values:
+        if value is None:
+            lengths.append(_NO_FILTER_VALUE)
+            continue
+        if len(value) > MAX_FILTER_VALUE_BYTES:
+            raise ValueError(f"a filter value is at most {MAX_FILTER_VALUE_BYTES} bytes")
+        lengths.append(len(value))
+        present.append(value)
+    if not present:
+        return b""
+    if _BIG_ENDIAN_HOST:
+        lengths.byteswap()
+    return lengths.tobytes() + b"".join(present)
+
+
+def encode_chunk(
+    chunk_type: int,
+    first_offset: int,
+    timestamp_ms: int,
+    records: Sequence[bytes],
+    filter_values: Sequence[bytes | None] | None = None,
+    filter_size_bytes: int = bloom.MIN_SIZE_BYTES,
+    trailer: bytes = b"",
+) -> bytearray:
+    """The bytes of one chunk. `filter_values`, if given, has one entry per record."""
+    n = len(records)
+    try:
+        ends = array("I", accumulate(map(len, records)))
+    except OverflowError:
+        ends = None
+    if ends is None or 4 * n + (ends[-1] if n else 0) > _MAX_SECTION_BYTES:
+        raise ValueError("a chunk holds less than 4 GiB")
+    if filter_values is not None and len(filter_values) != n:
+        raise ValueError("filter_values must have one entry per record")
+    filters = encode_filter_section(filter_values) if filter_values is not None else b""
+    bloom_bytes = bloom.build(filter_values, filter_size_bytes) if filters else b""
+    data_size = 4 * n + (ends[-1] if n else 0)
+    parts: list[bytes] = [bytes(HEADER_SIZE), bloom_bytes, _u32s(ends)]
+    parts += records
+    parts.append(filters)
+    parts.append(trailer)
+    chunk = bytearray().join(parts)
+    body_crc = crc32c(memoryview(chunk)[HEADER_SIZE:])
+    HEADER.pack_into(
+        chunk,
+        0,
+        CHUNK_MAGIC,
+        CHUNK_VERSION,
+        chunk_type,
+        len(bloom_bytes),
+        0,
+        n,
+        data_size,
+        len(filters),
+        len(trailer),
+        first_offset,
+        timestamp_ms,
+        body_crc,
+        0,
+    )
+    header_crc = crc32c(memoryview(chunk)[:_HEADER_CRC_AT])
+    struct.pack_into("<I", chunk, _HEADER_CRC_AT, header_crc)
+    return chunk
+
+
+def decode_header(data: bytes | memoryview) -> ChunkHeader:
+    """Parse and check a chunk header from the first 48 bytes of `data`."""
+    if len(data) < HEADER_SIZE:
+        raise BadChunk("partial chunk header")
+    (
+        magic,
+        version,
+        chunk_type,
+        bloom_size,
+        _flags,
+        n,
+        data_size,
+        filter_size,
+        trailer_size,
+        first_offset,
+        timestamp_ms,
+        body_crc,
+        header_crc,
+    ) = HEADER.unpack_from(data)
+    if magic != CHUNK_MAGIC:
+        raise BadChunk(f"bad chunk magic {bytes(magic)!r}")
+    if crc32c(memoryview(data)[:_HEADER_CRC_AT]) != header_crc:
+        raise BadChunk("chunk header CRC mismatch")
+    if version != CHUNK_VERSION:
+        raise BadChunk(f"unsupported chunk version {version}")
+    header = ChunkHeader(
+        chunk_type,
+        bloom_size,
+        n,
+        data_size,
+        filter_size,
+        trailer_size,
+        first_offset,
+        timestamp_ms,
+        body_crc,
+    )
+    _check_shape(header)
+    return header
+
+
+def _check_shape(h: ChunkHeader) -> None:
+    if not is_valid_type(h.chunk_type):
+        raise BadChunk(f"unknown chunk type {h.chunk_type}")
+    if takes_offsets(h.chunk_type) != (h.num_records > 0):
+        raise BadChunk(f"chunk type {h.chunk_type} with {h.num_records} records")
+    if h.data_size < 4 * h.num_records:
+        raise BadChunk("data section shorter than its offsets table")
+    if h.filter_size and h.filter_size < 2 * h.num_records:
+        raise BadChunk("filter section shorter than its lengths table")
+    if h.bloom_size and (h.bloom_size < bloom.MIN_SIZE_BYTES or not h.filter_size):
+        raise BadChunk(f"bad bloom filter size {h.bloom_size}")
+
+
+def check_body(header: ChunkHeader, body: bytes | memoryview) -> None:
+    """Raise BadChunk unless `body` is the whole body of `header`'s chunk, with a matching CRC."""
+    if len(body) < header.body_size:
+        raise BadChunk("partial chunk")
+    if crc32c(body[: header.body_size]) != header.body_crc:
+        raise BadChunk("chunk CRC mismatch")
+
+
+def decode_records(header: ChunkHeader, body: bytes) -> list[bytes]:
+    """The records of a chunk, as bytes, in offset order. `body` is the checked body."""
+    n = header.num_records
+    if not n:
+        return []
+    table_at = header.bloom_size
+    data_at = table_at + 4 * n
+    data = body[data_at : table_at + header.data_size]
+    ends = _u32_list(body[table_at:data_at])
+    if ends[-1] != len(data):
+        raise BadChunk("record offsets do not match the data length")
+    return [data[a:b] for a, b in zip(chain((0,), ends), ends)]  # noqa: B905 (n+1 vs n)
+
+
+def decode_filter_values(header: ChunkHeader, body: bytes) -> list[bytes | None] | None:
+    """Each record's filter value (None: it has none); None when no record has one."""
+    if not header.filter_size:
+        return None
+    n = header.num_records
+    start = header.bloom_size + header.data_size
+    lengths = _u16_list(body[start : start + 2 * n])
+    section = body[start + 2 * n : start + header.filter_size]
+    values: list[bytes | None] = []
+    pos = 0
+    for length in lengths:
+        if length == _NO_FILTER_VALUE:
+            values.append(None)
+        else:
+            values.append(section[pos : pos + length])
+            pos += length
+    if pos != len(section):
+        raise BadChunk("filter value lengths do not match the filter section")
+    return values
+
+
+def trailer_bytes(header: ChunkHeader, body: bytes | memoryview) -> bytes:
+    start = header.trailer_start
+    return bytes(body[start : start + header.trailer_size])

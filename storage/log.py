@@ -1,0 +1,379 @@
+"""The Log: the single writer of a log directory.
+
+Role: open (and recover) a directory, append one chunk per call, roll segments (writing the
+tracking snapshot first in each new one), advance the committed offset according to the fsync
+policy, apply retention, keep tracking state, and hand out readers. A failed write is undone
+(truncated) before the error is raised, so committed never covers a half-written chunk.
+
+Must not know: AMQP, asyncio, the broker's messages. Readers are independent: they read the
+files and share only `committed_offset` (through a callable) with the writer.
+Threading: one thread owns a Log and calls every method; nothing here is thread-safe. An
+exclusive flock on the directory keeps other Log objects (and processes) from writing to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from leveret.storage import chunk as ck
+from leveret.storage import inspect, layout, recovery, retention, tracking
+from leveret.storage import segment as seg
+from leveret.storage.config import LogConfig, check_retention
+from leveret.storage.errors import LogClosedError, LogIOError, LogLockedError, io_error
+from leveret.storage.index import entry_position
+from leveret.storage.locate import OffsetSpec
+from leveret.storage.reader import Reader, ReaderFilter
+from leveret.storage.tracking import Tracking
+
+log = logging.getLogger("leveret.storage.log")
+_UNCHANGED: Any = object()
+
+
+class Log:
+    """An append-only log in one directory. Build it with Log.open(directory, config)."""
+
+    def __init__(self, directory: Path, config: LogConfig, lock_fd: int):
+        self._dir = directory
+        self._config = config
+        self._lock_fd = lock_fd
+        self._max_length_bytes = config.max_length_bytes
+        self._max_age_ms = config.max_age_ms
+        found = recovery.recover(directory)
+        self._segments = found.segments
+        self._tracking = found.tracking
+        if not self._segments:
+            self._fd, self._ifd = seg.create(directory, 0, self._durable)
+            self._segments.append(seg.SegmentInfo(0, seg.FIRST_CHUNK_POSITION, 0, 0))
+        else:
+            active = self._segments[-1].base
+            self._fd = seg.open_append(layout.segment_path(directory, active))
+            self._ifd = seg.open_append(layout.index_path(directory, active))
+        self._next = self._segments[-1].next_offset
+        self._committed = self._next - 1
+        stamps = [s.last_timestamp_ms for s in self._segments if s.last_timestamp_ms is not None]
+        self._last_ts = stamps[-1] if stamps else 0
+        self._last_sync_ms = config.clock()
+        self._unsynced = False
+        self._snapshot_due = False
+        self._broken: LogIOError | None = None
+        self._closed = False
+
+    @classmethod
+    def open(cls, directory: Path | str, config: LogConfig | None = None) -> Log:
+        """Open the log in `directory` (created if missing), recovering from a crash."""
+        directory = Path(directory)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            lock_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise io_error(directory, exc) from exc
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_fd)
+            raise LogLockedError(directory) from None
+        try:
+            opened = cls(directory, config or LogConfig(), lock_fd)
+            opened._retain_or_warn()
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        return opened
+
+    # -- offsets ---------------------------------------------------------------------------
+
+    @property
+    def directory(self) -> Path:
+        return self._dir
+
+    @property
+    def first_offset(self) -> int:
+        """The first offset still on disk (== next_offset when the log holds no record)."""
+        return self._segments[0].base
+
+    @property
+    def next_offset(self) -> int:
+        return self._next
+
+    @property
+    def last_offset(self) -> int:
+        return self._next - 1
+
+    @property
+    def committed_offset(self) -> int:
+        return self._committed
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def append(
+        self,
+        records: Sequence[bytes],
+        filter_values: Sequence[bytes | None] | None = None,
+        publishers: Mapping[bytes, int] | None = None,
+        chunk_type: int = ck.ChunkType.USER,
+    ) -> int:
+        """Write `records` as one chunk; return the offset of the first one.
+
+        With no records but some publishers, only the publishers' ids are stored, in a tracking
+        chunk that takes no offset (the return value is then the next offset)."""
+        self._check_writable()
+        if not ck.takes_offsets(chunk_type):
+            raise ValueError(
+                f"chunk type {chunk_type} is not USER (0) or an application type 16..255"
+            )
+        if not records and not publishers:
+            raise ValueError("append needs records or publishers")
+        if not records:
+            chunk_type = ck.ChunkType.TRACKING_DELTA
+        first = self._next
+        trailer = tracking.publisher_trailer(publishers, first) if publishers else b""
+        chunk = ck.encode_chunk(
+            chunk_type,
+            first,
+            self._timestamp(),
+            records,
+            filter_values,
+            self._config.filter_size_bytes,
+            trailer,
+        )
+        self._write_chunk(chunk)
+        if publishers:
+            self._tracking.set_publishers(publishers, first)
+        return first
+
+    def store_offsets(self, consumers: Mapping[bytes, int]) -> None:
+        """Store consumers' offsets in a tracking chunk (it takes no offset)."""
+        self._check_writable()
+        if not consumers:
+            return
+        trailer = tracking.consumer_trailer(consumers)
+        chunk = ck.encode_chunk(
+            ck.ChunkType.TRACKING_DELTA, self._next, self._timestamp(), [], trailer=trailer
+        )
+        self._write_chunk(chunk)
+        self._tracking.set_consumers(consumers)
+
+    def _timestamp(self) -> int:
+        self._last_ts = max(self._config.clock(), self._last_ts)
+        return self._last_ts
+
+    def _write_chunk(self, chunk: bytearray) -> None:
+        header = ck.decode_header(chunk)
+        active = self._segments[-1]
+        if active.next_offset > active.base and (
+            active.size + len(chunk) > self._config.max_segment_size_bytes
+            or active.chunks >= self._config.max_segment_chunks
+        ):
+            self._roll()
+        if self._snapshot_due:
+            self._write_snapshot(header.timestamp_ms)
+        self._write(chunk, header)
+        self._after_write()
+
+    def _write(self, chunk: bytearray, header: ck.ChunkHeader) -> None:
+        """One chunk, then its index entry; on failure both files are cut back and a typed
+        error is raised."""
+        active = self._segments[-1]
+        position, in_index = active.size, False
+        try:
+            seg.write_all(self._fd, chunk)
+            if self._config.fsync == "always":
+                os.fdatasync(self._fd)
+            in_index = True
+            seg.write_all(self._ifd, seg.index_entry(header, position))
+        except OSError as exc:
+            where = layout.index_path if in_index else layout.segment_path
+            error = io_error(where(self._dir, active.base), exc, position)
+            self._undo(position, entry_position(active.chunks), error)
+            raise error from exc
+        active.add(header)
+        self._next = header.next_offset
+
+    def _undo(self, position: int, index_size: int, error: LogIOError) -> None:
+        try:
+            os.ftruncate(self._fd, position)
+            os.ftruncate(self._ifd, index_size)
+        except OSError:
+            self._broken = error
+
+    def _after_write(self) -> None:
+        if self._config.fsync_interval_ms is None:
+            self._committed = self._next - 1
+        else:
+            self._unsynced = True
+            self.sync_due()
+
+    def _roll(self) -> None:
+        durable = self._durable
+        if durable:
+            self._sync()
+        fd, ifd = seg.create(self._dir, self._next, durable)
+        os.close(self._fd)
+        os.close(self._ifd)
+        self._fd, self._ifd = fd, ifd
+        self._segments.append(seg.SegmentInfo(self._next, seg.FIRST_CHUNK_POSITION, self._next, 0))
+        self._snapshot_due = True
+
+    def _write_snapshot(self, timestamp_ms: int) -> None:
+        """The tracking snapshot that starts a new segment, then retention (which may now
+        delete older segments without losing tracking state)."""
+        if self._tracking:
+            self._tracking.trim(self.first_offset)
+            trailer = self._tracking.snapshot_trailer()
+            snapshot = ck.encode_chunk(
+                ck.ChunkType.TRACKING_SNAPSHOT, self._next, timestamp_ms, [], trailer=trailer
+            )
+            self._write(snapshot, ck.decode_header(snapshot))
+        self._snapshot_due = False
+        self._retain_or_warn()
+
+    # -- syncing ---------------------------------------------------------------------------
+
+    @property
+    def _durable(self) -> bool:
+        return self._config.fsync != "never"
+
+    def sync_due(self) -> bool:
+        """With fsync every N ms: fsync if N ms have passed since the last one. True if the
+        committed offset moved."""
+        interval = self._config.fsync_interval_ms
+        if interval is None or not self._unsynced:
+            return False
+        if self._config.clock() - self._last_sync_ms < interval:
+            return False
+        return self._sync()
+
+    def sync(self) -> None:
+        """fsync now and commit everything written."""
+        self._check_writable()
+        self._sync()
+
+    def _sync(self) -> bool:
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            self._broken = io_error(layout.segment_path(self._dir, self._segments[-1].base), exc)
+            raise self._broken from exc
+        self._last_sync_ms = self._config.clock()
+        self._unsynced = False
+        moved = self._committed != self._next - 1
+        self._committed = self._next - 1
+        return moved
+
+    # -- retention ---------------------------------------------------------------------------
+
+    def set_retention(
+        self, *, max_length_bytes: int | None = _UNCHANGED, max_age_ms: int | None = _UNCHANGED
+    ) -> list[Path]:
+        """Change the retention limits (None = unlimited) and apply them now."""
+        length = self._max_length_bytes if max_length_bytes is _UNCHANGED else max_length_bytes
+        age = self._max_age_ms if max_age_ms is _UNCHANGED else max_age_ms
+        check_retention(length, age)
+        self._max_length_bytes, self._max_age_ms = length, age
+        return self.apply_retention()
+
+    def apply_retention(self) -> list[Path]:
+        """Delete the segments that retention allows; return the deleted segment files."""
+        self._check_open()
+        return self._delete_oldest(self._retention_plan())
+
+    def truncate_before(self, offset: int) -> list[Path]:
+        """Delete the segments all of whose records are below `offset` (never the active one)."""
+        self._check_open()
+        return self._delete_oldest(retention.below_offset(self._segments, offset))
+
+    def _retain_or_warn(self) -> None:
+        """Retention on open and on roll: a file that cannot be deleted does not fail them;
+        the next roll or apply_retention() tries again."""
+        try:
+            self._delete_oldest(self._retention_plan())
+        except LogIOError as exc:
+            log.warning("retention could not delete %s: %s", exc.path, exc.reason)
+
+    def _retention_plan(self) -> int:
+        return retention.plan(
+            self._segments, self._max_length_bytes, self._max_age_ms, self._config.clock()
+        )
+
+    def _delete_oldest(self, count: int) -> list[Path]:
+        deleted: list[Path] = []
+        try:
+            for info in self._segments[:count]:
+                path = layout.segment_path(self._dir, info.base)
+                seg.remove(path)
+                deleted.append(path)
+                seg.remove(layout.index_path(self._dir, info.base))  # a leftover is removed on open
+        finally:
+            del self._segments[: len(deleted)]
+        return deleted
+
+    # -- tracking and reading -----------------------------------------------------------------
+
+    def publisher_id(self, name: bytes) -> int | None:
+        """The last publishing id stored for publisher `name`."""
+        found = self._tracking.publishers.get(bytes(name))
+        return found[0] if found else None
+
+    def consumer_offset(self, name: bytes) -> int | None:
+        """The offset last stored for consumer `name`."""
+        return self._tracking.consumers.get(bytes(name))
+
+    def tracking(self) -> Tracking:
+        return self._tracking.public()
+
+    def reader(
+        self,
+        spec: OffsetSpec,
+        filter: ReaderFilter | None = None,
+        chunk_types: Iterable[int] = (ck.ChunkType.USER,),
+    ) -> Reader:
+        """A reader of this log that never reads past its committed offset."""
+        self._check_open()
+        return Reader.open(self._dir, spec, self._committed_now, filter, chunk_types)
+
+    def _committed_now(self) -> int:
+        return self._committed
+
+    def summary(self) -> dict[str, Any]:
+        """first, last, committed and next offsets, the segments, bytes and tracking."""
+        return inspect.describe(self._dir, self._segments, self._tracking.public(), self._committed)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Sync what the policy left unsynced, then release the files and the lock."""
+        if self._closed:
+            return
+        try:
+            if self._unsynced and self._broken is None:
+                self._sync()
+        finally:
+            self._closed = True
+            for fd in (self._fd, self._ifd, self._lock_fd):
+                with contextlib.suppress(OSError):  # nothing is left to flush: writes were direct
+                    os.close(fd)
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"log {self._dir} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._broken is not None:
+            raise LogIOError(
+                self._broken.path,
+                f"a failed write could not be undone ({self._broken.reason}); reopen the log",
+                errno=self._broken.errno,
+            )

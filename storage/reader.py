@@ -1,0 +1,375 @@
+"""Readers: independent cursors that read chunks from the files, never past `committed`.
+
+Role: a Reader opens the segment files itself (in this process or another one), attaches where
+an OffsetSpec says (see locate.py), and hands out whole chunks as ChunkViews, in file order, up
+to the committed offset and never beyond. It skips, without reading their records, chunks of
+types it was not asked for and chunks whose bloom filter cannot match its ReaderFilter; with an
+exact filter it drops the bloom filter's false positives record by record. It checks every
+chunk's CRC and reports a corrupt chunk as CorruptLogError with the file and position. When
+retention deletes segments under it, it keeps reading what it has open and then moves on to the
+oldest segment that remains, jumping its position forward.
+
+Must not know: the writer (it only calls `committed()`), tracking semantics, retention rules.
+Threading: a Reader belongs to one thread. Many readers, in any processes, may read one log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from leveret.storage import chunk as ck
+from leveret.storage import layout
+from leveret.storage.bloom import BloomMatcher
+from leveret.storage.errors import BadChunk, CorruptLogError, LogClosedError, io_error
+from leveret.storage.locate import OffsetSpec, Start, locate
+from leveret.storage.segment import FIRST_CHUNK_POSITION
+from leveret.storage.tracking import Tracking, TrackingState
+
+log = logging.getLogger("leveret.storage.reader")
+
+READAHEAD_BYTES = 256 * 1024
+_UNBOUNDED = 2**63 - 1
+_NOT_YET = object()
+_ATTACH_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class ReaderFilter:
+    """Which records a reader wants by filter value: any of `values`, and records with no
+    filter value too when `match_unfiltered`. With `exact`, records that do not match are
+    dropped (ChunkView.offsets then lists the offsets of those kept); without it, whole chunks
+    that may match are returned, as RabbitMQ does."""
+
+    values: frozenset[bytes]
+    match_unfiltered: bool = False
+    exact: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "values", frozenset(bytes(v) for v in self.values))
+
+    def wants(self, value: bytes | None) -> bool:
+        return self.match_unfiltered if value is None else value in self.values
+
+
+class ChunkView:
+    """One chunk as a reader returns it.
+
+    `records` are in offset order. `offsets` is None when records[i] has offset
+    first_offset + i (the whole chunk); otherwise it lists each record's offset (records were
+    dropped by an exact filter, or lie below the offset the reader attached at).
+    `filter_values` gives each returned record's filter value (None: it has none), decoded each
+    time it is asked for. `tracking` holds the entries of a tracking chunk (None for other chunks).
+    """
+
+    __slots__ = (
+        "_body",
+        "_header",
+        "_keep",
+        "chunk_type",
+        "first_offset",
+        "num_records",
+        "offsets",
+        "records",
+        "timestamp_ms",
+        "tracking",
+    )
+
+    def __init__(
+        self, header: ck.ChunkHeader, body: bytes, records: list[bytes], keep: list[int] | None
+    ):
+        self.chunk_type = header.chunk_type
+        self.first_offset = header.first_offset
+        self.timestamp_ms = header.timestamp_ms
+        self.num_records = header.num_records  # records in the chunk, returned or not
+        self.records = records
+        self.offsets = None if keep is None else [header.first_offset + i for i in keep]
+        self.tracking: Tracking | None = None
+        self._header, self._body, self._keep = header, body, keep
+
+    @property
+    def next_offset(self) -> int:
+        return self.first_offset + self.num_records
+
+    @property
+    def filter_values(self) -> list[bytes | None]:
+        values = ck.decode_filter_values(self._header, self._body)
+        if values is None:
+            return [None] * len(self.records)
+        return values if self._keep is None else [values[i] for i in self._keep]
+
+    def items(self) -> Iterator[tuple[int, bytes]]:
+        """(offset, record) pairs."""
+        offsets = self.offsets or range(self.first_offset, self.first_offset + len(self.records))
+        return zip(offsets, self.records, strict=True)
+
+    def __repr__(self) -> str:
+        return (
+            f"ChunkView(type={self.chunk_type}, first_offset={self.first_offset}, "
+            f"records={len(self.records)}/{self.num_records})"
+        )
+
+
+class Reader:
+    """A cursor over a log directory. Use Reader.open(...) or Log.reader(...)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        start: Start,
+        committed: Callable[[], int],
+        filter: ReaderFilter | None,
+        chunk_types: Iterable[int],
+    ):
+        self._dir = directory
+        self._committed = committed
+        self._types = frozenset(chunk_types)
+        self._sees_trackless = any(not ck.takes_offsets(t) for t in self._types)
+        self._filter = filter
+        self._matcher = BloomMatcher(filter.values, filter.match_unfiltered) if filter else None
+        self._base = start.base
+        self._pos = start.position
+        self._position = start.offset
+        self._skip_below = start.skip_below
+        self._fd: int | None = None
+        self._buf = b""
+        self._buf_at = 0
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path | str,
+        spec: OffsetSpec,
+        committed: Callable[[], int] | None = None,
+        filter: ReaderFilter | None = None,
+        chunk_types: Iterable[int] = (ck.ChunkType.USER,),
+    ) -> Reader:
+        """Attach to the log in `directory`. `committed()` gives the highest offset the reader
+        may return; None means every whole chunk on disk (for a log nobody is writing)."""
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise io_error(directory, FileNotFoundError(2, "no such log directory"))
+        committed_fn = committed if committed is not None else _unbounded
+        types = tuple(chunk_types)
+        for _ in range(_ATTACH_ATTEMPTS):
+            try:
+                start = locate(directory, spec, committed_fn(), types)
+                reader = cls(directory, start, committed_fn, filter, types)
+                reader._open_segment()
+                return reader
+            except FileNotFoundError:
+                continue  # retention removed a file under us: list the directory again
+            except OSError as exc:
+                raise io_error(directory, exc) from exc
+        raise io_error(directory, FileNotFoundError(2, "segments keep disappearing"))
+
+    @property
+    def position(self) -> int:
+        """The next offset this reader would hand out."""
+        return self._position
+
+    def read(self) -> ChunkView | None:
+        """The next chunk for this reader, or None if there is none committed yet."""
+        if self._closed:
+            raise LogClosedError("reader is closed")
+        try:
+            return self._read(self._committed())
+        except OSError as exc:
+            raise io_error(self._path, exc) from exc
+
+    def _read(self, committed: int) -> ChunkView | None:
+        while True:
+            if self._position > committed and not self._sees_trackless:
+                return None
+            header = self._next_header(committed)
+            if header is None or not ck.is_committed(
+                header.first_offset, header.num_records, committed
+            ):
+                return None
+            view = self._take(header, committed)
+            if view is _NOT_YET:
+                return None
+            if view is not None:
+                return view  # type: ignore[return-value]
+
+    def __iter__(self) -> Iterator[ChunkView]:
+        """Chunks until none is committed."""
+        while (view := self.read()) is not None:
+            yield view
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._buf = b""
+        self._closed = True
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- moving through files --------------------------------------------------------------
+
+    @property
+    def _path(self) -> Path:
+        return layout.segment_path(self._dir, self._base or 0)
+
+    def _open_segment(self) -> None:
+        if self._base is not None:
+            self._fd = os.open(self._path, os.O_RDONLY)
+            self._buf, self._buf_at = b"", 0
+
+    def _next_header(self, committed: int) -> ck.ChunkHeader | None:
+        while True:
+            if self._fd is not None:
+                header = self._header_at(self._pos, committed)
+                if header is not None:
+                    return header
+            if self._position > committed or not self._move_on():
+                return None
+
+    def _move_on(self) -> bool:
+        """Switch to the segment after this one if there is one (and this one is whole)."""
+        try:
+            bases = layout.list_bases(self._dir)
+        except FileNotFoundError:
+            return False  # the whole log was deleted
+        later = [b for b in bases if self._base is None or b > self._base]
+        if not later:
+            return False
+        if self._fd is not None:
+            # A later segment exists, so this one can no longer grow: anything left is damage,
+            # unless it is a chunk written between our last look and the roll (another process).
+            size = os.fstat(self._fd).st_size
+            if self._pos < size:
+                if self._header_at(self._pos, _UNBOUNDED, fresh=True) is not None:
+                    return True
+                raise CorruptLogError(
+                    self._path, self._pos, "partial chunk at the end of a segment"
+                )
+            os.close(self._fd)
+            self._fd = None
+        for base in later:
+            self._base, self._pos = base, FIRST_CHUNK_POSITION
+            try:
+                self._open_segment()
+            except FileNotFoundError:
+                continue  # deleted by retention since we listed it
+            if base > self._position:
+                log.info("reader moved from offset %d to %d (retention)", self._position, base)
+                self._position = base
+            return True
+        return False
+
+    def _bytes_at(self, position: int, size: int, fresh: bool = False) -> bytes:
+        """`size` bytes at `position` of the current segment (fewer at the end of the file)."""
+        start = position - self._buf_at
+        if not fresh and start >= 0 and start + size <= len(self._buf):
+            return self._buf[start : start + size]
+        assert self._fd is not None
+        self._buf = os.pread(self._fd, max(size, READAHEAD_BYTES), position)
+        self._buf_at = position
+        return self._buf[:size]
+
+    def _header_at(
+        self, position: int, committed: int, fresh: bool = False
+    ) -> ck.ChunkHeader | None:
+        data = self._bytes_at(position, ck.HEADER_SIZE, fresh)
+        if len(data) < ck.HEADER_SIZE:
+            return None
+        try:
+            return ck.decode_header(data)
+        except BadChunk as exc:
+            if not fresh:  # bytes read while a chunk was being written: look again
+                return self._header_at(position, committed, fresh=True)
+            if self._position > committed:
+                return None  # not committed yet: not ours to judge
+            raise CorruptLogError(self._path, position, exc.reason) from None
+
+    # -- one chunk ---------------------------------------------------------------------------
+
+    def _take(self, header: ck.ChunkHeader, committed: int) -> ChunkView | object | None:
+        """The view of this chunk for this reader, or None if it skips it; moves past it.
+        _NOT_YET (without moving) if the chunk is still being written."""
+        view = None
+        if self._wants(header):
+            body = self._body(header, committed)
+            if body is None:
+                return _NOT_YET  # (readers without a committed bound only)
+            view = self._view(header, body)
+        self._pos += header.total_size
+        if header.next_offset > self._position:
+            self._position = header.next_offset
+        if self._skip_below is not None and header.next_offset > self._skip_below:
+            self._skip_below = None
+        return view
+
+    def _wants(self, header: ck.ChunkHeader) -> bool:
+        if header.chunk_type not in self._types:
+            return False
+        n = header.num_records
+        key = ck.offset_key(header.first_offset, n)
+        if self._skip_below is not None and key <= self._skip_below:
+            return False
+        if self._matcher is not None and n:
+            bloom = self._bytes_at(self._pos + ck.HEADER_SIZE, header.bloom_size)
+            return self._matcher.matches(bloom)
+        return True
+
+    def _body(self, header: ck.ChunkHeader, committed: int) -> bytes | None:
+        at = self._pos + ck.HEADER_SIZE
+        body = self._bytes_at(at, header.body_size)
+        try:
+            ck.check_body(header, body)
+        except BadChunk:
+            body = self._bytes_at(at, header.body_size, fresh=True)
+            try:
+                ck.check_body(header, body)
+            except BadChunk as exc:
+                if len(body) < header.body_size and committed == _UNBOUNDED:
+                    return None
+                raise CorruptLogError(self._path, self._pos, exc.reason) from None
+        return body
+
+    def _view(self, header: ck.ChunkHeader, body: bytes) -> ChunkView | None:
+        try:
+            records = ck.decode_records(header, body)
+            keep = self._keep(header, body)
+        except BadChunk as exc:
+            raise CorruptLogError(self._path, self._pos, exc.reason) from None
+        if keep is not None:
+            if not keep:
+                return None
+            records = [records[i] for i in keep]
+        view = ChunkView(header, body, records, keep)
+        if header.chunk_type in ck.TRACKING_TYPES:
+            state = TrackingState()
+            state.apply(header.chunk_type, ck.trailer_bytes(header, body))
+            view.tracking = state.public()
+        return view
+
+    def _keep(self, header: ck.ChunkHeader, body: bytes) -> list[int] | None:
+        """Indexes of the records to return, or None for all of them."""
+        n, first = header.num_records, header.first_offset
+        keep: list[int] | None = None
+        if self._filter is not None and self._filter.exact and n:
+            values = ck.decode_filter_values(header, body) or [None] * n
+            wants = self._filter.wants
+            keep = [i for i, value in enumerate(values) if wants(value)]
+            if len(keep) == n:
+                keep = None
+        if self._skip_below is not None and first < self._skip_below:
+            keep = [
+                i for i in (range(n) if keep is None else keep) if first + i >= self._skip_below
+            ]
+        return keep
+
+
+def _unbounded() -> int:
+    return _UNBOUNDED
