@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from leveret.broker.model.binding import amqp_type_name
+from leveret.broker.model.binding import wire_type_name
 from leveret.broker.model.errors import PreconditionFailed
 
 MAX_EXPIRY_MS = 315_360_000_000  # ten years, RabbitMQ's cap for TTLs and x-expires
@@ -26,9 +26,7 @@ Validator = Callable[[Any, dict[str, Any]], str | None]
 
 def erlang_type(value: Any) -> str:
     """The AMQP type name RabbitMQ prints; ints are shown as pika encodes them."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return "signedint" if -(2**31) <= value < 2**31 else "long"
-    return amqp_type_name(value)
+    return wire_type_name(value)
 
 
 def is_int(value: Any) -> bool:
@@ -318,7 +316,7 @@ def check_consume_args(arguments: dict[str, Any], queue_type: str, resource_text
 def parse_expiration(value: str) -> int:
     """A per-message `expiration` property, as RabbitMQ parses it; raises PreconditionFailed."""
     stripped = value
-    digits = re.match(r"^-?[0-9]+", stripped)
+    digits = re.match(r"^[+-]?[0-9]+", stripped)  # Erlang's string:to_integer takes a sign
     if digits is None:
         raise PreconditionFailed(f"invalid expiration '{value}': no_integer")
     if digits.end() != len(stripped):

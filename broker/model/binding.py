@@ -64,14 +64,55 @@ def amqp_type_name(value: Any) -> str:
     return type(value).__name__
 
 
+def wire_type_name(value: Any) -> str:
+    """The type RabbitMQ prints for a decoded value; ints are named as pika encodes them.
+
+    The decoded value has lost its wire type, so an int in the signed 32-bit range is shown
+    as `signedint` (what pika sends) and a larger one as `long`.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "signedint" if -(2**31) <= value < 2**31 else "long"
+    return amqp_type_name(value)
+
+
+def erlang_term(value: Any) -> str:
+    """A decoded field value as Erlang's `~p` prints it (`true`, `1`, `<<"s">>`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | bytes | bytearray):
+        raw = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+        return '<<"' + raw.decode("utf-8", "replace") + '">>'
+    if value is None:
+        return "undefined"
+    if isinstance(value, list):
+        return "[" + ",".join(erlang_term(v) for v in value) + "]"
+    return str(value)
+
+
+def _plain(value: Any) -> str:
+    """Erlang's `~s` for a binary, `~p` for any other term."""
+    if isinstance(value, str | bytes | bytearray):
+        raw = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+        return raw.decode("utf-8", "replace")
+    return erlang_term(value)
+
+
 def describe(value: Any) -> str:
     """RabbitMQ's `the value '<V>' of type '<T>'` (or `none`) in inequivalence texts."""
     if value is _MISSING:
         return "none"
-    shown = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-    if isinstance(shown, bool):
-        shown = str(shown).lower()
-    return f"the value '{shown}' of type '{amqp_type_name(value)}'"
+    return f"the value '{_plain(value)}' of type '{wire_type_name(value)}'"
+
+
+def describe_pair(received: Any, current: Any) -> tuple[str, str]:
+    """Both sides of `received X but current is Y`, as rabbit_misc:assert_args_equivalence.
+
+    When both tables hold the key, RabbitMQ prints the bare values (`'2000'`); when one side
+    lacks it, it prints `none` and `the value '...' of type '...'` for the other.
+    """
+    if received is _MISSING or current is _MISSING:
+        return describe(received), describe(current)
+    return f"'{_plain(received)}'", f"'{_plain(current)}'"
 
 
 _MISSING = object()

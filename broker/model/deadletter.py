@@ -56,6 +56,8 @@ def dead_lettered_copy(
     headers["x-last-death-reason"] = reason
     headers["x-last-death-queue"] = queue_name
     headers["x-last-death-exchange"] = message.exchange
+    if dlrk is not None:
+        headers.pop("CC", None)  # the copy goes to the dead-letter routing key only
     return message.replace(
         exchange=dlx,
         routing_key=dlrk if dlrk is not None else message.routing_key,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from leveret.broker.model.binding import Binding, amqp_type_name
+from leveret.broker.model.binding import Binding, erlang_term, wire_type_name
 from leveret.broker.model.errors import PreconditionFailed
 
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
@@ -199,7 +199,8 @@ class HeadersExchange(Exchange):
             value = value.decode("utf-8", "replace")
         if not isinstance(value, str):
             raise PreconditionFailed(
-                f"Invalid x-match field type {amqp_type_name(value)} (value {value!r}); "
+                f"Invalid x-match field type {wire_type_name(value)} "
+                f"(value {erlang_term(value)}); "
                 "expected longstr"
             )
         if value not in X_MATCH_VALUES:
@@ -236,15 +237,19 @@ def headers_match(arguments: dict[str, Any], headers: dict[str, Any]) -> bool:
 
 
 def _same_value(a: Any, b: Any) -> bool:
+    """RabbitMQ compares the values only, not their AMQP types: a longstr and a byte array
+    with the same bytes are equal, and so are a short and a long with the same value."""
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
     if isinstance(a, int) and isinstance(b, int):
         return a == b
-    if isinstance(a, str | bytes) and isinstance(b, str | bytes):
-        return (a.encode() if isinstance(a, str) else a) == (
-            b.encode() if isinstance(b, str) else b
-        )
+    if isinstance(a, str | bytes | bytearray) and isinstance(b, str | bytes | bytearray):
+        return _raw(a) == _raw(b)
     return type(a) is type(b) and a == b
+
+
+def _raw(value: str | bytes | bytearray) -> bytes:
+    return value.encode("utf-8") if isinstance(value, str) else bytes(value)
 
 
 _TYPES: dict[str, type[Exchange]] = {

@@ -28,6 +28,7 @@ class Queue:
 
     kind = "queue"
     type = "classic"
+    redelivers = True  # a requeued message comes back (streams only give the credit back)
 
     def __init__(
         self,
@@ -68,6 +69,11 @@ class Queue:
     def consumer_count(self) -> int:
         return len(self.consumers)
 
+    @property
+    def count_on_delete(self) -> int:
+        """What delete-ok reports as the number of messages deleted."""
+        return self.message_count
+
     def add_consumer(self, consumer: Consumer) -> None:
         if consumer.exclusive and self.consumers:
             raise AccessRefused(f"{self.resource} in exclusive use")
@@ -97,6 +103,16 @@ class Queue:
 
     def check_delete(self, if_unused: bool, if_empty: bool) -> None:
         """Raise if queue.delete's conditions forbid deleting now."""
+
+    def validate_consumer(self, tag: str, no_ack: bool, prefetch: int, global_prefetch: int,
+                          arguments: dict[str, Any]) -> None:
+        """Queue-type rules for basic.consume, checked before consume-ok."""
+
+    def close(self) -> None:
+        """Broker shutdown: flush and release files (durable queue types)."""
+
+    def policy_changed(self) -> None:
+        """The vhost's policies changed; queue types that use policies re-read theirs."""
 
     def on_delete(self) -> None:
         """The queue is being deleted: tell consumers, free resources."""
@@ -162,13 +178,20 @@ class ClassicQueue(Queue):
         )
 
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
-        """Enqueue one message; False if it was refused (reject-publish overflow)."""
+        """Enqueue one message; False if it was dropped as a duplicate.
+
+        A reject-publish overflow nacks the publish but returns True: the message was routed,
+        so a mandatory publish gets no basic.return (as in RabbitMQ).
+        """
+        if self.dedup is not None and self.dedup.seen(message.headers):
+            return False
         if self.overflow != "drop-head" and self._would_overflow(message):
             if confirm is not None:
                 confirm.reject()
             if self.overflow == "reject-publish-dlx":
                 self.vhost.dead_letter(self, QueuedMessage(message, 0), "maxlen")
-            return False
+            # Routed all the same: RabbitMQ sends no basic.return for it; the nack tells.
+            return True
         now = self.vhost.scheduler.now_ms()
         self._seq += 1
         entry = QueuedMessage(
@@ -178,9 +201,17 @@ class ClassicQueue(Queue):
             min(message.priority, self.max_priority or 0),
         )
         self.stats_published += 1
+        if not len(self.messages) and self.consumers and not self._dispatching:
+            # RabbitMQ's attempt_delivery: a ready consumer takes a new message straight
+            # away, with no expiry check (so even a TTL of 0 reaches it).
+            consumer = self._next_consumer()
+            if consumer is not None:
+                self.accept(entry, confirm)
+                self.deliver_to(consumer, entry)
+                return True
         self.messages.push(entry)
         self.accept(entry, confirm)
-        self.dispatch()
+        self.dispatch(now)
         self._drop_over_limit()
         self._expire_head(now)
         return True
@@ -189,6 +220,9 @@ class ClassicQueue(Queue):
         """A new entry is in the store; a durable queue persists it here."""
 
     def _drop_over_limit(self) -> None:
+        """drop-head: drop (or dead-letter) from the head while over a limit."""
+        if self.overflow != "drop-head":
+            return
         messages = self.messages
         while (self.max_length is not None and len(messages) > self.max_length) or (
             self.max_length_bytes is not None and messages.bytes > self.max_length_bytes
@@ -221,13 +255,14 @@ class ClassicQueue(Queue):
                     return consumer
         return None
 
-    def dispatch(self) -> None:
+    def dispatch(self, now: int | None = None) -> None:
         """Hand ready messages to consumers while any has credit."""
         if self._dispatching or not self.consumers or not len(self.messages):
             return
         self._dispatching = True
         try:
-            now = self.vhost.scheduler.now_ms()
+            if now is None:
+                now = self.vhost.scheduler.now_ms()
             while len(self.messages):
                 consumer = self._next_consumer()
                 if consumer is None:
@@ -271,14 +306,14 @@ class ClassicQueue(Queue):
 
     # -- settling -----------------------------------------------------------------------------
 
-    def ack(self, entry: QueuedMessage) -> None:
+    def ack(self, entry: QueuedMessage, consumer: Consumer | None = None) -> None:
         self.unacked -= 1
         self.settled(entry)
 
     def settled(self, entry: QueuedMessage) -> None:
         """An entry left the queue for good; a durable queue records it."""
 
-    def reject(self, entry: QueuedMessage) -> None:
+    def reject(self, entry: QueuedMessage, consumer: Consumer | None = None) -> None:
         """nack/reject without requeue: dead-letter (reason rejected) or drop."""
         self.unacked -= 1
         self.discard(entry, "rejected")
@@ -292,8 +327,11 @@ class ClassicQueue(Queue):
             entry.redelivered = True
             self.messages.requeue(entry)
             self.requeued(entry)
-        self.dispatch()
-        self._expire_head(self.vhost.scheduler.now_ms())
+        # RabbitMQ's requeue_and_run: apply max-length, drop expired heads, then deliver.
+        now = self.vhost.scheduler.now_ms()
+        self._drop_over_limit()
+        self._expire_head(now)
+        self.dispatch(now)
 
     def requeued(self, entry: QueuedMessage) -> None:
         """An entry came back; a durable queue records the redelivered flag."""

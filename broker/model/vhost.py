@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from leveret.broker.model import args as qargs
-from leveret.broker.model.binding import MISSING, Binding, describe, equivalent
+from leveret.broker.model import dedup
+from leveret.broker.model.binding import MISSING, Binding, describe_pair, equivalent
 from leveret.broker.model.deadletter import dead_lettered_copy, is_cycle, routing_keys_of
 from leveret.broker.model.errors import (
     AccessRefused,
@@ -26,8 +27,11 @@ from leveret.broker.model.errors import (
 )
 from leveret.broker.model.exchange import Exchange, exchange_class
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
+from leveret.broker.model.policy import Policy, effective
 from leveret.broker.model.queue import ClassicQueue, Queue
 from leveret.broker.model.scheduler import Scheduler
+from leveret.broker.model.stream_args import check_declaration as check_stream_declaration
+from leveret.broker.model.superstream import SuperStreamExchange, is_super_stream
 
 PREDECLARED = (
     ("", "direct"),  # the default exchange: routing to it is by queue name, see route()
@@ -61,6 +65,8 @@ class Observer:
     def queue_deleted(self, queue: Queue) -> None: ...
     def binding_added(self, binding: Binding) -> None: ...
     def binding_removed(self, binding: Binding) -> None: ...
+    def policy_set(self, vhost: VHost, policy: Policy) -> None: ...
+    def policy_cleared(self, vhost: VHost, policy: Policy) -> None: ...
 
 
 class VHost:
@@ -78,6 +84,7 @@ class VHost:
         self.queue_types: dict[str, QueueFactory] = {"classic": ClassicQueue}
         self.queue_types.update(queue_types or {})
         self.observer = observer or Observer()
+        self.policies: dict[str, Policy] = {}
         for name_, type_ in PREDECLARED:
             cls = exchange_class(type_)
             assert cls is not None
@@ -131,6 +138,10 @@ class VHost:
             if ae is not None:
                 check("read", "exchange", name)
                 check("write", "exchange", qargs.text(ae))
+            cache = dedup.from_arguments(arguments, self.rs("exchange", name),
+                                         self.scheduler.now_ms)
+            if type_ == "direct" and is_super_stream(arguments):
+                cls = SuperStreamExchange
             exchange = cls(
                 self.name,
                 name,
@@ -139,6 +150,7 @@ class VHost:
                 internal=internal,
                 arguments=arguments,
             )
+            exchange.dedup = cache
             self.exchanges[name] = exchange
             if durable:
                 self.observer.exchange_declared(exchange)
@@ -180,9 +192,10 @@ class VHost:
         for key in keys:
             old, new = current.get(key, MISSING), received.get(key, MISSING)
             if not equivalent(old, new):
+                received_text, current_text = describe_pair(new, old)
                 raise PreconditionFailed(
-                    f"inequivalent arg '{key}' for {rs}: received {describe(new)} but current "
-                    f"is {describe(old)}"
+                    f"inequivalent arg '{key}' for {rs}: received {received_text} but current "
+                    f"is {current_text}"
                 )
 
     def delete_exchange(self, name: str, if_unused: bool = False) -> None:
@@ -275,7 +288,8 @@ class VHost:
             existing.touch()
             return existing
         rs = self.rs("queue", name)
-        qargs.check_queue_args(arguments, queue_type, rs)
+        # RabbitMQ's channel checks the DLX's type and permissions before the queue type
+        # validates its arguments.
         dlx = arguments.get("x-dead-letter-exchange")
         if dlx is not None and not qargs.is_str(dlx):
             raise PreconditionFailed(
@@ -284,6 +298,11 @@ class VHost:
         if dlx is not None:
             check("read", "queue", name)
             check("write", "exchange", qargs.text(dlx))
+        qargs.check_queue_args(arguments, queue_type, rs)
+        if queue_type == "stream":
+            check_stream_declaration(rs, durable=durable, exclusive=exclusive,
+                                     auto_delete=auto_delete, arguments=arguments)
+        cache = dedup.from_arguments(arguments, rs, self.scheduler.now_ms)
         factory = self.queue_types.get(queue_type)
         if factory is None:
             raise PreconditionFailed(
@@ -297,9 +316,21 @@ class VHost:
             auto_delete=auto_delete,
             arguments=arguments,
         )
+        queue.dedup = cache
         self.queues[name] = queue
         if queue.durable:
             self.observer.queue_declared(queue)
+        return queue
+
+    def restore_queue(self, name: str, queue_type: str, *, auto_delete: bool,
+                      arguments: dict[str, Any], storage_id: str | None) -> Queue:
+        """Recreate a durable queue from the metadata store at boot."""
+        factory = self.queue_types[queue_type]
+        extra = {"storage_id": storage_id} if storage_id else {}
+        queue = factory(self, name, durable=True, exclusive_owner=None, auto_delete=auto_delete,
+                        arguments=arguments, **extra)
+        queue.dedup = dedup.from_arguments(arguments, queue.resource, self.scheduler.now_ms)
+        self.queues[name] = queue
         return queue
 
     def _queue_equivalence(
@@ -328,13 +359,37 @@ class VHost:
         current = self.queues.get(queue.name)
         if current is None or current is not queue:
             return 0
-        count = queue.message_count
+        count = queue.count_on_delete
         del self.queues[queue.name]
         self._remove_bindings_to(queue)
         queue.on_delete()
         if queue.durable:
             self.observer.queue_deleted(queue)
         return count
+
+    # -- policies -----------------------------------------------------------------------------
+
+    def policy_for(self, kind: str, name: str) -> Policy | None:
+        queue = self.queues.get(name) if kind == "queues" else None
+        queue_type = queue.type if queue is not None else "stream"
+        return effective(self.policies, kind, queue_type, name)
+
+    def set_policy(self, policy: Policy) -> None:
+        self.policies[policy.name] = policy
+        self.observer.policy_set(self, policy)
+        self._policies_changed()
+
+    def clear_policy(self, name: str) -> bool:
+        policy = self.policies.pop(name, None)
+        if policy is None:
+            return False
+        self.observer.policy_cleared(self, policy)
+        self._policies_changed()
+        return True
+
+    def _policies_changed(self) -> None:
+        for queue in list(self.queues.values()):
+            queue.policy_changed()
 
     # -- bindings -----------------------------------------------------------------------------
 
@@ -371,29 +426,38 @@ class VHost:
         arguments: dict[str, Any] | None = None,
         owner: Any = None,
     ) -> None:
+        """Remove a binding. As RabbitMQ (`absent_errs_only`), a missing source, destination
+        or binding is not an error, and exclusivity is checked only for a binding that exists."""
         if source_name == "" or (kind == "exchange" and destination_name == ""):
             raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
-        source = self.exchange(source_name)
-        destination = self._destination(kind, destination_name)
-        if kind == "queue":
-            self.check_exclusive(destination, owner)
+        source = self.exchanges.get(source_name)
+        table: dict[str, Any] = self.queues if kind == "queue" else self.exchanges
+        destination = table.get(destination_name)
+        if source is None or destination is None:
+            return
         binding = source.bindings.get(
             Binding(source, destination, routing_key, dict(arguments or {})).key
         )
-        if binding is not None:
-            self._unbind(binding)
+        if binding is None:
+            return
+        if kind == "queue":
+            self.check_exclusive(destination, owner)
+        self._unbind(binding)
 
     # -- routing ------------------------------------------------------------------------------
 
     def route(self, exchange: Exchange, message: InboundMessage) -> list[Queue]:
         """Every queue the message goes to, each once."""
-        if exchange.name == "":
-            queue = self.queues.get(message.routing_key)
-            return [queue] if queue is not None else []
         headers = message.headers
         keys: Any = message.routing_key
         if "CC" in headers or "BCC" in headers:
             keys = routing_keys_of(message) + _string_list(headers.get("BCC"))
+        if exchange.name == "":
+            if isinstance(keys, str):
+                queue = self.queues.get(keys)
+                return [queue] if queue is not None else []
+            found = (self.queues.get(key) for key in dict.fromkeys(keys))
+            return [queue for queue in found if queue is not None]
         queues: dict[Queue, None] = {}
         seen: set[int] = set()
         pending = [exchange]
@@ -416,7 +480,9 @@ class VHost:
         return list(queues)
 
     def publish(self, exchange: Exchange, message: InboundMessage, confirm: Confirm | None) -> int:
-        """Route and enqueue; returns how many queues took it."""
+        """Route and enqueue; returns how many queues took it (0 for a duplicate)."""
+        if exchange.dedup is not None and exchange.dedup.seen(message.headers):
+            return 0
         queues = self.route(exchange, message)
         if queues and "BCC" in message.headers:
             headers = dict(message.headers)

@@ -17,6 +17,7 @@ from leveret.amqp import codec
 from leveret.amqp import constants as c
 from leveret.amqp.content import Message, content_frames
 from leveret.amqp.errors import AMQPError
+from leveret.amqp.stored import deliver_frames
 from leveret.broker.model import args as qargs
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.errors import (
@@ -29,6 +30,7 @@ from leveret.broker.model.errors import (
 )
 from leveret.broker.model.message import Confirm, QueuedMessage
 from leveret.broker.model.vhost import server_generated_name
+from leveret.broker.session import queries
 from leveret.broker.session.errors import to_amqp
 from pamqp import commands as m
 
@@ -66,6 +68,8 @@ class Channel:
         self.done_nacks: list[int] = []
         self.confirm_flush_scheduled = False
         self.tx: list[Any] | None = None
+        self.get_unacked = 0  # basic.get deliveries in `unacked`: global QoS ignores them
+        self.tx_held = 0  # consumer deliveries settled in the open transaction, not yet committed
         self.closed = False
         self._handlers = {
             m.Channel.Flow: self._flow,
@@ -188,9 +192,9 @@ class Channel:
     # -- queues -------------------------------------------------------------------------------
 
     def _queue_declare(self, method: Any) -> None:
+        # Unlike bind, purge, delete, consume and get, declare does not read an empty name as
+        # the last declared queue: a passive declare of "" is 404 "no queue ''" in RabbitMQ.
         name = _strip_cr_lf(method.queue)
-        if method.passive and not name:
-            name = self._queue_name(name)
         queue = self.vhost.declare_queue(
             name,
             owner=self.session,
@@ -203,7 +207,7 @@ class Channel:
         )
         self.last_queue = queue.name
         if not method.nowait:
-            consumers = 0 if queue.type == "stream" else queue.consumer_count
+            consumers = queue.consumer_count
             self.session.write(
                 codec.encode_declare_ok(self.number, queue.name, queue.message_count, consumers)
             )
@@ -276,6 +280,8 @@ class Channel:
             raise NotAllowed(f"attempt to reuse consumer tag '{tag}'")
         arguments = method.arguments or {}
         qargs.check_consume_args(arguments, queue.type, queue.resource)
+        queue.validate_consumer(tag, method.no_ack, self.consumer_prefetch,
+                                self.global_prefetch, arguments)
         priority = arguments.get("x-priority", 0)
         consumer = Consumer(
             tag,
@@ -305,21 +311,29 @@ class Channel:
 
     def _get(self, method: Any) -> None:
         name = self._queue_name(_strip_cr_lf(method.queue))
+        if queries.is_query(name):
+            answer = queries.answer(self.vhost, name, self._check)
+            if answer is None:
+                self.reply(m.Basic.GetEmpty())
+            else:
+                entry = QueuedMessage(answer, 0)
+                self._get_ok(entry, queries.ANSWERED, method.no_ack, 0)
+            return
         self._check("read", "queue", name)
         queue = self.vhost.queue(name)
         self.vhost.check_exclusive(queue, self.session)
-        if queue.type == "stream":
-            raise NotImplementedFeature(
-                f"basic.get not supported by stream queues {queue.resource}"
-            )
         entry = queue.get(method.no_ack)
         if entry is None:
             self.reply(m.Basic.GetEmpty())
             return
+        self._get_ok(entry, queue, method.no_ack, queue.message_count)
+
+    def _get_ok(self, entry: QueuedMessage, queue: Any, no_ack: bool, remaining: int) -> None:
         tag = self.next_tag
         self.next_tag += 1
-        if not method.no_ack:
+        if not no_ack:
             self.unacked[tag] = Unacked(entry, queue, None)
+            self.get_unacked += 1
         message = entry.message
         session = self.session
         session.write(
@@ -329,7 +343,7 @@ class Channel:
                 entry.redelivered,
                 codec.short_str(message.exchange),
                 codec.short_str(message.routing_key),
-                queue.message_count,
+                remaining,
             )
         )
         session.write_many(
@@ -345,7 +359,12 @@ class Channel:
             return True
         if consumer.prefetch and consumer.unacked >= consumer.prefetch:
             return False
-        return not self.global_prefetch or len(self.unacked) < self.global_prefetch
+        return not self.global_prefetch or self._limited_unacked() < self.global_prefetch
+
+    def _limited_unacked(self) -> int:
+        """What RabbitMQ's channel limiter counts for global QoS: unacked consumer deliveries,
+        including those acked in an uncommitted transaction, but not basic.get ones."""
+        return len(self.unacked) - self.get_unacked + self.tx_held
 
     def send(self, consumer: Consumer, entry: QueuedMessage, queue: Any) -> None:
         tag = self.next_tag
@@ -369,6 +388,27 @@ class Channel:
             content_frames(self.number, message.header, message.body, session.frame_max)
         )
 
+    def credit(self, consumer: Consumer) -> int:
+        """How many more deliveries this consumer may take now (streams)."""
+        if not self.session.writable or self.closed:
+            return 0
+        return consumer.prefetch - consumer.unacked if consumer.prefetch else 1 << 30
+
+    def send_records(self, consumer: Consumer, offsets: Any, records: list[Any]) -> None:
+        """Deliver stored stream records, each with its x-stream-offset header."""
+        tag = self.next_tag
+        self.next_tag = tag + len(records)
+        unacked = self.unacked
+        queue = consumer.queue
+        out: list[Any] = []
+        number, ctag, frame_max = self.number, consumer.tag_bytes, self.session.frame_max
+        for offset, record in zip(offsets, records, strict=True):
+            unacked[tag] = Unacked(offset, queue, consumer)
+            deliver_frames(number, ctag, tag, offset, record, frame_max, out)
+            tag += 1
+        consumer.unacked += len(records)
+        self.session.write_many(out)
+
     def server_cancel(self, consumer: Consumer) -> None:
         """The queue went away: tell the client, if it understands basic.cancel."""
         if self.consumers.pop(consumer.tag, None) is None or self.closed:
@@ -384,60 +424,69 @@ class Channel:
 
     # -- settling -----------------------------------------------------------------------------
 
-    def _take(self, tag: int, multiple: bool) -> list[Unacked]:
+    def _take(self, tag: int, multiple: bool) -> list[tuple[int, Unacked]]:
+        """Remove and return the deliveries an ack/nack/reject names, as RabbitMQ's
+        collect_acks: `multiple` with tag 0 means all; otherwise the tag itself must be
+        unacked (406 `unknown delivery tag` if not), and `multiple` adds every lower tag."""
         unacked = self.unacked
-        if multiple:
-            taken: list[Unacked] = []
+        if multiple and tag == 0:
+            taken = list(unacked.items())
+            unacked.clear()
+        elif tag not in unacked:
+            raise PreconditionFailed(f"unknown delivery tag {tag}")
+        elif multiple:
+            taken = []
             while unacked:
                 first = next(iter(unacked))
-                if tag and first > tag:
+                if first > tag:
                     break
-                taken.append(unacked.popitem(last=False)[1])
-            if not taken and tag:
-                raise PreconditionFailed(f"unknown delivery tag {tag}")
-            return taken
-        item = unacked.pop(tag, None)
-        if item is None:
-            raise PreconditionFailed(f"unknown delivery tag {tag}")
-        return [item]
+                taken.append((first, unacked.popitem(last=False)[1]))
+        else:
+            taken = [(tag, unacked.pop(tag))]
+        self.get_unacked -= sum(1 for _tag, item in taken if item.consumer is None)
+        return taken
 
     def ack(self, tag: int, multiple: bool) -> None:
+        taken = self._take(tag, multiple)
         if self.tx is not None:
-            self._take_check(tag, multiple)
-            self.tx.append(("ack", tag, multiple))
+            self._hold(("ack", taken))
             return
+        self._ack_items([item for _tag, item in taken])
+
+    def _ack_items(self, items: list[Unacked]) -> None:
         queues: dict[int, Any] = {}
-        for item in self._take(tag, multiple):
+        for item in items:
             consumer = item.consumer
             if consumer is not None:
                 consumer.unacked -= 1
-            item.queue.ack(item.entry)
+            item.queue.ack(item.entry, consumer)
             queues[id(item.queue)] = item.queue
         for queue in queues.values():
             queue.dispatch()
 
-    def _take_check(self, tag: int, multiple: bool) -> None:
-        if multiple and tag == 0:
-            return
-        if tag not in self.unacked and not (multiple and any(t <= tag for t in self.unacked)):
-            raise PreconditionFailed(f"unknown delivery tag {tag}")
+    def _hold(self, work: tuple[Any, ...]) -> None:
+        """An ack or nack inside a transaction: taken from `unacked` now (so a second one is
+        406, as in RabbitMQ), applied at commit, put back at rollback."""
+        assert self.tx is not None
+        self.tx.append(work)
+        self.tx_held += sum(1 for _tag, item in work[1] if item.consumer is not None)
 
     def _settle(self, tag: int, multiple: bool, requeue: bool, _kind: str) -> None:
+        taken = self._take(tag, multiple)
         if self.tx is not None:
-            self._take_check(tag, multiple)
-            self.tx.append(("nack", tag, multiple, requeue))
+            self._hold(("nack", taken, requeue))
             return
-        self._reject(self._take(tag, multiple), requeue)
+        self._reject([item for _tag, item in taken], requeue)
 
     def _reject(self, items: list[Unacked], requeue: bool) -> None:
         by_queue: dict[int, tuple[Any, list[QueuedMessage]]] = {}
         for item in items:
             if item.consumer is not None:
                 item.consumer.unacked -= 1
-            if requeue:
+            if requeue and item.queue.redelivers:
                 by_queue.setdefault(id(item.queue), (item.queue, []))[1].append(item.entry)
             else:
-                item.queue.reject(item.entry)
+                item.queue.reject(item.entry, item.consumer)
         for queue, entries in by_queue.values():
             queue.requeue(entries)
         self.redispatch()
@@ -452,6 +501,7 @@ class Channel:
     def requeue_all(self) -> None:
         items = list(self.unacked.values())
         self.unacked.clear()
+        self.get_unacked = 0
         self._reject(items, requeue=True)
 
     # -- publishing ---------------------------------------------------------------------------
@@ -502,8 +552,8 @@ class Channel:
 
     def _check_properties(self, message: Message, flags: int) -> None:
         props = message.properties
-        if flags & FLAG_EXPIRATION and props.expiration:
-            qargs.parse_expiration(props.expiration)
+        if flags & FLAG_EXPIRATION and props.expiration is not None:
+            qargs.parse_expiration(props.expiration)  # "" too: RabbitMQ says no_integer
         if flags & FLAG_USER_ID and props.user_id and props.user_id != self.session.username:
             raise PreconditionFailed(
                 f"user_id property set to '{props.user_id}' but authenticated user was "
@@ -555,25 +605,34 @@ class Channel:
             self.session.after_turn(self._send_confirms)
 
     def _send_confirms(self) -> None:
-        """Coalesce: one ack(multiple) for everything below the lowest outstanding seq."""
+        """Acks, then nacks, coalesced as RabbitMQ's send_confirms_and_nacks does."""
         self.confirm_flush_scheduled = False
         if self.closed:
             return
-        write = self.session.write
-        for seq in self.done_nacks:
-            write(codec.encode_nack(self.number, seq, False))
-        self.done_nacks = []
-        acks = self.done_acks
-        if not acks:
-            return
-        self.done_acks = []
-        acks.sort()
+        acks, nacks = self.done_acks, self.done_nacks
+        self.done_acks, self.done_nacks = [], []
+        if len(acks) == 1:
+            self.session.write(codec.encode_ack(self.number, acks[0], False))
+        elif acks:
+            self._coalesce(acks, nacks, codec.encode_ack)
+        if nacks:
+            self._coalesce(nacks, acks, codec.encode_nack)
+
+    def _coalesce(self, seqs: list[int], others: list[int], encode: Any) -> None:
+        """RabbitMQ's coalesce_and_send: the seqs below both the lowest still-unconfirmed seq
+        and the lowest seq settled the other way go as one frame with multiple=true (the
+        highest of them); the rest go one by one."""
+        seqs = sorted(set(seqs))
         lowest = next(iter(self.outstanding), None)
-        below = acks if lowest is None else [s for s in acks if s < lowest]
+        cutoff = seqs[-1] + 1 if lowest is None else lowest
+        if others:
+            cutoff = min(cutoff, min(others))
+        below = [seq for seq in seqs if seq < cutoff]
+        write = self.session.write
         if below:
-            write(codec.encode_ack(self.number, below[-1], len(below) > 1))
-        for seq in acks[len(below) :]:
-            write(codec.encode_ack(self.number, seq, False))
+            write(encode(self.number, below[-1], True))
+        for seq in seqs[len(below) :]:
+            write(encode(self.number, seq, False))
 
     # -- transactions -------------------------------------------------------------------------
 
@@ -585,26 +644,39 @@ class Channel:
         self.reply(m.Tx.SelectOk())
 
     def _tx_commit(self, _method: Any) -> None:
+        """As RabbitMQ: the publishes first, then the acks and nacks in their order."""
         if self.tx is None:
             raise PreconditionFailed("channel is not transactional")
         work, self.tx = self.tx, None
+        self.tx_held = 0
         try:
             for item in work:
                 if item[0] == "publish":
                     self._route(item[1], item[2], item[3])
-                elif item[0] == "ack":
-                    self.ack(item[1], item[2])
-                else:
-                    self._reject(self._take(item[1], item[2]), item[3])
+            for item in work:
+                if item[0] == "ack":
+                    self._ack_items([unacked for _tag, unacked in item[1]])
+                elif item[0] == "nack":
+                    self._reject([unacked for _tag, unacked in item[1]], item[2])
         finally:
             self.tx = []
         self.reply(m.Tx.CommitOk())
 
     def _tx_rollback(self, _method: Any) -> None:
+        """Drop the publishes; the acked and nacked deliveries become unacked again."""
         if self.tx is None:
             raise PreconditionFailed("channel is not transactional")
+        self._restore_held()
         self.tx = []
         self.reply(m.Tx.RollbackOk())
+
+    def _restore_held(self) -> None:
+        held = [pair for work in self.tx or () if work[0] != "publish" for pair in work[1]]
+        if not held:
+            return
+        self.get_unacked += sum(1 for _tag, item in held if item.consumer is None)
+        self.tx_held = 0
+        self.unacked = OrderedDict(sorted([*self.unacked.items(), *held], key=lambda p: p[0]))
 
     # -- closing ------------------------------------------------------------------------------
 
@@ -616,6 +688,7 @@ class Channel:
         for consumer in list(self.consumers.values()):
             consumer.queue.remove_consumer(consumer)
         self.consumers.clear()
+        self._restore_held()  # acks of an uncommitted transaction do not count
         items = list(self.unacked.values())
         self.unacked.clear()
         self._reject(items, requeue=True)

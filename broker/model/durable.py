@@ -1,0 +1,366 @@
+"""Durable classic queues: persistent messages in the log, acks recorded, a bounded memory.
+
+A durable classic queue keeps its messages in its own log of the storage engine. Persistent
+messages are appended before they are confirmed (one chunk per turn of the event loop); acks
+and discards are appended as ranges of settled offsets, deliveries as ranges of delivered
+offsets (so the redelivered flag survives a restart). Whole segments below the lowest
+unsettled offset are deleted, so disk use follows the backlog, not the history.
+
+A FIFO queue keeps at most a page of ready messages in memory: once the page is full, new
+messages (persistent or not) go to the log only, and are read back a page at a time as the
+head drains. Transient messages written that way are dropped at a restart, as RabbitMQ drops
+transient messages of durable queues. Priority queues keep their entries in memory.
+
+Recovery reads the log once: settled and delivered ranges first, then the message records.
+
+Single-threaded: runs on the event loop; storage calls are synchronous.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import sys
+import uuid
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from leveret.broker import logs
+from leveret.broker.model.consumer import Consumer
+from leveret.broker.model.intervals import IntervalSet
+from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
+from leveret.broker.model.queue import ClassicQueue
+from leveret.broker.model.store import MemoryStore
+from leveret.storage import Log, LogConfig, OffsetSpec, StorageError
+
+if TYPE_CHECKING:
+    from leveret.broker.model.vhost import VHost
+
+log = logs.get("leveret.durable")
+
+ACKS = 16  # chunk type: ranges of settled offsets
+DELIVERED = 17  # chunk type: ranges of delivered offsets
+SEGMENT_BYTES = 16 * 1024 * 1024
+PAGE_MESSAGES = 2048
+PAGE_BYTES = 8 * 1024 * 1024
+_HEAD = struct.Struct(">BQqBI")  # flags, seq, expires_at (-1: none), priority, body size
+PERSISTENT = 1
+
+PENDING = "pending"  # store_ref of an entry waiting for this turn's write
+SETTLED_EARLY = "settled-early"  # settled before it was written: never written
+
+
+@dataclass
+class QueueEnv:
+    """What the runtime gives durable queues: where files go and how messages are stored."""
+
+    root: Path
+    encode_record: Callable[[InboundMessage], bytes]
+    decode_record: Callable[[bytes], InboundMessage]
+    fsync: str | int = "never"
+
+    def directory(self, storage_id: str) -> Path:
+        return self.root / storage_id
+
+
+@dataclass
+class _Batch:
+    entries: list[QueuedMessage] = field(default_factory=list)
+    confirms: list[Confirm] = field(default_factory=list)
+    settled: IntervalSet = field(default_factory=IntervalSet)
+    delivered: IntervalSet = field(default_factory=IntervalSet)
+
+
+def _ranges(intervals: IntervalSet) -> bytes:
+    """A record of [start, end) pairs, as big-endian u64s."""
+    flat = array("Q")
+    for start, end in intervals.ranges():
+        flat.append(start)
+        flat.append(end)
+    if sys.byteorder == "little":
+        flat.byteswap()
+    return flat.tobytes()
+
+
+def _parse_ranges(record: Any) -> list[tuple[int, int]]:
+    flat = array("Q")
+    flat.frombytes(bytes(record))
+    if sys.byteorder == "little":
+        flat.byteswap()
+    return list(zip(flat[0::2], flat[1::2], strict=True))
+
+
+class PagedStore:
+    """Ready messages of a durable FIFO queue: a page in memory, the rest in the log."""
+
+    def __init__(self, queue: DurableClassicQueue) -> None:
+        self.queue = queue
+        self.head = MemoryStore()
+        self.tail_count = 0
+        self.tail_bytes = 0
+        self.tail_from = 0  # the offset the tail starts at (valid while tail_count)
+
+    def __len__(self) -> int:
+        return len(self.head) + self.tail_count
+
+    def __iter__(self) -> Any:
+        return iter(self.head)
+
+    @property
+    def bytes(self) -> int:
+        return self.head.bytes + self.tail_bytes
+
+    def full(self) -> bool:
+        return len(self.head) >= PAGE_MESSAGES or self.head.bytes >= PAGE_BYTES
+
+    def push(self, entry: QueuedMessage) -> None:
+        if self.tail_count or self.full():
+            if not self.tail_count:
+                self.tail_from = self.queue.log.next_offset
+            entry.store_ref = PENDING
+            self.tail_count += 1
+            self.tail_bytes += len(entry.message.body)
+            self.queue.write_later(entry)
+        else:
+            self.head.push(entry)
+
+    def _page_in(self) -> None:
+        if not self.tail_count or len(self.head) >= PAGE_MESSAGES // 2:
+            return
+        self.queue.flush()
+        self.tail_from = self.queue.page_in(self.tail_from, self)
+
+    def adopt(self, entry: QueuedMessage) -> None:
+        """A message read back from the tail joins the head."""
+        self.head.push(entry)
+        self.tail_count -= 1
+        self.tail_bytes -= len(entry.message.body)
+
+    def peek(self) -> QueuedMessage | None:
+        if not len(self.head):
+            self._page_in()
+        return self.head.peek()
+
+    def pop(self) -> QueuedMessage | None:
+        if not len(self.head):
+            self._page_in()
+        return self.head.pop()
+
+    def requeue(self, entry: QueuedMessage) -> None:
+        self.head.requeue(entry)
+
+    def clear(self) -> list[QueuedMessage]:
+        """Purge: the head's entries are returned; the tail is settled in the log."""
+        entries = self.head.clear()
+        if self.tail_count:
+            self.queue.flush()
+            self.queue.settle_range(self.tail_from, self.queue.log.next_offset)
+            self.tail_count = 0
+            self.tail_bytes = 0
+        return entries
+
+
+class DurableClassicQueue(ClassicQueue):
+    def __init__(self, vhost: VHost, name: str, *, env: QueueEnv, storage_id: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(vhost, name, **kwargs)
+        self.env = env
+        self.storage_id = storage_id or uuid.uuid4().hex
+        self.directory = env.directory(self.storage_id)
+        self.log = Log.open(self.directory, LogConfig(
+            max_segment_size_bytes=SEGMENT_BYTES, fsync=env.fsync))
+        self.settled_offsets = IntervalSet()
+        self.delivered_offsets = IntervalSet()  # delivered before the last restart
+        self.floor = self.log.first_offset
+        self._batch = _Batch()
+        self._flush_scheduled = False
+        if not self.max_priority:
+            self.messages = PagedStore(self)
+        self._recover()
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def write_later(self, entry: QueuedMessage) -> None:
+        entry.store_ref = PENDING
+        self._batch.entries.append(entry)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.vhost.scheduler.call_soon(self.flush)
+
+    def accept(self, entry: QueuedMessage, confirm: Confirm | None) -> None:
+        if entry.store_ref is None and entry.message.persistent:
+            self.write_later(entry)
+        if confirm is not None and entry.store_ref is PENDING and entry.message.persistent:
+            confirm.defer()
+            self._batch.confirms.append(confirm)
+
+    def settled(self, entry: QueuedMessage) -> None:
+        ref = entry.store_ref
+        if isinstance(ref, int):
+            self._batch.settled.add(ref)
+            self._schedule()
+        elif ref is PENDING:
+            entry.store_ref = SETTLED_EARLY
+
+    def settle_range(self, start: int, end: int) -> None:
+        self._batch.settled.add_range(start, end)
+        self._schedule()
+
+    def deliver_to(self, consumer: Consumer, entry: QueuedMessage) -> None:
+        self._mark_delivered(entry)
+        super().deliver_to(consumer, entry)
+
+    def get(self, no_ack: bool) -> QueuedMessage | None:
+        entry = super().get(no_ack)
+        if entry is not None:
+            self._mark_delivered(entry)
+        return entry
+
+    def _mark_delivered(self, entry: QueuedMessage) -> None:
+        if isinstance(entry.store_ref, int) and not entry.redelivered:
+            self._batch.delivered.add(entry.store_ref)
+            self._schedule()
+
+    def flush(self) -> None:
+        """Write this turn's messages, settled and delivered ranges; then confirm."""
+        self._flush_scheduled = False
+        batch, self._batch = self._batch, _Batch()
+        if self.deleted:
+            for confirm in batch.confirms:
+                confirm.settle(False)
+            return
+        try:
+            self._write(batch)
+        except StorageError as error:
+            log.error("durable queue write failed", queue=self.name, vhost=self.vhost.name,
+                      error=str(error))
+            for confirm in batch.confirms:
+                confirm.settle(False)
+            return
+        for confirm in batch.confirms:
+            confirm.settle(True)
+
+    def _write(self, batch: _Batch) -> None:
+        entries = [e for e in batch.entries if e.store_ref is PENDING]
+        if entries:
+            first = self.log.append([self._pack(e) for e in entries])
+            for offset, entry in enumerate(entries, first):
+                entry.store_ref = offset
+        for entry in batch.entries:
+            if entry.store_ref is SETTLED_EARLY:
+                entry.store_ref = None
+        for chunk_type, ranges in ((ACKS, batch.settled), (DELIVERED, batch.delivered)):
+            if ranges.range_count:
+                offset = self.log.append([_ranges(ranges)], chunk_type=chunk_type)
+                self.settled_offsets.add(offset)
+        for start, end in batch.settled.ranges():
+            self.settled_offsets.add_range(start, end)
+        self._truncate()
+
+    def _pack(self, entry: QueuedMessage) -> bytes:
+        message = entry.message
+        head = _HEAD.pack(PERSISTENT if message.persistent else 0, entry.seq,
+                          -1 if entry.expires_at is None else entry.expires_at, entry.priority,
+                          len(message.body))
+        return head + self.env.encode_record(message)
+
+    def _truncate(self) -> None:
+        floor = self.settled_offsets.first_gap(self.floor)
+        if floor == self.floor:
+            return
+        self.floor = floor
+        if self.log.truncate_before(floor):
+            self.settled_offsets.discard_below(self.log.first_offset)
+            self.delivered_offsets.discard_below(self.log.first_offset)
+
+    # -- reading back -------------------------------------------------------------------------
+
+    def _unpack(self, offset: int, record: Any) -> QueuedMessage:
+        _flags, seq, expires_at, priority, _size = _HEAD.unpack_from(record, 0)
+        message = self.env.decode_record(bytes(record[_HEAD.size:]))
+        entry = QueuedMessage(message, seq, None if expires_at < 0 else expires_at, priority)
+        entry.store_ref = offset
+        entry.redelivered = offset in self.delivered_offsets
+        return entry
+
+    def page_in(self, start: int, store: PagedStore) -> int:
+        """Read tail messages from `start` into the head; returns where the tail now starts."""
+        reader = self.log.reader(OffsetSpec.offset(start))
+        try:
+            while store.tail_count and len(store.head) < PAGE_MESSAGES:
+                chunk = reader.read()
+                if chunk is None:
+                    break
+                for offset, record in chunk.items():
+                    if offset < start or offset in self.settled_offsets:
+                        continue
+                    store.adopt(self._unpack(offset, record))
+                    start = offset + 1
+                start = max(start, chunk.first_offset + len(chunk.records))
+            return start
+        finally:
+            reader.close()
+
+    def _recover(self) -> None:
+        """Rebuild the queue from its log: which messages are still ready, in order."""
+        if self.log.next_offset == self.log.first_offset:
+            return
+        reader = self.log.reader(OffsetSpec.first(), chunk_types=(ACKS, DELIVERED))
+        for chunk in reader:
+            target = self.settled_offsets if chunk.chunk_type == ACKS else self.delivered_offsets
+            self.settled_offsets.add(chunk.first_offset)
+            for record in chunk.records:
+                for start, end in _parse_ranges(record):
+                    target.add_range(start, end)
+        reader.close()
+        transient = IntervalSet()
+        highest_seq = 0
+        store = self.messages
+        reader = self.log.reader(OffsetSpec.first())
+        for chunk in reader:
+            for offset, record in chunk.items():
+                if offset in self.settled_offsets:
+                    continue
+                flags, seq, _expires, _priority, size = _HEAD.unpack_from(record, 0)
+                highest_seq = max(highest_seq, seq)
+                if not flags & PERSISTENT:
+                    transient.add(offset)
+                elif isinstance(store, PagedStore) and (store.tail_count or store.full()):
+                    if not store.tail_count:
+                        store.tail_from = offset
+                    store.tail_count += 1
+                    store.tail_bytes += size
+                else:
+                    target = store.head if isinstance(store, PagedStore) else store
+                    target.push(self._unpack(offset, record))
+        reader.close()
+        self._seq = highest_seq
+        if transient.range_count:
+            for start, end in transient.ranges():
+                self.settle_range(start, end)
+        self.floor = self.log.first_offset
+        self._truncate()
+        log.info("durable queue recovered", queue=self.name, vhost=self.vhost.name,
+                 messages=len(store))
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def purge(self) -> int:
+        self.flush()
+        return super().purge()
+
+    def on_delete(self) -> None:
+        super().on_delete()
+        self.log.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def close(self) -> None:
+        if not self.deleted:
+            self.flush()
+            self.log.close()

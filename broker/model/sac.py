@@ -1,0 +1,73 @@
+"""Single active consumer on streams, over AMQP 0.9.1 (a Leveret extension).
+
+Consumers of one stream that pass `x-single-active-consumer: true` and share a consumer tag
+form a group named by that tag. Only one member receives messages. On a plain stream it is the
+earliest registered member; on a partition of a super stream it is member `index mod n` in
+registration order, where index is the partition's position, so a group that subscribes to
+every partition spreads across them as RabbitMQ's super stream SAC does. When the active member
+goes away, or a member joins and the choice changes, the old one stops receiving, and once it
+has settled what it was given (or after a timeout) its position is stored and the new one
+resumes right after it, so nothing is delivered twice while members ack.
+
+Single-threaded; knows the stream queue only through attach/deactivate/pump/partition_index.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from leveret.broker.model.consumer import Consumer
+
+
+class SacGroups:
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.groups: dict[str, list[Consumer]] = {}
+
+    def join(self, consumer: Consumer) -> None:
+        consumer.state.tracking = True
+        consumer.state.active = False
+        self.groups.setdefault(consumer.tag, []).append(consumer)
+        self.rebalance(consumer.tag)
+
+    def leave(self, consumer: Consumer) -> None:
+        members = self.groups.get(consumer.tag)
+        if not members or consumer not in members:
+            return
+        members.remove(consumer)
+        if members:
+            self.rebalance(consumer.tag)
+        else:
+            del self.groups[consumer.tag]
+
+    def active(self, tag: str) -> Consumer | None:
+        for member in self.groups.get(tag, []):
+            if member.state is not None and member.state.active:
+                return member
+        return None
+
+    def rebalance(self, tag: str) -> None:
+        members = self.groups.get(tag)
+        if not members:
+            return
+        index = self.stream.partition_index()
+        wanted = members[0] if index < 0 else members[index % len(members)]
+        for member in members:
+            if member is not wanted and member.state.active:
+                self.stream.deactivate(member)
+        if any(member.state.draining for member in members):
+            return  # the next owner starts once the old one has settled what it was given
+        if not wanted.state.active:
+            self.stream.attach(wanted, prefer_stored=True)
+            self.stream.pump(wanted)
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "reference": tag,
+                "consumers": [
+                    {"tag": m.tag, "active": bool(m.state and m.state.active)} for m in members
+                ],
+            }
+            for tag, members in self.groups.items()
+        ]

@@ -1,0 +1,576 @@
+"""The stream queue type: an append-only, replayable log behind an AMQP queue.
+
+Publishing gathers whatever arrived during one turn of the event loop into one chunk of the
+storage engine's log, then confirms every publish of that chunk at once. Publisher
+deduplication (x-stream-publisher-name / x-stream-publishing-id) drops a publish whose id is not
+above that publisher's last stored id, and still confirms it. Each consumer is a cursor with
+its own reader: it reads chunks from the files, up to the committed offset, spending the credit
+its channel gives it (prefetch minus unacked). Acks free credit and, for tracked consumers,
+advance the stored offset, which is written into the log (batched). Consumers that share a tag
+with x-single-active-consumer form a group with one active member (see sac.py).
+
+Single-threaded: runs on the event loop; storage calls are synchronous.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from leveret.broker import logs
+from leveret.broker.model import stream_args as sargs
+from leveret.broker.model import superstream
+from leveret.broker.model.consumer import Consumer
+from leveret.broker.model.errors import NotImplementedFeature, PreconditionFailed
+from leveret.broker.model.message import Confirm, InboundMessage
+from leveret.broker.model.queue import Queue
+from leveret.broker.model.sac import SacGroups
+from leveret.storage import Log, LogConfig, OffsetSpec, ReaderFilter, StorageError
+
+if TYPE_CHECKING:
+    from leveret.broker.model.vhost import VHost
+
+log = logs.get("leveret.stream")
+TRACKING_FLUSH_MS = 1000
+SAC_DRAIN_TIMEOUT_MS = 30_000
+RETENTION_CHECK_MS = 60_000
+
+
+@dataclass
+class StreamEnv:
+    """What the runtime gives every stream: where its files go and how messages are stored."""
+
+    root: Path
+    encode_record: Callable[[InboundMessage], bytes]
+    fsync: str | int = "never"
+
+    def directory(self, storage_id: str) -> Path:
+        return self.root / storage_id
+
+
+@dataclass
+class _Batch:
+    records: list[bytes] = field(default_factory=list)
+    filters: list[bytes | None] = field(default_factory=list)
+    confirms: list[Confirm] = field(default_factory=list)
+    publishers: dict[bytes, int] = field(default_factory=dict)
+    any_filter: bool = False
+
+
+class Cursor:
+    """One stream consumer's reader, its unread part of a chunk, and its acked position."""
+
+    __slots__ = (
+        "active",
+        "delivered",
+        "dirty",
+        "drain_timer",
+        "draining",
+        "name",
+        "offsets",
+        "pending",
+        "reader",
+        "records",
+        "skip_below",
+        "spec",
+        "stored",
+        "take",
+        "tracking",
+    )
+
+    def __init__(self, name: bytes, tracking: bool, spec: sargs.StartSpec) -> None:
+        self.name = name
+        self.tracking = tracking
+        self.spec = spec
+        self.reader: Any = None
+        self.records: list[Any] = []
+        self.offsets: Sequence[int] = ()
+        self.take = 0
+        self.skip_below = 0
+        self.active = True
+        self.draining = False  # handing over: no new deliveries, waiting for acks
+        self.drain_timer: Any = None
+        self.pending: deque[int] = deque()  # delivered offsets, in order
+        self.stored = -1  # highest offset with every delivery up to it acked
+        self.delivered = -1  # the last offset delivered
+        self.dirty = False
+
+
+class StreamQueue(Queue):
+    type = "stream"
+
+    def __init__(
+        self,
+        vhost: VHost,
+        name: str,
+        *,
+        env: StreamEnv,
+        storage_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(vhost, name, **kwargs)
+        self.env = env
+        self.storage_id = storage_id or uuid.uuid4().hex
+        self.directory = env.directory(self.storage_id)
+        a = self.arguments
+        self.segment_size = (a.get("x-stream-max-segment-size-bytes")
+                             or sargs.DEFAULT_SEGMENT_SIZE_BYTES)
+        self.filter_size = a.get("x-stream-filter-size-bytes") or sargs.DEFAULT_FILTER_SIZE_BYTES
+        self.log = self._open_log()
+        self._batch = _Batch()
+        self._flush_scheduled = False
+        self._waiting: deque[tuple[int, list[Confirm]]] = deque()
+        self.groups = SacGroups(self)
+        self._tracking_timer: Any = None
+        self._retention_timer: Any = None
+        self.stats_deduplicated = 0
+        self._arm_retention_timer()
+
+    # -- configuration ------------------------------------------------------------------------
+
+    def _open_log(self) -> Log:
+        """Open (and recover) the log; segment and filter sizes apply only here."""
+        max_bytes, max_age = self._retention()
+        self.max_age_ms = max_age
+        return Log.open(self.directory, LogConfig(
+            max_segment_size_bytes=self.segment_size, filter_size_bytes=self.filter_size,
+            fsync=self.env.fsync, max_length_bytes=max_bytes, max_age_ms=max_age,
+        ))
+
+    def _retention(self) -> tuple[int | None, int | None]:
+        """max-length-bytes and max-age: a policy wins over the queue argument."""
+        policy = self.vhost.policy_for("queues", self.name)
+        definition = policy.definition if policy is not None else {}
+        max_bytes = definition.get("max-length-bytes", self.arguments.get("x-max-length-bytes"))
+        age = definition.get("max-age", self.arguments.get("x-max-age"))
+        max_age = sargs.qargs.parse_max_age(sargs.qargs.text(age)) if age is not None else None
+        return (max_bytes if sargs.qargs.is_int(max_bytes) else None), max_age
+
+    def policy_changed(self) -> None:
+        max_bytes, max_age = self._retention()
+        self.max_age_ms = max_age
+        self.log.set_retention(max_length_bytes=max_bytes, max_age_ms=max_age)
+        self._arm_retention_timer()
+
+    def _arm_retention_timer(self) -> None:
+        if self._retention_timer is not None:
+            self._retention_timer.cancel()
+            self._retention_timer = None
+        if self.max_age_ms is not None and not self.deleted:
+            self._retention_timer = self.vhost.scheduler.call_later(
+                RETENTION_CHECK_MS, self._retention_tick
+            )
+
+    def _retention_tick(self) -> None:
+        self._retention_timer = None
+        if self.deleted:
+            return
+        self.log.apply_retention()
+        self._arm_retention_timer()
+
+    # -- counts -------------------------------------------------------------------------------
+
+    @property
+    def message_count(self) -> int:
+        return max(0, self.log.committed_offset + 1 - self.log.first_offset)
+
+    @property
+    def consumer_count(self) -> int:
+        return 0  # as RabbitMQ reports for streams
+
+    @property
+    def count_on_delete(self) -> int:
+        return 0  # as RabbitMQ's stream coordinator reports
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
+        batch = self._batch
+        headers = message.headers
+        if self.dedup is not None and self.dedup.seen(headers):
+            return False
+        publisher = headers.get("x-stream-publisher-name") if headers else None
+        if publisher is not None and self._duplicate(
+            publisher, headers.get("x-stream-publishing-id"), batch
+        ):
+            self.stats_deduplicated += 1
+            if confirm is not None:
+                confirm.defer()
+                batch.confirms.append(confirm)
+            self._schedule_flush()
+            return True
+        value = sargs.filter_value(headers) if headers else None
+        batch.records.append(self.env.encode_record(message))
+        batch.filters.append(value)
+        if value is not None:
+            batch.any_filter = True
+        if confirm is not None:
+            confirm.defer()
+            batch.confirms.append(confirm)
+        self.stats_published += 1
+        self._schedule_flush()
+        return True
+
+    def _duplicate(self, publisher: Any, publishing_id: Any, batch: _Batch) -> bool:
+        if not isinstance(publisher, str | bytes):
+            raise PreconditionFailed("x-stream-publisher-name must be a string")
+        if not isinstance(publishing_id, int) or isinstance(publishing_id, bool):
+            raise PreconditionFailed(
+                "x-stream-publishing-id must be an integer when x-stream-publisher-name is set"
+            )
+        name = publisher.encode("utf-8") if isinstance(publisher, str) else bytes(publisher)
+        if len(name) > 255:
+            raise PreconditionFailed("x-stream-publisher-name is longer than 255 bytes")
+        last = batch.publishers.get(name)
+        if last is None:
+            last = self.log.publisher_id(name)
+        if last is not None and publishing_id <= last:
+            return True
+        batch.publishers[name] = publishing_id
+        return False
+
+    def last_publishing_id(self, name: bytes) -> int:
+        """The last stored publishing id of a publisher, 0 if unknown (as RabbitMQ answers)."""
+        pending = self._batch.publishers.get(name)
+        if pending is not None:
+            return pending
+        stored = self.log.publisher_id(name)
+        return 0 if stored is None else stored
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.vhost.scheduler.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Write this turn's publishes as one chunk, then confirm what is committed."""
+        self._flush_scheduled = False
+        batch, self._batch = self._batch, _Batch()
+        if self.deleted:
+            for confirm in batch.confirms:
+                confirm.settle(False)
+            return
+        try:
+            if batch.records:
+                self.log.append(
+                    batch.records,
+                    batch.filters if batch.any_filter else None,
+                    publishers=batch.publishers or None,
+                )
+            elif batch.publishers:
+                self.log.append([], publishers=batch.publishers)
+        except StorageError as error:
+            log.error(
+                "stream append failed", stream=self.name, vhost=self.vhost.name, error=str(error)
+            )
+            for confirm in batch.confirms:
+                confirm.settle(False)
+            return
+        if batch.confirms:
+            self._waiting.append((self.log.next_offset - 1, batch.confirms))
+        self._settle_committed()
+        if batch.records:
+            self.dispatch()
+
+    def _settle_committed(self) -> None:
+        committed = self.log.committed_offset
+        waiting = self._waiting
+        while waiting and waiting[0][0] <= committed:
+            for confirm in waiting.popleft()[1]:
+                confirm.settle(True)
+
+    def sync_due(self) -> None:
+        """For fsync every N ms: the runtime's timer commits and confirms."""
+        if self.log.sync_due():
+            self._settle_committed()
+            self.dispatch()
+
+    # -- consuming ----------------------------------------------------------------------------
+
+    def validate_consumer(
+        self, tag: str, no_ack: bool, prefetch: int, global_prefetch: int, arguments: dict[str, Any]
+    ) -> None:
+        if "x-stream-offset" in arguments:
+            sargs.parse_offset(
+                arguments["x-stream-offset"], self.vhost.scheduler.now_ms(), self.resource
+            )
+        sargs.check_consumer(
+            self.resource, no_ack=no_ack, prefetch=prefetch, global_prefetch=global_prefetch
+        )
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        arguments = consumer.arguments
+        if "x-stream-offset" in arguments:
+            spec = sargs.parse_offset(
+                arguments["x-stream-offset"], self.vhost.scheduler.now_ms(), self.resource
+            )
+        else:
+            spec = sargs.StartSpec("next")
+        cursor = Cursor(
+            consumer.tag.encode("utf-8")[:255],
+            sargs.tracking_enabled(consumer.tag, arguments),
+            spec,
+        )
+        consumer.state = cursor
+        self.consumers.append(consumer)
+        self.had_consumers = True
+        if arguments.get("x-single-active-consumer") is True:
+            self.groups.join(consumer)
+        else:
+            self.attach(consumer)
+            self.pump(consumer)
+
+    def attach(self, consumer: Consumer, prefer_stored: bool = False) -> None:
+        """Open the consumer's reader: after its stored offset when it tracks one (and, unless
+        `prefer_stored`, gave no x-stream-offset), else where its x-stream-offset says."""
+        cursor: Cursor = consumer.state
+        stored = self.log.consumer_offset(cursor.name) if cursor.tracking else None
+        if stored is not None and stored < 0:
+            stored = None  # reset
+        spec = cursor.spec
+        if not (prefer_stored or "x-stream-offset" not in consumer.arguments):
+            stored = None
+        if stored is not None:
+            start = OffsetSpec.offset(stored + 1)
+            cursor.skip_below = stored + 1
+        elif spec.kind == "offset":
+            start = OffsetSpec.offset(max(0, spec.value))
+            cursor.skip_below = spec.value
+        elif spec.kind == "timestamp":
+            start = OffsetSpec.timestamp(spec.value)
+        else:
+            start = getattr(OffsetSpec, spec.kind)()
+        self._open_reader(consumer, start)
+        position = stored if stored is not None else cursor.reader.position - 1
+        cursor.stored = cursor.delivered = position
+        cursor.pending.clear()
+        cursor.active = True
+
+    def _open_reader(self, consumer: Consumer, start: OffsetSpec) -> None:
+        cursor: Cursor = consumer.state
+        wanted = sargs.parse_filter(consumer.arguments)
+        reader_filter = (ReaderFilter(wanted.values, wanted.match_unfiltered, exact=True)
+                         if wanted is not None else None)
+        if cursor.reader is not None:
+            cursor.reader.close()
+        cursor.reader = self.log.reader(start, filter=reader_filter)
+        cursor.records, cursor.offsets, cursor.take = [], (), 0
+
+    def deactivate(self, consumer: Consumer) -> None:
+        """A single-active-consumer group hands this consumer's place to another: stop its
+        reader, then wait (draining) until what it was given is settled before its position
+        is stored and the next member starts right after it."""
+        cursor: Cursor = consumer.state
+        if cursor.reader is not None:
+            cursor.reader.close()
+            cursor.reader = None
+        cursor.records, cursor.offsets, cursor.take = [], (), 0
+        cursor.active = False
+        if cursor.pending:
+            cursor.draining = True
+            cursor.drain_timer = self.vhost.scheduler.call_later(
+                SAC_DRAIN_TIMEOUT_MS, lambda: self._drained(consumer)
+            )
+        else:
+            self._store_offsets([cursor])
+
+    def _drained(self, consumer: Consumer) -> None:
+        """The draining member settled everything (or ran out of time): hand over."""
+        cursor: Cursor = consumer.state
+        if not cursor.draining:
+            return
+        cursor.draining = False
+        if cursor.drain_timer is not None:
+            cursor.drain_timer.cancel()
+            cursor.drain_timer = None
+        self._store_offsets([cursor])
+        cursor.pending.clear()
+        if not self.deleted:
+            self.groups.rebalance(consumer.tag)
+
+    def dispatch(self) -> None:
+        for consumer in list(self.consumers):
+            cursor = consumer.state
+            if cursor is not None and cursor.active and cursor.reader is not None:
+                self.pump(consumer)
+
+    def pump(self, consumer: Consumer) -> None:
+        """Deliver to one consumer as far as its credit and the committed offset allow."""
+        cursor: Cursor = consumer.state
+        sink = consumer.sink
+        credit = sink.credit(consumer)
+        while credit > 0:
+            if cursor.take >= len(cursor.records):
+                try:
+                    chunk = cursor.reader.read()
+                except StorageError as error:
+                    log.error("stream read failed", stream=self.name, error=str(error))
+                    return
+                if chunk is None:
+                    return
+                cursor.records = chunk.records
+                first = chunk.first_offset
+                cursor.offsets = (
+                    chunk.offsets
+                    if chunk.offsets is not None
+                    else range(first, first + len(chunk.records))
+                )
+                cursor.take = 0
+            take = cursor.take
+            end = min(len(cursor.records), take + credit)
+            offsets = cursor.offsets[take:end]
+            records = cursor.records[take:end]
+            cursor.take = end
+            if cursor.skip_below and offsets and offsets[0] < cursor.skip_below:
+                keep = [i for i, o in enumerate(offsets) if o >= cursor.skip_below]
+                offsets = [offsets[i] for i in keep]
+                records = [records[i] for i in keep]
+                if not keep:
+                    continue
+            if cursor.tracking:
+                cursor.pending.extend(offsets)
+            cursor.delivered = offsets[-1]
+            sink.send_records(consumer, offsets, records)
+            self.stats_delivered += len(records)
+            credit -= len(records)
+
+    def ack(self, entry: Any, consumer: Consumer | None = None) -> None:
+        """An ack is credit; for a tracked consumer it also moves the stored offset."""
+        if consumer is None or consumer.state is None:
+            return
+        cursor: Cursor = consumer.state
+        if not cursor.tracking or not (cursor.active or cursor.draining):
+            return
+        pending = cursor.pending
+        if not pending:
+            return
+        if pending[0] != entry:
+            try:
+                pending.remove(entry)  # acked out of order: the stored offset waits
+            except ValueError:
+                pass
+            return
+        pending.popleft()
+        cursor.stored = pending[0] - 1 if pending else cursor.delivered
+        if not cursor.dirty:
+            cursor.dirty = True
+            self._arm_tracking_timer()
+        if cursor.draining and not pending:
+            self._drained(consumer)
+
+    def reject(self, entry: Any, consumer: Consumer | None = None) -> None:
+        """nack/reject on a stream only returns credit: nothing is requeued or deleted. For
+        offset tracking the message counts as handled, as it will never come back."""
+        self.ack(entry, consumer)
+
+    def requeue(self, entries: list[Any]) -> None:
+        """Requeue on a stream only returns credit (RabbitMQ does not redeliver)."""
+
+    def settled(self, entry: Any) -> None:
+        pass
+
+    def get(self, no_ack: bool) -> Any:
+        raise NotImplementedFeature(f"basic.get not supported by stream queues {self.resource}")
+
+    def purge(self) -> int:
+        raise NotImplementedFeature(f"queue.purge not supported by stream queues {self.resource}")
+
+    def check_delete(self, if_unused: bool, if_empty: bool) -> None:
+        """if-unused and if-empty are ignored for streams, as in RabbitMQ."""
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        cursor: Cursor | None = consumer.state
+        if cursor is not None:
+            if cursor.drain_timer is not None:
+                cursor.drain_timer.cancel()
+            cursor.draining = False
+            self._store_offsets([cursor])
+            if cursor.reader is not None:
+                cursor.reader.close()
+                cursor.reader = None
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        if consumer.arguments.get("x-single-active-consumer") is True:
+            self.groups.leave(consumer)
+
+    # -- offset tracking ----------------------------------------------------------------------
+
+    def _arm_tracking_timer(self) -> None:
+        if self._tracking_timer is None and not self.deleted:
+            self._tracking_timer = self.vhost.scheduler.call_later(
+                TRACKING_FLUSH_MS, self._flush_tracking
+            )
+
+    def _flush_tracking(self) -> None:
+        self._tracking_timer = None
+        self._store_offsets([c.state for c in self.consumers if c.state is not None])
+
+    def _store_offsets(self, cursors: list[Cursor]) -> None:
+        dirty = {c.name: c.stored for c in cursors if c.tracking and c.dirty and c.stored >= 0}
+        for cursor in cursors:
+            cursor.dirty = False
+        if dirty and not self.deleted:
+            try:
+                self.log.store_offsets(dirty)
+            except StorageError as error:
+                log.error("storing consumer offsets failed", stream=self.name, error=str(error))
+
+    def partition_index(self) -> int:
+        """This stream's position in a super stream, or -1."""
+        return superstream.partition_index(self.vhost, self)
+
+    def stored_offset(self, name: bytes) -> int | None:
+        return self.log.consumer_offset(name)
+
+    def reset_offset(self, name: bytes) -> bool:
+        """Forget a stored offset (the CLI's reset_offset); False if there was none."""
+        if self.log.consumer_offset(name) is None:
+            return False
+        self.log.store_offsets({name: -1})
+        return True
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def on_delete(self) -> None:
+        for consumer in list(self.consumers):
+            cursor = consumer.state
+            if cursor is not None and cursor.reader is not None:
+                cursor.reader.close()
+                cursor.reader = None
+        super().on_delete()
+        for timer in (self._tracking_timer, self._retention_timer):
+            if timer is not None:
+                timer.cancel()
+        self.log.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def restart(self) -> None:
+        """restart_stream on a single node: close the log, reopen (recover) it, and move every
+        active consumer on from just after what it was last given."""
+        self.close()
+        self.log = self._open_log()
+        for consumer in self.consumers:
+            cursor = consumer.state
+            if cursor is not None and cursor.active:
+                position = max(0, cursor.delivered + 1)
+                self._open_reader(consumer, OffsetSpec.offset(position))
+                cursor.skip_below = position
+        self._arm_retention_timer()
+        self.dispatch()
+
+    def close(self) -> None:
+        """Broker shutdown: store tracked offsets and close the log (files stay)."""
+        if self._flush_scheduled:
+            self._flush()
+        self._store_offsets([c.state for c in self.consumers if c.state is not None])
+        for consumer in self.consumers:
+            cursor = consumer.state
+            if cursor is not None and cursor.reader is not None:
+                cursor.reader.close()
+                cursor.reader = None
+        self.log.close()

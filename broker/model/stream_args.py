@@ -1,0 +1,136 @@
+"""Stream arguments: declaration checks, x-stream-offset and filter parsing, as RabbitMQ does.
+
+Declaring a stream checks flags and the stream-only limits after the generic argument
+validators (args.py) have run; consuming parses `x-stream-offset` (first, last, next, an
+integer offset, an AMQP timestamp, or an interval such as `1h`), `x-stream-filter` and
+`x-stream-match-unfiltered`. Pure functions that raise domain errors with RabbitMQ's texts.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+from leveret.broker.model import args as qargs
+from leveret.broker.model.errors import NotImplementedFeature, PreconditionFailed
+
+MAX_SEGMENT_SIZE_BYTES = 3_000_000_000
+DEFAULT_SEGMENT_SIZE_BYTES = 500_000_000
+DEFAULT_FILTER_SIZE_BYTES = 16
+
+
+def check_declaration(
+    rs: str, *, durable: bool, exclusive: bool, auto_delete: bool, arguments: dict[str, Any]
+) -> None:
+    """RabbitMQ's stream declare checks, in its order (after the generic validators)."""
+    if auto_delete:
+        raise PreconditionFailed(f"invalid property 'auto-delete' for {rs}")
+    if exclusive:
+        raise PreconditionFailed(f"invalid property 'exclusive-owner' for {rs}")
+    if not durable:
+        raise PreconditionFailed(f"invalid property 'non-durable' for {rs}")
+    segment = arguments.get("x-stream-max-segment-size-bytes")
+    if isinstance(segment, int) and segment > MAX_SEGMENT_SIZE_BYTES:
+        raise PreconditionFailed("Exceeded max value for x-stream-max-segment-size-bytes")
+    size = arguments.get("x-stream-filter-size-bytes")
+    if size is not None:
+        if not qargs.is_int(size):
+            raise PreconditionFailed("Invalid type for x-stream-filter-size-bytes")
+        if not 16 <= size <= 255:
+            raise PreconditionFailed("Invalid value for x-stream-filter-size-bytes")
+
+
+@dataclass(frozen=True)
+class StartSpec:
+    """Where a consumer starts: kind is first, last, next, offset or timestamp."""
+
+    kind: str
+    value: int = 0
+
+
+def _erlang_repr(value: Any) -> str:
+    if isinstance(value, str | bytes):
+        return f'{{longstr,<<"{qargs.text(value)}">>}}'
+    if isinstance(value, bool):
+        return f"{{bool,{str(value).lower()}}}"
+    if isinstance(value, float):
+        return f"{{double,{value}}}"
+    return f"{{{qargs.erlang_type(value)},{value!r}}}"
+
+
+def parse_offset(value: Any, now_ms: int, rs: str) -> StartSpec:
+    """x-stream-offset, as rabbit_stream_queue:parse_offset_arg reads it."""
+    if isinstance(value, bool):
+        raise _bad_offset(value, rs)
+    if isinstance(value, int):
+        return StartSpec("offset", value)
+    if isinstance(value, datetime.datetime):
+        return StartSpec("timestamp", int(value.timestamp()) * 1000)
+    if isinstance(value, str | bytes):
+        word = qargs.text(value)
+        if word in ("first", "last", "next"):
+            return StartSpec(word)
+        interval = qargs.parse_max_age(word)
+        if interval is None:
+            raise _bad_offset(value, rs)
+        return StartSpec("timestamp", now_ms - interval)
+    raise _bad_offset(value, rs)
+
+
+def _bad_offset(value: Any, rs: str) -> PreconditionFailed:
+    term = f"{{invalid_stream_offset_arg,{_erlang_repr(value)}}}"
+    return PreconditionFailed(f"invalid arg 'x-stream-offset' for {rs}: {term}")
+
+
+@dataclass(frozen=True)
+class FilterSpec:
+    values: frozenset[bytes]
+    match_unfiltered: bool
+
+
+def parse_filter(arguments: dict[str, Any]) -> FilterSpec | None:
+    """x-stream-filter (a string or an array of strings) and x-stream-match-unfiltered.
+
+    Other types mean no filtering, as RabbitMQ reads them."""
+    raw = arguments.get("x-stream-filter")
+    if isinstance(raw, str | bytes):
+        values = [raw]
+    elif isinstance(raw, list):
+        values = [v for v in raw if isinstance(v, str | bytes)]
+    else:
+        return None
+    unfiltered = arguments.get("x-stream-match-unfiltered") is True
+    return FilterSpec(
+        frozenset(v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in values),
+        unfiltered,
+    )
+
+
+def filter_value(headers: dict[str, Any]) -> bytes | None:
+    """A message's x-stream-filter-value: a valid UTF-8 string without NUL, else none."""
+    value = headers.get("x-stream-filter-value")
+    if isinstance(value, str) and "\x00" not in value:
+        return value.encode("utf-8")
+    return None
+
+
+def check_consumer(rs: str, *, no_ack: bool, prefetch: int, global_prefetch: int) -> None:
+    """RabbitMQ's stream consume preconditions, in its order (after argument checks)."""
+    if prefetch == 0:
+        raise PreconditionFailed(f"consumer prefetch count is not set for stream {rs}")
+    if no_ack:
+        raise NotImplementedFeature(f"automatic acknowledgement not supported by stream {rs}")
+    if global_prefetch:
+        raise NotImplementedFeature(f"{rs} does not support global qos")
+
+
+def tracking_enabled(tag: str, arguments: dict[str, Any]) -> bool:
+    """LavinMQ's convention: a client-chosen tag without x-stream-offset tracks its offset;
+    x-stream-automatic-offset-tracking turns it on or off explicitly."""
+    explicit = arguments.get("x-stream-automatic-offset-tracking")
+    if isinstance(explicit, bool):
+        return explicit
+    if isinstance(explicit, str | bytes) and qargs.text(explicit) in ("true", "false"):
+        return qargs.text(explicit) == "true"
+    return not tag.startswith("amq.ctag-") and "x-stream-offset" not in arguments

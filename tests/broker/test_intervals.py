@@ -1,0 +1,41 @@
+"""IntervalSet agrees with a plain set for any sequence of operations."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from leveret.broker.model.intervals import IntervalSet
+
+ops = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.integers(0, 200)),
+    st.tuples(st.just("range"), st.integers(0, 200), st.integers(0, 30)),
+    st.tuples(st.just("below"), st.integers(0, 200)),
+), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops, st.integers(0, 220), st.integers(0, 220), st.integers(0, 220))
+def test_matches_a_plain_set(operations, probe, lo, width) -> None:  # type: ignore[no-untyped-def]
+    model: set[int] = set()
+    intervals = IntervalSet()
+    for op in operations:
+        if op[0] == "add":
+            model.add(op[1])
+            intervals.add(op[1])
+        elif op[0] == "range":
+            model.update(range(op[1], op[1] + op[2]))
+            intervals.add_range(op[1], op[1] + op[2])
+        else:
+            model = {v for v in model if v >= op[1]}
+            intervals.discard_below(op[1])
+    assert len(intervals) == len(model)
+    assert (probe in intervals) == (probe in model)
+    gap = probe
+    while gap in model:
+        gap += 1
+    assert intervals.first_gap(probe) == gap
+    assert intervals.count_in(lo, lo + width) == len([v for v in model if lo <= v < lo + width])
+    ranges = list(intervals.ranges())
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges))  # merged, sorted
