@@ -8,14 +8,22 @@ connection (its exclusive queues). It does no network I/O itself; `server` runs 
 from __future__ import annotations
 
 import asyncio
+import functools
 import platform
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from leveret.amqp.stored import decode_record, encode_record
 from leveret.broker import logs
-from leveret.broker.auth import Permission, Users
+from leveret.broker.alarms import Alarms
+from leveret.broker.auth import HASHING_ALGORITHM, Permission, Users
 from leveret.broker.config import Config
+from leveret.broker.metadata import MetadataRecorder, restore
+from leveret.broker.metastore import Metastore
+from leveret.broker.model.durable import DurableClassicQueue, QueueEnv
+from leveret.broker.model.queue import ClassicQueue, Queue
+from leveret.broker.model.stream import StreamEnv, StreamQueue
 from leveret.broker.model.vhost import VHost
 
 if TYPE_CHECKING:
@@ -51,17 +59,68 @@ class Broker:
         self.connections: set[Session] = set()
         self.login_failures = 0
         self.started_at = time.time()
+        self.alarm: str | None = None  # "low on memory", "low on disk", ... while an alarm holds
+        self.alarms = Alarms(config.data_dir, config.vm_memory_high_watermark,
+                             config.disk_free_limit_bytes, self.alarm_changed)
+        queues_dir = config.data_dir / "queues"
+        self.stream_env = StreamEnv(queues_dir, encode_record, _fsync(config.stream_fsync))
+        self.queue_env = QueueEnv(queues_dir, encode_record, decode_record,
+                                  _fsync(config.queue_fsync))
+        self.metastore = Metastore(config.data_dir / "metadata.sqlite3")
+        self.recorder = MetadataRecorder(self.metastore)
+        if self.metastore.fresh:
+            self._first_boot()
+        else:
+            restore(self, self.metastore)
+
+    def _first_boot(self) -> None:
+        """An empty data directory gets the default vhost and user, as RabbitMQ does."""
+        config = self.config
         self.add_vhost(config.default_vhost)
         if config.default_user:
-            self.users.add(config.default_user, config.default_pass, tags=["administrator"])
-            self.users.set_permissions(config.default_user, config.default_vhost, Permission())
+            self.add_user(config.default_user, config.default_pass, tags=["administrator"])
+            self.set_permissions(config.default_user, config.default_vhost, Permission())
 
-    def add_vhost(self, name: str) -> VHost:
+    def add_vhost(self, name: str, persist: bool = True) -> VHost:
         vhost = self.vhosts.get(name)
         if vhost is None:
-            vhost = VHost(name, self.scheduler)
+            vhost = VHost(
+                name,
+                self.scheduler,
+                queue_types={
+                    "classic": self._classic_queue,
+                    "stream": functools.partial(StreamQueue, env=self.stream_env),
+                },
+                observer=self.recorder,
+            )
             self.vhosts[name] = vhost
+            if persist:
+                self.metastore.put_vhost(name)
         return vhost
+
+    def _classic_queue(self, vhost: VHost, name: str, *, durable: bool, **kwargs: Any) -> Queue:
+        """Durable classic queues keep their messages in the log; transient ones in memory."""
+        if durable:
+            return DurableClassicQueue(vhost, name, durable=True, env=self.queue_env, **kwargs)
+        kwargs.pop("storage_id", None)
+        return ClassicQueue(vhost, name, durable=False, **kwargs)
+
+    def add_user(
+        self,
+        name: str,
+        password: str | None = None,
+        *,
+        password_hash: str | None = None,
+        tags: list[str] | None = None,
+    ) -> None:
+        user = self.users.add(name, password, password_hash=password_hash, tags=tags)
+        self.metastore.put_user(name, user.password_hash, HASHING_ALGORITHM, user.tags)
+
+    def set_permissions(self, user: str, vhost: str, permission: Permission) -> None:
+        self.users.set_permissions(user, vhost, permission)
+        self.metastore.put_permission(
+            user, vhost, permission.configure, permission.write, permission.read
+        )
 
     def server_properties(self) -> dict[str, Any]:
         return {
@@ -94,9 +153,31 @@ class Broker:
             for queue in owned:
                 vhost.delete_queue(queue)
 
-    def too_many_connections(self, session: Session) -> bool:
+    def too_many_connections(self) -> bool:
         limit = self.config.max_connections
-        return bool(limit) and len(self.connections) > limit
+        return bool(limit) and len(self.connections) >= limit
+
+    def alarm_changed(self, reason: str | None) -> None:
+        """Resource alarm set or cleared: publishers block on their next publish, or resume."""
+        self.alarm = reason
+        if reason is None:
+            for session in list(self.connections):
+                session.unblock()
 
     def login_failed(self) -> None:
         self.login_failures += 1
+
+    def close(self) -> None:
+        """Shutdown: every queue flushes and releases its files."""
+        for vhost in self.vhosts.values():
+            for queue in list(vhost.queues.values()):
+                try:
+                    queue.close()
+                except Exception:
+                    log.exception("closing a queue failed", queue=queue.name, vhost=vhost.name)
+        self.metastore.close()
+
+
+def _fsync(policy: str) -> str | int:
+    """A config fsync policy: never, always, or a number of milliseconds."""
+    return int(policy) if policy.isdigit() else policy

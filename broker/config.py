@@ -42,6 +42,7 @@ class Config:
     log_level: str = "info"
     loop: str = "asyncio"  # asyncio | uvloop
     stream_fsync: str = "never"  # never | always | <ms>
+    queue_fsync: str = "never"  # for durable classic queues: never | always | <ms>
     definitions: Path | None = None
     tls_port: int = 0  # 0 = no amqps listener
     tls_certfile: Path | None = None

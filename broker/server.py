@@ -11,14 +11,36 @@ from __future__ import annotations
 import asyncio
 import errno
 import signal
+import ssl
 from collections.abc import Awaitable, Callable
 
 from leveret.broker import logs
 from leveret.broker.broker import Broker
 from leveret.broker.config import Config
+from leveret.broker.definitions import DefinitionsError, load_file
+from leveret.broker.management.app import ManagementServer
 from leveret.broker.session.connection import Session
 
 log = logs.get("leveret.server")
+
+
+def tls_context(config: Config) -> ssl.SSLContext:
+    """The amqps listener's context: the certificate and key from the config, and client
+    certificates verified against the CA file when tls_verify_peer is set."""
+    if config.tls_certfile is None or config.tls_keyfile is None:
+        raise ServerError("tls_port is set but tls_certfile or tls_keyfile is missing")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.tls_certfile, config.tls_keyfile)
+        if config.tls_cacertfile is not None:
+            context.load_verify_locations(config.tls_cacertfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ServerError(f"cannot load the TLS certificate or key: {exc}") from None
+    if config.tls_verify_peer:
+        if config.tls_cacertfile is None:
+            raise ServerError("tls_verify_peer needs tls_cacertfile")
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
 
 
 class ServerError(Exception):
@@ -34,6 +56,7 @@ class Server:
         self.listeners: list[asyncio.Server] = []
         self.stopped = asyncio.Event()
         self.on_stop: list[Callable[[], Awaitable[None]]] = []
+        self.management: ManagementServer | None = None
 
     @property
     def port(self) -> int:
@@ -49,34 +72,75 @@ class Server:
             raise ServerError(
                 f"cannot create data directory {config.data_dir}: {exc.strerror}"
             ) from None
+        context = tls_context(config) if config.tls_port else None
         self.broker = Broker(config, loop)
         broker = self.broker
+        if config.definitions is not None:
+            try:
+                load_file(broker, config.definitions)
+            except DefinitionsError as exc:
+                broker.close()
+                raise ServerError(str(exc)) from None
+        self.listeners.append(await self._listen(broker, config.port, None, "--port"))
+        log.info("listening", host=config.host, port=self.port, data_dir=str(config.data_dir))
+        if context is not None:
+            tls = await self._listen(broker, config.tls_port, context, "tls_port")
+            self.listeners.append(tls)
+            log.info("listening for amqps", host=config.host,
+                     port=tls.sockets[0].getsockname()[1])
+        broker.alarms.start()
+        if config.management_port:
+            await self._start_management(broker)
+
+    async def _listen(self, broker: Broker, port: int, ssl_context: ssl.SSLContext | None,
+                      flag: str) -> asyncio.Server:
+        loop = asyncio.get_running_loop()
+        host = self.config.host
         try:
-            server = await loop.create_server(
-                lambda: Session(broker),
-                config.host,
-                config.port,
-                reuse_address=True,
-                backlog=4096,
+            return await loop.create_server(
+                lambda: Session(broker, tls=ssl_context is not None), host, port,
+                reuse_address=True, backlog=4096, ssl=ssl_context,
             )
         except OSError as exc:
+            broker.close()
             if exc.errno == errno.EADDRINUSE:
                 raise ServerError(
-                    f"port {config.port} on {config.host} is already in use; "
-                    "stop the other broker or pass --port"
+                    f"port {port} on {host} is already in use; stop the other broker or pass "
+                    f"{flag}"
+                ) from None
+            raise ServerError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+    async def _start_management(self, broker: Broker) -> None:
+        """The management HTTP API on the same loop (config.management_port, 0 = off)."""
+        config = self.config
+        host = config.management_host or config.host
+        management = ManagementServer(broker, host, config.management_port, self.port)
+        try:
+            await management.start()
+        except OSError as exc:
+            for listener in self.listeners:
+                listener.close()
+            broker.close()
+            if exc.errno == errno.EADDRINUSE:
+                raise ServerError(
+                    f"management port {config.management_port} on {host} is already in use; "
+                    "pass --management-port (0 disables the management API)"
                 ) from None
             raise ServerError(
-                f"cannot listen on {config.host}:{config.port}: {exc.strerror}"
+                f"cannot listen on {host}:{config.management_port}: {exc.strerror}"
             ) from None
-        self.listeners.append(server)
-        log.info("listening", host=config.host, port=self.port, data_dir=str(config.data_dir))
+        self.management = management
 
     async def stop(self) -> None:
         """Stop accepting, close connections with 320, flush, and finish."""
         if self.stopped.is_set():
             return
+        if self.broker is not None:
+            self.broker.alarms.stop()
         for listener in self.listeners:
             listener.close()
+        if self.management is not None:
+            await self.management.stop()
         broker = self.broker
         if broker is not None:
             for session in list(broker.connections):
@@ -86,6 +150,7 @@ class Server:
                 await asyncio.sleep(0.02)
             for session in list(broker.connections):
                 session.abort()
+            broker.close()
         for callback in self.on_stop:
             await callback()
         for listener in self.listeners:

@@ -27,6 +27,7 @@ from leveret.broker import logs
 from leveret.broker.model.errors import AccessRefused, BrokerError
 from leveret.broker.session.channel import Channel
 from leveret.broker.session.errors import to_amqp
+from pamqp import commands
 
 if TYPE_CHECKING:
     from leveret.broker.auth import Permission, User
@@ -89,6 +90,12 @@ class Session(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = (peer[0], peer[1]) if peer else ("", 0)
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)
+        if self.broker.too_many_connections():
+            log.warning("connection refused: connection limit reached", connection=self.name,
+                        limit=self.broker.config.max_connections)
+            transport.close()
+            self.closed = True
+            return
         self.broker.connection_opened(self)
         self._handshake_timer = self.loop.call_later(
             self.broker.config.handshake_timeout_s, self._handshake_timeout
@@ -246,8 +253,6 @@ class Session(asyncio.Protocol):
                 10,
                 40,
             )
-        if self.broker.too_many_connections(self):
-            raise AMQPError(c.NOT_ALLOWED, "connection limit reached", 10, 40)
         self.vhost = vhost
         self.permission = permission
         self.limited_permissions = (permission.configure, permission.write, permission.read) != (
@@ -290,6 +295,31 @@ class Session(asyncio.Protocol):
         body: bytes,
     ) -> None:
         self.channels[number].publish(exchange, routing_key, mandatory, immediate, header, body)
+        if self.broker.alarm is not None and not self.blocked:
+            self.block(self.broker.alarm)
+
+    # -- resource alarms ----------------------------------------------------------------------
+
+    def block(self, reason: str) -> None:
+        """A publisher during a resource alarm: say so, and stop reading its socket."""
+        self.blocked = True
+        if self.capabilities.get("connection.blocked") is True:
+            self.wire.send_method(0, commands.Connection.Blocked(reason=reason))
+            self._flush()
+        if self.transport is not None:
+            self.transport.pause_reading()
+        log.info("connection blocked", connection=self.name, reason=reason)
+
+    def unblock(self) -> None:
+        if not self.blocked:
+            return
+        self.blocked = False
+        self.last_received = time.monotonic()
+        if self.capabilities.get("connection.blocked") is True:
+            self.wire.send_method(0, commands.Connection.Unblocked())
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+        log.info("connection unblocked", connection=self.name)
 
     def on_ack(self, number: int, delivery_tag: int, multiple: bool) -> None:
         try:
@@ -356,6 +386,8 @@ class Session(asyncio.Protocol):
     def _heartbeat_tick(self) -> None:
         interval = self.heartbeat
         now = time.monotonic()
+        if self.blocked:  # we stopped reading: the client's heartbeats wait in the socket
+            self.last_received = now
         if now - self.last_received > 2 * interval:
             log.warning(
                 f"missed heartbeats from client, timeout: {interval}s",
