@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from leveret.broker import logs
 from support.brokers import BrokerProcess, InProcessBroker
+from support.ports import free_port
 from support.reference import Reference, start_reference
 
 logs.configure("json", "warning")
@@ -17,6 +18,14 @@ logs.configure("json", "warning")
 def broker(tmp_path: Path) -> Iterator[InProcessBroker]:
     """A fresh Leveret on a free port, in this process."""
     server = InProcessBroker(tmp_path / "data").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def managed_broker(tmp_path: Path) -> Iterator[InProcessBroker]:
+    """A fresh Leveret with its management HTTP API on a free port (config.management_port)."""
+    server = InProcessBroker(tmp_path / "data", management_port=free_port()).start()
     yield server
     server.stop()
 

@@ -1,0 +1,162 @@
+"""The management HTTP server: an aiohttp Application on the broker's own event loop.
+
+`create_app(broker)` builds the application: basic authentication (users tagged
+administrator, monitoring, policymaker or management may log in, as in RabbitMQ; the loopback
+users only from localhost), RabbitMQ's error bodies, and the routes of every resource module.
+`/metrics` (Prometheus) needs no login. `ManagementServer` starts and stops the listener.
+
+Every handler runs on the broker's event loop thread and calls the model directly: no locks,
+no threads. The only broad `except` here turns an unexpected error into a 500 for that one
+request; the broker carries on.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from leveret.broker import logs
+from leveret.broker.admin import MANAGEMENT_TAGS
+from leveret.broker.management import (
+    access,
+    defs,
+    live,
+    metrics,
+    overview,
+    policies,
+    streams,
+    topology,
+)
+from leveret.broker.management.http import (
+    AMQP_PORT,
+    BROKER,
+    CURRENT_USER,
+    ApiError,
+    from_domain,
+    not_authorised,
+)
+from leveret.broker.model.errors import BrokerError
+
+if TYPE_CHECKING:
+    from leveret.broker.auth import User
+    from leveret.broker.broker import Broker
+
+log = logs.get("leveret.management")
+PUBLIC_PATHS = ("/metrics",)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host == "localhost"
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+def authenticate(broker: Broker, request: web.Request) -> User:
+    header = request.headers.get("Authorization", "")
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic" or not encoded:
+        raise not_authorised("Login failed")
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        raise not_authorised("Login failed") from None
+    name, _, password = decoded.partition(":")
+    user = broker.users.authenticate(name, password)
+    if user is None:
+        broker.login_failed()
+        raise not_authorised("Login failed")
+    if name in broker.config.loopback_users and not _loopback(request.remote):
+        raise not_authorised("User can only log in via localhost")
+    if not any(tag in MANAGEMENT_TAGS for tag in user.tags):
+        raise not_authorised("Not management user")
+    return user
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as error:
+        return error.response()
+    except BrokerError as error:
+        return from_domain(error).response()
+    except web.HTTPNotFound:
+        return ApiError(404, "Object Not Found", "Not Found").response()
+    except web.HTTPMethodNotAllowed as exc:
+        return web.json_response(
+            {"error": "Method Not Allowed", "reason": f"{request.method} is not allowed here"},
+            status=405,
+            headers={"Allow": ", ".join(sorted(exc.allowed_methods))},
+        )
+    except web.HTTPException:
+        raise
+    except Exception as exc:
+        log.exception("management request failed", method=request.method, path=request.path)
+        return ApiError(500, "internal_server_error", str(exc) or type(exc).__name__).response()
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path not in PUBLIC_PATHS:
+        CURRENT_USER.set(authenticate(request.app[BROKER], request))
+    return await handler(request)
+
+
+def create_app(broker: Broker, amqp_port: int | None = None) -> web.Application:
+    app = web.Application(middlewares=[errors_middleware, auth_middleware],
+                          client_max_size=64 * 1024 * 1024)
+    app[BROKER] = broker
+    app[AMQP_PORT] = amqp_port if amqp_port is not None else broker.config.port
+    for module in (overview, access, policies, topology, live, defs, streams, metrics):
+        module.setup(app)
+    return app
+
+
+class ManagementServer:
+    """The management API's listener on the broker's loop."""
+
+    def __init__(self, broker: Broker, host: str, port: int, amqp_port: int | None = None) -> None:
+        self.broker = broker
+        self.amqp_port = amqp_port
+        self.host = host
+        self.requested_port = port
+        self.runner: web.AppRunner | None = None
+        self.site: web.TCPSite | None = None
+
+    async def start(self) -> None:
+        self.runner = web.AppRunner(create_app(self.broker, self.amqp_port), access_log=None,
+                                    handle_signals=False)
+        await self.runner.setup()
+        self.site = web.TCPSite(self.runner, self.host, self.requested_port,
+                                reuse_address=True)
+        try:
+            await self.site.start()
+        except OSError:
+            await self.runner.cleanup()
+            self.runner = None
+            raise
+        log.info("management API listening", host=self.host, port=self.port)
+
+    @property
+    def port(self) -> int:
+        server = self.site._server if self.site is not None else None
+        sockets = getattr(server, "sockets", None)
+        if sockets:
+            return int(sockets[0].getsockname()[1])
+        return self.requested_port
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None

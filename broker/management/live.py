@@ -1,0 +1,144 @@
+"""Connections, channels and consumers: /api/connections, /api/channels, /api/consumers.
+
+A management user sees its own connections (and their channels and consumers); monitoring
+users and administrators see all of them, as in RabbitMQ. DELETE on a connection closes it
+with 320 CONNECTION_FORCED and RabbitMQ's text, or the `X-Reason` header's.
+Runs on the event loop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from leveret.broker.management import views
+from leveret.broker.management.http import (
+    broker_of,
+    is_admin,
+    listing,
+    no_content,
+    not_authorised,
+    not_found,
+    ok,
+    sees_everything,
+    user_of,
+    vhost_for_read,
+)
+
+if TYPE_CHECKING:
+    from leveret.broker.session.connection import Session
+
+
+def sessions(request: web.Request, vhost: str | None = None) -> list[Session]:
+    """Open connections the user may see, in connection order."""
+    user = user_of(request)
+    everything = sees_everything(user)
+    found = [
+        s
+        for s in broker_of(request).connections
+        if s.vhost is not None
+        and (vhost is None or s.vhost.name == vhost)
+        and (everything or s.username == user.name)
+    ]
+    return sorted(found, key=lambda s: s.id)
+
+
+def _connections(request: web.Request, vhost: str | None = None) -> list[dict[str, Any]]:
+    return [views.connection_view(s) for s in sessions(request, vhost)]
+
+
+def _channels(request: web.Request, vhost: str | None = None,
+              session_list: list[Session] | None = None) -> list[dict[str, Any]]:
+    chosen = sessions(request, vhost) if session_list is None else session_list
+    return [
+        views.channel_view(s, ch)
+        for s in chosen
+        for ch in sorted(s.channels.values(), key=lambda c: c.number)
+    ]
+
+
+def consumers(request: web.Request, vhost: str | None = None) -> list[dict[str, Any]]:
+    return [
+        views.consumer_view(s, ch, consumer)
+        for s in sessions(request, vhost)
+        for ch in sorted(s.channels.values(), key=lambda c: c.number)
+        for consumer in ch.consumers.values()
+    ]
+
+
+def find_session(request: web.Request) -> Session:
+    name = request.match_info["name"]
+    for session in sessions(request):
+        if views.connection_name(session) == name:
+            return session
+    raise not_found()
+
+
+async def list_connections(request: web.Request) -> web.Response:
+    return listing(request, _connections(request))
+
+
+async def list_vhost_connections(request: web.Request) -> web.Response:
+    name = request.match_info["vhost"]
+    vhost_for_read(request, name)
+    return listing(request, _connections(request, name))
+
+
+async def get_connection(request: web.Request) -> web.Response:
+    return ok(views.connection_view(find_session(request)))
+
+
+async def delete_connection(request: web.Request) -> web.Response:
+    session = find_session(request)
+    user = user_of(request)
+    if not is_admin(user) and session.username != user.name:
+        raise not_authorised("Not administrator user")
+    reason = request.headers.get("X-Reason", "Closed via management plugin")
+    session.force_close(reason)
+    return no_content()
+
+
+async def connection_channels(request: web.Request) -> web.Response:
+    return listing(request, _channels(request, session_list=[find_session(request)]))
+
+
+async def list_channels(request: web.Request) -> web.Response:
+    return listing(request, _channels(request))
+
+
+async def list_vhost_channels(request: web.Request) -> web.Response:
+    name = request.match_info["vhost"]
+    vhost_for_read(request, name)
+    return listing(request, _channels(request, name))
+
+
+async def get_channel(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    for item in _channels(request):
+        if item["name"] == name:
+            return ok(item)
+    raise not_found()
+
+
+async def list_consumers(request: web.Request) -> web.Response:
+    return listing(request, consumers(request))
+
+
+async def list_vhost_consumers(request: web.Request) -> web.Response:
+    name = request.match_info["vhost"]
+    vhost_for_read(request, name)
+    return listing(request, consumers(request, name))
+
+
+def setup(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/api/connections", list_connections)
+    r.add_get("/api/connections/{name}", get_connection)
+    r.add_delete("/api/connections/{name}", delete_connection)
+    r.add_get("/api/connections/{name}/channels", connection_channels)
+    r.add_get("/api/vhosts/{vhost}/connections", list_vhost_connections)
+    r.add_get("/api/vhosts/{vhost}/channels", list_vhost_channels)
+    r.add_get("/api/channels", list_channels)
+    r.add_get("/api/channels/{name}", get_channel)
+    r.add_get("/api/consumers", list_consumers)
+    r.add_get("/api/consumers/{vhost}", list_vhost_consumers)

@@ -1,0 +1,197 @@
+"""GET /api/overview, /api/nodes, /api/cluster-name, /api/whoami and the health checks.
+
+The node is this one process: memory from /proc, free disk from the data directory, alarms
+from the broker's resource monitor when it has one. Read-only; runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from leveret.broker.alarms import resident_memory_bytes, total_memory_bytes
+from leveret.broker.broker import VERSION
+from leveret.broker.management import views
+from leveret.broker.management.http import (
+    AMQP_PORT,
+    broker_of,
+    listing,
+    not_found,
+    ok,
+    single,
+    user_of,
+    vhost_for_read,
+    visible_vhosts,
+)
+from leveret.broker.model.exchange import EXCHANGE_TYPES
+
+if TYPE_CHECKING:
+    from leveret.broker.broker import Broker
+
+RABBITMQ_COMPAT_VERSION = "3.13.7"  # the RabbitMQ release whose API shapes Leveret follows
+EXCHANGE_DESCRIPTIONS = {
+    "direct": "AMQP direct exchange, as per the AMQP specification",
+    "fanout": "AMQP fanout exchange, as per the AMQP specification",
+    "headers": "AMQP headers exchange, as per the AMQP specification",
+    "topic": "AMQP topic exchange, as per the AMQP specification",
+}
+
+
+def alarm_state(broker: Broker) -> tuple[bool, bool]:
+    """(memory alarm, disk alarm), from the broker's resource monitor."""
+    return broker.alarms.memory, broker.alarms.disk
+
+
+def node_view(broker: Broker) -> dict[str, Any]:
+    config = broker.config
+    mem_alarm, disk_alarm = alarm_state(broker)
+    try:
+        disk_free = shutil.disk_usage(config.data_dir).free
+    except OSError:
+        disk_free = 0
+    try:
+        fd_used = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        fd_used = 0
+    fd_total = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    total_memory = total_memory_bytes()
+    return {
+        "name": views.NODE,
+        "type": "disc",
+        "running": True,
+        "being_drained": False,
+        "os_pid": str(os.getpid()),
+        "mem_used": resident_memory_bytes(),
+        "mem_limit": int(total_memory * config.vm_memory_high_watermark),
+        "mem_alarm": mem_alarm,
+        "disk_free": disk_free,
+        "disk_free_limit": config.disk_free_limit_bytes,
+        "disk_free_alarm": disk_alarm,
+        "fd_used": fd_used,
+        "fd_total": fd_total,
+        "sockets_used": len(broker.connections),
+        "sockets_total": fd_total,
+        "proc_used": 1,
+        "proc_total": 1,
+        "processors": os.cpu_count() or 1,
+        "run_queue": 0,
+        "uptime": int((time.time() - broker.started_at) * 1000),
+        "partitions": [],
+        "rates_mode": "none",
+        "net_ticktime": 0,
+        "exchange_types": exchange_types(),
+        "db_dir": str(config.data_dir),
+    }
+
+
+def exchange_types() -> list[dict[str, Any]]:
+    return [
+        {"name": t, "description": EXCHANGE_DESCRIPTIONS.get(t, ""), "enabled": True}
+        for t in sorted(EXCHANGE_TYPES)
+    ]
+
+
+async def get_overview(request: web.Request) -> web.Response:
+    broker = broker_of(request)
+    vhosts = visible_vhosts(request)
+    queues = [q for v in vhosts for q in v.queues.values()]
+    sessions = [s for s in broker.connections if s.vhost in vhosts]
+    channels = [c for s in sessions for c in s.channels.values()]
+    config = broker.config
+    listeners = [{"node": views.NODE, "protocol": "amqp", "ip_address": config.host,
+                  "port": request.app[AMQP_PORT]}]
+    if config.management_port:
+        listeners.append({"node": views.NODE, "protocol": "http",
+                          "ip_address": config.management_host or config.host,
+                          "port": config.management_port})
+    return single(request, {
+        "management_version": VERSION,
+        "rates_mode": "none",
+        "exchange_types": exchange_types(),
+        "product_name": "Leveret",
+        "product_version": VERSION,
+        "rabbitmq_version": RABBITMQ_COMPAT_VERSION,
+        "cluster_name": views.NODE,
+        "node": views.NODE,
+        "disable_stats": False,
+        "enable_queue_totals": True,
+        "statistics_db_event_queue": 0,
+        "message_stats": views.with_details({
+            "publish": sum(q.stats_published for q in queues),
+            "deliver_get": sum(q.stats_delivered for q in queues),
+            "deliver": sum(q.stats_delivered for q in queues),
+            "confirm": sum(c.publish_seq - len(c.outstanding) for c in channels if c.confirming),
+        }),
+        "queue_totals": views.with_details(views.queue_totals(queues)),
+        "object_totals": {
+            "connections": len(sessions),
+            "channels": len(channels),
+            "consumers": sum(len(c.consumers) for c in channels),
+            "exchanges": sum(len(v.exchanges) for v in vhosts),
+            "queues": len(queues),
+        },
+        "listeners": listeners,
+        "contexts": [{"node": views.NODE, "description": "Leveret Management", "path": "/",
+                      "port": str(config.management_port)}],
+    })
+
+
+async def get_nodes(request: web.Request) -> web.Response:
+    return listing(request, [node_view(broker_of(request))])
+
+
+async def get_node(request: web.Request) -> web.Response:
+    if request.match_info["node"] != views.NODE:
+        raise not_found()
+    return ok(node_view(broker_of(request)))
+
+
+async def get_cluster_name(request: web.Request) -> web.Response:
+    return ok({"name": views.NODE})
+
+
+async def get_whoami(request: web.Request) -> web.Response:
+    user = user_of(request)
+    return ok({"name": user.name, "tags": list(user.tags)})
+
+
+async def get_extensions(request: web.Request) -> web.Response:
+    return ok([])
+
+
+async def health_ok(request: web.Request) -> web.Response:
+    return ok({"status": "ok"})
+
+
+async def alarms_check(request: web.Request) -> web.Response:
+    mem_alarm, disk_alarm = alarm_state(broker_of(request))
+    if mem_alarm or disk_alarm:
+        names = [n for n, on in (("memory", mem_alarm), ("disk", disk_alarm)) if on]
+        return web.json_response(
+            {"status": "failed", "reason": "resource alarm(s) in effect: " + ", ".join(names)},
+            status=503,
+        )
+    return ok({"status": "ok"})
+
+
+async def aliveness(request: web.Request) -> web.Response:
+    vhost_for_read(request, request.match_info["vhost"])
+    return ok({"status": "ok"})
+
+
+def setup(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/api/overview", get_overview)
+    r.add_get("/api/nodes", get_nodes)
+    r.add_get("/api/nodes/{node}", get_node)
+    r.add_get("/api/cluster-name", get_cluster_name)
+    r.add_get("/api/whoami", get_whoami)
+    r.add_get("/api/extensions", get_extensions)
+    r.add_get("/api/healthchecks/node", health_ok)
+    r.add_get("/api/health/checks/alarms", alarms_check)
+    r.add_get("/api/health/checks/local-alarms", alarms_check)
+    r.add_get("/api/aliveness-test/{vhost}", aliveness)

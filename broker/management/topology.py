@@ -1,0 +1,351 @@
+"""Exchanges, queues and bindings: /api/exchanges, /api/queues, /api/bindings.
+
+Reads show what the user may see; writes need a permission on the vhost and pass the user's
+configure/write/read patterns to the model as its `check`. Declaring is idempotent with
+RabbitMQ's equivalence rules (an inequivalent redeclare is a 400 with RabbitMQ's text).
+Also: publish to an exchange and get from a queue, as rabbitmqadmin does them.
+Runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from aiohttp import web
+from leveret.amqp.content import Message
+from leveret.amqp.properties import Properties
+from leveret.broker import admin
+from leveret.broker.management import views
+from leveret.broker.management.http import (
+    bad_request,
+    body,
+    broker_of,
+    created_or_updated,
+    exchange_name,
+    listing,
+    no_content,
+    not_found,
+    ok,
+    vhost_for_read,
+    vhost_for_write,
+    visible_vhosts,
+)
+
+if TYPE_CHECKING:
+    from leveret.broker.model.vhost import VHost
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    return request.query.get(name, "false").lower() == "true"
+
+
+# -- exchanges --------------------------------------------------------------------------------
+
+
+def _exchanges(vhosts: list[VHost]) -> list[dict[str, Any]]:
+    return [views.exchange_view(v, x) for v in vhosts for x in v.exchanges.values()]
+
+
+async def list_exchanges(request: web.Request) -> web.Response:
+    return listing(request, _exchanges(visible_vhosts(request)))
+
+
+async def list_vhost_exchanges(request: web.Request) -> web.Response:
+    return listing(request, _exchanges([vhost_for_read(request, request.match_info["vhost"])]))
+
+
+async def get_exchange(request: web.Request) -> web.Response:
+    vhost = vhost_for_read(request, request.match_info["vhost"])
+    exchange = vhost.exchanges.get(exchange_name(request.match_info["name"]))
+    if exchange is None:
+        raise not_found()
+    return ok(views.exchange_view(vhost, exchange))
+
+
+async def put_exchange(request: web.Request) -> web.Response:
+    vhost, check = vhost_for_write(request, request.match_info["vhost"])
+    data = await body(request)
+    name = exchange_name(request.match_info["name"])
+    created = admin.declare_exchange(broker_of(request), vhost.name, name, data, check)
+    return created_or_updated(created)
+
+
+async def delete_exchange(request: web.Request) -> web.Response:
+    vhost, check = vhost_for_write(request, request.match_info["vhost"])
+    name = exchange_name(request.match_info["name"])
+    if name not in vhost.exchanges:
+        raise not_found()
+    admin.delete_exchange(broker_of(request), vhost.name, name, _flag(request, "if-unused"),
+                          check)
+    return no_content()
+
+
+async def exchange_bindings(request: web.Request) -> web.Response:
+    vhost = vhost_for_read(request, request.match_info["vhost"])
+    exchange = vhost.exchanges.get(exchange_name(request.match_info["name"]))
+    if exchange is None:
+        raise not_found()
+    items = _bindings(vhost)
+    if request.match_info["side"] == "source":
+        items = [b for b in items if b["source"] == exchange.name]
+    else:
+        items = [b for b in items
+                 if b["destination_type"] == "exchange" and b["destination"] == exchange.name]
+    return listing(request, items)
+
+
+async def publish(request: web.Request) -> web.Response:
+    """POST /api/exchanges/{vhost}/{name}/publish: routing_key, payload, payload_encoding
+    (string or base64) and properties; answers {"routed": bool}."""
+    vhost, check = vhost_for_write(request, request.match_info["vhost"])
+    data = await body(request)
+    name = exchange_name(request.match_info["name"])
+    exchange = vhost.exchange(name)
+    check("write", "exchange", name)
+    payload = data.get("payload", "")
+    if data.get("payload_encoding", "string") == "base64":
+        try:
+            raw = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise bad_request("payload is not valid base64") from None
+    else:
+        raw = str(payload).encode("utf-8")
+    try:
+        properties = Properties(**(data.get("properties") or {}))
+    except (TypeError, ValueError) as exc:
+        raise bad_request(f"invalid message properties: {exc}") from None
+    message = Message.build(name, str(data.get("routing_key", "")), raw, properties)
+    return ok({"routed": vhost.publish(exchange, message, None) > 0})
+
+
+# -- queues -----------------------------------------------------------------------------------
+
+
+def _consumer_details(request: web.Request, queue: Any) -> list[dict[str, Any]]:
+    return [
+        views.consumer_view(session, channel, consumer)
+        for session in list(broker_of(request).connections)
+        for channel in list(session.channels.values())
+        for consumer in list(channel.consumers.values())
+        if consumer.queue is queue
+    ]
+
+
+def _queues(vhosts: list[VHost]) -> list[dict[str, Any]]:
+    return [views.queue_view(q) for v in vhosts for q in v.queues.values()]
+
+
+async def list_queues(request: web.Request) -> web.Response:
+    return listing(request, _queues(visible_vhosts(request)))
+
+
+async def list_vhost_queues(request: web.Request) -> web.Response:
+    return listing(request, _queues([vhost_for_read(request, request.match_info["vhost"])]))
+
+
+async def get_queue(request: web.Request) -> web.Response:
+    vhost = vhost_for_read(request, request.match_info["vhost"])
+    queue = vhost.queues.get(request.match_info["name"])
+    if queue is None:
+        raise not_found()
+    return ok(views.queue_view(queue, _consumer_details(request, queue)))
+
+
+async def put_queue(request: web.Request) -> web.Response:
+    vhost, check = vhost_for_write(request, request.match_info["vhost"])
+    data = await body(request)
+    created = admin.declare_queue(broker_of(request), vhost.name, request.match_info["name"],
+                                  data, check)
+    return created_or_updated(created)
+
+
+async def delete_queue(request: web.Request) -> web.Response:
+    vhost, check = vhost_for_write(request, request.match_info["vhost"])
+    name = request.match_info["name"]
+    if name not in vhost.queues:
+        raise not_found()
+    admin.delete_queue(broker_of(request), vhost.name, name, _flag(request, "if-unused"),
+                       _flag(request, "if-empty"), check)
+    return no_content()
+
+
+async def purge_queue(request: web.Request) -> web.Response:
+    vhost, check = vhost_for_write(request, request.match_info["vhost"])
+    name = request.match_info["name"]
+    if name not in vhost.queues:
+        raise not_found()
+    admin.purge_queue(broker_of(request), vhost.name, name, check)
+    return no_content()
+
+
+async def queue_bindings(request: web.Request) -> web.Response:
+    vhost = vhost_for_read(request, request.match_info["vhost"])
+    name = request.match_info["name"]
+    if name not in vhost.queues:
+        raise not_found()
+    return listing(request, [b for b in _bindings(vhost)
+                             if b["destination_type"] == "queue" and b["destination"] == name])
+
+
+ACK_MODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true",
+             "reject_requeue_false")
+
+
+async def get_messages(request: web.Request) -> web.Response:
+    """POST /api/queues/{vhost}/{name}/get: count, ackmode, encoding (auto or base64)."""
+    vhost, check = vhost_for_write(request, request.match_info["vhost"])
+    data = await body(request)
+    queue = vhost.queue(request.match_info["name"])
+    check("read", "queue", queue.name)
+    ackmode = data.get("ackmode", "ack_requeue_true")
+    if ackmode not in ACK_MODES:
+        raise bad_request(f"ackmode must be one of {', '.join(ACK_MODES)}")
+    try:
+        count = int(data.get("count", 1))
+    except (TypeError, ValueError):
+        raise bad_request("count must be a number") from None
+    taken = []
+    for _ in range(max(0, count)):
+        entry = queue.get(no_ack=False)
+        if entry is None:
+            break
+        taken.append(entry)
+    out = [_message_view(entry, queue, data.get("encoding", "auto")) for entry in taken]
+    for i, item in enumerate(out):
+        item["message_count"] = queue.message_count + len(taken) - i - 1
+    if ackmode.endswith("requeue_true"):
+        queue.requeue(taken)
+    else:
+        for entry in taken:
+            (queue.ack if ackmode.startswith("ack") else queue.reject)(entry)
+    return ok(out)
+
+
+def _message_view(entry: Any, queue: Any, encoding: str) -> dict[str, Any]:
+    message = entry.message
+    payload: bytes = bytes(message.body)
+    try:
+        if encoding == "base64":
+            raise UnicodeDecodeError("utf-8", b"", 0, 1, "base64 asked for")
+        text, kind = payload.decode("utf-8"), "string"
+    except UnicodeDecodeError:
+        text, kind = base64.b64encode(payload).decode(), "base64"
+    props = {k: views.jsonable(v) for k, v in dict(message.properties).items() if v is not None}
+    return {
+        "payload_bytes": len(payload),
+        "redelivered": bool(entry.redelivered),
+        "exchange": message.exchange,
+        "routing_key": message.routing_key,
+        "properties": props,
+        "payload": text,
+        "payload_encoding": kind,
+    }
+
+
+# -- bindings ---------------------------------------------------------------------------------
+
+
+def _bindings(vhost: VHost) -> list[dict[str, Any]]:
+    items = [views.default_binding_view(vhost.name, q) for q in vhost.queues.values()]
+    for exchange in vhost.exchanges.values():
+        items.extend(views.binding_view(vhost.name, b) for b in exchange.bindings.values())
+    return items
+
+
+async def list_bindings(request: web.Request) -> web.Response:
+    return listing(request, [b for v in visible_vhosts(request) for b in _bindings(v)])
+
+
+async def list_vhost_bindings(request: web.Request) -> web.Response:
+    return listing(request, _bindings(vhost_for_read(request, request.match_info["vhost"])))
+
+
+def _kind(letter: str) -> str:
+    return "queue" if letter == "q" else "exchange"
+
+
+def _pair(vhost: VHost, request: web.Request) -> list[dict[str, Any]]:
+    info = request.match_info
+    source, kind = exchange_name(info["source"]), _kind(info["kind"])
+    table: dict[str, Any] = vhost.queues if kind == "queue" else vhost.exchanges
+    if source not in vhost.exchanges or info["destination"] not in table:
+        raise not_found()
+    return [b for b in _bindings(vhost)
+            if b["source"] == source and b["destination_type"] == kind
+            and b["destination"] == info["destination"]]
+
+
+async def list_pair_bindings(request: web.Request) -> web.Response:
+    vhost = vhost_for_read(request, request.match_info["vhost"])
+    return listing(request, _pair(vhost, request))
+
+
+async def post_binding(request: web.Request) -> web.Response:
+    vhost, check = vhost_for_write(request, request.match_info["vhost"])
+    data = await body(request)
+    info = request.match_info
+    source, kind = exchange_name(info["source"]), _kind(info["kind"])
+    routing_key = data.get("routing_key", "")
+    arguments = admin.parse_arguments(data.get("arguments"))
+    admin.add_binding(broker_of(request), vhost.name, source, kind, info["destination"],
+                      routing_key, arguments, check)
+    key = views.properties_key(routing_key if isinstance(routing_key, str) else "", arguments)
+    location = request.raw_path.split("?", 1)[0].rstrip("/") + "/" + quote(key, safe="")
+    return web.Response(status=201, headers={"Location": location})
+
+
+def _find(vhost: VHost, request: web.Request) -> dict[str, Any]:
+    props = request.match_info["props"]
+    for item in _pair(vhost, request):
+        if item["properties_key"] == props or (not item["arguments"]
+                                               and item["routing_key"] == props):
+            return item
+    raise not_found()
+
+
+async def get_binding(request: web.Request) -> web.Response:
+    vhost = vhost_for_read(request, request.match_info["vhost"])
+    return ok(_find(vhost, request))
+
+
+async def delete_binding(request: web.Request) -> web.Response:
+    vhost, check = vhost_for_write(request, request.match_info["vhost"])
+    item = _find(vhost, request)
+    exchange = vhost.exchanges[item["source"]]
+    for binding in exchange.bindings.values():
+        if views.binding_view(vhost.name, binding) == item:
+            admin.delete_binding(broker_of(request), vhost.name, item["source"],
+                                 item["destination_type"], item["destination"],
+                                 binding.routing_key, binding.arguments, check)
+            return no_content()
+    raise not_found()
+
+
+def setup(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/api/exchanges", list_exchanges)
+    r.add_get("/api/exchanges/{vhost}", list_vhost_exchanges)
+    r.add_get("/api/exchanges/{vhost}/{name}", get_exchange)
+    r.add_put("/api/exchanges/{vhost}/{name}", put_exchange)
+    r.add_delete("/api/exchanges/{vhost}/{name}", delete_exchange)
+    r.add_get("/api/exchanges/{vhost}/{name}/bindings/{side:source|destination}",
+              exchange_bindings)
+    r.add_post("/api/exchanges/{vhost}/{name}/publish", publish)
+    r.add_get("/api/queues", list_queues)
+    r.add_get("/api/queues/{vhost}", list_vhost_queues)
+    r.add_get("/api/queues/{vhost}/{name}", get_queue)
+    r.add_put("/api/queues/{vhost}/{name}", put_queue)
+    r.add_delete("/api/queues/{vhost}/{name}", delete_queue)
+    r.add_delete("/api/queues/{vhost}/{name}/contents", purge_queue)
+    r.add_get("/api/queues/{vhost}/{name}/bindings", queue_bindings)
+    r.add_post("/api/queues/{vhost}/{name}/get", get_messages)
+    r.add_get("/api/bindings", list_bindings)
+    r.add_get("/api/bindings/{vhost}", list_vhost_bindings)
+    pair = "/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{destination}"
+    r.add_get(pair, list_pair_bindings)
+    r.add_post(pair, post_binding)
+    r.add_get(pair + "/{props}", get_binding)
+    r.add_delete(pair + "/{props}", delete_binding)
