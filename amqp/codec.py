@@ -119,15 +119,32 @@ def _short_str(data: bytes, pos: int) -> tuple[str, int]:
     return data[pos + 1 : end].decode("utf-8"), end
 
 
+_PUBLISH_NAMES: dict[bytes, tuple[str, str]] = {}
+_PUBLISH_NAMES_MAX = 4096  # distinct (exchange, routing key) pairs remembered, then forgotten
+
+
 def decode_publish(payload: bytes) -> tuple[str, str, bool, bool]:
-    """basic.publish arguments: (exchange, routing_key, mandatory, immediate)."""
+    """basic.publish arguments: (exchange, routing_key, mandatory, immediate).
+
+    Publishers repeat the same few exchange and routing-key pairs, so their decoded names are
+    remembered by their encoded bytes (a bounded cache, emptied when full)."""
     try:
-        exchange, pos = _short_str(payload, 6)
-        routing_key, pos = _short_str(payload, pos)
-        bits = payload[pos]
-    except (IndexError, UnicodeDecodeError):
+        rk_at = 7 + payload[6]
+        end = rk_at + 1 + payload[rk_at]
+        bits = payload[end]
+    except IndexError:
         raise cannot_decode(c.BASIC_PUBLISH, payload[4:]) from None
-    return exchange, routing_key, bool(bits & 1), bool(bits & 2)
+    names = _PUBLISH_NAMES.get(payload[6:end])
+    if names is None:
+        try:
+            exchange, pos = _short_str(payload, 6)
+            routing_key, pos = _short_str(payload, pos)
+        except (IndexError, UnicodeDecodeError):
+            raise cannot_decode(c.BASIC_PUBLISH, payload[4:]) from None
+        if len(_PUBLISH_NAMES) >= _PUBLISH_NAMES_MAX:
+            _PUBLISH_NAMES.clear()
+        names = _PUBLISH_NAMES[payload[6:end]] = (exchange, routing_key)
+    return names[0], names[1], bool(bits & 1), bool(bits & 2)
 
 
 def decode_ack(payload: bytes) -> tuple[int, bool]:

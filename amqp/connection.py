@@ -22,6 +22,7 @@ One WireConnection belongs to one connection and is used from one thread.
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -104,6 +105,10 @@ class ChannelState(enum.IntEnum):
     EXPECT_HEADER = 1
     EXPECT_BODY = 2
     CLOSING = 3
+
+
+_PUBLISH_INDEX = struct.pack(">I", c.BASIC_PUBLISH)
+_HEADER_PREFIX = struct.Struct(">HHQ")  # class id, weight, body size
 
 
 class _Channel:
@@ -189,6 +194,11 @@ class WireConnection:
         # Until tune-ok, frames are limited to the protocol minimum, as in RabbitMQ.
         self.buffer = FrameBuffer(min(frame_max, c.MIN_FRAME_MAX) if frame_max else 0)
         self.channels: dict[int, _Channel] = {}
+        # The channel state table, with its handlers bound once (a frame looks up one entry).
+        self._rules = {
+            state: (expected, getattr(self, name), error)
+            for state, (expected, name, error) in _CHANNEL_TABLE.items()
+        }
         self._pending_header = b""
         self._unread: list[tuple[int, int, bytes]] = []  # behind a frame that raised
         self.frames_received = 0
@@ -214,9 +224,22 @@ class WireConnection:
             data = b""
             if not frames:
                 break
+            skip = 0
             for i, (frame_type, channel, payload) in enumerate(frames):
+                if skip:  # taken by the fast path with the publish before it
+                    skip -= 1
+                    continue
                 self.frames_received += 1
                 state = self.state
+                if (
+                    frame_type == c.FRAME_METHOD
+                    and payload[:4] == _PUBLISH_INDEX
+                    and state is State.OPEN
+                    and self._publish_whole(frames, i)
+                ):
+                    skip = 2
+                    self.frames_received += 2
+                    continue
                 if state is State.CLOSING:
                     if channel == 0:
                         self._closing_frame(frame_type, payload)
@@ -234,6 +257,45 @@ class WireConnection:
                 break
         if buffer.error is not None and self.state not in (State.CLOSING, State.CLOSED):
             raise buffer.error
+
+    def _publish_whole(self, frames: list[tuple[int, int, bytes]], i: int) -> bool:
+        """The common case in one step: a basic.publish whose header and only body frame
+        follow it in the same read, on an open channel, with nothing unusual about them.
+        Returns False (and does nothing) for anything else, which takes the frame-by-frame
+        path and its checks instead."""
+        if i + 2 >= len(frames):
+            return False
+        _m, number, method_payload = frames[i]
+        header_type, header_channel, header = frames[i + 1]
+        body_type, body_channel, body = frames[i + 2]
+        if (
+            header_type != c.FRAME_HEADER
+            or body_type != c.FRAME_BODY
+            or header_channel != number
+            or body_channel != number
+            or len(header) < _CONTENT_HEADER_MIN
+        ):
+            return False
+        channel = self.channels.get(number)
+        if channel is None or channel.state is not ChannelState.EXPECT_METHOD:
+            return False
+        class_id, weight, size = _HEADER_PREFIX.unpack_from(header, 0)
+        if class_id != c.CLASS_BASIC or weight or size != len(body) or not size:
+            return False
+        if size > self.max_message_size:
+            return False
+        exchange, routing_key, mandatory, immediate = codec.decode_publish(method_payload)
+        try:
+            self.handler.on_publish(
+                number, exchange, routing_key, mandatory, immediate, header, body
+            )
+        except AMQPError as exc:
+            exc.for_method(c.CLASS_BASIC, 40)
+            if exc.hard:
+                self._unread = frames[i + 3 :] + self.buffer.feed(b"")
+                raise
+            self.close_channel(number, exc)
+        return True
 
     def _receive_protocol_header(self, data: bytes) -> bytes:
         header = self._pending_header + data
@@ -259,6 +321,13 @@ class WireConnection:
 
     def _frame(self, frame_type: int, channel: int, payload: bytes) -> None:
         """Checks every frame needs, as RabbitMQ's rabbit_command_assembler:analyze_frame."""
+        if channel and self.state is State.OPEN and (
+            frame_type == c.FRAME_BODY
+            or (frame_type == c.FRAME_METHOD and len(payload) >= _METHOD_MIN)
+            or (frame_type == c.FRAME_HEADER and len(payload) >= _CONTENT_HEADER_MIN)
+        ):  # the common case, checked first: a well-formed frame on an open channel
+            self._channel_frame(frame_type, channel, payload)
+            return
         if frame_type not in VALID_TYPES:
             raise unknown_frame(frame_type, payload)
         if frame_type == c.FRAME_HEARTBEAT:
@@ -344,15 +413,15 @@ class WireConnection:
         if channel is None:
             self._new_channel_frame(frame_type, number, payload)
             return
-        rule = _CHANNEL_TABLE.get(channel.state)
+        rule = self._rules.get(channel.state)
         if rule is None:  # CLOSING: only close and close-ok matter
             if frame_type == c.FRAME_METHOD:
                 self._closing_channel_method(number, payload)
             return
-        expected, handler_name, (text, class_id, method_id) = rule
+        expected, handler, error = rule
         if frame_type != expected:
-            raise AMQPError(c.UNEXPECTED_FRAME, text, class_id, method_id)
-        getattr(self, handler_name)(channel, number, payload)
+            raise AMQPError(c.UNEXPECTED_FRAME, *error)
+        handler(channel, number, payload)
 
     def _new_channel_frame(self, frame_type: int, number: int, payload: bytes) -> None:
         """A frame on a channel that is not open: it must be channel.open."""
@@ -450,18 +519,15 @@ class WireConnection:
         assert publish is not None
         channel.publish = None
         exchange, routing_key, mandatory, immediate = publish
-        self._guard(
-            number,
-            c.BASIC_PUBLISH,
-            self.handler.on_publish,
-            number,
-            exchange,
-            routing_key,
-            mandatory,
-            immediate,
-            channel.header,
-            body,
-        )
+        try:  # _guard, inlined: this runs for every message
+            self.handler.on_publish(
+                number, exchange, routing_key, mandatory, immediate, channel.header, body
+            )
+        except AMQPError as exc:
+            exc.for_method(c.CLASS_BASIC, 40)
+            if exc.hard:
+                raise
+            self.close_channel(number, exc)
 
     def _guard(self, number: int, index: int, call: Callable[..., None], *args: Any) -> None:
         """Run a handler call; a soft error closes the channel, a hard one propagates."""

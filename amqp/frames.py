@@ -49,8 +49,11 @@ class FrameBuffer:
         if self.error is not None:
             return []
         buf = self._buf
-        buf += data
-        size_buf = len(buf)
+        if buf:  # parse from one immutable copy, so each payload is sliced (copied) once
+            buf += data
+            data = bytes(buf)
+            buf.clear()
+        size_buf = len(data)
         pos = 0
         frames: list[Frame] = []
         unpack_from = _HEADER.unpack_from
@@ -60,7 +63,7 @@ class FrameBuffer:
         frame_max = self.frame_max or 0xFFFFFFFF
         limit = max_frames or -1  # -1: never reached
         while size_buf - pos >= 7 and len(frames) != limit:
-            frame_type, channel, size = unpack_from(buf, pos)
+            frame_type, channel, size = unpack_from(data, pos)
             if size > frame_max:
                 self._fail(
                     frame_explanation(
@@ -71,18 +74,16 @@ class FrameBuffer:
             end = pos + 7 + size
             if end >= size_buf:
                 break
-            if buf[end] != c.FRAME_END:
-                payload = bytes(buf[pos + 7 : end])
+            if data[end] != c.FRAME_END:
+                payload = data[pos + 7 : end]
                 self._fail(
-                    frame_explanation(frame_type, payload, "invalid_frame_end_marker", buf[end])
+                    frame_explanation(frame_type, payload, "invalid_frame_end_marker", data[end])
                 )
                 break
-            frames.append((frame_type, channel, bytes(buf[pos + 7 : end])))
+            frames.append((frame_type, channel, data[pos + 7 : end]))
             pos = end + 1
-        if self.error is not None:
-            buf.clear()
-        elif pos:
-            del buf[:pos]
+        if self.error is None and pos < size_buf:
+            buf += memoryview(data)[pos:]  # the incomplete frame waits for more bytes
         return frames
 
     def _fail(self, explanation: str) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from leveret.storage import chunk as ck
 from leveret.storage import inspect, layout, recovery, retention, tracking
 from leveret.storage import segment as seg
+from leveret.storage.cache import ChunkCache
 from leveret.storage.config import LogConfig, check_retention
 from leveret.storage.errors import LogClosedError, LogIOError, LogLockedError, io_error
 from leveret.storage.index import entry_position
@@ -40,6 +41,7 @@ class Log:
 
     def __init__(self, directory: Path, config: LogConfig, lock_fd: int):
         self._dir = directory
+        self._cache = ChunkCache()
         self._config = config
         self._lock_fd = lock_fd
         self._max_length_bytes = config.max_length_bytes
@@ -333,9 +335,11 @@ class Log:
         filter: ReaderFilter | None = None,
         chunk_types: Iterable[int] = (ck.ChunkType.USER,),
     ) -> Reader:
-        """A reader of this log that never reads past its committed offset."""
+        """A reader of this log that never reads past its committed offset. Readers of one Log
+        share a cache of the chunks they have read."""
         self._check_open()
-        return Reader.open(self._dir, spec, self._committed_now, filter, chunk_types)
+        return Reader.open(self._dir, spec, self._committed_now, filter, chunk_types,
+                           self._cache)
 
     def _committed_now(self) -> int:
         return self._committed

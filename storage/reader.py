@@ -24,6 +24,7 @@ from pathlib import Path
 from leveret.storage import chunk as ck
 from leveret.storage import layout
 from leveret.storage.bloom import BloomMatcher
+from leveret.storage.cache import ChunkCache
 from leveret.storage.errors import BadChunk, CorruptLogError, LogClosedError, io_error
 from leveret.storage.locate import OffsetSpec, Start, locate
 from leveret.storage.segment import FIRST_CHUNK_POSITION
@@ -123,8 +124,10 @@ class Reader:
         committed: Callable[[], int],
         filter: ReaderFilter | None,
         chunk_types: Iterable[int],
+        cache: ChunkCache | None = None,
     ):
         self._dir = directory
+        self._cache = cache
         self._committed = committed
         self._types = frozenset(chunk_types)
         self._sees_trackless = any(not ck.takes_offsets(t) for t in self._types)
@@ -147,9 +150,11 @@ class Reader:
         committed: Callable[[], int] | None = None,
         filter: ReaderFilter | None = None,
         chunk_types: Iterable[int] = (ck.ChunkType.USER,),
+        cache: ChunkCache | None = None,
     ) -> Reader:
         """Attach to the log in `directory`. `committed()` gives the highest offset the reader
-        may return; None means every whole chunk on disk (for a log nobody is writing)."""
+        may return; None means every whole chunk on disk (for a log nobody is writing).
+        Readers given the same `cache` share the chunks they have checked and split."""
         directory = Path(directory)
         if not directory.is_dir():
             raise io_error(directory, FileNotFoundError(2, "no such log directory"))
@@ -158,7 +163,7 @@ class Reader:
         for _ in range(_ATTACH_ATTEMPTS):
             try:
                 start = locate(directory, spec, committed_fn(), types)
-                reader = cls(directory, start, committed_fn, filter, types)
+                reader = cls(directory, start, committed_fn, filter, types, cache)
                 reader._open_segment()
                 return reader
             except FileNotFoundError:
@@ -299,10 +304,14 @@ class Reader:
         _NOT_YET (without moving) if the chunk is still being written."""
         view = None
         if self._wants(header):
-            body = self._body(header, committed)
-            if body is None:
-                return _NOT_YET  # (readers without a committed bound only)
-            view = self._view(header, body)
+            cached = self._cache.get(self._base or 0, self._pos) if self._cache else None
+            if cached is not None:
+                view = self._view(header, cached[0], cached[1])
+            else:
+                body = self._body(header, committed)
+                if body is None:
+                    return _NOT_YET  # (readers without a committed bound only)
+                view = self._view(header, body)
         self._pos += header.total_size
         if header.next_offset > self._position:
             self._position = header.next_offset
@@ -337,9 +346,14 @@ class Reader:
                 raise CorruptLogError(self._path, self._pos, exc.reason) from None
         return body
 
-    def _view(self, header: ck.ChunkHeader, body: bytes) -> ChunkView | None:
+    def _view(
+        self, header: ck.ChunkHeader, body: bytes, records: list[bytes] | None = None
+    ) -> ChunkView | None:
         try:
-            records = ck.decode_records(header, body)
+            if records is None:
+                records = ck.decode_records(header, body)
+                if self._cache is not None:
+                    self._cache.put(self._base or 0, self._pos, body, records)
             keep = self._keep(header, body)
         except BadChunk as exc:
             raise CorruptLogError(self._path, self._pos, exc.reason) from None

@@ -17,7 +17,7 @@ from leveret.amqp import codec
 from leveret.amqp import constants as c
 from leveret.amqp.content import Message, content_frames
 from leveret.amqp.errors import AMQPError
-from leveret.amqp.stored import deliver_frames
+from leveret.amqp.stored import deliver_batch
 from leveret.broker.model import args as qargs
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.errors import (
@@ -396,17 +396,17 @@ class Channel:
 
     def send_records(self, consumer: Consumer, offsets: Any, records: list[Any]) -> None:
         """Deliver stored stream records, each with its x-stream-offset header."""
-        tag = self.next_tag
+        first = tag = self.next_tag
         self.next_tag = tag + len(records)
         unacked = self.unacked
         queue = consumer.queue
-        out: list[Any] = []
-        number, ctag, frame_max = self.number, consumer.tag_bytes, self.session.frame_max
-        for offset, record in zip(offsets, records, strict=True):
+        for offset in offsets:
             unacked[tag] = Unacked(offset, queue, consumer)
-            deliver_frames(number, ctag, tag, offset, record, frame_max, out)
             tag += 1
         consumer.unacked += len(records)
+        out: list[Any] = []
+        deliver_batch(self.number, consumer.tag_bytes, first, offsets, records,
+                      self.session.frame_max, out)
         self.session.write_many(out)
 
     def server_cancel(self, consumer: Consumer) -> None:

@@ -1,0 +1,90 @@
+"""The stored form of a message, and deliveries built from it, checked against pamqp."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pamqp import commands, frame
+from pamqp.header import ContentHeader
+
+from leveret.amqp.content import Message
+from leveret.amqp.frames import FrameBuffer
+from leveret.amqp.stored import decode_record, deliver_batch, deliver_frames, encode_record
+
+names = st.text(max_size=40).filter(lambda s: len(s.encode()) <= 255)
+headers = st.dictionaries(st.text(min_size=1, max_size=8), st.integers(-1000, 1000), max_size=3)
+properties = st.builds(
+    commands.Basic.Properties,
+    content_type=st.none() | st.text(min_size=1, max_size=10),
+    content_encoding=st.none() | st.text(min_size=1, max_size=10),
+    headers=st.none() | headers,
+    message_id=st.none() | st.text(min_size=1, max_size=10),
+)
+messages = st.builds(
+    lambda exchange, key, body, props: Message.build(exchange, key, body, props),
+    names, names, st.binary(max_size=300), properties,
+)
+
+
+def decode_all(data: bytes) -> list[object]:
+    buffer = FrameBuffer(131072)
+    out = []
+    for frame_type, channel, payload in buffer.feed(data):
+        raw = frame_type.to_bytes(1, "big") + channel.to_bytes(2, "big")
+        raw += len(payload).to_bytes(4, "big") + payload + b"\xce"
+        out.append(frame.unmarshal(raw)[2])
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages)
+def test_record_round_trip(message: Message) -> None:
+    back = decode_record(encode_record(message))
+    assert (back.exchange, back.routing_key, back.header, back.body) == (
+        message.exchange, message.routing_key, message.header, message.body)
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages, st.integers(0, 2**62), st.integers(1, 2**40), st.sampled_from([4096, 131072]))
+def test_a_delivery_is_the_message_with_its_offset(
+        message: Message, offset: int, tag: int, frame_max: int) -> None:
+    out: list[bytes | memoryview] = []
+    deliver_frames(3, b"\x03abc", tag, offset, encode_record(message), frame_max, out)
+    deliver, content_header, *bodies = decode_all(b"".join(bytes(p) for p in out))
+    assert isinstance(deliver, commands.Basic.Deliver)
+    assert (deliver.consumer_tag, deliver.delivery_tag, deliver.redelivered) == ("abc", tag, False)
+    assert (deliver.exchange, deliver.routing_key) == (message.exchange, message.routing_key)
+    assert isinstance(content_header, ContentHeader)
+    expected = message.properties
+    got = content_header.properties
+    assert got.headers == {**(expected.headers or {}), "x-stream-offset": offset}
+    for name in ("content_type", "content_encoding", "message_id"):
+        assert getattr(got, name) == getattr(expected, name)
+    assert b"".join(b.value for b in bodies) == message.body
+    assert all(len(b.value) <= frame_max - 8 for b in bodies)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(messages, min_size=1, max_size=20), st.integers(1, 2**40),
+       st.sampled_from([4096, 131072]))
+def test_a_batch_is_the_same_bytes_as_one_by_one(
+        batch: list[Message], first_tag: int, frame_max: int) -> None:
+    records = [encode_record(m) for m in batch]
+    offsets = list(range(100, 100 + len(records)))
+    one_by_one: list[bytes | memoryview] = []
+    for i, (offset, record) in enumerate(zip(offsets, records, strict=True)):
+        deliver_frames(7, b"\x01c", first_tag + i, offset, record, frame_max, one_by_one)
+    batched: list[bytes | memoryview] = []
+    deliver_batch(7, b"\x01c", first_tag, offsets, records, frame_max, batched)
+    assert b"".join(bytes(p) for p in batched) == b"".join(bytes(p) for p in one_by_one)
+
+
+def test_a_published_offset_header_is_replaced_not_duplicated() -> None:
+    message = Message.build("", "s", b"x", commands.Basic.Properties(
+        headers={"x-stream-offset": 999, "app": "kept"}))
+    out: list[bytes | memoryview] = []
+    deliver_frames(1, b"\x01c", 1, 5, encode_record(message), 131072, out)
+    raw = b"".join(bytes(p) for p in out)
+    assert raw.count(b"\x0fx-stream-offset") == 1
+    _deliver, content_header, _body = decode_all(raw)
+    assert content_header.properties.headers == {"x-stream-offset": 5, "app": "kept"}
