@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import signal
 import ssl
 from collections.abc import Awaitable, Callable
@@ -159,10 +160,22 @@ class Server:
         log.info("stopped")
 
 
+def settle_garbage_collector() -> None:
+    """Keep the cyclic garbage collector out of the delivery path.
+
+    Everything alive after start-up (modules, classes, restored state) is moved out of the
+    collector's sight, and the youngest generation is collected less often: the per-message
+    objects die young by reference counting, so full collections only cost latency."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+
+
 async def serve(config: Config) -> int:
     """Run until SIGINT or SIGTERM; returns the process exit code."""
     server = Server(config)
     await server.start()
+    settle_garbage_collector()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
