@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import struct
 
+from pamqp import decode
+
 from leveret.amqp import constants as c
 from leveret.amqp.errors import AMQPError
-from pamqp import decode
 
 MECHANISMS = ("PLAIN", "AMQPLAIN")
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from pamqp import commands, frame
+
 from leveret.amqp import constants as c
 from leveret.amqp.errors import AMQPError, erlang_bytes
-from pamqp import commands, frame
 
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")

@@ -26,6 +26,8 @@ import struct
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from pamqp import commands
+
 from leveret.amqp import codec
 from leveret.amqp import constants as c
 from leveret.amqp import properties as props
@@ -36,7 +38,6 @@ from leveret.amqp.frames import (
     unexpected_frame_type,
     unknown_frame,
 )
-from pamqp import commands
 
 CONNECTION_CLOSE = 0x000A0032
 CONNECTION_CLOSE_OK = 0x000A0033

@@ -19,7 +19,7 @@ from leveret.amqp import properties as props
 
 _FRAME_HEAD = struct.Struct(">BHI")
 _END = c.FRAME_END_BYTE
-_REMOVE = object()
+_KEEP: Any = object()
 
 
 class Message:
@@ -76,13 +76,19 @@ class Message:
     def replace(
         self, *, exchange: str | None = None, routing_key: str | None = None, **changes: Any
     ) -> Message:
-        """A copy with some properties changed; a property given as None is removed."""
+        """A copy with some properties changed; a property given as None is removed. Header
+        entries the change leaves alone keep their exact encoding and types."""
         header = self.header
-        if changes:
+        new_headers = changes.pop("headers", None) if "headers" in changes else _KEEP
+        if changes or new_headers is None:
             new_props = copy.copy(self.properties)
             for name, value in changes.items():
                 setattr(new_props, name, value)
+            if new_headers is not _KEEP:
+                new_props.headers = None  # set below, entry by entry
             header = props.encode(len(self.body), new_props)
+        if new_headers is not _KEEP and new_headers is not None:
+            header = props.set_headers(header, new_headers, self.header, self.headers)
         return Message(
             self.exchange if exchange is None else exchange,
             self.routing_key if routing_key is None else routing_key,

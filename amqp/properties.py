@@ -10,17 +10,22 @@ Pure functions on bytes; no I/O and no broker knowledge.
 
 from __future__ import annotations
 
+import copy
 import struct
 from typing import Any
 
-from leveret.amqp import constants as c
-from leveret.amqp.errors import AMQPError, erlang_bytes
 from pamqp import commands
+from pamqp import encode as pamqp_encode
 from pamqp.header import ContentHeader
+
+from leveret.amqp import constants as c
+from leveret.amqp import tables
+from leveret.amqp.errors import AMQPError, erlang_bytes
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
+_DOUBLE = struct.Struct(">d")
 _PREFIX = struct.Struct(">HHQH")  # class id, weight, body size, first flag word
 
 FLAG_CONTENT_TYPE = 1 << 15
@@ -119,8 +124,45 @@ def _check_length(payload: bytes) -> None:
 
 
 def encode(size: int, properties: Any) -> bytes:
-    """Encode a content header payload with pamqp."""
-    return ContentHeader(0, size, properties).marshal()
+    """Encode a content header payload: pamqp for the properties, encode_table for headers.
+
+    pamqp cannot encode everything it decodes: a longstr that is not UTF-8 comes out of its
+    decoder as bytes, which its encoder refuses, and it writes floats as 32-bit ('f'), so a
+    double such as 1e300 overflows. The headers table goes through encode_table instead.
+    """
+    headers = properties.headers
+    if not headers:
+        return ContentHeader(0, size, properties).marshal()
+    rest = copy.copy(properties)
+    rest.headers = None
+    try:
+        table = encode_table(headers)
+    except RecursionError:  # nested deeper than the decoder could have read it
+        raise AMQPError(c.FRAME_ERROR, "cannot encode the headers table", 60, 40) from None
+    return add_header_entry(ContentHeader(0, size, rest).marshal(), table[4:])
+
+
+def encode_table(table: dict[str, Any]) -> bytes:
+    """A field table as pamqp encodes it (keys sorted), except that bytes are a longstr ('S'),
+    floats are doubles ('d') and long keys are kept whole, so that every table pamqp decodes
+    encodes back to the same values."""
+    items = b"".join(
+        pamqp_encode.short_string(key) + _field_value(v) for key, v in sorted(table.items())
+    )
+    return _U32.pack(len(items)) + items
+
+
+def _field_value(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return b"S" + _U32.pack(len(value)) + value
+    if isinstance(value, float):
+        return b"d" + _DOUBLE.pack(value)
+    if isinstance(value, dict):
+        return b"F" + encode_table(value)
+    if isinstance(value, list):
+        items = b"".join(_field_value(v) for v in value)
+        return b"A" + _U32.pack(len(items)) + items
+    return pamqp_encode.encode_table_value(value)
 
 
 def _skip_short_str(payload: bytes, pos: int) -> int:
@@ -166,3 +208,25 @@ def add_header_entry(payload: bytes, entry: bytes) -> bytes:
 def long_entry(key: bytes, value: int) -> bytes:
     """An encoded table entry of type long ('l', signed 64-bit)."""
     return bytes((len(key),)) + key + b"l" + struct.pack(">q", value)
+
+
+def set_headers(payload: bytes, headers: dict[str, Any], previous: bytes,
+                previous_values: dict[str, Any]) -> bytes:
+    """`payload` with its headers table replaced by `headers`; entries unchanged from the
+    `previous` header payload keep their bytes (see tables.py)."""
+    flags, pos = _headers_position(payload)
+    old_flags, old_pos = _headers_position(previous)
+    old_entries: dict[str, bytes] = {}
+    if old_flags & FLAG_HEADERS:
+        length = _U32.unpack_from(previous, old_pos)[0]
+        try:
+            old_entries = tables.raw_entries(previous[old_pos + 4 : old_pos + 4 + length])
+        except (ValueError, IndexError, UnicodeDecodeError):
+            old_entries = {}
+    table = tables.encode_table(headers, old_entries, previous_values)
+    if flags & FLAG_HEADERS:
+        length = _U32.unpack_from(payload, pos)[0]
+        return payload[:pos] + table + payload[pos + 4 + length :]
+    return b"".join(
+        (payload[:12], _U16.pack(flags | FLAG_HEADERS), payload[14:pos], table, payload[pos:])
+    )

@@ -20,11 +20,17 @@ from leveret.broker.model.exchange import Exchange
 from leveret.broker.model.policy import Policy
 from leveret.broker.model.queue import Queue
 from leveret.broker.model.vhost import Observer, VHost
+from leveret.storage import StorageError
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
 
 log = logs.get("leveret.metadata")
+
+
+class RestoreError(Exception):
+    """A durable queue's data cannot be opened at boot (damaged in the middle of its log, or
+    its files cannot be read); the message names the queue and the file."""
 
 
 class MetadataRecorder(Observer):
@@ -160,6 +166,10 @@ def _restore(row: Any, kind: str, action: Any, broker: Broker) -> None:
         return
     try:
         action(vhost, row)
+    except StorageError as exc:
+        raise RestoreError(
+            f"{kind} '{row['name']}' in vhost '{row['vhost']}' cannot be recovered: {exc}"
+        ) from exc
     except (BrokerError, OSError, ValueError) as exc:
         log.error(
             "could not restore a durable entity",

@@ -11,15 +11,19 @@ from __future__ import annotations
 import asyncio
 import errno
 import gc
+import os
 import signal
 import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from leveret.broker import logs
 from leveret.broker.broker import Broker
 from leveret.broker.config import Config
 from leveret.broker.definitions import DefinitionsError, load_file
 from leveret.broker.management.app import ManagementServer
+from leveret.broker.metadata import RestoreError
+from leveret.broker.metastore import MetastoreError
 from leveret.broker.session.connection import Session
 
 log = logs.get("leveret.server")
@@ -48,6 +52,18 @@ class ServerError(Exception):
     """The broker cannot start; the message is one line for the operator."""
 
 
+def check_writable(data_dir: Path) -> None:
+    """Refuse a data directory that cannot be written (a read-only mount, no permission), at
+    once and in one line, rather than failing at the first declaration. Creating an empty file
+    needs no free space, so a full disk still starts (and its consumers can drain it)."""
+    probe = data_dir / ".leveret-write-check"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        raise ServerError(f"data directory {data_dir} is not writable: {exc.strerror}") from None
+
+
 class Server:
     """A started broker: its listeners and state, stoppable from the same loop."""
 
@@ -73,8 +89,12 @@ class Server:
             raise ServerError(
                 f"cannot create data directory {config.data_dir}: {exc.strerror}"
             ) from None
+        check_writable(config.data_dir)
         context = tls_context(config) if config.tls_port else None
-        self.broker = Broker(config, loop)
+        try:
+            self.broker = Broker(config, loop)
+        except (RestoreError, MetastoreError) as exc:
+            raise ServerError(str(exc)) from None
         broker = self.broker
         if config.definitions is not None:
             try:

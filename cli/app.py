@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
 from leveret.broker import logs
 from leveret.broker.config import ConfigError, load
 from leveret.broker.server import ServerError, serve

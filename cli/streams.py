@@ -16,6 +16,7 @@ import re
 from typing import Annotated, Any
 
 import typer
+
 from leveret.cli import streams_inspect, streams_lists
 from leveret.cli.streams_api import (
     Api,

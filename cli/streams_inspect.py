@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+
 from leveret.cli.streams_api import Fmt, Formatter, Vhost, emit_rows
 from leveret.storage import OffsetSpec, Reader, StorageError, inspect
 

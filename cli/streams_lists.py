@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+
 from leveret.cli.streams_api import (
     Api,
     CliError,

@@ -23,6 +23,7 @@ from itertools import accumulate, chain
 from typing import NamedTuple
 
 import crcmod.predefined
+
 from leveret.storage import bloom
 from leveret.storage.errors import BadChunk
 

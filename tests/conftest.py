@@ -6,10 +6,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from leveret.broker import logs
 from support.brokers import BrokerProcess, InProcessBroker
 from support.ports import free_port
 from support.reference import Reference, start_reference
+
+from leveret.broker import logs
 
 logs.configure("json", "warning")
 

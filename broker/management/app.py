@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+
 from leveret.broker import logs
 from leveret.broker.admin import MANAGEMENT_TAGS
 from leveret.broker.management import (

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from aiohttp import web
+
 from leveret.broker import definitions
 from leveret.broker.management.http import (
     bad_request,

@@ -16,6 +16,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+
 from leveret.broker.admin import BadRequest, authorizer
 from leveret.broker.model import errors as e
 

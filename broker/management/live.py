@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+
 from leveret.broker.management import views
 from leveret.broker.management.http import (
     broker_of,

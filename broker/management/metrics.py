@@ -20,12 +20,13 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
 from leveret.broker.alarms import resident_memory_bytes
 from leveret.broker.broker import VERSION
 from leveret.broker.management.http import BROKER
 from leveret.broker.management.overview import alarm_state
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker

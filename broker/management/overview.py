@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+
 from leveret.broker.alarms import resident_memory_bytes, total_memory_bytes
 from leveret.broker.broker import VERSION
 from leveret.broker.management import views

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
+
 from leveret.broker import admin
 from leveret.broker.management import views
 from leveret.broker.management.http import (

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
+
 from leveret.broker.admin import BadRequest
 from leveret.broker.management import streamops, views
 from leveret.broker.management.http import (

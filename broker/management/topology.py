@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from aiohttp import web
+
 from leveret.amqp.content import Message
 from leveret.amqp.properties import Properties
 from leveret.broker import admin

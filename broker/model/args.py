@@ -283,6 +283,29 @@ def queue_type_of(arguments: dict[str, Any], resource_text: str) -> str:
     return name
 
 
+MAX_NESTING = 100
+
+
+def check_nesting(arguments: dict[str, Any], resource_text: str) -> None:
+    """Refuse an arguments table nested deeper than MAX_NESTING tables and arrays. RabbitMQ
+    has no such limit, but every layer that keeps or compares arguments (the metadata store,
+    equivalence checks, binding keys) walks them recursively, and no real use nests them."""
+    stack = [(value, 1) for value in arguments.values()]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > MAX_NESTING:
+            raise PreconditionFailed(
+                f"arguments for {resource_text} are nested more than {MAX_NESTING} levels deep"
+            )
+        stack.extend((child, depth + 1) for child in children)
+
+
 def check_queue_args(arguments: dict[str, Any], queue_type: str, resource_text: str) -> None:
     """RabbitMQ's check_declare_arguments: typed validators, then keys of other types."""
     allowed = QUEUE_TYPE_ARGS[queue_type]

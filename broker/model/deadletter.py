@@ -16,20 +16,34 @@ from leveret.broker.model.message import InboundMessage
 
 def routing_keys_of(message: InboundMessage) -> list[str]:
     """The routing key plus CC (not BCC), as dead-lettering republishes with."""
-    keys = [message.routing_key]
-    cc = message.headers.get("CC")
-    if isinstance(cc, list):
-        keys += [
-            k.decode() if isinstance(k, bytes) else k for k in cc if isinstance(k, str | bytes)
-        ]
-    return keys
+    return [message.routing_key, *string_list(message.headers.get("CC"))]
+
+
+def string_list(value: Any) -> list[str]:
+    """The strings of a CC or BCC header (anything else in it is ignored). A longstr that is
+    not UTF-8 cannot equal any name here; it is read with replacement characters, so that it
+    can still match a `#` binding."""
+    if not isinstance(value, list):
+        return []
+    return [
+        v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+        for v in value
+        if isinstance(v, str | bytes)
+    ]
+
+
+def _deaths(headers: dict[str, Any]) -> list[Any]:
+    """The x-death entries of a message; a publisher may have sent anything under that name,
+    and what is not an array of tables is ignored, as RabbitMQ does."""
+    deaths = headers.get("x-death")
+    return [d for d in deaths if isinstance(d, dict)] if isinstance(deaths, list) else []
 
 
 def dead_lettered_copy(
     message: InboundMessage, queue_name: str, reason: str, now_ms: int, dlx: str, dlrk: str | None
 ) -> InboundMessage:
     headers = dict(message.headers)
-    deaths: list[Any] = [d for d in headers.get("x-death", []) if isinstance(d, dict)]
+    deaths = _deaths(headers)
     now = datetime.datetime.fromtimestamp(now_ms // 1000, tz=datetime.UTC)
     existing = next(
         (d for d in deaths if d.get("queue") == queue_name and d.get("reason") == reason), None
@@ -37,7 +51,9 @@ def dead_lettered_copy(
     if existing is not None:
         deaths.remove(existing)
         entry = dict(existing)
-        entry["count"] = int(entry.get("count", 0)) + 1
+        count = entry.get("count")
+        valid = isinstance(count, int) and not isinstance(count, bool)
+        entry["count"] = count + 1 if valid else 1
     else:
         entry = {
             "count": 1,
@@ -71,9 +87,7 @@ def is_cycle(message: InboundMessage, target_queue: str, reason: str) -> bool:
     `rejected` death lies on the way (a client took part in the cycle)."""
     if reason == "rejected":
         return False
-    for death in message.headers.get("x-death", []):
-        if not isinstance(death, dict):
-            continue
+    for death in _deaths(message.headers):
         if death.get("reason") == "rejected":
             return False
         if death.get("queue") == target_queue:

@@ -72,6 +72,7 @@ class _Batch:
     confirms: list[Confirm] = field(default_factory=list)
     settled: IntervalSet = field(default_factory=IntervalSet)
     delivered: IntervalSet = field(default_factory=IntervalSet)
+    tail: list[QueuedMessage] = field(default_factory=list)  # entries kept in the log only
 
 
 def _ranges(intervals: IntervalSet) -> bytes:
@@ -123,7 +124,7 @@ class PagedStore:
             entry.store_ref = PENDING
             self.tail_count += 1
             self.tail_bytes += len(entry.message.body)
-            self.queue.write_later(entry)
+            self.queue.write_later(entry, tail=True)
         else:
             self.head.push(entry)
 
@@ -183,9 +184,11 @@ class DurableClassicQueue(ClassicQueue):
 
     # -- writing ------------------------------------------------------------------------------
 
-    def write_later(self, entry: QueuedMessage) -> None:
+    def write_later(self, entry: QueuedMessage, tail: bool = False) -> None:
         entry.store_ref = PENDING
         self._batch.entries.append(entry)
+        if tail:
+            self._batch.tail.append(entry)
         self._schedule()
 
     def _schedule(self) -> None:
@@ -240,11 +243,31 @@ class DurableClassicQueue(ClassicQueue):
         except StorageError as error:
             log.error("durable queue write failed", queue=self.name, vhost=self.vhost.name,
                       error=str(error))
-            for confirm in batch.confirms:
-                confirm.settle(False)
+            self._write_failed(batch)
             return
         for confirm in batch.confirms:
             confirm.settle(True)
+
+    def _write_failed(self, batch: _Batch) -> None:
+        """A write failed (a full disk): the log was cut back to before it. If the messages
+        were not written, their publishes are nacked; those that were to live in the log only
+        (the paged-out tail) are gone, and the others stay in memory only, as transient
+        messages do. The settled and delivered ranges go with the next write."""
+        written = not any(entry.store_ref is PENDING for entry in batch.entries)
+        for entry in batch.entries:
+            if entry.store_ref is PENDING or entry.store_ref is SETTLED_EARLY:
+                entry.store_ref = None
+        store = self.messages
+        if not written and isinstance(store, PagedStore):
+            for entry in batch.tail:
+                store.tail_count -= 1
+                store.tail_bytes -= len(entry.message.body)
+        for confirm in batch.confirms:
+            confirm.settle(written)
+        for start, end in batch.settled.ranges():
+            self._batch.settled.add_range(start, end)
+        for start, end in batch.delivered.ranges():
+            self._batch.delivered.add_range(start, end)
 
     def _write(self, batch: _Batch) -> None:
         entries = [e for e in batch.entries if e.store_ref is PENDING]

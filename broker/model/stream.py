@@ -409,7 +409,7 @@ class StreamQueue(Queue):
                 try:
                     chunk = cursor.reader.read()
                 except StorageError as error:
-                    log.error("stream read failed", stream=self.name, error=str(error))
+                    self._read_failed(consumer, error)
                     return
                 if chunk is None:
                     return
@@ -438,6 +438,15 @@ class StreamQueue(Queue):
             sink.send_records(consumer, offsets, records)
             self.stats_delivered += len(records)
             credit -= len(records)
+
+    def _read_failed(self, consumer: Consumer, error: StorageError) -> None:
+        """The consumer's next chunk cannot be read (damaged on disk, or the file is gone).
+        Corrupt data is never delivered, and the consumer cannot move past it: it is cancelled
+        (basic.cancel, as when its queue goes away), with one log line naming the file."""
+        log.error("stream read failed; consumer cancelled", stream=self.name,
+                  vhost=self.vhost.name, consumer=consumer.tag, error=str(error))
+        self.remove_consumer(consumer)
+        consumer.sink.server_cancel(consumer)
 
     def ack(self, entry: Any, consumer: Consumer | None = None) -> None:
         """An ack is credit; for a tracked consumer it also moves the stored offset."""

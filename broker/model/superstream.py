@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import mmh3
+
 from leveret.broker.model.errors import PreconditionFailed
 from leveret.broker.model.exchange import DirectExchange
 

@@ -16,7 +16,12 @@ from typing import Any
 from leveret.broker.model import args as qargs
 from leveret.broker.model import dedup
 from leveret.broker.model.binding import MISSING, Binding, describe_pair, equivalent
-from leveret.broker.model.deadletter import dead_lettered_copy, is_cycle, routing_keys_of
+from leveret.broker.model.deadletter import (
+    dead_lettered_copy,
+    is_cycle,
+    routing_keys_of,
+    string_list,
+)
 from leveret.broker.model.errors import (
     AccessRefused,
     CommandInvalid,
@@ -119,6 +124,7 @@ class VHost:
             if name == "":
                 raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
             return self.exchange(name)
+        qargs.check_nesting(arguments, self.rs("exchange", name))
         cls = exchange_class(type_)
         if cls is None:
             raise CommandInvalid(f"unknown exchange type '{type_}'")
@@ -270,6 +276,7 @@ class VHost:
             queue.touch()
             return queue
         rs = self.rs("queue", name or "amq.gen")
+        qargs.check_nesting(arguments, rs)
         queue_type = qargs.queue_type_of(arguments, rs)
         if name == "":
             if queue_type == "stream":
@@ -412,6 +419,7 @@ class VHost:
         if kind == "queue":
             self.check_exclusive(destination, owner)
         arguments = dict(arguments or {})
+        qargs.check_nesting(arguments, self.rs(kind, destination_name))
         source.check_binding(routing_key, arguments)
         binding = Binding(source, destination, routing_key, arguments)
         if source.add(binding) and source.durable and getattr(destination, "durable", False):
@@ -435,6 +443,7 @@ class VHost:
         destination = table.get(destination_name)
         if source is None or destination is None:
             return
+        qargs.check_nesting(arguments or {}, self.rs(kind, destination_name))
         binding = source.bindings.get(
             Binding(source, destination, routing_key, dict(arguments or {})).key
         )
@@ -451,7 +460,7 @@ class VHost:
         headers = message.headers
         keys: Any = message.routing_key
         if "CC" in headers or "BCC" in headers:
-            keys = routing_keys_of(message) + _string_list(headers.get("BCC"))
+            keys = routing_keys_of(message) + string_list(headers.get("BCC"))
         if exchange.name == "":
             if isinstance(keys, str):
                 queue = self.queues.get(keys)
@@ -514,7 +523,3 @@ class VHost:
                 target.publish(copy, None)
 
 
-def _string_list(value: Any) -> list[str]:
-    if not isinstance(value, list):
-        return []
-    return [v.decode() if isinstance(v, bytes) else v for v in value if isinstance(v, str | bytes)]

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+from pamqp import commands as m
+
 from leveret.amqp import codec
 from leveret.amqp import constants as c
 from leveret.amqp.content import Message, content_frames
@@ -32,7 +34,6 @@ from leveret.broker.model.message import Confirm, QueuedMessage
 from leveret.broker.model.vhost import server_generated_name
 from leveret.broker.session import queries
 from leveret.broker.session.errors import to_amqp
-from pamqp import commands as m
 
 if TYPE_CHECKING:
     from leveret.broker.session.connection import Session

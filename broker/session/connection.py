@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pamqp import commands
+
 from leveret.amqp import auth as wire_auth
 from leveret.amqp import constants as c
 from leveret.amqp.connection import BadProtocolHeader, State, WireConnection
@@ -27,7 +29,6 @@ from leveret.broker import logs
 from leveret.broker.model.errors import AccessRefused, BrokerError
 from leveret.broker.session.channel import Channel
 from leveret.broker.session.errors import to_amqp
-from pamqp import commands
 
 if TYPE_CHECKING:
     from leveret.broker.auth import Permission, User
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 log = logs.get("leveret.connection")
 _ids = itertools.count(1)
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+FLUSH_EARLY_BYTES = 1 << 20  # unwritten output that is written at once, mid-turn
+DRAIN_TIMEOUT_S = 5.0  # how long a closing socket may take to send what is buffered
 
 
 class Session(asyncio.Protocol):
@@ -57,6 +60,7 @@ class Session(asyncio.Protocol):
         self.peer: tuple[str, int] = ("", 0)
         self.channels: dict[int, Channel] = {}
         self._out: list[bytes] = []
+        self._out_bytes = 0  # of what write_many added to _out
         self._flush_scheduled = False
         self._after_turn: list[Callable[[], None]] = []
         self.writable = True
@@ -156,7 +160,13 @@ class Session(asyncio.Protocol):
 
     def write_many(self, parts: list[bytes]) -> None:
         self._out += parts
-        if not self._flush_scheduled:
+        self._out_bytes += sum(map(len, parts))
+        if self._out_bytes > FLUSH_EARLY_BYTES:
+            # A consumer without a prefetch limit (or no_ack) on a long queue: write now, so
+            # that a peer that reads slowly pauses the transport (and so the deliveries)
+            # instead of the whole queue piling up here in one turn.
+            self._flush()
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
@@ -173,6 +183,7 @@ class Session(asyncio.Protocol):
             callbacks, self._after_turn = self._after_turn, []
             for callback in callbacks:
                 callback()
+        self._out_bytes = 0
         if not self._out or self.transport is None or self.transport.is_closing():
             self._out.clear()
             return
@@ -364,6 +375,14 @@ class Session(asyncio.Protocol):
         self._flush()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+            # close() waits for the write buffer to drain, which a peer that stopped reading
+            # never lets happen: the socket and all it holds would stay forever.
+            self.loop.call_later(DRAIN_TIMEOUT_S, self._drop)
+
+    def _drop(self) -> None:
+        """Close the socket at once, discarding what is still buffered for the peer."""
+        if not self.closed and self.transport is not None:
+            self.transport.abort()
 
     def _loopback(self) -> bool:
         host = self.peer[0]
@@ -394,7 +413,7 @@ class Session(asyncio.Protocol):
                 connection=self.name,
                 client=self.client_product,
             )
-            self.abort()
+            self._drop()  # the peer is gone or stuck: nothing buffered for it will be read
             return
         if now - self.last_sent >= interval / 2 - 0.05:
             self.write(HEARTBEAT_FRAME)

@@ -19,9 +19,10 @@ import json
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from pamqp import commands
+
 from leveret.amqp.content import Message
 from leveret.broker.model.errors import NotFound, PreconditionFailed
-from pamqp import commands
 
 PREFIX = "amq.leveret."
 

@@ -19,10 +19,11 @@ from unittest import mock
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pamqp import commands, constants, frame
+
 from leveret.amqp import codec
 from leveret.amqp import constants as c
 from leveret.amqp.errors import AMQPError
-from pamqp import commands, constants, frame
 
 _NAME = constants.DOMAIN_REGEX["exchange-name"]
 _ANY_NAME = re.compile(r".*", re.DOTALL)

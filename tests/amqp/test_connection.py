@@ -10,6 +10,9 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pamqp import commands, frame
+from pamqp.header import ContentHeader
+
 from leveret.amqp import constants as c
 from leveret.amqp.connection import (
     BadProtocolHeader,
@@ -20,8 +23,6 @@ from leveret.amqp.connection import (
 )
 from leveret.amqp.errors import AMQPError
 from leveret.amqp.frames import FrameBuffer, encode_frame
-from pamqp import commands, frame
-from pamqp.header import ContentHeader
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 SERVER_PROPERTIES = {"product": "Leveret", "capabilities": {"basic.nack": True}}

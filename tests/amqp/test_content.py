@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pamqp import commands, encode
+
 from leveret.amqp import auth
 from leveret.amqp import constants as c
 from leveret.amqp import properties as props
 from leveret.amqp.content import Message, content_frames
 from leveret.amqp.errors import AMQPError
 from leveret.amqp.frames import FrameBuffer
-from pamqp import commands, encode
 
 
 def split(parts: list[bytes]) -> list[tuple[int, int, bytes]]:

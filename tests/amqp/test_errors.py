@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from leveret.amqp import constants as c
 from leveret.amqp.errors import (
     AMQPError,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pamqp import commands, frame, heartbeat
+
 from leveret.amqp import constants as c
 from leveret.amqp.frames import (
     HEARTBEAT_FRAME,
@@ -13,7 +15,6 @@ from leveret.amqp.frames import (
     unexpected_frame_type,
     unknown_frame,
 )
-from pamqp import commands, frame, heartbeat
 
 
 def method_frame(channel: int, method: object) -> bytes:

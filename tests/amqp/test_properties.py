@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from leveret.amqp import properties as props
-from leveret.amqp.errors import AMQPError
 from pamqp import commands
 from pamqp.header import ContentHeader
+
+from leveret.amqp import properties as props
+from leveret.amqp.errors import AMQPError
 
 Properties = commands.Basic.Properties
 

@@ -6,6 +6,7 @@ import itertools
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from leveret.broker.model.intervals import IntervalSet
 
 ops = st.lists(st.one_of(

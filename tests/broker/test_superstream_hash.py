@@ -7,6 +7,7 @@ same table): partitions invoices-01..03, routing keys hello1..hello10 and hello8
 from __future__ import annotations
 
 import pytest
+
 from leveret.broker.model.superstream import partition_for
 
 # rabbitmq-stream-go-client, pkg/stream/super_stream_producer_test.go ("Partitioning using

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from leveret.broker.model.binding import Binding
 from leveret.broker.model.exchange import TopicExchange
 

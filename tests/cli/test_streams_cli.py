@@ -9,11 +9,12 @@ from typing import Any
 
 import pika
 import pytest
-from leveret.cli.streams import app
 from support.amqp import connect, consume, drain
 from support.brokers import InProcessBroker
 from support.ports import free_port
 from typer.testing import CliRunner
+
+from leveret.cli.streams import app
 
 STREAM = {"x-queue-type": "stream"}
 COMMANDS = ["add_super_stream", "delete_super_stream", "stream_status", "restart_stream",

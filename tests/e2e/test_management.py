@@ -13,12 +13,13 @@ from typing import Any
 import pika
 import pika.exceptions
 import pytest
-from leveret.broker.config import Config
-from leveret.broker.server import Server, ServerError
 from prometheus_client.parser import text_string_to_metric_families
 from support.amqp import connect, consume, drain
 from support.brokers import InProcessBroker
 from support.management import Http, q
+
+from leveret.broker.config import Config
+from leveret.broker.server import Server, ServerError
 
 STREAM = {"x-queue-type": "stream"}
 NOT_FOUND = {"error": "Object Not Found", "reason": "Not Found"}

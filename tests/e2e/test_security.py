@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pika
 import pytest
-from leveret.broker.auth import Permission, check_password, hash_password
 from support.amqp import channel_error, connect, drain
 from support.brokers import BrokerProcess, InProcessBroker
 from support.ports import free_port
+
+from leveret.broker.auth import Permission, check_password, hash_password
 
 
 def add_user(broker: InProcessBroker, name: str, password: str, vhost: str = "/",

@@ -5,9 +5,10 @@ from __future__ import annotations
 import collections
 
 import pytest
-from leveret.broker.model import superstream
 from support.amqp import connect, consume
 from support.brokers import InProcessBroker
+
+from leveret.broker.model import superstream
 
 
 def create(broker: InProcessBroker, name: str, **kwargs) -> list[str]:  # type: ignore[no-untyped-def]

@@ -21,8 +21,6 @@ from typing import Any
 
 import pika
 import pytest
-from leveret.broker.auth import Permission
-from leveret.broker.server import Server
 from pamqp import commands, frame
 from pamqp.header import ContentHeader
 from support.brokers import InProcessBroker
@@ -37,6 +35,9 @@ from support.rawamqp import (
     plain,
     raw_frame,
 )
+
+from leveret.broker.auth import Permission
+from leveret.broker.server import Server
 
 HOST = "127.0.0.1"
 Error = tuple[int, str, int, int]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from leveret.storage import FakeClock, Log, LogConfig
 from leveret.storage import chunk as ck
 

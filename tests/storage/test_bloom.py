@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from leveret.storage import bloom
 
 values_st = st.lists(st.one_of(st.none(), st.binary(max_size=16)), min_size=1, max_size=30)

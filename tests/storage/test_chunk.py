@@ -7,6 +7,7 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from leveret.storage import chunk as ck
 from leveret.storage import tracking
 from leveret.storage.errors import BadChunk

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from leveret.storage import layout
 from leveret.storage.index import IndexEntry, IndexView, MemoryIndex, decode_entries, encode_entry
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from leveret.storage import CorruptLogError, FakeClock, Log, LogConfig, inspect
 
 OpenLog = Callable[..., Log]

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
 from leveret.storage import (
     DiskFullError,
     Log,

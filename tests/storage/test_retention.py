@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from leveret.storage import FakeClock, Log, LogConfig, OffsetSpec
 from leveret.storage import retention as rt
 from leveret.storage.segment import SegmentInfo

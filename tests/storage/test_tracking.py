@@ -7,6 +7,7 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from leveret.storage import ChunkType
 from leveret.storage import tracking as tr
 from leveret.storage.chunk import crc32c

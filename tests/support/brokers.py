@@ -17,9 +17,10 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
+from support.ports import free_port, wait_for_port
+
 from leveret.broker.config import Config
 from leveret.broker.server import Server
-from support.ports import free_port, wait_for_port
 
 T = TypeVar("T")
 
