@@ -74,6 +74,7 @@ def _queues(vhost: VHost) -> list[dict[str, Any]]:
             "vhost": vhost.name,
             "durable": q.durable,
             "auto_delete": q.auto_delete,
+            "type": q.type,
             "arguments": _json(q.arguments),
         }
         for q in vhost.queues.values()
@@ -132,6 +133,7 @@ def export_all(broker: Broker) -> dict[str, Any]:
                 "name": v.name,
                 "description": meta.get(v.name, ("", []))[0],
                 "tags": meta.get(v.name, ("", []))[1],
+                "limits": [],
                 "metadata": {
                     "description": meta.get(v.name, ("", []))[0],
                     "tags": meta.get(v.name, ("", []))[1],

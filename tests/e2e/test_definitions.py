@@ -122,7 +122,7 @@ def test_per_vhost_export_and_import(managed_broker: InProcessBroker) -> None:
     billing = http.ok("/api/definitions/billing")
     assert set(billing) >= {"queues", "exchanges", "bindings", "policies"}
     assert billing["queues"] == [{"name": "invoices.pending", "durable": True,
-                                  "auto_delete": False,
+                                  "auto_delete": False, "type": "classic",
                                   "arguments": {"x-single-active-consumer": True}}]
     assert http.put("/api/vhosts/staging").status == 201
     assert http.post("/api/definitions/staging", billing).status == 204
@@ -215,3 +215,48 @@ def test_tags_as_string_or_list_and_plain_passwords(managed_broker: InProcessBro
     }).status == 204
     assert managed_broker.broker.users.users["carol"].tags == ["administrator", "management"]
     login(managed_broker.port, "carol", "c-pw").close()
+
+
+def _keys(entries: list[dict[str, object]]) -> set[str]:
+    """Every key the entries of one section use."""
+    return {key for entry in entries for key in entry}
+
+
+def test_the_export_has_rabbitmqs_format(reference, managed_broker: InProcessBroker) -> None:  # type: ignore[no-untyped-def]
+    """The same topology on both brokers exports with every key RabbitMQ 3.10's export has, in
+    every section (Leveret adds the newer top-level vhost description and tags, as 4.x does;
+    values such as versions and hashes differ, keys do not)."""
+    import json
+    import urllib.request
+    import uuid
+
+    import pika
+
+    name = f"defs-{uuid.uuid4().hex[:8]}"
+    for port in (reference.port, managed_broker.port):
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        ch = conn.channel()
+        ch.exchange_declare(name, "topic", durable=True, arguments={"alternate-exchange": "ae"})
+        ch.queue_declare(name, durable=True, arguments={"x-max-length": 10})
+        ch.queue_bind(name, name, "a.#")
+        conn.close()
+    exported = json.loads(reference.ctl("export_definitions", "-"))
+    port = managed_broker.config.management_port
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/definitions")
+    request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+    ours = json.loads(urllib.request.urlopen(request, timeout=10).read())
+    assert set(exported) <= set(ours)
+    for section in ("users", "vhosts", "permissions", "queues", "exchanges", "bindings"):
+        assert _keys(exported[section]) <= _keys(ours[section]), section
+    theirs_queue = next(q for q in exported["queues"] if q["name"] == name)
+    our_queue = next(q for q in ours["queues"] if q["name"] == name)
+    for key in ("name", "vhost", "durable", "auto_delete", "arguments"):
+        assert our_queue[key] == theirs_queue[key], key
+    for entries in (exported["bindings"], ours["bindings"]):
+        (binding,) = [b for b in entries if b["source"] == name]
+        assert (binding["destination"], binding["routing_key"]) == (name, "a.#")
+    for conn_port in (reference.port, managed_broker.port):
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", conn_port))
+        conn.channel().queue_delete(name)
+        conn.channel().exchange_delete(name)
+        conn.close()

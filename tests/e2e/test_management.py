@@ -547,6 +547,7 @@ def test_definitions_endpoints(http: Http) -> None:
     assert [x["name"] for x in exported["queues"]] == ["kept"]
     vhost_only = http.ok(f"/api/definitions/{q('/')}")
     assert vhost_only["queues"] == [{"name": "kept", "durable": True, "auto_delete": False,
+                                     "type": "classic",
                                      "arguments": {}}]
     assert http.post("/api/definitions", raw=b"{not json").status == 400
     assert http.get("/api/definitions/nohost").status == 404

@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 from support.ports import free_port
 
 RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+RABBITMQCTL = Path("/usr/lib/rabbitmq/bin/rabbitmqctl")
 
 
 @dataclass
@@ -29,6 +30,19 @@ class Reference:
     kind: str
     stop: Any = None
     version: str = ""
+    ctl_env: dict[str, str] | None = None  # set for a local rabbitmq-server: rabbitmqctl works
+
+    def ctl(self, *args: str) -> str:
+        """Run rabbitmqctl against this node; skips the test when that is not possible."""
+        import pytest
+
+        if self.ctl_env is None:
+            pytest.skip(f"rabbitmqctl needs the local reference node, not {self.kind}")
+        result = subprocess.run([str(RABBITMQCTL), *args], env=self.ctl_env,
+                                capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            raise RuntimeError(f"rabbitmqctl {' '.join(args)}: {result.stderr or result.stdout}")
+        return result.stdout
 
     @property
     def port(self) -> int:
@@ -125,7 +139,8 @@ def _start_local() -> Reference:
         output = (base / "server.log").read_text(errors="replace")[-2000:]
         stop()
         raise RuntimeError(f"rabbitmq-server did not start:\n{output}") from None
-    return Reference(f"amqp://guest:guest@127.0.0.1:{port}/", "rabbitmq-server", stop)
+    return Reference(f"amqp://guest:guest@127.0.0.1:{port}/", "rabbitmq-server", stop,
+                     ctl_env=env)
 
 
 def start_reference() -> Reference | str:
