@@ -12,20 +12,66 @@ from __future__ import annotations
 
 import copy
 import struct
+from collections.abc import Iterator, Mapping
 from typing import Any
+
+from pamqp import decode
 
 from leveret.amqp import constants as c
 from leveret.amqp import properties as props
+from leveret.amqp import tables
+from leveret.amqp.errors import AMQPError
 
 _FRAME_HEAD = struct.Struct(">BHI")
 _END = c.FRAME_END_BYTE
 _KEEP: Any = object()
 
 
+class LazyHeaders(Mapping[str, Any]):
+    """A message's headers table, read entry by entry: finding a key measures the entries
+    (tables.raw_entries); a value is decoded by pamqp only when it is asked for."""
+
+    __slots__ = ("_decoded", "_raw")
+
+    def __init__(self, content: bytes) -> None:
+        try:
+            self._raw = tables.raw_entries(content)
+        except (ValueError, IndexError, UnicodeDecodeError, struct.error) as exc:
+            raise AMQPError(
+                c.FRAME_ERROR, f"cannot decode content header: {type(exc).__name__}", 60, 0
+            ) from None
+        self._decoded: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self._decoded:
+            return self._decoded[key]
+        raw = self._raw[key]
+        try:
+            _used, value = decode.embedded_value(raw[1 + raw[0] :])
+        except (ValueError, IndexError, UnicodeDecodeError, struct.error, RecursionError) as exc:
+            raise AMQPError(
+                c.FRAME_ERROR, f"cannot decode content header: {type(exc).__name__}", 60, 0
+            ) from None
+        self._decoded[key] = value
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._raw
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
+_NO_HEADERS: Mapping[str, Any] = {}
+
+
 class Message:
     """One published message, with lazily decoded properties."""
 
-    __slots__ = ("_props", "body", "exchange", "header", "routing_key")
+    __slots__ = ("_headers", "_props", "_quick", "body", "exchange", "header", "routing_key")
 
     def __init__(self, exchange: str, routing_key: str, header: bytes, body: bytes) -> None:
         self.exchange = exchange
@@ -33,6 +79,8 @@ class Message:
         self.header = header
         self.body = body
         self._props: Any = None
+        self._quick: Any = None
+        self._headers: Any = None
 
     @classmethod
     def build(cls, exchange: str, routing_key: str, body: bytes, properties: Any = None) -> Message:
@@ -46,28 +94,44 @@ class Message:
             self._props = props.decode(self.header)
         return self._props
 
+    def _fields(self) -> tuple[int, int, int, int, str | None]:
+        quick = self._quick
+        if quick is None:
+            quick = props.quick_fields(self.header)
+            if quick is None:  # unusual: let pamqp decode (and judge) everything
+                p = self.properties
+                quick = (0, 0, p.delivery_mode or 0, p.priority or 0, p.expiration)
+            self._quick = quick
+        fields: tuple[int, int, int, int, str | None] = quick
+        return fields
+
     @property
-    def headers(self) -> dict[str, Any]:
+    def headers(self) -> Mapping[str, Any]:
         if not self.header[12] & 0x20:  # FLAG_HEADERS is bit 13: high byte, bit 5
-            return {}
-        return self.properties.headers or {}
+            return _NO_HEADERS
+        if self._headers is None:
+            start, end = self._fields()[:2]  # end is 0 only when pamqp had to decode it all
+            self._headers = (
+                LazyHeaders(self.header[start:end]) if end else self.properties.headers or {}
+            )
+        headers: Mapping[str, Any] = self._headers
+        return headers
 
     @property
     def delivery_mode(self) -> int:
-        return self.properties.delivery_mode or 1
+        return self._fields()[2] or 1
 
     @property
     def persistent(self) -> bool:
-        return self.properties.delivery_mode == 2
+        return self._fields()[2] == 2
 
     @property
     def priority(self) -> int:
-        return self.properties.priority or 0
+        return self._fields()[3]
 
     @property
     def expiration(self) -> str | None:
-        value = self.properties.expiration
-        return value if value else None
+        return self._fields()[4] or None
 
     @property
     def size(self) -> int:

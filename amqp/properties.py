@@ -230,3 +230,50 @@ def set_headers(payload: bytes, headers: dict[str, Any], previous: bytes,
     return b"".join(
         (payload[:12], _U16.pack(flags | FLAG_HEADERS), payload[14:pos], table, payload[pos:])
     )
+
+
+_FLAG_DELIVERY_MODE = 1 << 12
+_FLAG_PRIORITY = 1 << 11
+_FLAG_CORRELATION_ID = 1 << 10
+_FLAG_REPLY_TO = 1 << 9
+_FLAG_EXPIRATION = 1 << 8
+
+
+def quick_fields(payload: bytes) -> tuple[int, int, int, int, str | None] | None:
+    """What routing and queues need, read without decoding the rest: (headers table content
+    start, end, delivery_mode, priority, expiration). The properties come in flag order, so
+    the walk stops after expiration. None if the header is unusual (flag continuation words,
+    or bytes that do not add up): the caller then decodes everything with pamqp."""
+    try:
+        flags = (payload[12] << 8) | payload[13]
+        if flags & 1:
+            return None
+        pos = 14
+        if flags & FLAG_CONTENT_TYPE:
+            pos += 1 + payload[pos]
+        if flags & FLAG_CONTENT_ENCODING:
+            pos += 1 + payload[pos]
+        start = end = 0
+        if flags & FLAG_HEADERS:
+            start = pos + 4
+            end = start + _U32.unpack_from(payload, pos)[0]
+            pos = end
+        delivery_mode = priority = 0
+        if flags & _FLAG_DELIVERY_MODE:
+            delivery_mode = payload[pos]
+            pos += 1
+        if flags & _FLAG_PRIORITY:
+            priority = payload[pos]
+            pos += 1
+        expiration = None
+        if flags & _FLAG_EXPIRATION:
+            if flags & _FLAG_CORRELATION_ID:
+                pos += 1 + payload[pos]
+            if flags & _FLAG_REPLY_TO:
+                pos += 1 + payload[pos]
+            expiration = payload[pos + 1 : pos + 1 + payload[pos]].decode("utf-8")
+        if end > len(payload) or pos > len(payload):
+            return None
+        return start, end, delivery_mode, priority, expiration
+    except (IndexError, struct.error, UnicodeDecodeError):
+        return None

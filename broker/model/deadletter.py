@@ -53,7 +53,7 @@ def dead_lettered_copy(
         entry = dict(existing)
         count = entry.get("count")
         valid = isinstance(count, int) and not isinstance(count, bool)
-        entry["count"] = count + 1 if valid else 1
+        entry["count"] = count + 1 if valid and count is not None else 1
     else:
         entry = {
             "count": 1,

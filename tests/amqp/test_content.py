@@ -124,3 +124,31 @@ def test_any_response_parses_or_is_refused(mechanism: str, response: bytes) -> N
         return
     assert isinstance(user, str)
     assert isinstance(password, str)
+
+
+def test_quick_fields_agree_with_pamqp() -> None:
+    """delivery_mode, priority, expiration and headers read without a full decode give what
+    pamqp's full decode gives, for every combination of the properties before expiration."""
+    import itertools
+
+    from pamqp import commands
+
+    from leveret.amqp.content import Message
+
+    values = {
+        "content_type": "text/plain", "content_encoding": "gzip",
+        "headers": {"a": 1, "CC": ["x"], "n": {"deep": [1, "two"]}}, "delivery_mode": 2,
+        "priority": 7, "correlation_id": "c-1", "reply_to": "r", "expiration": "1500",
+        "message_id": "m",
+    }
+    names = list(values)
+    for mask in itertools.product([False, True], repeat=len(names)):
+        chosen = {n: values[n] for n, on in zip(names, mask, strict=True) if on}
+        message = Message.build("", "q", b"x", commands.Basic.Properties(**chosen))
+        full = message.properties
+        assert message.delivery_mode == (full.delivery_mode or 1)
+        assert message.persistent == (full.delivery_mode == 2)
+        assert message.priority == (full.priority or 0)
+        assert message.expiration == (full.expiration or None)
+        assert dict(message.headers) == (full.headers or {})
+        assert ("CC" in message.headers) == ("CC" in (full.headers or {}))
