@@ -421,3 +421,24 @@ async def test_aio_pika_consumes_a_stream(broker: InProcessBroker) -> None:
                 if len(seen) == 5:
                     break
         assert seen == [0, 1, 2, 3, 4]
+
+
+def test_stream_offsets_and_partitions_queries(broker, conn) -> None:  # type: ignore[no-untyped-def]
+    from leveret.broker.model import superstream
+
+    ch = conn.channel()
+    ch.confirm_delivery()
+    declare_stream(ch, "so")
+    publish(ch, "so", [b"a", b"b", b"c"])
+    _m, _p, body = ch.basic_get("amq.leveret.stream-offsets?stream=so", auto_ack=True)
+    assert json.loads(body) == {"stream": "so", "first": 0, "last": 2, "committed": 2, "next": 3}
+    vhost = broker.broker.vhosts["/"]
+    broker.call(lambda: superstream.add(vhost, "orders", binding_keys=["eu", "us"]))
+    _m, _p, body = ch.basic_get("amq.leveret.partitions?superstream=orders", auto_ack=True)
+    assert json.loads(body) == {"superstream": "orders", "partitions": [
+        {"stream": "orders-eu", "binding_key": "eu"}, {"stream": "orders-us", "binding_key": "us"}]}
+    query = "amq.leveret.partitions?superstream=amq.direct"
+    code, text = channel_error(lambda: ch.basic_get(query))
+    assert code == 406 and "is not a super stream" in text
+    code, _text = channel_error(lambda: conn.channel().basic_get("amq.leveret.nothing"))
+    assert code == 404
