@@ -1,0 +1,272 @@
+"""Throughput and latency scenarios: (a) stream publish, (b)/(c) stream consumers from
+`first`, (d) publish-to-deliver latency at a fixed rate, (e) a durable classic queue.
+
+Role: declare a fresh queue or stream, set up connections, run the hot paths of publish.py and
+consume.py (in several processes where the scenario says so), check correctness (every confirm
+came, every message arrived exactly once and in order), measure broker CPU, delete the queue,
+and describe the outcome as result dicts, one per JSON line.
+
+It must not know any broker. Threading contract: main thread; it forks workers (workers.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+from loadgen import workers
+from loadgen.common import (
+    DEFAULT_MESSAGES,
+    STREAM,
+    Options,
+    cleanup,
+    con_dict,
+    errors_of,
+    prefill,
+    pub_dict,
+    result,
+    span,
+    template_for,
+)
+from loadgen.consume import ConsumeStats, consume
+from loadgen.measure import BrokerProbe, SelfCpu, weighted_percentiles
+from loadgen.publish import publish_confirmed, publish_paced
+
+# ---- (a) publish with confirms into one stream
+
+
+def scenario_a(opts: Options, probe: BrokerProbe) -> list[dict]:
+    queue = opts.queue_name("a")
+    admin = opts.connect()
+    admin.declare_queue(queue, arguments=STREAM)
+
+    def worker(pid: int, ready: workers.Ready) -> dict:
+        conn = opts.connect()
+        conn.confirm_select()
+        template = template_for(opts, conn, queue, pid)
+        ready()
+        cpu = SelfCpu()
+        cpu.start()
+        stats = publish_confirmed(conn, template, duration_s=opts.duration, window=opts.window)
+        conn.close()
+        return pub_dict(stats, cpu)
+
+    res, _ = workers.run(worker, list(range(opts.processes)), probe.start)
+    cpu = probe.cpu_pct()
+    machine = probe.machine_pct()
+    admin.close()
+    cleanup(opts, queue)
+    lat = [v for r in res for v in r.get("lat", [])]
+    w = [v for r in res for v in r.get("lat_w", [])]
+    p50, p99 = weighted_percentiles(lat, w, (50, 99))
+    return [
+        result(
+            opts,
+            "a",
+            messages=sum(r.get("confirmed", 0) for r in res),
+            seconds=span(res),
+            errors=errors_of(res),
+            cpu=cpu,
+            machine=machine,
+            loadgen_cpu=sum(r.get("cpu", 0) for r in res),
+            p50=p50,
+            p99=p99,
+            latency="publish-to-confirm",
+            publishers=opts.processes,
+            published=sum(r.get("published", 0) for r in res),
+        )
+    ]
+
+
+# ---- (b) and (c): consumers of a stream from `first`
+
+
+def _stream_consumers(opts: Options, probe: BrokerProbe, scenario: str, consumers: int) -> dict:
+    count = opts.messages or DEFAULT_MESSAGES[scenario]
+    queue = opts.queue_name(scenario)
+    admin = opts.connect()
+    admin.declare_queue(queue, arguments=STREAM)
+    fill = prefill(opts, queue, count)
+
+    def worker(_: int, ready: workers.Ready) -> dict:
+        conn = opts.connect()
+        conn.qos(opts.prefetch)
+        ready()
+        cpu = SelfCpu()
+        cpu.start()
+        stats = ConsumeStats(started_ns=time.monotonic_ns())
+        conn.consume(queue, {"x-stream-offset": "first"})
+        consume(
+            conn,
+            count,
+            ack_every=opts.ack_every,
+            body_size=opts.body,
+            idle_timeout=opts.idle_timeout,
+            stats=stats,
+        )
+        conn.close()
+        return con_dict(stats, cpu)
+
+    if fill.ok:
+        res, _ = workers.run(worker, list(range(consumers)), probe.start)
+    else:
+        probe.start()
+        res = [{"errors": ["prefill failed: " + "; ".join(fill.errors or ["missing confirms"])]}]
+    cpu = probe.cpu_pct()
+    machine = probe.machine_pct()
+    rss = probe.rss_kb()
+    admin.close()
+    cleanup(opts, queue)
+    return result(
+        opts,
+        scenario,
+        messages=sum(r.get("received", 0) for r in res),
+        seconds=span(res),
+        errors=errors_of(res),
+        cpu=cpu,
+        machine=machine,
+        loadgen_cpu=sum(r.get("cpu", 0) for r in res),
+        consumers=consumers,
+        stream_messages=count,
+        prefill_msgs_per_s=round(fill.published / fill.seconds),
+        broker_rss_mb=round(rss / 1024, 1) if rss else None,
+    )
+
+
+def scenario_b(opts: Options, probe: BrokerProbe) -> list[dict]:
+    return [_stream_consumers(opts, probe, "b", 1)]
+
+
+def scenario_c(opts: Options, probe: BrokerProbe) -> list[dict]:
+    return [_stream_consumers(opts, probe, "c", opts.consumers)]
+
+
+# ---- (d) publish-to-deliver latency at a fixed rate
+
+
+def scenario_d(opts: Options, probe: BrokerProbe) -> list[dict]:
+    queue = opts.queue_name("d")
+    count = opts.messages or int(opts.rate * opts.duration)
+    admin = opts.connect()
+    admin.declare_queue(queue, arguments=STREAM)
+    pub = opts.connect()
+    pub.confirm_select()
+    template = template_for(opts, pub, queue)
+
+    def consumer(_: int, ready: workers.Ready) -> dict:
+        conn = opts.connect()
+        conn.qos(opts.prefetch)
+        conn.consume(queue, {"x-stream-offset": "first"})
+        ready()
+        cpu = SelfCpu()
+        cpu.start()
+        stats = consume(
+            conn,
+            count,
+            ack_every=opts.ack_every,
+            body_size=opts.body,
+            latency=True,
+            idle_timeout=opts.idle_timeout,
+        )
+        conn.close()
+        return con_dict(stats, cpu, latency=True)
+
+    def publisher() -> dict:
+        cpu = SelfCpu()
+        cpu.start()
+        stats = publish_paced(pub, template, rate=opts.rate, count=count, window=opts.window)
+        return pub_dict(stats, cpu)
+
+    res, pres = workers.run(consumer, [0], probe.start, parent=publisher)
+    cpu = probe.cpu_pct()
+    machine = probe.machine_pct()
+    pub.close()
+    admin.close()
+    cleanup(opts, queue)
+    c = res[0]
+    pres = pres or {"errors": ["publisher did not run"]}
+    return [
+        result(
+            opts,
+            "d",
+            messages=c.get("received", 0),
+            seconds=(pres.get("finished_ns", 0) - pres.get("started_ns", 0)) / 1e9,
+            errors=errors_of([c, pres]),
+            cpu=cpu,
+            machine=machine,
+            loadgen_cpu=c.get("cpu", 0) + pres.get("cpu", 0),
+            p50=c.get("p50"),
+            p99=c.get("p99"),
+            p999_ms=c.get("p999"),
+            max_ms=c.get("max"),
+            latency="publish-to-deliver",
+            rate=opts.rate,
+        )
+    ]
+
+
+# ---- (e) persistent publish with confirms into a durable classic queue, then consume
+
+
+def scenario_e(opts: Options, probe: BrokerProbe) -> list[dict]:
+    count = opts.messages or DEFAULT_MESSAGES["e"]
+    queue = opts.queue_name("e")
+    admin = opts.connect()
+    admin.declare_queue(queue, durable=True)
+    conn = opts.connect()
+    conn.confirm_select()
+    template = template_for(opts, conn, queue, persistent=True)
+    cpu = SelfCpu()
+    probe.start()
+    cpu.start()
+    stats = publish_confirmed(conn, template, count=count, window=opts.window)
+    pub = pub_dict(stats, cpu)
+    conn.close()
+    p50, p99 = weighted_percentiles(pub["lat"], pub["lat_w"], (50, 99))
+    out = [
+        result(
+            opts,
+            "e.publish",
+            messages=stats.confirmed,
+            seconds=stats.seconds,
+            errors=pub["errors"],
+            cpu=probe.cpu_pct(),
+            loadgen_cpu=pub["cpu"],
+            machine=probe.machine_pct(),
+            p50=p50,
+            p99=p99,
+            latency="publish-to-confirm",
+            persistent=True,
+        )
+    ]
+    if stats.ok:
+        conn = opts.connect()
+        conn.qos(opts.prefetch)
+        probe.start()
+        cpu.start()
+        cstats = ConsumeStats(started_ns=time.monotonic_ns())
+        conn.consume(queue)
+        consume(
+            conn,
+            count,
+            ack_every=opts.ack_every,
+            body_size=opts.body,
+            idle_timeout=opts.idle_timeout,
+            stats=cstats,
+        )
+        c = con_dict(cstats, cpu)
+        conn.close()
+        out.append(
+            result(
+                opts,
+                "e.consume",
+                messages=cstats.received,
+                seconds=cstats.seconds,
+                errors=c["errors"],
+                cpu=probe.cpu_pct(),
+                loadgen_cpu=c["cpu"],
+                machine=probe.machine_pct(),
+            )
+        )
+    admin.close()
+    cleanup(opts, queue)
+    return out
