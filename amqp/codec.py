@@ -17,7 +17,7 @@ from typing import Any
 from pamqp import commands, frame
 
 from leveret.amqp import constants as c
-from leveret.amqp.errors import AMQPError, erlang_bytes
+from leveret.amqp.errors import DECODE_ERRORS, AMQPError, erlang_bytes
 
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
@@ -62,15 +62,7 @@ def decode_method(payload: bytes) -> Method:
     try:
         _check_length(method, arguments)
         method.unmarshal(arguments)
-    except (
-        ValueError,
-        struct.error,
-        UnicodeDecodeError,
-        RecursionError,
-        IndexError,
-        TypeError,
-        OverflowError,
-    ):
+    except DECODE_ERRORS:
         raise cannot_decode(index, arguments) from None
     return method
 

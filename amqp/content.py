@@ -20,7 +20,7 @@ from pamqp import decode
 from leveret.amqp import constants as c
 from leveret.amqp import properties as props
 from leveret.amqp import tables
-from leveret.amqp.errors import AMQPError
+from leveret.amqp.errors import DECODE_ERRORS, AMQPError
 
 _FRAME_HEAD = struct.Struct(">BHI")
 _END = c.FRAME_END_BYTE
@@ -36,7 +36,7 @@ class LazyHeaders(Mapping[str, Any]):
     def __init__(self, content: bytes) -> None:
         try:
             self._raw = tables.raw_entries(content)
-        except (ValueError, IndexError, UnicodeDecodeError, struct.error) as exc:
+        except DECODE_ERRORS as exc:
             raise AMQPError(
                 c.FRAME_ERROR, f"cannot decode content header: {type(exc).__name__}", 60, 0
             ) from None
@@ -48,7 +48,7 @@ class LazyHeaders(Mapping[str, Any]):
         raw = self._raw[key]
         try:
             _used, value = decode.embedded_value(raw[1 + raw[0] :])
-        except (ValueError, IndexError, UnicodeDecodeError, struct.error, RecursionError) as exc:
+        except DECODE_ERRORS as exc:
             raise AMQPError(
                 c.FRAME_ERROR, f"cannot decode content header: {type(exc).__name__}", 60, 0
             ) from None

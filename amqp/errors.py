@@ -15,6 +15,8 @@ It knows nothing of the broker model; the session maps domain errors to these.
 
 from __future__ import annotations
 
+import struct
+
 from leveret.amqp import constants as c
 
 
@@ -48,6 +50,13 @@ class AMQPError(Exception):
 
     def __repr__(self) -> str:
         return f"AMQPError({self.code}, {self.explanation!r}, {self.class_id}, {self.method_id})"
+
+
+# What pamqp (and our own walks over its formats) raise on bytes that do not decode.
+DECODE_ERRORS = (
+    ValueError, struct.error, UnicodeDecodeError, RecursionError, IndexError, TypeError,
+    OverflowError,
+)
 
 
 def frame_error(explanation: str) -> AMQPError:

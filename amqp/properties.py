@@ -20,7 +20,7 @@ from pamqp.header import ContentHeader
 
 from leveret.amqp import constants as c
 from leveret.amqp import tables
-from leveret.amqp.errors import AMQPError, erlang_bytes
+from leveret.amqp.errors import DECODE_ERRORS, AMQPError, erlang_bytes
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -83,15 +83,7 @@ def decode(payload: bytes) -> Any:
     try:
         _check_length(payload)
         header.unmarshal(payload)
-    except (
-        ValueError,
-        struct.error,
-        UnicodeDecodeError,
-        RecursionError,
-        IndexError,
-        TypeError,
-        OverflowError,
-    ):
+    except DECODE_ERRORS:
         raise AMQPError(
             c.FRAME_ERROR, f"cannot decode {erlang_bytes(payload[12:])}", 60, 40
         ) from None
