@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import platform
 import time
 from collections.abc import Callable
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
     from leveret.broker.session.connection import Session
 
 VERSION = "0.1.0"
+# A full garbage collection after this many closed connections. The cyclic collector is tuned to
+# run rarely (server.settle_garbage_collector) and a closed connection leaves a few reference
+# cycles (its transport, its wire machine): under connection churn they would pile up.
+COLLECT_AFTER_CLOSED = 1000
 log = logs.get("leveret.broker")
 
 
@@ -58,6 +63,7 @@ class Broker:
         self.vhosts: dict[str, VHost] = {}
         self.connections: set[Session] = set()
         self.login_failures = 0
+        self.closed_since_collect = 0
         self.started_at = time.time()
         self.alarm: str | None = None  # "low on memory", "low on disk", ... while an alarm holds
         self.alarms = Alarms(config.data_dir, config.vm_memory_high_watermark,
@@ -152,6 +158,10 @@ class Broker:
             owned = [q for q in vhost.queues.values() if q.exclusive_owner is session]
             for queue in owned:
                 vhost.delete_queue(queue)
+        self.closed_since_collect += 1
+        if self.closed_since_collect >= COLLECT_AFTER_CLOSED:
+            self.closed_since_collect = 0
+            gc.collect()
 
     def too_many_connections(self) -> bool:
         limit = self.config.max_connections

@@ -9,13 +9,15 @@ connects. Transient entities are never written, so they are gone after a restart
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker import logs
 from leveret.broker.auth import Permission
-from leveret.broker.metastore import Metastore, load_table
+from leveret.broker.metastore import Metastore, MetastoreError, load_table
 from leveret.broker.model.binding import Binding
-from leveret.broker.model.errors import BrokerError
+from leveret.broker.model.errors import BrokerError, InternalError
 from leveret.broker.model.exchange import Exchange
 from leveret.broker.model.policy import Policy
 from leveret.broker.model.queue import Queue
@@ -33,54 +35,73 @@ class RestoreError(Exception):
     its files cannot be read); the message names the queue and the file."""
 
 
+@contextmanager
+def _recording() -> Iterator[None]:
+    """A metadata write that fails (a full disk) reaches the client as an internal error
+    with the database's own words, not as a crash; the model undoes what it was recording."""
+    try:
+        yield
+    except MetastoreError as exc:
+        log.error("metadata write failed", error=str(exc))
+        raise InternalError(str(exc)) from None
+
+
 class MetadataRecorder(Observer):
     def __init__(self, store: Metastore) -> None:
         self.store = store
 
     def exchange_declared(self, exchange: Exchange) -> None:
-        self.store.put_exchange(
-            exchange.vhost,
-            exchange.name,
-            exchange.type,
-            exchange.auto_delete,
-            exchange.internal,
-            exchange.arguments,
-        )
+        with _recording():
+            self.store.put_exchange(
+                exchange.vhost,
+                exchange.name,
+                exchange.type,
+                exchange.auto_delete,
+                exchange.internal,
+                exchange.arguments,
+            )
 
     def exchange_deleted(self, exchange: Exchange) -> None:
-        self.store.delete_exchange(exchange.vhost, exchange.name)
+        with _recording():
+            self.store.delete_exchange(exchange.vhost, exchange.name)
 
     def queue_declared(self, queue: Queue) -> None:
-        self.store.put_queue(
-            queue.vhost.name,
-            queue.name,
-            queue.type,
-            queue.auto_delete,
-            queue.arguments,
-            getattr(queue, "storage_id", None),
-        )
+        with _recording():
+            self.store.put_queue(
+                queue.vhost.name,
+                queue.name,
+                queue.type,
+                queue.auto_delete,
+                queue.arguments,
+                getattr(queue, "storage_id", None),
+            )
 
     def queue_deleted(self, queue: Queue) -> None:
-        self.store.delete_queue(queue.vhost.name, queue.name)
+        with _recording():
+            self.store.delete_queue(queue.vhost.name, queue.name)
 
     def binding_added(self, binding: Binding) -> None:
-        self.store.put_binding(*_binding_row(binding))
+        with _recording():
+            self.store.put_binding(*_binding_row(binding))
 
     def binding_removed(self, binding: Binding) -> None:
-        self.store.delete_binding(*_binding_row(binding))
+        with _recording():
+            self.store.delete_binding(*_binding_row(binding))
 
     def policy_set(self, vhost: VHost, policy: Policy) -> None:
-        self.store.put_policy(
-            vhost.name,
-            policy.name,
-            policy.pattern,
-            policy.apply_to,
-            policy.priority,
-            policy.definition,
-        )
+        with _recording():
+            self.store.put_policy(
+                vhost.name,
+                policy.name,
+                policy.pattern,
+                policy.apply_to,
+                policy.priority,
+                policy.definition,
+            )
 
     def policy_cleared(self, vhost: VHost, policy: Policy) -> None:
-        self.store.delete_policy(vhost.name, policy.name)
+        with _recording():
+            self.store.delete_policy(vhost.name, policy.name)
 
 
 def _binding_row(binding: Binding) -> tuple[str, str, str, str, str, dict[str, Any]]:
@@ -118,46 +139,55 @@ def restore(broker: Broker, store: Metastore) -> None:
                 row["apply_to"],
                 row["priority"],
             )
-    for row in store.rows("exchanges"):
-        _restore(
-            row,
-            "exchange",
-            lambda v, r: v.declare_exchange(
-                r["name"],
-                r["type"],
-                durable=True,
-                auto_delete=bool(r["auto_delete"]),
-                internal=bool(r["internal"]),
-                arguments=load_table(r["arguments"]),
-            ),
-            broker,
-        )
-    for row in store.rows("queues"):
-        _restore(
-            row,
-            "queue",
-            lambda v, r: v.restore_queue(
-                r["name"],
-                r["type"],
-                auto_delete=bool(r["auto_delete"]),
-                arguments=load_table(r["arguments"]),
-                storage_id=r["storage_id"],
-            ),
-            broker,
-        )
-    for row in store.rows("bindings"):
-        _restore(
-            row,
-            "binding",
-            lambda v, r: v.bind(
-                r["source"],
-                r["destination_type"],
-                r["destination"],
-                r["routing_key"],
-                load_table(r["arguments"]),
-            ),
-            broker,
-        )
+    # What is restored is already stored: the vhosts record nothing while it is rebuilt
+    # (rewriting every row would slow a restart, and fail on a full disk).
+    recorders = {name: vhost.observer for name, vhost in broker.vhosts.items()}
+    for vhost in broker.vhosts.values():
+        vhost.observer = Observer()
+    try:
+        for row in store.rows("exchanges"):
+            _restore(
+                row,
+                "exchange",
+                lambda v, r: v.declare_exchange(
+                    r["name"],
+                    r["type"],
+                    durable=True,
+                    auto_delete=bool(r["auto_delete"]),
+                    internal=bool(r["internal"]),
+                    arguments=load_table(r["arguments"]),
+                ),
+                broker,
+            )
+        for row in store.rows("queues"):
+            _restore(
+                row,
+                "queue",
+                lambda v, r: v.restore_queue(
+                    r["name"],
+                    r["type"],
+                    auto_delete=bool(r["auto_delete"]),
+                    arguments=load_table(r["arguments"]),
+                    storage_id=r["storage_id"],
+                ),
+                broker,
+            )
+        for row in store.rows("bindings"):
+            _restore(
+                row,
+                "binding",
+                lambda v, r: v.bind(
+                    r["source"],
+                    r["destination_type"],
+                    r["destination"],
+                    r["routing_key"],
+                    load_table(r["arguments"]),
+                ),
+                broker,
+            )
+    finally:
+        for name, recorder in recorders.items():
+            broker.vhosts[name].observer = recorder
 
 
 def _restore(row: Any, kind: str, action: Any, broker: Broker) -> None:

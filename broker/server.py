@@ -12,6 +12,7 @@ import asyncio
 import errno
 import gc
 import os
+import resource
 import signal
 import ssl
 from collections.abc import Awaitable, Callable
@@ -191,8 +192,24 @@ def settle_garbage_collector() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
+def raise_open_files_limit() -> None:
+    """Raise the soft limit of open files to the hard limit, as RabbitMQ's packaging does:
+    every connection is a descriptor, and every durable queue and stream keeps three open (its
+    active segment, its index and the lock on its folder), so a default soft limit of 1024
+    would refuse queues after a few hundred."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        wanted = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError):
+            return
+        log.info("raised the open files limit", soft=soft, now=wanted)
+
+
 async def serve(config: Config) -> int:
     """Run until SIGINT or SIGTERM; returns the process exit code."""
+    raise_open_files_limit()
     server = Server(config)
     await server.start()
     settle_garbage_collector()

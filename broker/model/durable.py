@@ -120,6 +120,10 @@ class PagedStore:
     def push(self, entry: QueuedMessage) -> None:
         if self.tail_count or self.full():
             if not self.tail_count:
+                # Head entries of this turn are still waiting to be written: write them now,
+                # or they would take the offsets the tail starts at, be read back into the
+                # head a second time, and leave as many tail entries unread.
+                self.queue.flush()
                 self.tail_from = self.queue.log.next_offset
             entry.store_ref = PENDING
             self.tail_count += 1
@@ -171,8 +175,13 @@ class DurableClassicQueue(ClassicQueue):
         self.env = env
         self.storage_id = storage_id or uuid.uuid4().hex
         self.directory = env.directory(self.storage_id)
-        self.log = Log.open(self.directory, LogConfig(
-            max_segment_size_bytes=SEGMENT_BYTES, fsync=env.fsync))
+        try:
+            self.log = Log.open(self.directory, LogConfig(
+                max_segment_size_bytes=SEGMENT_BYTES, fsync=env.fsync))
+        except StorageError:
+            if storage_id is None:  # a new queue (a full disk): leave no empty folder behind
+                shutil.rmtree(self.directory, ignore_errors=True)
+            raise
         self.settled_offsets = IntervalSet()
         self.delivered_offsets = IntervalSet()  # delivered before the last restart
         self.floor = self.log.first_offset

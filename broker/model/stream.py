@@ -121,7 +121,12 @@ class StreamQueue(Queue):
         self.segment_size = (a.get("x-stream-max-segment-size-bytes")
                              or sargs.DEFAULT_SEGMENT_SIZE_BYTES)
         self.filter_size = a.get("x-stream-filter-size-bytes") or sargs.DEFAULT_FILTER_SIZE_BYTES
-        self.log = self._open_log()
+        try:
+            self.log = self._open_log()
+        except StorageError:
+            if storage_id is None:  # a new stream (a full disk): leave no empty folder behind
+                shutil.rmtree(self.directory, ignore_errors=True)
+            raise
         self._batch = _Batch()
         self._flush_scheduled = False
         self._waiting: deque[tuple[int, list[Confirm]]] = deque()
@@ -299,6 +304,7 @@ class StreamQueue(Queue):
             sargs.parse_offset(
                 arguments["x-stream-offset"], self.vhost.scheduler.now_ms(), self.resource
             )
+        sargs.check_extension_args(arguments, self.resource)
         sargs.check_consumer(
             self.resource, no_ack=no_ack, prefetch=prefetch, global_prefetch=global_prefetch
         )

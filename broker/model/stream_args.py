@@ -125,6 +125,26 @@ def check_consumer(rs: str, *, no_ack: bool, prefetch: int, global_prefetch: int
         raise NotImplementedFeature(f"{rs} does not support global qos")
 
 
+def check_extension_args(arguments: dict[str, Any], rs: str) -> None:
+    """Leveret's own consumer arguments (RabbitMQ has them only in its stream protocol): a
+    value of the wrong type is refused rather than read as "off"."""
+    tracking = arguments.get("x-stream-automatic-offset-tracking")
+    if "x-stream-automatic-offset-tracking" in arguments and not (
+        isinstance(tracking, bool)
+        or (qargs.is_str(tracking) and qargs.text(tracking) in ("true", "false"))
+    ):
+        raise PreconditionFailed(
+            f"invalid arg 'x-stream-automatic-offset-tracking' for {rs}: "
+            f"{{unacceptable_type,{qargs.erlang_type(tracking)}}}"
+        )
+    sac = arguments.get("x-single-active-consumer")
+    if "x-single-active-consumer" in arguments and not isinstance(sac, bool):
+        raise PreconditionFailed(
+            f"invalid arg 'x-single-active-consumer' for {rs}: "
+            f"{{unacceptable_type,{qargs.erlang_type(sac)}}}"
+        )
+
+
 def tracking_enabled(tag: str, arguments: dict[str, Any]) -> bool:
     """LavinMQ's convention: a client-chosen tag without x-stream-offset tracks its offset;
     x-stream-automatic-offset-tracking turns it on or off explicitly."""

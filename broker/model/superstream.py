@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import mmh3
 
+from leveret.broker.model.binding import amqp_type_name
 from leveret.broker.model.errors import PreconditionFailed
 from leveret.broker.model.exchange import DirectExchange
 
@@ -29,6 +30,23 @@ MAX_PARTITIONS = 1000
 STREAM_OPTION_ARGS = ("x-max-length-bytes", "x-max-age", "x-stream-max-segment-size-bytes",
                       "x-initial-cluster-size", "x-queue-leader-locator",
                       "x-stream-filter-size-bytes")
+
+
+def check_exchange_arguments(arguments: dict[str, Any], rs: str) -> None:
+    """x-super-stream must be a boolean and x-super-stream-routing the string "hash": a
+    mistyped value would otherwise quietly declare a plain direct exchange."""
+    marker = arguments.get("x-super-stream")
+    if "x-super-stream" in arguments and not isinstance(marker, bool):
+        raise PreconditionFailed(
+            f"invalid arg 'x-super-stream' for {rs}: must be a boolean, got "
+            f"{amqp_type_name(marker)}"
+        )
+    routing = arguments.get("x-super-stream-routing")
+    if "x-super-stream-routing" in arguments and routing != "hash":
+        raise PreconditionFailed(
+            f"invalid arg 'x-super-stream-routing' for {rs}: must be 'hash', got "
+            f"{amqp_type_name(routing)} {routing!r}"[:200]
+        )
 
 
 def is_super_stream(arguments: dict[str, Any]) -> bool:

@@ -24,7 +24,9 @@ from leveret.broker.model.deadletter import (
 )
 from leveret.broker.model.errors import (
     AccessRefused,
+    BrokerError,
     CommandInvalid,
+    InternalError,
     NotFound,
     PreconditionFailed,
     ResourceLocked,
@@ -36,7 +38,12 @@ from leveret.broker.model.policy import Policy, effective
 from leveret.broker.model.queue import ClassicQueue, Queue
 from leveret.broker.model.scheduler import Scheduler
 from leveret.broker.model.stream_args import check_declaration as check_stream_declaration
-from leveret.broker.model.superstream import SuperStreamExchange, is_super_stream
+from leveret.broker.model.superstream import (
+    SuperStreamExchange,
+    check_exchange_arguments,
+    is_super_stream,
+)
+from leveret.storage import StorageError
 
 PREDECLARED = (
     ("", "direct"),  # the default exchange: routing to it is by queue name, see route()
@@ -136,7 +143,7 @@ class VHost:
             if name.startswith("amq."):
                 raise AccessRefused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
             ae = arguments.get("alternate-exchange")
-            if ae is not None and not qargs.is_str(ae):
+            if "alternate-exchange" in arguments and not qargs.is_str(ae):  # void too
                 raise PreconditionFailed(
                     f"invalid type '{qargs.erlang_type(ae)}' for arg 'alternate-exchange' in "
                     f"{self.rs('exchange', name)}"
@@ -146,6 +153,7 @@ class VHost:
                 check("write", "exchange", qargs.text(ae))
             cache = dedup.from_arguments(arguments, self.rs("exchange", name),
                                          self.scheduler.now_ms)
+            check_exchange_arguments(arguments, self.rs("exchange", name))
             if type_ == "direct" and is_super_stream(arguments):
                 cls = SuperStreamExchange
             exchange = cls(
@@ -159,7 +167,11 @@ class VHost:
             exchange.dedup = cache
             self.exchanges[name] = exchange
             if durable:
-                self.observer.exchange_declared(exchange)
+                try:
+                    self.observer.exchange_declared(exchange)
+                except BrokerError:  # not recorded (a full disk): it does not exist
+                    del self.exchanges[name]
+                    raise
             return exchange
         self._exchange_equivalence(existing, type_, durable, auto_delete, internal, arguments)
         return existing
@@ -315,18 +327,26 @@ class VHost:
             raise PreconditionFailed(
                 f"invalid arg 'x-queue-type' for {rs}: \"unsupported queue type '{queue_type}'\""
             )
-        queue = factory(
-            self,
-            name,
-            durable=durable,
-            exclusive_owner=exclusive_owner,
-            auto_delete=auto_delete,
-            arguments=arguments,
-        )
+        try:
+            queue = factory(
+                self,
+                name,
+                durable=durable,
+                exclusive_owner=exclusive_owner,
+                auto_delete=auto_delete,
+                arguments=arguments,
+            )
+        except StorageError as exc:  # its files cannot be created (a full disk)
+            raise InternalError(f"cannot create {rs}: {exc}") from None
         queue.dedup = cache
         self.queues[name] = queue
         if queue.durable:
-            self.observer.queue_declared(queue)
+            try:
+                self.observer.queue_declared(queue)
+            except BrokerError:  # not recorded (a full disk): it does not exist, nor its files
+                del self.queues[name]
+                queue.on_delete()
+                raise
         return queue
 
     def restore_queue(self, name: str, queue_type: str, *, auto_delete: bool,
@@ -423,7 +443,11 @@ class VHost:
         source.check_binding(routing_key, arguments)
         binding = Binding(source, destination, routing_key, arguments)
         if source.add(binding) and source.durable and getattr(destination, "durable", False):
-            self.observer.binding_added(binding)
+            try:
+                self.observer.binding_added(binding)
+            except BrokerError:  # not recorded (a full disk)
+                source.remove(binding.key)
+                raise
 
     def unbind(
         self,

@@ -694,6 +694,10 @@ class Channel:
         self.unacked.clear()
         self._reject(items, requeue=True)
         self.outstanding.clear()
+        # The handlers are bound methods of this channel: a reference cycle that only the
+        # cyclic collector (tuned to run rarely) would free. Nothing is dispatched to a
+        # closed channel.
+        self._handlers.clear()
 
 
 def _strip_cr_lf(name: str) -> str:

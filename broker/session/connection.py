@@ -41,6 +41,17 @@ FLUSH_EARLY_BYTES = 1 << 20  # unwritten output that is written at once, mid-tur
 DRAIN_TIMEOUT_S = 5.0  # how long a closing socket may take to send what is buffered
 
 
+def _discard(_data: bytes) -> None:
+    """What a closed connection's wire machine writes to."""
+
+
+class _Detached:
+    """What a closed connection's wire machine calls: nothing happens any more."""
+
+    def __getattr__(self, _name: str) -> Callable[..., None]:
+        return lambda *_args: None
+
+
 class Session(asyncio.Protocol):
     def __init__(self, broker: Broker, tls: bool = False) -> None:
         self.broker = broker
@@ -80,6 +91,7 @@ class Session(asyncio.Protocol):
         self._heartbeat_timer: asyncio.TimerHandle | None = None
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._close_timer: asyncio.TimerHandle | None = None
+        self._drain_timer: asyncio.TimerHandle | None = None
         self.blocked = False
         self.closed = False
         self.bytes_received = 0
@@ -126,13 +138,20 @@ class Session(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
-        for timer in (self._heartbeat_timer, self._handshake_timer, self._close_timer):
+        for timer in (self._heartbeat_timer, self._handshake_timer, self._close_timer,
+                      self._drain_timer):
             if timer is not None:
                 timer.cancel()
         for channel in list(self.channels.values()):
             channel.close()
         self.channels.clear()
         self.broker.connection_closed(self)
+        # The wire machine and this session refer to each other (handler, write): break the
+        # cycle, so that reference counting frees the connection at once. The cyclic collector
+        # runs rarely (server.settle_garbage_collector), and under connection churn its
+        # garbage would pile up.
+        self.wire.handler = _Detached()
+        self.wire.write = _discard
         if self.wire.state not in (State.AWAIT_HEADER, State.AWAIT_START_OK):
             log.info(
                 "connection closed",
@@ -246,16 +265,19 @@ class Session(asyncio.Protocol):
         self.wire.start_tune()
 
     def on_tune_ok(self, channel_max: int, frame_max: int, heartbeat: int) -> None:
+        if self.user is None:  # the login was refused and the socket is closing: the tune-ok
+            return  # and open that a client sent right behind its start-ok count for nothing
         self.frame_max = frame_max
         self.heartbeat = heartbeat
         if heartbeat:
             self._heartbeat_timer = self.loop.call_later(heartbeat / 2, self._heartbeat_tick)
 
     def on_open(self, virtual_host: str) -> None:
+        if self.user is None:  # see on_tune_ok
+            return
         vhost = self.broker.vhosts.get(virtual_host)
         if vhost is None:
             raise AMQPError(c.NOT_ALLOWED, f"vhost {virtual_host} not found", 10, 40)
-        assert self.user is not None
         permission = self.user.permissions.get(virtual_host)
         if permission is None:
             raise AMQPError(
@@ -377,7 +399,7 @@ class Session(asyncio.Protocol):
             self.transport.close()
             # close() waits for the write buffer to drain, which a peer that stopped reading
             # never lets happen: the socket and all it holds would stay forever.
-            self.loop.call_later(DRAIN_TIMEOUT_S, self._drop)
+            self._drain_timer = self.loop.call_later(DRAIN_TIMEOUT_S, self._drop)
 
     def _drop(self) -> None:
         """Close the socket at once, discarding what is still buffered for the peer."""

@@ -120,6 +120,6 @@ _QUERIES: dict[str, Callable[..., Message | None]] = {
 
 def _reply(name: str, document: dict[str, Any], header: str | None = None,
            value: int | None = None) -> Message:
-    headers = {header: value} if header is not None else None
+    headers: dict[str, Any] | None = {header: value} if header is not None else None
     props = commands.Basic.Properties(content_type="application/json", headers=headers)
     return Message.build("", name, json.dumps(document).encode(), props)
