@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -94,11 +95,13 @@ class BrokerProcess:
         port: int | None = None,
         args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        preexec: Callable[[], None] | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.args = args or []
         self.env = env or {}
+        self.preexec = preexec  # run in the child before exec (resource limits)
         self.log_path = data_dir.parent / f"leveret-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -106,9 +109,8 @@ class BrokerProcess:
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/"
 
-    def start(self, timeout: float = 30.0) -> BrokerProcess:
-        env = {**os.environ, "LEVERET_LOG_FORMAT": "json", **self.env}
-        cmd = [
+    def command(self) -> list[str]:
+        return [
             sys.executable,
             "-m",
             "leveret.cli",
@@ -123,17 +125,38 @@ class BrokerProcess:
             "0",
             *self.args,
         ]
+
+    def start(self, timeout: float = 30.0) -> BrokerProcess:
+        env = {**os.environ, "LEVERET_LOG_FORMAT": "json", **self.env}
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child
         self.proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.data_dir.parent
+            self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+            cwd=self.data_dir.parent, preexec_fn=self.preexec,
         )
         log.close()
-        try:
-            wait_for_port(self.port, timeout)
-        except TimeoutError:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                wait_for_port(self.port, 0.5)
+                return self
+            except TimeoutError:
+                if self.proc.poll() is None and time.monotonic() < deadline:
+                    continue
             self.kill()
-            raise RuntimeError(f"leveret did not start; log:\n{self.log()}") from None
-        return self
+            raise RuntimeError(f"leveret did not start; log:\n{self.log()}")
+
+    def run_to_exit(self, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        """Run `leveret serve` for a broker that is expected to refuse to start: its exit
+        code and its stdout and stderr, separately. TimeoutExpired if it serves instead."""
+        env = {**os.environ, "LEVERET_LOG_FORMAT": "json", **self.env}
+        return subprocess.run(self.command(), capture_output=True, text=True, env=env,
+                              cwd=self.data_dir.parent, timeout=timeout,
+                              preexec_fn=self.preexec, check=False)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

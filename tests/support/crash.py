@@ -237,3 +237,66 @@ def check(broker: BrokerProcess, ledger: Ledger) -> dict[str, Any]:
 
 def report(figures: list[dict[str, Any]]) -> str:
     return json.dumps(figures)
+
+
+# -- recovery time of a big log ------------------------------------------------------------------
+
+
+def fill_big_stream(port: int, name: str, total_bytes: int, message_bytes: int = 1 << 20) -> int:
+    """Publish `total_bytes` of large messages (with confirms) into a stream; returns how many
+    were confirmed. Each message is one chunk of the log."""
+    import asyncio
+
+    from pamqp import commands as C
+    from support.loadamqp import Publisher, connect, open_channel
+
+    async def run() -> int:
+        setup = await connect(port)
+        await open_channel(setup)
+        await setup.call(1, C.Queue.Declare(queue=name, durable=True,
+                                            arguments={"x-queue-type": "stream"}))
+        publisher = await Publisher(await connect(port), window=32).start()
+        body = b"L" * message_bytes
+        count = max(1, total_bytes // message_bytes)
+        for number in range(count):
+            await publisher.publish(name, number.to_bytes(8, "big") + body[8:])
+        await publisher.drain(timeout=600)
+        assert not publisher.nacked
+        setup.close()
+        publisher.conn.close()
+        return len(publisher.acked)
+
+    return asyncio.run(run())
+
+
+def amqp_answers(port: int, timeout: float = 60.0) -> None:
+    """Wait until the broker completes an AMQP handshake (not just accepts TCP)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            connect(port).close()
+            return
+        except (pika.exceptions.AMQPError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def recovery_time(broker: BrokerProcess, name: str, total_bytes: int) -> dict[str, Any]:
+    """Fill a stream log of `total_bytes`, kill -9 the broker, restart it and time until AMQP
+    answers; then check that every confirmed message is there."""
+    started = time.monotonic()
+    confirmed = fill_big_stream(broker.port, name, total_bytes)
+    fill_seconds = time.monotonic() - started
+    size = sum(p.stat().st_size for p in broker.data_dir.rglob("*.segment"))
+    broker.kill()
+    started = time.monotonic()
+    broker.start()
+    amqp_answers(broker.port)
+    restart = time.monotonic() - started
+    conn = connect(broker.port)
+    count = conn.channel().queue_declare(name, passive=True).method.message_count
+    conn.close()
+    assert count == confirmed, (count, confirmed)
+    return {"log_bytes": size, "messages": confirmed, "fill_s": round(fill_seconds, 1),
+            "restart_s": round(restart, 2)}

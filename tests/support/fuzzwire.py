@@ -127,7 +127,8 @@ def method_args(method: Any) -> bytes:
         elif kind == "table":
             out.append(table(value))
         else:
-            out.append(struct.pack(_FIXED[kind], (value or 0) & ((1 << (8 * struct.calcsize(_FIXED[kind]))) - 1)))
+            fmt = _FIXED[kind]
+            out.append(struct.pack(fmt, (value or 0) & ((1 << (8 * struct.calcsize(fmt))) - 1)))
     if nbits != -1:
         out.append(bytes((bits,)))
     return b"".join(out)
