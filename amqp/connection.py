@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from pamqp import commands
 
@@ -38,6 +38,15 @@ from leveret.amqp.frames import (
     unexpected_frame_type,
     unknown_frame,
 )
+from leveret.amqp.handshake import (
+    HANDSHAKE_METHODS,
+    RABBIT_STATE,
+    BadProtocolHeader,
+    Handler,
+    State,
+    check_limit,
+    check_protocol_header,
+)
 
 CONNECTION_CLOSE = 0x000A0032
 CONNECTION_CLOSE_OK = 0x000A0033
@@ -46,59 +55,6 @@ CHANNEL_CLOSE = 0x00140028
 CHANNEL_CLOSE_OK = 0x00140029
 _CONTENT_HEADER_MIN = 14  # class id, weight, body size, first flag word
 _METHOD_MIN = 4  # class id, method id
-
-
-class State(enum.Enum):
-    AWAIT_HEADER = "await-header"
-    AWAIT_START_OK = "await-start-ok"
-    AWAIT_TUNE_OK = "await-tune-ok"
-    AWAIT_OPEN = "await-open"
-    OPEN = "open"
-    CLOSING = "closing"
-    CLOSED = "closed"
-
-
-# RabbitMQ's names for the states, as its "unexpected method in connection state ..." says them.
-_RABBIT_STATE = {
-    State.AWAIT_START_OK: "starting",
-    State.AWAIT_TUNE_OK: "tuning",
-    State.AWAIT_OPEN: "opening",
-    State.OPEN: "running",
-}
-
-
-class Handler(Protocol):
-    """What the session implements; the machine calls it as frames arrive."""
-
-    def on_start_ok(
-        self, mechanism: str, response: bytes, client_properties: dict[str, Any]
-    ) -> None: ...
-    def on_tune_ok(self, channel_max: int, frame_max: int, heartbeat: int) -> None: ...
-    def on_open(self, virtual_host: str) -> None: ...
-    def on_channel_open(self, channel: int) -> None: ...
-    def on_channel_closed(self, channel: int) -> None: ...
-    def on_method(self, channel: int, method: Any) -> None: ...
-    def on_publish(
-        self,
-        channel: int,
-        exchange: str,
-        routing_key: str,
-        mandatory: bool,
-        immediate: bool,
-        header: bytes,
-        body: bytes,
-    ) -> None: ...
-    def on_ack(self, channel: int, delivery_tag: int, multiple: bool) -> None: ...
-    def on_close(self, code: int, text: str) -> None: ...
-    def on_closed(self) -> None: ...
-
-
-class BadProtocolHeader(Exception):
-    """The client did not speak AMQP 0-9-1: `reply` goes back, then the socket closes."""
-
-    def __init__(self, reply: bytes) -> None:
-        super().__init__("bad protocol header")
-        self.reply = reply
 
 
 class ChannelState(enum.IntEnum):
@@ -122,13 +78,6 @@ class _Channel:
         self.body: list[bytes] = []
         self.body_left = 0
 
-
-# The one connection method each handshake state accepts (connection.close aside).
-_HANDSHAKE_METHODS = {
-    State.AWAIT_START_OK: commands.Connection.StartOk,
-    State.AWAIT_TUNE_OK: commands.Connection.TuneOk,
-    State.AWAIT_OPEN: commands.Connection.Open,
-}
 
 # The frame type each channel state expects, its handler, and the 505 (text, class, method)
 # for a frame of another type. A CLOSING channel reads close and close-ok and drops the rest.
@@ -154,14 +103,6 @@ _CHANNEL_TABLE = {
         ("expected content body, got non content body frame instead", 60, 40),
     ),
 }
-
-
-def check_protocol_header(data: bytes) -> None:
-    """Accept AMQP 0-9-1 (and 1-1-0-9, as RabbitMQ does); answer anything else with the
-    0-9-1 header, the one protocol spoken here."""
-    if data in (c.PROTOCOL_HEADER, c.PROTOCOL_HEADER_0_9):
-        return
-    raise BadProtocolHeader(c.PROTOCOL_HEADER)
 
 
 def _ids(index: int) -> tuple[int, int]:
@@ -360,7 +301,7 @@ class WireConnection:
             self._closed()
             return
         state = self.state
-        expected = _HANDSHAKE_METHODS.get(state)
+        expected = HANDSHAKE_METHODS.get(state)
         if expected is not None and isinstance(method, expected):
             self._handshake(method)
             return
@@ -368,7 +309,7 @@ class WireConnection:
             raise AMQPError(c.NOT_IMPLEMENTED, "connection.update_secret", 10, 70)
         raise AMQPError(
             c.CHANNEL_ERROR,
-            f"unexpected method in connection state {_RABBIT_STATE[state]}",
+            f"unexpected method in connection state {RABBIT_STATE[state]}",
             *_ids(method.index),
         )
 
@@ -400,8 +341,8 @@ class WireConnection:
         """The client's tune-ok, checked as RabbitMQ does: each value at least the minimum
         (unless 0) and, when the server has a maximum, neither 0 nor above it."""
         frame_max, channel_max = tune_ok.frame_max, tune_ok.channel_max
-        _check_limit("frame_max", frame_max, c.MIN_FRAME_MAX, self.frame_max)
-        _check_limit("channel_max", channel_max, 1, self.channel_max)
+        check_limit("frame_max", frame_max, c.MIN_FRAME_MAX, self.frame_max)
+        check_limit("channel_max", channel_max, 1, self.channel_max)
         self.frame_max = frame_max
         self.channel_max = channel_max
         self.heartbeat = tune_ok.heartbeat
@@ -614,20 +555,3 @@ class WireConnection:
         self.channels.clear()
         self.handler.on_closed()
 
-
-def _check_limit(field: str, value: int, minimum: int, maximum: int) -> None:
-    """RabbitMQ's validate_negotiated_integer_value, with its texts (530, as connection.tune)."""
-    if value != 0 and value < minimum:
-        relation, bound_name, bound = "lower", "minimum", minimum
-    elif maximum != 0 and (value == 0 or value > maximum):
-        relation, bound_name, bound = "higher", "maximum", maximum
-    else:
-        return
-    detail = " (no limit)" if field == "channel_max" and value == 0 else ""
-    raise AMQPError(
-        c.NOT_ALLOWED,
-        f"negotiated {field} = {value}{detail} is {relation} than the {bound_name} "
-        f"allowed value ({bound})",
-        10,
-        30,
-    )

@@ -67,7 +67,7 @@ class BrokerTotals:
             self.published.update((q, q.stats_published) for q in queues),
             self.delivered.update((q, q.stats_delivered) for q in queues),
             self.confirmed.update(
-                (c, c.publish_seq - len(c.outstanding)) for c in channels if c.confirming
+                (c, c.confirms.confirmed) for c in channels if c.confirms is not None
             ),
         )
         return self.values

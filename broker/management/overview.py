@@ -125,7 +125,7 @@ async def get_overview(request: web.Request) -> web.Response:
             "publish": sum(q.stats_published for q in queues),
             "deliver_get": sum(q.stats_delivered for q in queues),
             "deliver": sum(q.stats_delivered for q in queues),
-            "confirm": sum(c.publish_seq - len(c.outstanding) for c in channels if c.confirming),
+            "confirm": sum(c.confirms.confirmed for c in channels if c.confirms is not None),
         }),
         "queue_totals": views.with_details(views.queue_totals(queues)),
         "object_totals": {

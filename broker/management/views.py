@@ -302,11 +302,9 @@ def channel_name(session: Session, channel: Channel) -> str:
 
 def channel_view(session: Session, channel: Channel) -> dict[str, Any]:
     stats: dict[str, Any] = {}
-    if channel.confirming:
-        stats = with_details(
-            {"publish": channel.publish_seq,
-             "confirm": channel.publish_seq - len(channel.outstanding)}
-        )
+    confirms = channel.confirms
+    if confirms is not None:
+        stats = with_details({"publish": confirms.seq, "confirm": confirms.confirmed})
     return {
         "name": channel_name(session, channel),
         "number": channel.number,
@@ -321,12 +319,12 @@ def channel_view(session: Session, channel: Channel) -> dict[str, Any]:
         },
         "consumer_count": len(channel.consumers),
         "messages_unacknowledged": len(channel.unacked),
-        "messages_unconfirmed": len(channel.outstanding),
+        "messages_unconfirmed": len(confirms.outstanding) if confirms is not None else 0,
         "messages_uncommitted": len(channel.tx) if channel.tx is not None else 0,
         "acks_uncommitted": 0,
         "prefetch_count": channel.consumer_prefetch,
         "global_prefetch_count": channel.global_prefetch,
-        "confirm": channel.confirming,
+        "confirm": confirms is not None,
         "transactional": channel.tx is not None,
         "state": "running",
         "message_stats": stats,

@@ -10,7 +10,9 @@ Single-threaded: runs on the event loop thread of its connection.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as m
@@ -32,7 +34,8 @@ from leveret.broker.model.errors import (
 )
 from leveret.broker.model.message import Confirm, QueuedMessage
 from leveret.broker.model.vhost import server_generated_name
-from leveret.broker.session import queries
+from leveret.broker.session import queries, topology
+from leveret.broker.session.confirms import Confirms
 from leveret.broker.session.errors import to_amqp
 
 if TYPE_CHECKING:
@@ -62,28 +65,16 @@ class Channel:
         self.next_tag = 1
         self.consumer_prefetch = 0
         self.global_prefetch = 0
-        self.confirming = False
-        self.publish_seq = 0
-        self.outstanding: dict[int, Confirm] = {}
-        self.done_acks: list[int] = []
-        self.done_nacks: list[int] = []
-        self.confirm_flush_scheduled = False
+        self.confirms: Confirms | None = None  # set by confirm.select
         self.tx: list[Any] | None = None
         self.get_unacked = 0  # basic.get deliveries in `unacked`: global QoS ignores them
         self.tx_held = 0  # consumer deliveries settled in the open transaction, not yet committed
         self.closed = False
-        self._handlers = {
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            **{kind: functools.partial(handler, self)
+               for kind, handler in topology.HANDLERS.items()},
             m.Channel.Flow: self._flow,
             m.Channel.FlowOk: lambda _m: None,
-            m.Exchange.Declare: self._exchange_declare,
-            m.Exchange.Delete: self._exchange_delete,
-            m.Exchange.Bind: self._exchange_bind,
-            m.Exchange.Unbind: self._exchange_unbind,
-            m.Queue.Declare: self._queue_declare,
-            m.Queue.Bind: self._queue_bind,
-            m.Queue.Unbind: self._queue_unbind,
-            m.Queue.Purge: self._queue_purge,
-            m.Queue.Delete: self._queue_delete,
             m.Basic.Qos: self._qos,
             m.Basic.Consume: self._consume,
             m.Basic.Cancel: self._cancel,
@@ -119,15 +110,7 @@ class Channel:
     def reply(self, method: Any) -> None:
         self.session.write(codec.encode_method(self.number, method))
 
-    def _queue_name(self, name: str) -> str:
-        """An empty queue name means the last queue declared on this channel."""
-        if name:
-            return name
-        if self.last_queue is None:
-            raise NotFound("no previously declared queue")
-        return self.last_queue
-
-    def _check(self, kind: str, resource_kind: str, name: str) -> None:
+    def check(self, kind: str, resource_kind: str, name: str) -> None:
         self.session.check_permission(kind, resource_kind, name)
 
     # -- channel ------------------------------------------------------------------------------
@@ -136,128 +119,6 @@ class Channel:
         if not method.active:
             raise NotImplementedFeature("active=false")
         self.reply(m.Channel.FlowOk(active=True))
-
-    # -- exchanges ----------------------------------------------------------------------------
-
-    def _exchange_declare(self, method: Any) -> None:
-        self.vhost.declare_exchange(
-            _strip_cr_lf(method.exchange),
-            method.exchange_type,
-            passive=method.passive,
-            durable=method.durable,
-            auto_delete=method.auto_delete,
-            internal=method.internal,
-            arguments=method.arguments or {},
-            check=self._check,
-        )
-        if not method.nowait:
-            self.reply(m.Exchange.DeclareOk())
-
-    def _exchange_delete(self, method: Any) -> None:
-        name = _strip_cr_lf(method.exchange)
-        if name and not name.startswith("amq."):
-            self._check("configure", "exchange", name)
-        self.vhost.delete_exchange(name, method.if_unused)
-        if not method.nowait:
-            self.reply(m.Exchange.DeleteOk())
-
-    def _exchange_bind(self, method: Any) -> None:
-        self._binding_permissions("exchange", method.destination, method.source)
-        self.vhost.bind(
-            method.source,
-            "exchange",
-            method.destination,
-            method.routing_key,
-            method.arguments or {},
-        )
-        if not method.nowait:
-            self.reply(m.Exchange.BindOk())
-
-    def _exchange_unbind(self, method: Any) -> None:
-        self._binding_permissions("exchange", method.destination, method.source)
-        self.vhost.unbind(
-            method.source,
-            "exchange",
-            method.destination,
-            method.routing_key,
-            method.arguments or {},
-        )
-        if not method.nowait:
-            self.reply(m.Exchange.UnbindOk())
-
-    def _binding_permissions(self, kind: str, destination: str, source: str) -> None:
-        self._check("write", kind, destination)
-        if source and destination:
-            self._check("read", "exchange", source)
-
-    # -- queues -------------------------------------------------------------------------------
-
-    def _queue_declare(self, method: Any) -> None:
-        # Unlike bind, purge, delete, consume and get, declare does not read an empty name as
-        # the last declared queue: a passive declare of "" is 404 "no queue ''" in RabbitMQ.
-        name = _strip_cr_lf(method.queue)
-        queue = self.vhost.declare_queue(
-            name,
-            owner=self.session,
-            passive=method.passive,
-            durable=method.durable,
-            exclusive=method.exclusive,
-            auto_delete=method.auto_delete,
-            arguments=method.arguments or {},
-            check=self._check,
-        )
-        self.last_queue = queue.name
-        if not method.nowait:
-            consumers = queue.consumer_count
-            self.session.write(
-                codec.encode_declare_ok(self.number, queue.name, queue.message_count, consumers)
-            )
-
-    def _queue_bind(self, method: Any) -> None:
-        queue = self._queue_name(_strip_cr_lf(method.queue))
-        key = method.routing_key
-        if not method.queue and not key:
-            key = queue
-        self._binding_permissions("queue", queue, method.exchange)
-        self.vhost.bind(
-            method.exchange, "queue", queue, key, method.arguments or {}, owner=self.session
-        )
-        if not method.nowait:
-            self.reply(m.Queue.BindOk())
-
-    def _queue_unbind(self, method: Any) -> None:
-        queue = self._queue_name(_strip_cr_lf(method.queue))
-        self._binding_permissions("queue", queue, method.exchange)
-        self.vhost.unbind(
-            method.exchange,
-            "queue",
-            queue,
-            method.routing_key,
-            method.arguments or {},
-            owner=self.session,
-        )
-        self.reply(m.Queue.UnbindOk())
-
-    def _queue_purge(self, method: Any) -> None:
-        name = self._queue_name(_strip_cr_lf(method.queue))
-        self._check("read", "queue", name)
-        queue = self.vhost.queue(name)
-        self.vhost.check_exclusive(queue, self.session)
-        count = queue.purge()
-        if not method.nowait:
-            self.reply(m.Queue.PurgeOk(message_count=count))
-
-    def _queue_delete(self, method: Any) -> None:
-        name = self._queue_name(_strip_cr_lf(method.queue))
-        self._check("configure", "queue", name)
-        queue = self.vhost.queues.get(name)
-        count = 0
-        if queue is not None:
-            self.vhost.check_exclusive(queue, self.session)
-            queue.check_delete(method.if_unused, method.if_empty)
-            count = self.vhost.delete_queue(queue)
-        if not method.nowait:
-            self.reply(m.Queue.DeleteOk(message_count=count))
 
     # -- consuming ----------------------------------------------------------------------------
 
@@ -272,8 +133,8 @@ class Channel:
         self.redispatch()
 
     def _consume(self, method: Any) -> None:
-        name = self._queue_name(_strip_cr_lf(method.queue))
-        self._check("read", "queue", name)
+        name = topology.queue_name(self, topology.strip_cr_lf(method.queue))
+        self.check("read", "queue", name)
         queue = self.vhost.queue(name)
         self.vhost.check_exclusive(queue, self.session)
         tag = method.consumer_tag or server_generated_name("amq.ctag-")
@@ -311,16 +172,16 @@ class Channel:
             self.reply(m.Basic.CancelOk(consumer_tag=method.consumer_tag))
 
     def _get(self, method: Any) -> None:
-        name = self._queue_name(_strip_cr_lf(method.queue))
+        name = topology.queue_name(self, topology.strip_cr_lf(method.queue))
         if queries.is_query(name):
-            answer = queries.answer(self.vhost, name, self._check)
+            answer = queries.answer(self.vhost, name, self.check)
             if answer is None:
                 self.reply(m.Basic.GetEmpty())
             else:
                 entry = QueuedMessage(answer, 0)
                 self._get_ok(entry, queries.ANSWERED, method.no_ack, 0)
             return
-        self._check("read", "queue", name)
+        self.check("read", "queue", name)
         queue = self.vhost.queue(name)
         self.vhost.check_exclusive(queue, self.session)
         entry = queue.get(method.no_ack)
@@ -534,7 +395,7 @@ class Channel:
             raise NotImplementedFeature("immediate=true")
         session = self.session
         if session.limited_permissions:
-            self._check("write", "exchange", exchange_name)
+            self.check("write", "exchange", exchange_name)
         exchange = self.vhost.exchanges.get(exchange_name)
         if exchange is None:
             raise NotFound(f"no exchange '{exchange_name}' in vhost '{self.vhost.name}'")
@@ -563,10 +424,8 @@ class Channel:
 
     def _route(self, exchange: Any, message: Message, mandatory: bool) -> None:
         confirm: Confirm | None = None
-        if self.confirming:
-            self.publish_seq += 1
-            confirm = Confirm(self.publish_seq, self._confirmed)
-            self.outstanding[confirm.seq] = confirm
+        if self.confirms is not None:
+            confirm = self.confirms.track()
         taken = self.vhost.publish(exchange, message, confirm)
         if not taken and mandatory:
             self._return(message, c.NO_ROUTE, "NO_ROUTE")
@@ -593,52 +452,15 @@ class Channel:
     def _confirm_select(self, method: Any) -> None:
         if self.tx is not None:
             raise PreconditionFailed("cannot switch from tx to confirm mode")
-        self.confirming = True
+        if self.confirms is None:
+            self.confirms = Confirms(self.session, self.number)
         if not method.nowait:
             self.reply(m.Confirm.SelectOk())
-
-    def _confirmed(self, confirm: Confirm) -> None:
-        if self.outstanding.pop(confirm.seq, None) is None:
-            return
-        (self.done_nacks if confirm.rejected else self.done_acks).append(confirm.seq)
-        if not self.confirm_flush_scheduled:
-            self.confirm_flush_scheduled = True
-            self.session.after_turn(self._send_confirms)
-
-    def _send_confirms(self) -> None:
-        """Acks, then nacks, coalesced as RabbitMQ's send_confirms_and_nacks does."""
-        self.confirm_flush_scheduled = False
-        if self.closed:
-            return
-        acks, nacks = self.done_acks, self.done_nacks
-        self.done_acks, self.done_nacks = [], []
-        if len(acks) == 1:
-            self.session.write(codec.encode_ack(self.number, acks[0], False))
-        elif acks:
-            self._coalesce(acks, nacks, codec.encode_ack)
-        if nacks:
-            self._coalesce(nacks, acks, codec.encode_nack)
-
-    def _coalesce(self, seqs: list[int], others: list[int], encode: Any) -> None:
-        """RabbitMQ's coalesce_and_send: the seqs below both the lowest still-unconfirmed seq
-        and the lowest seq settled the other way go as one frame with multiple=true (the
-        highest of them); the rest go one by one."""
-        seqs = sorted(set(seqs))
-        lowest = next(iter(self.outstanding), None)
-        cutoff = seqs[-1] + 1 if lowest is None else lowest
-        if others:
-            cutoff = min(cutoff, min(others))
-        below = [seq for seq in seqs if seq < cutoff]
-        write = self.session.write
-        if below:
-            write(encode(self.number, below[-1], True))
-        for seq in seqs[len(below) :]:
-            write(encode(self.number, seq, False))
 
     # -- transactions -------------------------------------------------------------------------
 
     def _tx_select(self, _method: Any) -> None:
-        if self.confirming:
+        if self.confirms is not None:
             raise PreconditionFailed("cannot switch from confirm to tx mode")
         if self.tx is None:
             self.tx = []
@@ -693,13 +515,10 @@ class Channel:
         items = list(self.unacked.values())
         self.unacked.clear()
         self._reject(items, requeue=True)
-        self.outstanding.clear()
+        if self.confirms is not None:
+            self.confirms.close()
         # The handlers are bound methods of this channel: a reference cycle that only the
         # cyclic collector (tuned to run rarely) would free. Nothing is dispatched to a
         # closed channel.
         self._handlers.clear()
 
-
-def _strip_cr_lf(name: str) -> str:
-    """RabbitMQ strips CR and LF from names in declarations."""
-    return name.replace("\r", "").replace("\n", "") if ("\r" in name or "\n" in name) else name

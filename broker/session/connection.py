@@ -22,9 +22,10 @@ from pamqp import commands
 
 from leveret.amqp import auth as wire_auth
 from leveret.amqp import constants as c
-from leveret.amqp.connection import BadProtocolHeader, State, WireConnection
+from leveret.amqp.connection import WireConnection
 from leveret.amqp.errors import AMQPError
 from leveret.amqp.frames import HEARTBEAT_FRAME
+from leveret.amqp.handshake import BadProtocolHeader, State
 from leveret.broker import logs
 from leveret.broker.model.errors import AccessRefused, BrokerError
 from leveret.broker.session.channel import Channel

@@ -14,15 +14,10 @@ from pamqp import commands, frame
 from pamqp.header import ContentHeader
 
 from leveret.amqp import constants as c
-from leveret.amqp.connection import (
-    BadProtocolHeader,
-    ChannelState,
-    State,
-    WireConnection,
-    check_protocol_header,
-)
+from leveret.amqp.connection import ChannelState, WireConnection
 from leveret.amqp.errors import AMQPError
 from leveret.amqp.frames import FrameBuffer, encode_frame
+from leveret.amqp.handshake import BadProtocolHeader, State, check_protocol_header
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 SERVER_PROPERTIES = {"product": "Leveret", "capabilities": {"basic.nack": True}}

@@ -45,9 +45,10 @@ from support.framefuzz import (
 )
 from support.procstat import rss_mb
 
-from leveret.amqp.connection import BadProtocolHeader, WireConnection
+from leveret.amqp.connection import WireConnection
 from leveret.amqp.errors import AMQPError
 from leveret.amqp.frames import FrameBuffer, encode_frame
+from leveret.amqp.handshake import BadProtocolHeader
 
 FRAME_MAX = 4096
 SHORT = settings(max_examples=150, deadline=None,
