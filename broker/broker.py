@@ -22,9 +22,10 @@ from leveret.broker.auth import HASHING_ALGORITHM, Permission, Users
 from leveret.broker.config import Config
 from leveret.broker.metadata import MetadataRecorder, restore
 from leveret.broker.metastore import Metastore
-from leveret.broker.model.durable import DurableClassicQueue, QueueEnv
+from leveret.broker.model.durable import DurableClassicQueue
 from leveret.broker.model.queue import ClassicQueue, Queue
-from leveret.broker.model.stream import StreamEnv, StreamQueue
+from leveret.broker.model.storage_env import StorageEnv
+from leveret.broker.model.stream import StreamQueue
 from leveret.broker.model.vhost import VHost
 
 if TYPE_CHECKING:
@@ -69,9 +70,10 @@ class Broker:
         self.alarms = Alarms(config.data_dir, config.vm_memory_high_watermark,
                              config.disk_free_limit_bytes, self.alarm_changed)
         queues_dir = config.data_dir / "queues"
-        self.stream_env = StreamEnv(queues_dir, encode_record, _fsync(config.stream_fsync))
-        self.queue_env = QueueEnv(queues_dir, encode_record, decode_record,
-                                  _fsync(config.queue_fsync))
+        self.stream_env = StorageEnv(queues_dir, encode_record, decode_record,
+                                     _fsync(config.stream_fsync))
+        self.queue_env = StorageEnv(queues_dir, encode_record, decode_record,
+                                    _fsync(config.queue_fsync))
         self.metastore = Metastore(config.data_dir / "metadata.sqlite3")
         self.recorder = MetadataRecorder(self.metastore)
         if self.metastore.fresh:

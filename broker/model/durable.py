@@ -23,16 +23,15 @@ import struct
 import sys
 import uuid
 from array import array
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker import logs
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.intervals import IntervalSet
-from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
+from leveret.broker.model.message import Confirm, QueuedMessage
 from leveret.broker.model.queue import ClassicQueue
+from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.store import MemoryStore
 from leveret.storage import Log, LogConfig, OffsetSpec, StorageError
 
@@ -51,19 +50,6 @@ PERSISTENT = 1
 
 PENDING = "pending"  # store_ref of an entry waiting for this turn's write
 SETTLED_EARLY = "settled-early"  # settled before it was written: never written
-
-
-@dataclass
-class QueueEnv:
-    """What the runtime gives durable queues: where files go and how messages are stored."""
-
-    root: Path
-    encode_record: Callable[[InboundMessage], bytes]
-    decode_record: Callable[[bytes], InboundMessage]
-    fsync: str | int = "never"
-
-    def directory(self, storage_id: str) -> Path:
-        return self.root / storage_id
 
 
 @dataclass
@@ -169,7 +155,7 @@ class PagedStore:
 
 
 class DurableClassicQueue(ClassicQueue):
-    def __init__(self, vhost: VHost, name: str, *, env: QueueEnv, storage_id: str | None = None,
+    def __init__(self, vhost: VHost, name: str, *, env: StorageEnv, storage_id: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(vhost, name, **kwargs)
         self.env = env

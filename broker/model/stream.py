@@ -17,9 +17,7 @@ from __future__ import annotations
 import shutil
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker import logs
@@ -30,6 +28,8 @@ from leveret.broker.model.errors import NotImplementedFeature, PreconditionFaile
 from leveret.broker.model.message import Confirm, InboundMessage
 from leveret.broker.model.queue import Queue
 from leveret.broker.model.sac import SacGroups
+from leveret.broker.model.storage_env import StorageEnv
+from leveret.broker.model.stream_cursor import Cursor
 from leveret.storage import Log, LogConfig, OffsetSpec, ReaderFilter, StorageError
 
 if TYPE_CHECKING:
@@ -42,63 +42,12 @@ RETENTION_CHECK_MS = 60_000
 
 
 @dataclass
-class StreamEnv:
-    """What the runtime gives every stream: where its files go and how messages are stored."""
-
-    root: Path
-    encode_record: Callable[[InboundMessage], bytes]
-    fsync: str | int = "never"
-
-    def directory(self, storage_id: str) -> Path:
-        return self.root / storage_id
-
-
-@dataclass
 class _Batch:
     records: list[bytes] = field(default_factory=list)
     filters: list[bytes | None] = field(default_factory=list)
     confirms: list[Confirm] = field(default_factory=list)
     publishers: dict[bytes, int] = field(default_factory=dict)
     any_filter: bool = False
-
-
-class Cursor:
-    """One stream consumer's reader, its unread part of a chunk, and its acked position."""
-
-    __slots__ = (
-        "active",
-        "delivered",
-        "dirty",
-        "drain_timer",
-        "draining",
-        "name",
-        "offsets",
-        "pending",
-        "reader",
-        "records",
-        "skip_below",
-        "spec",
-        "stored",
-        "take",
-        "tracking",
-    )
-
-    def __init__(self, name: bytes, tracking: bool, spec: sargs.StartSpec) -> None:
-        self.name = name
-        self.tracking = tracking
-        self.spec = spec
-        self.reader: Any = None
-        self.records: list[Any] = []
-        self.offsets: Sequence[int] = ()
-        self.take = 0
-        self.skip_below = 0
-        self.active = True
-        self.draining = False  # handing over: no new deliveries, waiting for acks
-        self.drain_timer: Any = None
-        self.pending: deque[int] = deque()  # delivered offsets, in order
-        self.stored = -1  # highest offset with every delivery up to it acked
-        self.delivered = -1  # the last offset delivered
-        self.dirty = False
 
 
 class StreamQueue(Queue):
@@ -109,7 +58,7 @@ class StreamQueue(Queue):
         vhost: VHost,
         name: str,
         *,
-        env: StreamEnv,
+        env: StorageEnv,
         storage_id: str | None = None,
         **kwargs: Any,
     ) -> None:

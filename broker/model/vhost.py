@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from leveret.broker.model import args as qargs
-from leveret.broker.model import dedup
-from leveret.broker.model.binding import MISSING, Binding, describe_pair, equivalent
+from leveret.broker.model import dedup, equivalence
+from leveret.broker.model.binding import Binding
 from leveret.broker.model.deadletter import (
     dead_lettered_copy,
     is_cycle,
@@ -173,48 +173,9 @@ class VHost:
                     del self.exchanges[name]
                     raise
             return exchange
-        self._exchange_equivalence(existing, type_, durable, auto_delete, internal, arguments)
+        equivalence.check_exchange(existing, self.rs("exchange", name), type_, durable,
+                                   auto_delete, internal, arguments)
         return existing
-
-    def _exchange_equivalence(
-        self,
-        x: Exchange,
-        type_: str,
-        durable: bool,
-        auto_delete: bool,
-        internal: bool,
-        arguments: dict[str, Any],
-    ) -> None:
-        rs = self.rs("exchange", x.name)
-        for field, current, received in (
-            ("type", x.type, type_),
-            ("durable", x.durable, durable),
-            ("auto_delete", x.auto_delete, auto_delete),
-            ("internal", x.internal, internal),
-        ):
-            if current != received:
-                shown = [str(v).lower() if isinstance(v, bool) else v for v in (received, current)]
-                raise PreconditionFailed(
-                    f"inequivalent arg '{field}' for {rs}: received '{shown[0]}' but current "
-                    f"is '{shown[1]}'"
-                )
-        self._args_equivalence(rs, x.arguments, arguments, ("alternate-exchange",))
-
-    @staticmethod
-    def _args_equivalence(
-        rs: str,
-        current: dict[str, Any],
-        received: dict[str, Any],
-        keys: tuple[str, ...] | list[str],
-    ) -> None:
-        for key in keys:
-            old, new = current.get(key, MISSING), received.get(key, MISSING)
-            if not equivalent(old, new):
-                received_text, current_text = describe_pair(new, old)
-                raise PreconditionFailed(
-                    f"inequivalent arg '{key}' for {rs}: received {received_text} but current "
-                    f"is {current_text}"
-                )
 
     def delete_exchange(self, name: str, if_unused: bool = False) -> None:
         if name == "":
@@ -303,7 +264,8 @@ class VHost:
         durable = durable and not exclusive
         existing = self.queues.get(name)
         if existing is not None:
-            self._queue_equivalence(existing, exclusive_owner, durable, auto_delete, arguments)
+            self.check_exclusive(existing, exclusive_owner, strict=True)
+            equivalence.check_queue(existing, durable, auto_delete, arguments)
             existing.touch()
             return existing
         rs = self.rs("queue", name)
@@ -359,28 +321,6 @@ class VHost:
         queue.dedup = dedup.from_arguments(arguments, queue.resource, self.scheduler.now_ms)
         self.queues[name] = queue
         return queue
-
-    def _queue_equivalence(
-        self, queue: Queue, owner: Any, durable: bool, auto_delete: bool, arguments: dict[str, Any]
-    ) -> None:
-        self.check_exclusive(queue, owner, strict=True)
-        rs = queue.resource
-        for field, current, wanted in (
-            ("durable", queue.durable, durable),
-            ("auto_delete", queue.auto_delete, auto_delete),
-        ):
-            if current != wanted:
-                raise PreconditionFailed(
-                    f"inequivalent arg '{field}' for {rs}: received '{str(wanted).lower()}' "
-                    f"but current is '{str(current).lower()}'"
-                )
-        current_args = dict(queue.arguments)
-        current_args.setdefault("x-queue-type", "classic")
-        received = dict(arguments)
-        received.setdefault("x-queue-type", "classic")
-        keys = qargs.QUEUE_TYPE_ARGS.get(queue.type, ())
-        ordered = ["x-queue-type"] + [k for k in keys if k != "x-queue-type"]
-        self._args_equivalence(rs, current_args, received, ordered)
 
     def delete_queue(self, queue: Queue) -> int:
         current = self.queues.get(queue.name)

@@ -1,0 +1,70 @@
+"""Whether a redeclaration matches what exists: RabbitMQ's equivalence checks and their texts.
+
+A declaration of an existing exchange or queue must agree on its flags and on the arguments
+that matter for its type, or it is 406 `inequivalent arg '<field>' for <resource>: received
+<new> but current is <old>` (rabbit_misc:assert_args_equivalence). Knows exchanges and queues
+by their attributes only; nothing of vhosts, sessions or I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from leveret.broker.model import args as qargs
+from leveret.broker.model.binding import MISSING, describe_pair, equivalent
+from leveret.broker.model.errors import PreconditionFailed
+
+if TYPE_CHECKING:
+    from leveret.broker.model.exchange import Exchange
+    from leveret.broker.model.queue import Queue
+
+
+def check_exchange(x: Exchange, rs: str, type_: str, durable: bool, auto_delete: bool,
+                   internal: bool, arguments: dict[str, Any]) -> None:
+    for field, current, received in (
+        ("type", x.type, type_),
+        ("durable", x.durable, durable),
+        ("auto_delete", x.auto_delete, auto_delete),
+        ("internal", x.internal, internal),
+    ):
+        if current != received:
+            shown = [str(v).lower() if isinstance(v, bool) else v for v in (received, current)]
+            raise PreconditionFailed(
+                f"inequivalent arg '{field}' for {rs}: received '{shown[0]}' but current "
+                f"is '{shown[1]}'"
+            )
+    check_arguments(rs, x.arguments, arguments, ("alternate-exchange",))
+
+
+def check_queue(queue: Queue, durable: bool, auto_delete: bool,
+                arguments: dict[str, Any]) -> None:
+    rs = queue.resource
+    for field, current, wanted in (
+        ("durable", queue.durable, durable),
+        ("auto_delete", queue.auto_delete, auto_delete),
+    ):
+        if current != wanted:
+            raise PreconditionFailed(
+                f"inequivalent arg '{field}' for {rs}: received '{str(wanted).lower()}' "
+                f"but current is '{str(current).lower()}'"
+            )
+    current_args = dict(queue.arguments)
+    current_args.setdefault("x-queue-type", "classic")
+    received = dict(arguments)
+    received.setdefault("x-queue-type", "classic")
+    keys = qargs.QUEUE_TYPE_ARGS.get(queue.type, ())
+    ordered = ["x-queue-type"] + [k for k in keys if k != "x-queue-type"]
+    check_arguments(rs, current_args, received, ordered)
+
+
+def check_arguments(rs: str, current: dict[str, Any], received: dict[str, Any],
+                    keys: Sequence[str]) -> None:
+    for key in keys:
+        old, new = current.get(key, MISSING), received.get(key, MISSING)
+        if not equivalent(old, new):
+            received_text, current_text = describe_pair(new, old)
+            raise PreconditionFailed(
+                f"inequivalent arg '{key}' for {rs}: received {received_text} but current "
+                f"is {current_text}"
+            )
