@@ -492,3 +492,33 @@ def test_the_broker_raises_its_open_files_limit(tmp_path: Path) -> None:
         assert "Too many open files" not in broker.log()
     finally:
         broker.kill()
+
+
+def test_a_restart_rewrites_no_metadata(tmp_path: Path) -> None:
+    """Regression: restoring the topology at start recorded every exchange, queue and binding
+    again as it rebuilt them (a slow restart with many queues, and one that failed on a full
+    disk). What is restored is already stored: the database sees no change at all."""
+    import pika
+    from support.brokers import InProcessBroker
+
+    first = InProcessBroker(tmp_path / "data").start()
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(first.url))
+        ch = conn.channel()
+        ch.exchange_declare("restore-x", "topic", durable=True)
+        for i in range(20):
+            ch.queue_declare(f"restore-q{i}", durable=True,
+                             arguments={"x-max-length": 10} if i % 2 else None)
+            ch.queue_bind(f"restore-q{i}", "restore-x", f"key.{i}")
+        ch.queue_declare("restore-s", durable=True, arguments={"x-queue-type": "stream"})
+        conn.close()
+    finally:
+        first.stop()
+    second = InProcessBroker(tmp_path / "data").start()
+    try:
+        vhost = second.call(lambda: second.broker.vhosts["/"])
+        assert {f"restore-q{i}" for i in range(20)} | {"restore-s"} <= set(vhost.queues)
+        assert len(vhost.exchanges["restore-x"].bindings) == 20
+        assert second.call(lambda: second.broker.metastore.db.total_changes) == 0
+    finally:
+        second.stop()
