@@ -47,13 +47,20 @@ class LazyHeaders(Mapping[str, Any]):
             return self._decoded[key]
         raw = self._raw[key]
         try:
-            _used, value = decode.embedded_value(raw[1 + raw[0] :])
+            value = _decode_entry(raw)
         except DECODE_ERRORS as exc:
             raise AMQPError(
                 c.FRAME_ERROR, f"cannot decode content header: {type(exc).__name__}", 60, 0
             ) from None
         self._decoded[key] = value
         return value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """As Mapping.get, without raising and catching a KeyError for a missing key (the
+        publish path asks for headers most messages do not have)."""
+        if key in self._raw:
+            return self[key]
+        return default
 
     def __contains__(self, key: object) -> bool:
         return key in self._raw
@@ -66,6 +73,27 @@ class LazyHeaders(Mapping[str, Any]):
 
 
 _NO_HEADERS: Mapping[str, Any] = {}
+_I64 = struct.Struct(">q")
+_U32 = struct.Struct(">I")
+
+
+def _decode_entry(raw: bytes) -> Any:
+    """The value of one encoded table entry (key included), as pamqp decodes it. The two
+    types the publish path reads most (a long string: stream publisher names and filter
+    values; a signed 64-bit integer: publishing ids) are read here directly."""
+    at = 1 + raw[0]
+    kind = raw[at]
+    if kind == 0x53 and len(raw) >= at + 5:  # "S": pamqp gives str, or bytes if not UTF-8
+        size = _U32.unpack_from(raw, at + 1)[0]
+        data = raw[at + 5 : at + 5 + size]
+        if len(data) == size:
+            try:
+                return data.decode("utf-8")
+            except UnicodeDecodeError:
+                return data
+    elif kind == 0x6C and len(raw) == at + 9:  # "l"
+        return _I64.unpack_from(raw, at + 1)[0]
+    return decode.embedded_value(raw[at:])[1]
 
 
 class Message:

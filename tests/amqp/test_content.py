@@ -152,3 +152,36 @@ def test_quick_fields_agree_with_pamqp() -> None:
         assert message.expiration == (full.expiration or None)
         assert dict(message.headers) == (full.headers or {})
         assert ("CC" in message.headers) == ("CC" in (full.headers or {}))
+
+
+_ENTRY_VALUES = st.one_of(
+    st.builds(lambda raw: b"S" + len(raw).to_bytes(4, "big") + raw, st.binary(max_size=40)),
+    st.builds(lambda text: (lambda raw: b"S" + len(raw).to_bytes(4, "big") + raw)(
+        text.encode("utf-8")), st.text(max_size=20)),
+    st.builds(lambda n: b"l" + n.to_bytes(8, "big", signed=True),
+              st.integers(-(2**63), 2**63 - 1)),
+    st.builds(lambda n: b"I" + n.to_bytes(4, "big", signed=True), st.integers(-(2**31), 2**31 - 1)),
+    st.builds(lambda b: b"t" + bytes([b]), st.integers(0, 1)),
+    st.just(b"V"),
+)
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=10), _ENTRY_VALUES, max_size=6),
+       st.text(min_size=1, max_size=10))
+def test_headers_read_entry_by_entry_as_pamqp_decodes_them(
+    entries: dict[str, bytes], missing: str
+) -> None:
+    """Message.headers decodes one entry at a time (long strings and longs without pamqp):
+    every value, and get() of a key that is absent, is what pamqp gives for the whole table."""
+    from pamqp import decode
+
+    table = b"".join(bytes([len(k.encode())]) + k.encode() + v for k, v in entries.items())
+    header = (b"\x00\x3c\x00\x00" + (4).to_bytes(8, "big") + b"\x20\x00"
+              + len(table).to_bytes(4, "big") + table)
+    expected = decode.field_table(len(table).to_bytes(4, "big") + table)[1]
+    message = Message("ex", "rk", header, b"body")
+    assert {key: message.headers[key] for key in message.headers} == expected
+    assert {key: message.headers.get(key) for key in expected} == expected
+    if missing not in expected:
+        assert message.headers.get(missing, "absent") == "absent"
+        assert missing not in message.headers
