@@ -9,9 +9,11 @@ so these are derived from what any stream-capable broker answers:
   message count of a passive queue.declare (which a stream reports as committed + 1 - first).
   The two are read in that order, so retention moving the first offset in between can only
   make the answer smaller, never point past committed data;
-- a super stream's partitions: the exchange must exist, and its partitions are the streams
-  `<name>-0`, `<name>-1`, ... up to the first that does not (RabbitMQ's and Leveret's
-  naming for `add_super_stream --partitions N`).
+- a super stream's partitions: the exchange must exist. Leveret names them, in partition order
+  and whatever their binding keys, through a basic.get on its reserved query name
+  `amq.leveret.partitions?superstream=<name>`; a broker that does not know the query
+  (RabbitMQ: 404) gets the naming of `add_super_stream --partitions N`: the streams
+  `<name>-0`, `<name>-1`, ... up to the first that does not exist.
 
 Runs wherever a reader needs it (the driver's reader process, a planning worker); blocking.
 """
@@ -19,8 +21,10 @@ Runs wherever a reader needs it (the driver's reader process, a planning worker)
 from __future__ import annotations
 
 import datetime
+import json
 import time
 from typing import Any
+from urllib.parse import urlencode
 
 from leveret.spark import frames as f
 from leveret.spark.channel import Channel
@@ -29,6 +33,7 @@ from leveret.spark.options import OffsetSpec
 from leveret.spark.wire import Connection
 
 ATTACH_WAIT_S = 2.0
+PARTITIONS_QUERY = "amq.leveret.partitions?"
 
 
 class Probe:
@@ -53,6 +58,9 @@ class Probe:
         except BrokerError as exc:
             raise LeveretSparkError(f"leveret source: super stream '{superstream}': "
                                     f"{exc.code} {exc.text}") from None
+        named = self._named_partitions(superstream)
+        if named:
+            return named
         names: list[str] = []
         while True:
             name = f"{superstream}-{len(names)}"
@@ -67,6 +75,21 @@ class Probe:
             raise LeveretSparkError(f"leveret source: super stream '{superstream}' has no "
                                     f"partition stream '{superstream}-0'")
         return names
+
+    def _named_partitions(self, superstream: str) -> list[str] | None:
+        """The partitions as the broker names them; None if it cannot (not Leveret, or an
+        exchange that is not marked as a super stream)."""
+        query = PARTITIONS_QUERY + urlencode({"superstream": superstream})
+        try:
+            _got, content = self.channel().basic_get(query)
+        except BrokerError as exc:
+            if exc.code in (404, 406):
+                return None
+            raise LeveretSparkError(f"leveret source: super stream '{superstream}': "
+                                    f"{exc.code} {exc.text}") from None
+        if content is None:
+            return None
+        return [str(p["stream"]) for p in json.loads(content.body)["partitions"]]
 
     def message_count(self, stream: str) -> int:
         try:

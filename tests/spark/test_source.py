@@ -114,3 +114,26 @@ def test_starting_offsets_next_and_a_timestamp(spark, broker, tmp_path: Path) ->
              .trigger(availableNow=True).start())
     assert query.awaitTermination(60)
     assert spark.sql("select count(*) as n from ticks_next").collect()[0].n == 0
+
+
+def test_a_super_stream_with_binding_keys_is_read_from_every_partition(spark, broker) -> None:
+    """Partitions named by their binding keys (`add_super_stream --binding-keys`), not
+    `<name>-0, -1, ...`: the source asks the broker for them and reads them all, in partition
+    order."""
+    with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port)) as conn:
+        ch = conn.channel()
+        ch.exchange_declare("regions", "direct", durable=True,
+                            arguments={"x-super-stream": True})
+        for order, key in enumerate(("emea", "amer", "apac")):
+            ch.queue_declare(f"regions-{key}", durable=True,
+                             arguments={"x-queue-type": "stream"})
+            ch.queue_bind(f"regions-{key}", "regions", key,
+                          arguments={"x-stream-partition-order": order})
+        ch.confirm_delivery()
+        for i in range(30):
+            ch.basic_publish("regions", ("emea", "amer", "apac")[i % 3], b"%d" % i)
+    rows = (spark.read.format("leveret").option("uri", broker.url)
+            .option("superstream", "regions").load()).collect()
+    assert sorted(int(r.value) for r in rows) == list(range(30))
+    by_stream = {r.stream: r.partition for r in rows}
+    assert by_stream == {"regions-emea": 0, "regions-amer": 1, "regions-apac": 2}
