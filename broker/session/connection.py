@@ -16,7 +16,7 @@ import ipaddress
 import itertools
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pamqp import commands
 
@@ -102,8 +102,8 @@ class Session(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport, though not always an asyncio.Transport subclass (uvloop's are not).
+        self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = (peer[0], peer[1]) if peer else ("", 0)
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)

@@ -103,3 +103,32 @@ def test_second_broker_on_a_taken_port_says_so_in_one_line(
     connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
     connection.channel().queue_declare("", exclusive=True)
     connection.close()
+
+
+def test_the_uvloop_event_loop_serves_clients(tmp_path: Path) -> None:
+    """Regression: `--loop uvloop` refused every connection (its transports are not
+    asyncio.Transport subclasses, and an assertion said they must be)."""
+    pytest.importorskip("uvloop")
+    broker = BrokerProcess(tmp_path / "data", args=["--loop", "uvloop"]).start()
+    try:
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("uv-stream", durable=True, arguments={"x-queue-type": "stream"})
+        for i in range(100):
+            channel.basic_publish("", "uv-stream", b"%d" % i)
+        channel.basic_qos(prefetch_count=50)
+        got: list[int] = []
+        for method, _props, body in channel.consume(
+            "uv-stream", arguments={"x-stream-offset": "first"}, inactivity_timeout=10
+        ):
+            assert method is not None, "no delivery within 10 s"
+            got.append(int(body))
+            channel.basic_ack(method.delivery_tag)
+            if len(got) == 100:
+                break
+        assert got == list(range(100))
+        connection.close()
+        assert "Traceback" not in broker.log()
+    finally:
+        broker.kill()
