@@ -101,9 +101,9 @@ class Session(asyncio.Protocol):
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
         # A stream transport, though not always an asyncio.Transport subclass (uvloop's are not).
-        self.transport = cast(asyncio.Transport, transport)
+        self.transport = transport = cast(asyncio.Transport, base)
         peer = transport.get_extra_info("peername")
         self.peer = (peer[0], peer[1]) if peer else ("", 0)
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)
