@@ -140,3 +140,37 @@ def test_probes_of_offsets_and_partitions(broker) -> None:
     assert probe.partitions(None, "sup") == ["sup-0", "sup-1", "sup-2"]
     assert probe.partitions("p", None) == ["p"]
     conn.close()
+
+
+def test_the_partitions_of_a_super_stream_come_from_the_broker_or_by_name(broker) -> None:
+    """Leveret names a super stream's partitions (binding keys too); an exchange that is not
+    marked as a super stream (406 from the query) falls back to `<name>-0, -1, ...`; a user
+    who may not read the exchange gets one error that names the super stream and the 403."""
+    from leveret.broker.auth import Permission
+    from leveret.spark.errors import LeveretSparkError
+
+    with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port)) as c:
+        ch = c.channel()
+        ch.exchange_declare("keyed", "direct", durable=True, arguments={"x-super-stream": True})
+        ch.exchange_declare("unmarked", "direct", durable=True)
+        for key in ("b", "a"):
+            ch.queue_declare(f"keyed-{key}", durable=True, arguments={"x-queue-type": "stream"})
+            ch.queue_bind(f"keyed-{key}", "keyed", key)
+        for i in range(2):
+            ch.queue_declare(f"unmarked-{i}", durable=True,
+                             arguments={"x-queue-type": "stream"})
+            ch.queue_bind(f"unmarked-{i}", "unmarked", str(i))
+    conn = Connection(Endpoint.parse(broker.url))
+    probe = Probe(conn)
+    assert sorted(probe.partitions(None, "keyed")) == ["keyed-a", "keyed-b"]
+    assert probe.partitions(None, "unmarked") == ["unmarked-0", "unmarked-1"]
+    conn.close()
+
+    def add_reader() -> None:
+        broker.broker.add_user("no-read", "pw")
+        broker.broker.set_permissions("no-read", "/", Permission(".*", ".*", "^keyed-"))
+    broker.call(add_reader)
+    conn = Connection(Endpoint.parse(f"amqp://no-read:pw@127.0.0.1:{broker.port}/"))
+    with pytest.raises(LeveretSparkError, match=r"super stream 'keyed': 403 ACCESS_REFUSED"):
+        Probe(conn).partitions(None, "keyed")
+    conn.close()
