@@ -117,16 +117,9 @@ def _u32s(values: array) -> bytes:
     return values.tobytes()
 
 
-def _u32_list(data: bytes | memoryview) -> list[int]:
-    values = array("I")
-    values.frombytes(data)
-    if _BIG_ENDIAN_HOST:
-        values.byteswap()
-    return values.tolist()
-
-
-def _u16_list(data: bytes | memoryview) -> list[int]:
-    values = array("H")
+def _uint_list(typecode: str, data: bytes | memoryview) -> list[int]:
+    """Little-endian unsigned integers ("H": 16-bit, "I": 32-bit) as a list."""
+    values = array(typecode)
     values.frombytes(data)
     if _BIG_ENDIAN_HOST:
         values.byteswap()
@@ -271,7 +264,7 @@ def decode_records(header: ChunkHeader, body: bytes) -> list[bytes]:
     table_at = header.bloom_size
     data_at = table_at + 4 * n
     data = body[data_at : table_at + header.data_size]
-    ends = _u32_list(body[table_at:data_at])
+    ends = _uint_list("I", body[table_at:data_at])
     if ends[-1] != len(data):
         raise BadChunk("record offsets do not match the data length")
     return [data[a:b] for a, b in zip(chain((0,), ends), ends)]  # noqa: B905 (n+1 vs n)
@@ -283,7 +276,7 @@ def decode_filter_values(header: ChunkHeader, body: bytes) -> list[bytes | None]
         return None
     n = header.num_records
     start = header.bloom_size + header.data_size
-    lengths = _u16_list(body[start : start + 2 * n])
+    lengths = _uint_list("H", body[start : start + 2 * n])
     section = body[start + 2 * n : start + header.filter_size]
     values: list[bytes | None] = []
     pos = 0

@@ -43,20 +43,27 @@ def dump_segment(path: Path | str) -> Iterator[dict[str, Any]]:
         problem = seg.header_problem(fd)
         if problem:
             raise CorruptLogError(path, 0, problem)
-        position, size = seg.FIRST_CHUNK_POSITION, os.fstat(fd).st_size
-        while position < size:
-            try:
-                header = seg.read_header(fd, position)
-                if header is None:
-                    raise BadChunk("partial chunk header", position)
-            except BadChunk as exc:
-                yield {"position": position, "error": exc.reason}
-                return
-            body = os.pread(fd, header.body_size, position + ck.HEADER_SIZE)
-            yield _chunk_dict(position, header, body)
-            position += header.total_size
+        try:
+            for position, header in _headers(fd):
+                body = os.pread(fd, header.body_size, position + ck.HEADER_SIZE)
+                yield _chunk_dict(position, header, body)
+        except BadChunk as exc:
+            yield {"position": exc.position, "error": exc.reason}
     finally:
         os.close(fd)
+
+
+def _headers(fd: int) -> Iterator[tuple[int, ck.ChunkHeader]]:
+    """(position, header) of each chunk of an open segment, read by its header alone: unlike
+    segment.walk, a chunk whose body is cut short is still yielded, for the caller to judge.
+    BadChunk (with its position) at a header that is invalid or cut short."""
+    position, size = seg.FIRST_CHUNK_POSITION, os.fstat(fd).st_size
+    while position < size:
+        header = seg.read_header(fd, position)
+        if header is None:
+            raise BadChunk("partial chunk header", position)
+        yield position, header
+        position += header.total_size
 
 
 def _chunk_dict(position: int, header: ck.ChunkHeader, body: bytes) -> dict[str, Any]:
@@ -134,25 +141,20 @@ def _verify_segment(
         if problem:
             problems.append(Problem(path, 0, problem))
             return entries, next_offset
-        position, size = seg.FIRST_CHUNK_POSITION, os.fstat(fd).st_size
-        while position < size:
-            try:
-                header = seg.read_header(fd, position)
-                if header is None:
-                    raise BadChunk("partial chunk header", position)
-            except BadChunk as exc:
-                problems.append(Problem(path, position, exc.reason))
-                break
-            if header.first_offset != next_offset:
-                reason = f"chunk offset {header.first_offset}, expected {next_offset}"
-                problems.append(Problem(path, position, reason))
-            try:
-                ck.check_body(header, os.pread(fd, header.body_size, position + ck.HEADER_SIZE))
-            except BadChunk as exc:
-                problems.append(Problem(path, position, exc.reason))
-            entries.append(seg.entry_for(header, position))
-            next_offset = header.next_offset
-            position += header.total_size
+        try:
+            for position, header in _headers(fd):
+                if header.first_offset != next_offset:
+                    reason = f"chunk offset {header.first_offset}, expected {next_offset}"
+                    problems.append(Problem(path, position, reason))
+                body = os.pread(fd, header.body_size, position + ck.HEADER_SIZE)
+                try:
+                    ck.check_body(header, body)
+                except BadChunk as exc:
+                    problems.append(Problem(path, position, exc.reason))
+                entries.append(seg.entry_for(header, position))
+                next_offset = header.next_offset
+        except BadChunk as exc:
+            problems.append(Problem(path, exc.position or 0, exc.reason))
     finally:
         os.close(fd)
     return entries, next_offset
