@@ -22,6 +22,7 @@ from loadgen.common import (
     Options,
     cleanup,
     con_dict,
+    consume_from,
     errors_of,
     mb,
     prefill,
@@ -29,7 +30,6 @@ from loadgen.common import (
     span,
     template_for,
 )
-from loadgen.consume import ConsumeStats, consume
 from loadgen.measure import BrokerProbe, SelfCpu, weighted_percentiles
 from loadgen.publish import ConfirmTracker, PublishStats, publish_confirmed
 
@@ -196,23 +196,8 @@ def scenario_g(opts: Options, probe: BrokerProbe) -> list[dict]:
             ("filtered", {"x-stream-filter": "wanted"}, len(wanted), wanted),
             ("unfiltered", {}, count, None),
         ):
-            c = opts.connect()
-            c.qos(opts.prefetch)
-            cpu = SelfCpu()
-            probe.start()
-            cpu.start()
-            stats = ConsumeStats(started_ns=time.monotonic_ns())
-            c.consume(queue, {"x-stream-offset": "first", **args})
-            consume(
-                c,
-                expect,
-                ack_every=opts.ack_every,
-                body_size=opts.body,
-                wanted=want,
-                idle_timeout=opts.idle_timeout,
-                stats=stats,
-            )
-            c.close()
+            stats, cpu = consume_from(opts, queue, expect, {"x-stream-offset": "first", **args},
+                                      start=probe.start, wanted=want)
             runs[name] = {
                 **con_dict(stats, cpu),
                 "broker_cpu": probe.cpu_pct(),
@@ -275,23 +260,8 @@ def scenario_m(opts: Options, probe: BrokerProbe) -> list[dict]:
         sampler.start()
 
     def worker(i: int, ready: workers.Ready) -> dict:
-        conn = opts.connect()
-        conn.qos(opts.prefetch)
-        ready()
-        cpu = SelfCpu()
-        cpu.start()
-        stats = ConsumeStats(started_ns=time.monotonic_ns())
-        conn.consume(queue, {"x-stream-offset": i * share})
-        consume(
-            conn,
-            share,
-            ack_every=opts.ack_every,
-            body_size=opts.body,
-            idle_timeout=opts.idle_timeout,
-            stats=stats,
-            first_seq=None,
-        )
-        conn.close()
+        stats, cpu = consume_from(opts, queue, share, {"x-stream-offset": i * share},
+                                  start=ready, first_seq=None)
         return {
             **con_dict(stats, cpu),
             "skew": None if stats.first_seq is None else i * share - stats.first_seq,

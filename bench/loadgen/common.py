@@ -11,13 +11,14 @@ It must not know any broker: only AMQP 0-9-1 as RabbitMQ speaks it. Threading co
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from loadgen import wire
 from loadgen.client import Connection, connect
-from loadgen.consume import ConsumeStats
+from loadgen.consume import ConsumeStats, consume
 from loadgen.measure import SelfCpu, percentiles
 from loadgen.publish import PublishStats, publish_confirmed
 
@@ -173,6 +174,31 @@ def con_dict(stats: ConsumeStats, cpu: SelfCpu, latency: bool = False) -> dict:
             max=round(max(stats.latency_ns) / 1e6, 3) if stats.latency_ns else None,
         )
     return out
+
+
+def consume_from(
+    opts: Options,
+    queue: str,
+    count: int,
+    arguments: dict | None = None,
+    *,
+    start: Callable[[], object] = lambda: None,
+    **options: Any,
+) -> tuple[ConsumeStats, SelfCpu]:
+    """One consumer on a connection of its own takes `count` messages of `queue` (prefetch,
+    acks and body checks as `opts` say; `options` go to consume()). `start` runs once the
+    connection is ready, just before the clocks start."""
+    conn = opts.connect()
+    conn.qos(opts.prefetch)
+    start()
+    cpu = SelfCpu()
+    cpu.start()
+    stats = ConsumeStats(started_ns=time.monotonic_ns())
+    conn.consume(queue, arguments)
+    consume(conn, count, ack_every=opts.ack_every, body_size=opts.body,
+            idle_timeout=opts.idle_timeout, stats=stats, **options)
+    conn.close()
+    return stats, cpu
 
 
 def prefill(opts: Options, queue: str, count: int, make: Callable | None = None) -> PublishStats:

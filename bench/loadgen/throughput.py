@@ -11,8 +11,6 @@ It must not know any broker. Threading contract: main thread; it forks workers (
 
 from __future__ import annotations
 
-import time
-
 from loadgen import workers
 from loadgen.common import (
     DEFAULT_MESSAGES,
@@ -20,6 +18,7 @@ from loadgen.common import (
     Options,
     cleanup,
     con_dict,
+    consume_from,
     errors_of,
     prefill,
     pub_dict,
@@ -27,7 +26,7 @@ from loadgen.common import (
     span,
     template_for,
 )
-from loadgen.consume import ConsumeStats, consume
+from loadgen.consume import consume
 from loadgen.measure import BrokerProbe, SelfCpu, weighted_percentiles
 from loadgen.publish import publish_confirmed, publish_paced
 
@@ -88,22 +87,7 @@ def _stream_consumers(opts: Options, probe: BrokerProbe, scenario: str, consumer
     fill = prefill(opts, queue, count)
 
     def worker(_: int, ready: workers.Ready) -> dict:
-        conn = opts.connect()
-        conn.qos(opts.prefetch)
-        ready()
-        cpu = SelfCpu()
-        cpu.start()
-        stats = ConsumeStats(started_ns=time.monotonic_ns())
-        conn.consume(queue, {"x-stream-offset": "first"})
-        consume(
-            conn,
-            count,
-            ack_every=opts.ack_every,
-            body_size=opts.body,
-            idle_timeout=opts.idle_timeout,
-            stats=stats,
-        )
-        conn.close()
+        stats, cpu = consume_from(opts, queue, count, {"x-stream-offset": "first"}, start=ready)
         return con_dict(stats, cpu)
 
     if fill.ok:
@@ -239,22 +223,8 @@ def scenario_e(opts: Options, probe: BrokerProbe) -> list[dict]:
         )
     ]
     if stats.ok:
-        conn = opts.connect()
-        conn.qos(opts.prefetch)
-        probe.start()
-        cpu.start()
-        cstats = ConsumeStats(started_ns=time.monotonic_ns())
-        conn.consume(queue)
-        consume(
-            conn,
-            count,
-            ack_every=opts.ack_every,
-            body_size=opts.body,
-            idle_timeout=opts.idle_timeout,
-            stats=cstats,
-        )
-        c = con_dict(cstats, cpu)
-        conn.close()
+        cstats, ccpu = consume_from(opts, queue, count, start=probe.start)
+        c = con_dict(cstats, ccpu)
         out.append(
             result(
                 opts,
