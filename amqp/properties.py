@@ -231,25 +231,38 @@ _FLAG_REPLY_TO = 1 << 9
 _FLAG_EXPIRATION = 1 << 8
 
 
+def table_bounds(payload: bytes) -> tuple[int, int, int] | None:
+    """Where the headers table's content starts and ends ((0, 0) without a table) and where
+    the property after it starts, read without decoding anything. None if the header is
+    unusual (flag continuation words, or bytes that do not add up)."""
+    try:
+        high = payload[12]
+        if payload[13] & 1:
+            return None
+        pos = 14
+        if high & 0x80:  # content-type
+            pos += 1 + payload[pos]
+        if high & 0x40:  # content-encoding
+            pos += 1 + payload[pos]
+        if not high & 0x20:  # no headers
+            return (0, 0, pos) if pos <= len(payload) else None
+        end = pos + 4 + _U32.unpack_from(payload, pos)[0]
+        return (pos + 4, end, end) if end <= len(payload) else None
+    except (IndexError, struct.error):
+        return None
+
+
 def quick_fields(payload: bytes) -> tuple[int, int, int, int, str | None] | None:
     """What routing and queues need, read without decoding the rest: (headers table content
     start, end, delivery_mode, priority, expiration). The properties come in flag order, so
     the walk stops after expiration. None if the header is unusual (flag continuation words,
     or bytes that do not add up): the caller then decodes everything with pamqp."""
+    bounds = table_bounds(payload)
+    if bounds is None:
+        return None
+    start, end, pos = bounds
+    flags = (payload[12] << 8) | payload[13]
     try:
-        flags = (payload[12] << 8) | payload[13]
-        if flags & 1:
-            return None
-        pos = 14
-        if flags & FLAG_CONTENT_TYPE:
-            pos += 1 + payload[pos]
-        if flags & FLAG_CONTENT_ENCODING:
-            pos += 1 + payload[pos]
-        start = end = 0
-        if flags & FLAG_HEADERS:
-            start = pos + 4
-            end = start + _U32.unpack_from(payload, pos)[0]
-            pos = end
         delivery_mode = priority = 0
         if flags & _FLAG_DELIVERY_MODE:
             delivery_mode = payload[pos]
@@ -264,7 +277,7 @@ def quick_fields(payload: bytes) -> tuple[int, int, int, int, str | None] | None
             if flags & _FLAG_REPLY_TO:
                 pos += 1 + payload[pos]
             expiration = payload[pos + 1 : pos + 1 + payload[pos]].decode("utf-8")
-        if end > len(payload) or pos > len(payload):
+        if pos > len(payload):
             return None
         return start, end, delivery_mode, priority, expiration
     except (IndexError, struct.error, UnicodeDecodeError):

@@ -76,11 +76,12 @@ def encode_record(message: Message) -> bytes:
         del headers["x-stream-offset"]
         message = message.replace(headers=headers or None)
         header = message.header
-    if header[12] or header[13]:
+    high = header[12]
+    if high & 0xC0:  # content-type or content-encoding: the table goes after them
         has_table, insert_at = _insertion_point(header)
         prefix = _PREFIX.pack(1 if has_table else 0, insert_at, len(header))
-    else:  # no properties at all: no table, and a new one would go right after the flags
-        prefix = _PREFIX.pack(0, 14, len(header))
+    else:  # the table, if any, is the first property: right after the flags
+        prefix = _PREFIX.pack(1 if high & 0x20 else 0, 14, len(header))
     return b"".join(
         (prefix, _names(message.exchange, message.routing_key), header, message.body)
     )

@@ -5,7 +5,9 @@ type, so a decode-encode round trip turns a publisher's `long` into a `byte`, an
 that reads it as a Long breaks. When the broker changes a message's headers (dead-lettering
 adds x-death, BCC is removed), only the entries it changes are encoded again, with the types
 RabbitMQ gives broker-made values (an integer is a long, a string a longstr); every other entry
-is copied as it came. The walk over a table only measures entries; decoding stays pamqp's.
+is copied as it came. The walk over a table only measures entries; decoding stays pamqp's,
+except for tables of only the four plainest types (long strings, longs, ints and booleans),
+which `decode_plain` reads in one pass: that is what nearly every publish carries.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ _U32 = struct.Struct(">I")
 _FIXED = {b"t": 1, b"b": 1, b"B": 1, b"s": 2, b"u": 2, b"I": 4, b"i": 4, b"l": 8, b"L": 8,
           b"f": 4, b"d": 8, b"D": 5, b"T": 8, b"V": 0, b"\x00": 0}
 _SIZED = frozenset({b"S", b"x", b"A", b"F"})
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
 
 
 def raw_entries(table: bytes) -> dict[str, bytes]:
@@ -40,6 +44,40 @@ def raw_entries(table: bytes) -> dict[str, bytes]:
         entries[key] = table[pos:end]
         pos = end
     return entries
+
+
+def decode_plain(buf: bytes, pos: int, end: int) -> dict[str, Any] | None:
+    """The table content in buf[pos:end], decoded as pamqp would, when every entry is a long
+    string (str, or bytes when not UTF-8), a long, an int or a boolean; None when an entry is
+    of another type or the bytes do not add up, for the caller to decode the general way."""
+    values: dict[str, Any] = {}
+    try:
+        while pos < end:
+            key_end = pos + 1 + buf[pos]
+            key = buf[pos + 1 : key_end].decode("utf-8")
+            kind = buf[key_end]
+            if kind == 0x53:  # S
+                pos = key_end + 5 + _U32.unpack_from(buf, key_end + 1)[0]
+                raw = buf[key_end + 5 : pos]
+                try:
+                    value: Any = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    value = raw
+            elif kind == 0x6C:  # l
+                value = _I64.unpack_from(buf, key_end + 1)[0]
+                pos = key_end + 9
+            elif kind == 0x49:  # I
+                value = _I32.unpack_from(buf, key_end + 1)[0]
+                pos = key_end + 5
+            elif kind == 0x74:  # t
+                value = buf[key_end + 1] != 0
+                pos = key_end + 2
+            else:
+                return None
+            values[key] = value
+    except (IndexError, struct.error, UnicodeDecodeError):
+        return None
+    return values if pos == end else None
 
 
 def encode_value(value: Any) -> bytes:

@@ -41,12 +41,39 @@ SAC_DRAIN_TIMEOUT_MS = 30_000
 RETENTION_CHECK_MS = 60_000
 
 
+_NAME = (str, bytes)  # what an x-stream-publisher-name may be
+
+
+def _publisher_key(publisher: Any) -> bytes:
+    """A publisher name as stored (UTF-8, at most 255 bytes), or PreconditionFailed."""
+    if not isinstance(publisher, _NAME):
+        raise PreconditionFailed("x-stream-publisher-name must be a string")
+    name = publisher.encode("utf-8") if isinstance(publisher, str) else bytes(publisher)
+    if len(name) > 255:
+        raise PreconditionFailed("x-stream-publisher-name is longer than 255 bytes")
+    return name
+
+
+def _header_value(name: bytes) -> str | bytes:
+    """A stored publisher name as the header that names it decodes (as pamqp: str if UTF-8)."""
+    try:
+        return name.decode("utf-8")
+    except UnicodeDecodeError:
+        return name
+
+
+def _stored_names(publishers: dict[str | bytes, int]) -> dict[bytes, int]:
+    return {_publisher_key(name): last for name, last in publishers.items()}
+
+
 @dataclass
 class _Batch:
     records: list[bytes] = field(default_factory=list)
     filters: list[bytes | None] = field(default_factory=list)
     confirms: list[Confirm] = field(default_factory=list)
-    publishers: dict[bytes, int] = field(default_factory=dict)
+    # the last publishing id of each publisher, by its x-stream-publisher-name as it came (a
+    # str, or bytes when it is not UTF-8: the two never name the same publisher)
+    publishers: dict[str | bytes, int] = field(default_factory=dict)
     any_filter: bool = False
 
 
@@ -146,19 +173,30 @@ class StreamQueue(Queue):
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
         batch = self._batch
         headers = message.headers
-        if self.dedup is not None and self.dedup.seen(headers):
-            return False
-        publisher = headers.get("x-stream-publisher-name") if headers else None
-        if publisher is not None and self._duplicate(
-            publisher, headers.get("x-stream-publishing-id"), batch
-        ):
-            self.stats_deduplicated += 1
-            if confirm is not None:
-                confirm.defer()
-                batch.confirms.append(confirm)
-            self._schedule_flush()
-            return True
-        value = sargs.filter_value(headers) if headers else None
+        if headers:
+            if self.dedup is not None and self.dedup.seen(headers):
+                return False
+            publisher = headers.get("x-stream-publisher-name")
+            if publisher is not None:
+                last = batch.publishers.get(publisher) if isinstance(publisher, _NAME) else None
+                if last is None:  # _publisher_key checks the name
+                    last = self.log.publisher_id(_publisher_key(publisher))
+                publishing_id = headers.get("x-stream-publishing-id")
+                if type(publishing_id) is not int:  # a bool is not a publishing id either
+                    raise PreconditionFailed("x-stream-publishing-id must be an integer when "
+                                             "x-stream-publisher-name is set")
+                if last is not None and publishing_id <= last:
+                    self.stats_deduplicated += 1
+                    if confirm is not None:
+                        confirm.defer()
+                        batch.confirms.append(confirm)
+                    self._schedule_flush()
+                    return True
+                batch.publishers[publisher] = publishing_id
+            value = (sargs.filter_value(headers) if "x-stream-filter-value" in headers
+                     else None)
+        else:  # nothing to deduplicate on, and no filter value
+            value = None
         batch.records.append(self.env.encode_record(message))
         batch.filters.append(value)
         if value is not None:
@@ -170,27 +208,9 @@ class StreamQueue(Queue):
         self._schedule_flush()
         return True
 
-    def _duplicate(self, publisher: Any, publishing_id: Any, batch: _Batch) -> bool:
-        if not isinstance(publisher, str | bytes):
-            raise PreconditionFailed("x-stream-publisher-name must be a string")
-        if not isinstance(publishing_id, int) or isinstance(publishing_id, bool):
-            raise PreconditionFailed(
-                "x-stream-publishing-id must be an integer when x-stream-publisher-name is set"
-            )
-        name = publisher.encode("utf-8") if isinstance(publisher, str) else bytes(publisher)
-        if len(name) > 255:
-            raise PreconditionFailed("x-stream-publisher-name is longer than 255 bytes")
-        last = batch.publishers.get(name)
-        if last is None:
-            last = self.log.publisher_id(name)
-        if last is not None and publishing_id <= last:
-            return True
-        batch.publishers[name] = publishing_id
-        return False
-
     def last_publishing_id(self, name: bytes) -> int:
         """The last stored publishing id of a publisher, 0 if unknown (as RabbitMQ answers)."""
-        pending = self._batch.publishers.get(name)
+        pending = self._batch.publishers.get(_header_value(name))
         if pending is not None:
             return pending
         stored = self.log.publisher_id(name)
@@ -214,10 +234,10 @@ class StreamQueue(Queue):
                 self.log.append(
                     batch.records,
                     batch.filters if batch.any_filter else None,
-                    publishers=batch.publishers or None,
+                    publishers=_stored_names(batch.publishers) or None,
                 )
             elif batch.publishers:
-                self.log.append([], publishers=batch.publishers)
+                self.log.append([], publishers=_stored_names(batch.publishers))
         except StorageError as error:
             log.error(
                 "stream append failed", stream=self.name, vhost=self.vhost.name, error=str(error)
