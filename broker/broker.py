@@ -148,6 +148,7 @@ class Broker:
                 "authentication_failure_close": True,
                 "per_consumer_qos": True,
                 "direct_reply_to": False,
+                "stream_end_offset": True,  # the x-leveret-end-offset consumer argument
             },
         }
 

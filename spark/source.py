@@ -7,9 +7,12 @@ committed batch ended: no gap, no duplicate. Each input partition reads one stre
 start offset up to (not including) an end offset with a consumer that attaches at the start
 offset (basic.qos prefetch, manual acks); it checks that the offsets it gets are contiguous
 and fails (unless failOnDataLoss=false) when retention removed messages it was meant to
-read. `filter` keeps the messages whose `x-stream-filter-value` is one of the given values;
-the reading task applies it, because a consumer filtered by the broker cannot tell when it
-has passed the end offset of its range.
+read. `filter` keeps the messages whose `x-stream-filter-value` is one of the given values.
+Leveret filters them itself (x-stream-filter) and, told the range's end
+(x-leveret-end-offset), cancels the consumer once it has passed it, so a range whose last
+messages are filtered out still ends; the reading task then trusts the broker's gaps, and
+checks the start against the stream's first offset instead. A broker without the
+`stream_end_offset` capability (RabbitMQ) sends everything and the task filters.
 
 `LeveretStreamReader` runs in the driver's long-lived reader process (one connection kept for
 the query); `read` runs in executors' Python workers and returns Arrow record batches.
@@ -34,7 +37,7 @@ from leveret.spark import connections
 from leveret.spark import frames as f
 from leveret.spark.errors import LeveretSparkError
 from leveret.spark.options import SourceOptions
-from leveret.spark.streams import Probe
+from leveret.spark.streams import ATTACH_WAIT_S, Probe
 
 ARROW_BATCH_ROWS = 8192
 PROPERTY_FIELDS = ("content_type", "content_encoding", "delivery_mode", "priority",
@@ -197,9 +200,15 @@ def _consume(conn: Any, options: SourceOptions, part: StreamRange) -> Iterator[A
     wanted = frozenset(options.filter_values) if options.filter_values else None
     prefetch = max(1, min(options.prefetch, part.end - part.start))
     ack_every = max(1, prefetch // 2)
+    arguments: dict[str, Any] = {"x-stream-offset": part.start}
+    by_broker = wanted is not None and conn.server_capabilities.get("stream_end_offset") is True
+    if by_broker:
+        _check_start(conn, options, part)
+        arguments.update({"x-stream-filter": list(options.filter_values),
+                          "x-leveret-end-offset": part.end})
     ch = conn.channel()
     ch.qos(prefetch)
-    ch.consume(part.stream, {"x-stream-offset": part.start})
+    ch.consume(part.stream, arguments)
     expected = part.start
     unacked = 0
     rows = _Columns()
@@ -207,6 +216,8 @@ def _consume(conn: Any, options: SourceOptions, part: StreamRange) -> Iterator[A
         while expected < part.end:
             if not ch.deliveries:
                 ch.check()
+                if ch.cancelled and by_broker:
+                    break  # past the end of the range: the broker filtered it all
                 if ch.cancelled:
                     raise LeveretSparkError(f"leveret source: the broker cancelled the consumer "
                                             f"of stream '{part.stream}' (was it deleted?)")
@@ -224,7 +235,7 @@ def _consume(conn: Any, options: SourceOptions, part: StreamRange) -> Iterator[A
                 continue
             if offset >= part.end:
                 break
-            if offset > expected and options.fail_on_data_loss:
+            if offset > expected and options.fail_on_data_loss and not by_broker:
                 raise LeveretSparkError(
                     f"leveret source: stream '{part.stream}' has no offsets {expected}.."
                     f"{offset - 1} any more (removed by retention?); set failOnDataLoss=false "
@@ -243,6 +254,19 @@ def _consume(conn: Any, options: SourceOptions, part: StreamRange) -> Iterator[A
             conn.forget(ch)
     if rows.count:
         yield rows.to_arrow(pa, schema)
+
+
+def _check_start(conn: Any, options: SourceOptions, part: StreamRange) -> None:
+    """With the broker filtering, a gap is no sign of loss; retention is seen instead in the
+    stream's first offset having moved past the range's start."""
+    if not options.fail_on_data_loss or part.start == 0:
+        return
+    first = Probe(conn).attach_offset(part.stream, "first", ATTACH_WAIT_S)
+    if first is not None and first > part.start:
+        raise LeveretSparkError(
+            f"leveret source: stream '{part.stream}' has no offsets {part.start}.."
+            f"{min(first, part.end) - 1} any more (removed by retention?); set "
+            "failOnDataLoss=false to read on")
 
 
 def arrow_schema() -> Any:

@@ -95,6 +95,8 @@ class Connection:
         except ConnectionLost:
             raise LeveretConnectionError(
                 f"{ep.display} closed the connection before AMQP 0.9.1 started") from None
+        caps = (start.server_properties or {}).get("capabilities")
+        self.server_capabilities: dict[str, Any] = caps if isinstance(caps, dict) else {}
         mechanisms = start.mechanisms.split()
         if "PLAIN" not in mechanisms:
             raise LeveretConnectionError(f"{ep.display} does not offer PLAIN: {mechanisms}")

@@ -14,6 +14,7 @@ Single-threaded: runs on the event loop; storage calls are synchronous.
 
 from __future__ import annotations
 
+import bisect
 import shutil
 import uuid
 from collections import deque
@@ -290,6 +291,7 @@ class StreamQueue(Queue):
             consumer.tag.encode("utf-8")[:255],
             sargs.tracking_enabled(consumer.tag, arguments),
             spec,
+            sargs.end_offset(arguments),
         )
         consumer.state = cursor
         self.consumers.append(consumer)
@@ -381,12 +383,17 @@ class StreamQueue(Queue):
         credit = sink.credit(consumer)
         while credit > 0:
             if cursor.take >= len(cursor.records):
+                if cursor.end is not None and cursor.reader.position >= cursor.end:
+                    self._reached_end(consumer)
+                    return
                 try:
                     chunk = cursor.reader.read()
                 except StorageError as error:
                     self._read_failed(consumer, error)
                     return
-                if chunk is None:
+                if chunk is None:  # caught up; a filter may have skipped to the end, though
+                    if cursor.end is not None and cursor.reader.position >= cursor.end:
+                        self._reached_end(consumer)
                     return
                 cursor.records = chunk.records
                 first = chunk.first_offset
@@ -396,6 +403,12 @@ class StreamQueue(Queue):
                     else range(first, first + len(chunk.records))
                 )
                 cursor.take = 0
+                if cursor.end is not None and cursor.offsets[-1] >= cursor.end:
+                    below = bisect.bisect_left(cursor.offsets, cursor.end)
+                    cursor.records = cursor.records[:below]
+                    cursor.offsets = cursor.offsets[:below]
+                    if not below:
+                        continue
             take = cursor.take
             end = min(len(cursor.records), take + credit)
             offsets = cursor.offsets[take:end]
@@ -413,6 +426,16 @@ class StreamQueue(Queue):
             sink.send_records(consumer, offsets, records)
             self.stats_delivered += len(records)
             credit -= len(records)
+        if (cursor.end is not None and cursor.take >= len(cursor.records)
+                and cursor.reader is not None and cursor.reader.position >= cursor.end):
+            self._reached_end(consumer)
+
+    def _reached_end(self, consumer: Consumer) -> None:
+        """Every offset below the consumer's x-leveret-end-offset was delivered or filtered
+        out: it is cancelled (basic.cancel, after its last delivery), so that a reader of a
+        range knows it has it all, even when a filter leaves nothing at its end."""
+        self.remove_consumer(consumer)
+        consumer.sink.server_cancel(consumer)
 
     def _read_failed(self, consumer: Consumer, error: StorageError) -> None:
         """The consumer's next chunk cannot be read (damaged on disk, or the file is gone).

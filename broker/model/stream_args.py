@@ -125,6 +125,15 @@ def check_consumer(rs: str, *, no_ack: bool, prefetch: int, global_prefetch: int
         raise NotImplementedFeature(f"{rs} does not support global qos")
 
 
+END_OFFSET = "x-leveret-end-offset"  # deliver offsets below it, then basic.cancel
+
+
+def end_offset(arguments: dict[str, Any]) -> int | None:
+    """The consumer's x-leveret-end-offset (checked by check_extension_args), or None."""
+    end = arguments.get(END_OFFSET)
+    return end if type(end) is int else None
+
+
 def check_extension_args(arguments: dict[str, Any], rs: str) -> None:
     """Leveret's own consumer arguments (RabbitMQ has them only in its stream protocol): a
     value of the wrong type is refused rather than read as "off"."""
@@ -137,6 +146,14 @@ def check_extension_args(arguments: dict[str, Any], rs: str) -> None:
             f"invalid arg 'x-stream-automatic-offset-tracking' for {rs}: "
             f"{{unacceptable_type,{qargs.erlang_type(tracking)}}}"
         )
+    if END_OFFSET in arguments:
+        end = arguments[END_OFFSET]
+        if type(end) is not int or end < 0:
+            raise PreconditionFailed(
+                f"invalid arg '{END_OFFSET}' for {rs}: "
+                + (f"{{value_negative,{end}}}" if type(end) is int
+                   else f"{{unacceptable_type,{qargs.erlang_type(end)}}}")
+            )
     sac = arguments.get("x-single-active-consumer")
     if "x-single-active-consumer" in arguments and not isinstance(sac, bool):
         raise PreconditionFailed(

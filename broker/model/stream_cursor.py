@@ -24,6 +24,7 @@ class Cursor:
         "dirty",
         "drain_timer",
         "draining",
+        "end",
         "name",
         "offsets",
         "pending",
@@ -36,10 +37,13 @@ class Cursor:
         "tracking",
     )
 
-    def __init__(self, name: bytes, tracking: bool, spec: sargs.StartSpec) -> None:
+    def __init__(
+        self, name: bytes, tracking: bool, spec: sargs.StartSpec, end: int | None = None
+    ) -> None:
         self.name = name
         self.tracking = tracking
         self.spec = spec
+        self.end = end  # x-leveret-end-offset: deliver below it, then cancel
         self.reader: Any = None
         self.records: list[Any] = []
         self.offsets: Sequence[int] = ()

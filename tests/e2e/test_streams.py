@@ -442,3 +442,86 @@ def test_stream_offsets_and_partitions_queries(broker, conn) -> None:  # type: i
     assert code == 406 and "is not a super stream" in text
     code, _text = channel_error(lambda: conn.channel().basic_get("amq.leveret.nothing"))
     assert code == 404
+
+
+def _read_to_the_end(conn, queue: str, arguments: dict, prefetch: int = 100,  # type: ignore[no-untyped-def]
+                     timeout: float = 3, ack: bool = True) -> tuple[list[int], list[object]]:
+    """Consume with x-leveret-end-offset until the broker cancels: the offsets received and
+    the cancels, as lists that go on filling while the connection is drained."""
+    cch = conn.channel()
+    cch.basic_qos(prefetch_count=prefetch)
+    got: list[int] = []
+    cancelled: list[object] = []
+
+    def on_message(ch, method, props, _body) -> None:  # type: ignore[no-untyped-def]
+        got.append(props.headers["x-stream-offset"])
+        if ack:
+            ch.basic_ack(method.delivery_tag)
+
+    cch.add_on_cancel_callback(cancelled.append)
+    cch.basic_consume(queue, on_message, arguments=arguments)
+    drain(conn, lambda: bool(cancelled), timeout)
+    return got, cancelled
+
+
+def test_end_offset_delivers_the_range_then_cancels(conn) -> None:  # type: ignore[no-untyped-def]
+    """x-leveret-end-offset: offsets from x-stream-offset up to the end (not included), and
+    then basic.cancel, across chunk edges and with a prefetch smaller than the range."""
+    ch = conn.channel()
+    ch.confirm_delivery()
+    declare_stream(ch, "range")
+    for _ in range(4):  # four chunks of five
+        publish(ch, "range", [b"x"] * 5)
+    got, cancelled = _read_to_the_end(
+        conn, "range", {"x-stream-offset": 3, "x-leveret-end-offset": 13}, prefetch=4)
+    assert got == list(range(3, 13))
+    assert len(cancelled) == 1
+    got, cancelled = _read_to_the_end(conn, "range",
+                                      {"x-stream-offset": 7, "x-leveret-end-offset": 7})
+    assert (got, len(cancelled)) == ([], 1)
+    assert ch.is_open
+
+
+@pytest.mark.parametrize("ack", [True, False])
+def test_end_offset_ends_a_filtered_range_whose_tail_is_filtered_out(conn, ack) -> None:  # type: ignore[no-untyped-def]
+    """A filter that leaves nothing at the end of the range still ends it: the consumer is
+    cancelled once the broker has looked past the end offset, whether or not the client
+    acks (an ack lets the broker look again; without one it must see the end at once)."""
+    ch = conn.channel()
+    ch.confirm_delivery()
+    declare_stream(ch, "colours")
+    for i in range(30):
+        colour = "red" if i < 10 else "blue"
+        publish(ch, "colours", [b"%d" % i], headers={"x-stream-filter-value": colour})
+    got, cancelled = _read_to_the_end(conn, "colours", {
+        "x-stream-offset": 0, "x-stream-filter": "red", "x-leveret-end-offset": 25}, ack=ack)
+    assert (got, len(cancelled)) == (list(range(10)), 1)
+
+
+def test_end_offset_beyond_the_log_waits_for_the_messages(conn) -> None:  # type: ignore[no-untyped-def]
+    ch = conn.channel()
+    ch.confirm_delivery()
+    declare_stream(ch, "later")
+    publish(ch, "later", [b"x"] * 3)
+    got, cancelled = _read_to_the_end(
+        conn, "later", {"x-stream-offset": 0, "x-leveret-end-offset": 6}, timeout=0.5)
+    assert (got, cancelled) == ([0, 1, 2], [])
+    publish(ch, "later", [b"x"] * 5)
+    drain(conn, lambda: bool(cancelled), 3)
+    assert (got, len(cancelled)) == ([0, 1, 2, 3, 4, 5], 1)
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (-1, "{value_negative,-1}"),
+    ("10", "{unacceptable_type,longstr}"),
+    (True, "{unacceptable_type,bool}"),
+])
+def test_a_bad_end_offset_is_refused(conn, value, reason) -> None:  # type: ignore[no-untyped-def]
+    declare_stream(conn.channel(), "bad-end")
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=10)
+    code, text = channel_error(lambda: ch.basic_consume(
+        "bad-end", lambda *a: None, arguments={"x-leveret-end-offset": value}))
+    assert (code, text) == (406, "PRECONDITION_FAILED - invalid arg 'x-leveret-end-offset' for "
+                                 f"queue 'bad-end' in vhost '/': {reason}")
+    assert conn.channel().is_open

@@ -88,6 +88,10 @@ def test_a_batch_read_takes_a_bounded_range_with_columns(spark, broker) -> None:
     filtered = (spark.read.format("leveret").option("uri", broker.url).option("stream", "events")
                 .option("filter", "odd").load())
     assert sorted(r.offset for r in filtered.select("offset").collect()) == list(range(1, 30, 2))
+    evens = (spark.read.format("leveret").option("uri", broker.url).option("stream", "events")
+             .option("startingOffsets", "11").option("endingOffsets", "20")
+             .option("filter", "even").load())  # the range's last message (19) is odd
+    assert sorted(r.offset for r in evens.select("offset").collect()) == [12, 14, 16, 18]
     last = (spark.read.format("leveret").option("uri", broker.url).option("stream", "events")
             .option("startingOffsets", "25").load())
     assert last.count() == 5
@@ -137,3 +141,42 @@ def test_a_super_stream_with_binding_keys_is_read_from_every_partition(spark, br
     assert sorted(int(r.value) for r in rows) == list(range(30))
     by_stream = {r.stream: r.partition for r in rows}
     assert by_stream == {"regions-emea": 0, "regions-amer": 1, "regions-apac": 2}
+
+
+@pytest.mark.parametrize("broker_filters", [True, False])
+def test_a_filtered_range_is_read_whole_by_the_broker_or_by_the_task(
+    broker, broker_filters: bool
+) -> None:
+    """`filter`: Leveret filters on the broker (x-stream-filter, and x-leveret-end-offset to
+    end the range), so the task receives only the wanted messages; a broker without the
+    stream_end_offset capability (RabbitMQ) is read whole and filtered by the task. Both give
+    the same rows, the range's unwanted last messages included."""
+    from leveret.spark import connections
+    from leveret.spark.options import SourceOptions
+    from leveret.spark.source import StreamRange, read_stream_range
+
+    declare_stream(broker.port, "colours")
+    with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port)) as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in range(300):
+            colour = "red" if i % 10 == 0 else "blue"
+            ch.basic_publish("", "colours", b"%d" % i,
+                             pika.BasicProperties(headers={"x-stream-filter-value": colour}))
+    options = SourceOptions.parse({"uri": broker.url, "stream": "colours", "filter": "red"},
+                                  batch=True)
+    conn = connections.checkout(broker.url)
+    conn.server_capabilities["stream_end_offset"] = broker_filters
+    stream = broker.server.broker.vhosts["/"].queues["colours"]
+    delivered = stream.stats_delivered
+    try:
+        batches = list(read_stream_range(options, StreamRange("colours", 0, 5, 295)))
+    finally:
+        connections.discard(broker.url)
+    offsets = [o for b in batches for o in b.column("offset").to_pylist()]
+    assert offsets == list(range(10, 291, 10))
+    sent = stream.stats_delivered - delivered
+    if broker_filters:  # the 29 wanted, and the one that tells failOnDataLoss the first offset
+        assert sent == 30
+    else:  # the whole range (and perhaps a few past it before the task cancels)
+        assert sent >= 290
