@@ -167,21 +167,11 @@ class Message:
                     "x-stream-publisher-name": name,
                     "x-stream-publishing-id": _I64.unpack_from(header, len(header) - 8)[0],
                 }
-        high = header[12]  # the high byte of the property flags
-        try:
-            if high & 0xC0 or header[13] & 1:  # content-type or -encoding first, or more flags
-                bounds = props.table_bounds(header)
-                if bounds is None:
-                    raise IndexError
-                start, end = bounds[:2]
-            else:  # the table is the first property
-                start = 18
-                end = 18 + _U32.unpack_from(header, 14)[0]
-                if end > len(header):
-                    raise IndexError
-        except (IndexError, struct.error):  # unusual: let pamqp decode (and judge) it all
+        bounds = props.table_bounds(header)
+        if bounds is None:  # unusual: let pamqp decode (and judge) it all
             found: Mapping[str, Any] = self.properties.headers or {}
             return found
+        start, end = bounds[:2]
         plain = tables.decode_plain(header, start, end)
         if plain is None:
             return LazyHeaders(header[start:end])

@@ -383,7 +383,7 @@ class StreamQueue(Queue):
         credit = sink.credit(consumer)
         while credit > 0:
             if cursor.take >= len(cursor.records):
-                if cursor.end is not None and cursor.reader.position >= cursor.end:
+                if cursor.past_end():
                     self._reached_end(consumer)
                     return
                 try:
@@ -392,7 +392,7 @@ class StreamQueue(Queue):
                     self._read_failed(consumer, error)
                     return
                 if chunk is None:  # caught up; a filter may have skipped to the end, though
-                    if cursor.end is not None and cursor.reader.position >= cursor.end:
+                    if cursor.past_end():
                         self._reached_end(consumer)
                     return
                 cursor.records = chunk.records
@@ -426,8 +426,7 @@ class StreamQueue(Queue):
             sink.send_records(consumer, offsets, records)
             self.stats_delivered += len(records)
             credit -= len(records)
-        if (cursor.end is not None and cursor.take >= len(cursor.records)
-                and cursor.reader is not None and cursor.reader.position >= cursor.end):
+        if cursor.past_end():
             self._reached_end(consumer)
 
     def _reached_end(self, consumer: Consumer) -> None:

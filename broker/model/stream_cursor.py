@@ -56,3 +56,9 @@ class Cursor:
         self.stored = -1  # highest offset with every delivery up to it acked
         self.delivered = -1  # the last offset delivered
         self.dirty = False
+
+    def past_end(self) -> bool:
+        """Everything below the consumer's x-leveret-end-offset was handed out or filtered
+        out: the chunk in hand is used up and the reader has gone past the end."""
+        return (self.end is not None and self.take >= len(self.records)
+                and self.reader is not None and self.reader.position >= self.end)
