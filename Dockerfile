@@ -1,7 +1,13 @@
+# The broker image: a wheel built from the checkout and installed as a user installs it
+# (never an editable checkout), so the image holds exactly what the wheel holds.
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY . /src
+RUN pip wheel --no-cache-dir --no-deps -w /dist .
+
 FROM python:3.11-slim
-WORKDIR /app
-COPY . /app
-RUN pip install --no-cache-dir '.[uvloop]'
+COPY --from=build /dist /dist
+RUN pip install --no-cache-dir "$(ls /dist/leveret-*.whl)[uvloop]" && rm -rf /dist
 ENV LEVERET_DATA_DIR=/data LEVERET_LOG_FORMAT=json
 VOLUME ["/data"]
 EXPOSE 5672 15672

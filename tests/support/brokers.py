@@ -96,8 +96,11 @@ class BrokerProcess:
         args: list[str] | None = None,
         env: dict[str, str] | None = None,
         preexec: Callable[[], None] | None = None,
+        program: list[str] | None = None,
     ) -> None:
         self.data_dir = data_dir
+        # how `leveret` is run: this interpreter's by default, or a `leveret` script from a venv
+        self.program = program or [sys.executable, "-m", "leveret.cli"]
         self.port = port or free_port()
         self.args = args or []
         self.env = env or {}
@@ -111,9 +114,7 @@ class BrokerProcess:
 
     def command(self) -> list[str]:
         return [
-            sys.executable,
-            "-m",
-            "leveret.cli",
+            *self.program,
             "serve",
             "--host",
             "127.0.0.1",
