@@ -226,10 +226,13 @@ class Message:
         return f"<Message {self.exchange!r}/{self.routing_key!r} {len(self.body)} bytes>"
 
 
-def content_frames(channel: int, header: bytes, body: bytes, frame_max: int) -> list[bytes]:
+def content_frames(
+    channel: int, header: bytes, body: bytes, frame_max: int
+) -> list[bytes | memoryview]:
     """The header frame and body frames of a message, as byte strings to write: each body
     frame carries at most frame_max - 8 bytes, and an empty body has no body frame."""
-    parts = [_FRAME_HEAD.pack(c.FRAME_HEADER, channel, len(header)), header, _END]
+    parts: list[bytes | memoryview] = [
+        _FRAME_HEAD.pack(c.FRAME_HEADER, channel, len(header)), header, _END]
     max_body = frame_max - c.FRAME_OVERHEAD if frame_max else len(body)  # 0: no limit
     size = len(body)
     if size <= max_body:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 from pamqp import commands
@@ -203,7 +204,7 @@ def long_entry(key: bytes, value: int) -> bytes:
 
 
 def set_headers(payload: bytes, headers: dict[str, Any], previous: bytes,
-                previous_values: dict[str, Any]) -> bytes:
+                previous_values: Mapping[str, Any]) -> bytes:
     """`payload` with its headers table replaced by `headers`; entries unchanged from the
     `previous` header payload keep their bytes (see tables.py)."""
     flags, pos = _headers_position(payload)

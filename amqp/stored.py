@@ -22,7 +22,7 @@ Pure functions; no I/O.
 from __future__ import annotations
 
 import struct
-from typing import Any
+from collections.abc import Sequence
 
 from leveret.amqp import constants as c
 from leveret.amqp.content import Message
@@ -172,8 +172,8 @@ def deliver_batch(
     channel: int,
     consumer_tag: bytes,
     first_tag: int,
-    offsets: Any,
-    records: list[Any],
+    offsets: Sequence[int],
+    records: Sequence[bytes],
     frame_max: int,
     out: list[bytes | memoryview],
 ) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 from pamqp import encode
@@ -110,7 +111,7 @@ def encode_value(value: Any) -> bytes:
 
 
 def encode_table(values: dict[str, Any], previous: dict[str, bytes] | None = None,
-                 previous_values: dict[str, Any] | None = None) -> bytes:
+                 previous_values: Mapping[str, Any] | None = None) -> bytes:
     """A table (with its length) of `values`; an entry whose value is unchanged from
     `previous_values` is copied from `previous` as it was encoded."""
     previous = previous or {}

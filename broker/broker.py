@@ -13,7 +13,7 @@ import gc
 import platform
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from leveret.amqp.stored import decode_record, encode_record
 from leveret.broker import logs
@@ -29,6 +29,7 @@ from leveret.broker.model.stream import StreamQueue
 from leveret.broker.model.vhost import VHost
 
 if TYPE_CHECKING:
+    from leveret.broker.model.message import InboundMessage
     from leveret.broker.session.connection import Session
 
 VERSION = "0.1.0"
@@ -70,9 +71,11 @@ class Broker:
         self.alarms = Alarms(config.data_dir, config.vm_memory_high_watermark,
                              config.disk_free_limit_bytes, self.alarm_changed)
         queues_dir = config.data_dir / "queues"
-        self.stream_env = StorageEnv(queues_dir, encode_record, decode_record,
+        # the wire layer's record codec: every message the model stores is one it built
+        encode = cast("Callable[[InboundMessage], bytes]", encode_record)
+        self.stream_env = StorageEnv(queues_dir, encode, decode_record,
                                      _fsync(config.stream_fsync))
-        self.queue_env = StorageEnv(queues_dir, encode_record, decode_record,
+        self.queue_env = StorageEnv(queues_dir, encode, decode_record,
                                     _fsync(config.queue_fsync))
         self.metastore = Metastore(config.data_dir / "metadata.sqlite3")
         self.recorder = MetadataRecorder(self.metastore)

@@ -165,7 +165,10 @@ def encode_chunk(
     if filter_values is not None and len(filter_values) != n:
         raise ValueError("filter_values must have one entry per record")
     filters = encode_filter_section(filter_values) if filter_values is not None else b""
-    bloom_bytes = bloom.build(filter_values, filter_size_bytes) if filters else b""
+    bloom_bytes = (
+        bloom.build(filter_values, filter_size_bytes)
+        if filter_values is not None and filters else b""
+    )
     data_size = 4 * n + (ends[-1] if n else 0)
     parts: list[bytes] = [bytes(HEADER_SIZE), bloom_bytes, _u32s(ends)]
     parts += records
@@ -195,7 +198,7 @@ def encode_chunk(
     return chunk
 
 
-def decode_header(data: bytes | memoryview) -> ChunkHeader:
+def decode_header(data: bytes | bytearray | memoryview) -> ChunkHeader:
     """Parse and check a chunk header from the first 48 bytes of `data`."""
     if len(data) < HEADER_SIZE:
         raise BadChunk("partial chunk header")

@@ -53,7 +53,9 @@ async def get_vhost(request: web.Request) -> web.Response:
 async def put_vhost(request: web.Request) -> web.Response:
     require_admin(request)
     data = await body(request)
-    metadata = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
+    metadata = data.get("metadata")
+    if not isinstance(metadata, dict):
+        metadata = {}
     description = data.get("description", metadata.get("description", "")) or ""
     tags = admin.parse_tags(data.get("tags", metadata.get("tags")))
     created = admin.add_vhost(

@@ -7,6 +7,7 @@ and hands the message over. The sink numbers the delivery and writes the frames.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from leveret.broker.model.message import QueuedMessage
@@ -16,6 +17,10 @@ class ConsumerSink(Protocol):
     def can_send(self, consumer: Consumer) -> bool: ...
     def send(self, consumer: Consumer, entry: QueuedMessage, queue: Any) -> None: ...
     def server_cancel(self, consumer: Consumer) -> None: ...
+    def credit(self, consumer: Consumer) -> int: ...
+    def send_records(
+        self, consumer: Consumer, offsets: Sequence[int], records: Sequence[bytes]
+    ) -> None: ...
 
 
 class Consumer:

@@ -9,6 +9,7 @@ original-expiration. Also RabbitMQ's cycle rule. Pure functions on the message i
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
 from typing import Any
 
 from leveret.broker.model.message import InboundMessage
@@ -32,7 +33,7 @@ def string_list(value: Any) -> list[str]:
     ]
 
 
-def _deaths(headers: dict[str, Any]) -> list[Any]:
+def _deaths(headers: Mapping[str, Any]) -> list[Any]:
     """The x-death entries of a message; a publisher may have sent anything under that name,
     and what is not an array of tables is ignored, as RabbitMQ does."""
     deaths = headers.get("x-death")

@@ -8,7 +8,7 @@ more, empty words count). Single-threaded; no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from leveret.broker.model.binding import Binding, erlang_term, wire_type_name
@@ -76,7 +76,7 @@ class Exchange:
     def _index_remove(self, binding: Binding) -> None:
         pass
 
-    def route(self, routing_keys: Iterable[str], headers: dict[str, Any]) -> list[Any]:
+    def route(self, routing_keys: Iterable[str], headers: Mapping[str, Any]) -> list[Any]:
         raise NotImplementedError
 
 
@@ -101,7 +101,7 @@ class DirectExchange(Exchange):
             if not dests:
                 del self._by_key[binding.routing_key]
 
-    def route(self, routing_keys: Iterable[str], headers: dict[str, Any]) -> list[Any]:
+    def route(self, routing_keys: Iterable[str], headers: Mapping[str, Any]) -> list[Any]:
         if isinstance(routing_keys, str):
             dests = self._by_key.get(routing_keys)
             return list(dests) if dests else []
@@ -116,7 +116,7 @@ class DirectExchange(Exchange):
 class FanoutExchange(Exchange):
     type = "fanout"
 
-    def route(self, routing_keys: Iterable[str], headers: dict[str, Any]) -> list[Any]:
+    def route(self, routing_keys: Iterable[str], headers: Mapping[str, Any]) -> list[Any]:
         return list(dict.fromkeys(b.destination for b in self.bindings.values()))
 
 
@@ -163,7 +163,7 @@ class TopicExchange(Exchange):
                 break
             del parent.children[word]
 
-    def route(self, routing_keys: Iterable[str], headers: dict[str, Any]) -> list[Any]:
+    def route(self, routing_keys: Iterable[str], headers: Mapping[str, Any]) -> list[Any]:
         out: dict[Any, None] = {}
         for key in [routing_keys] if isinstance(routing_keys, str) else routing_keys:
             _match(self._root, split_topic(key), 0, out)
@@ -209,7 +209,7 @@ class HeadersExchange(Exchange):
                 "or any-with-x"
             )
 
-    def route(self, routing_keys: Iterable[str], headers: dict[str, Any]) -> list[Any]:
+    def route(self, routing_keys: Iterable[str], headers: Mapping[str, Any]) -> list[Any]:
         out: dict[Any, None] = {}
         for binding in self.bindings.values():
             if binding.destination not in out and headers_match(binding.arguments, headers):
@@ -217,7 +217,7 @@ class HeadersExchange(Exchange):
         return list(out)
 
 
-def headers_match(arguments: dict[str, Any], headers: dict[str, Any]) -> bool:
+def headers_match(arguments: dict[str, Any], headers: Mapping[str, Any]) -> bool:
     """RabbitMQ's headers-exchange match of one binding against a message's headers."""
     mode = arguments.get("x-match", "all")
     if isinstance(mode, bytes):

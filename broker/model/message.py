@@ -7,6 +7,7 @@ derive a changed copy), so it never sees how properties are encoded.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 
@@ -17,7 +18,7 @@ class InboundMessage(Protocol):
     body: bytes
 
     @property
-    def headers(self) -> dict[str, Any]: ...
+    def headers(self) -> Mapping[str, Any]: ...
     @property
     def persistent(self) -> bool: ...
     @property

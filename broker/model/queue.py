@@ -101,6 +101,24 @@ class Queue:
     def purge(self) -> int:
         raise NotImplementedError
 
+    # A delivery's handle (`entry`) is the queue type's own: a QueuedMessage for classic
+    # queues, an offset for streams. The session hands it back unread.
+    def get(self, no_ack: bool) -> QueuedMessage | None:
+        """basic.get: take the next message, or None when there is none."""
+        raise NotImplementedError
+
+    def ack(self, entry: Any, consumer: Consumer | None = None) -> None:
+        """A delivery was acknowledged."""
+        raise NotImplementedError
+
+    def reject(self, entry: Any, consumer: Consumer | None = None) -> None:
+        """A delivery was rejected without requeue (dead-lettered or dropped)."""
+        raise NotImplementedError
+
+    def requeue(self, entries: list[Any]) -> None:
+        """Deliveries given back, in delivery order."""
+        raise NotImplementedError
+
     def check_delete(self, if_unused: bool, if_empty: bool) -> None:
         """Raise if queue.delete's conditions forbid deleting now."""
 

@@ -9,6 +9,7 @@ integer offset, an AMQP timestamp, or an interval such as `1h`), `x-stream-filte
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,7 +108,7 @@ def parse_filter(arguments: dict[str, Any]) -> FilterSpec | None:
     )
 
 
-def filter_value(headers: dict[str, Any]) -> bytes | None:
+def filter_value(headers: Mapping[str, Any]) -> bytes | None:
     """A message's x-stream-filter-value: a valid UTF-8 string without NUL, else none."""
     value = headers.get("x-stream-filter-value")
     if isinstance(value, str) and "\x00" not in value:

@@ -13,7 +13,7 @@ Single-threaded; no I/O beyond what declaring streams does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import mmh3
@@ -23,6 +23,7 @@ from leveret.broker.model.errors import PreconditionFailed
 from leveret.broker.model.exchange import DirectExchange
 
 if TYPE_CHECKING:
+    from leveret.broker.model.queue import Queue
     from leveret.broker.model.vhost import VHost
 
 HASH_SEED = 104729
@@ -82,7 +83,7 @@ class SuperStreamExchange(DirectExchange):
                            if b.destination.kind == "queue"), key=_order)
         return [(b.routing_key, b.destination) for b in bindings]
 
-    def route(self, routing_keys: Iterable[str], headers: dict[str, Any]) -> list[Any]:
+    def route(self, routing_keys: Iterable[str], headers: Mapping[str, Any]) -> list[Any]:
         routed = super().route(routing_keys, headers)
         if routed or self.arguments.get("x-super-stream-routing") != "hash":
             return routed
@@ -157,7 +158,8 @@ def add(vhost: VHost, name: str, *, partitions: int | None = None,
 def delete(vhost: VHost, name: str) -> list[str]:
     """Delete the exchange, then every stream it was bound to; returns the deleted streams."""
     exchange = vhost.exchange(name)
-    partitions = exchange.partitions() if isinstance(exchange, SuperStreamExchange) else [
+    partitions: list[Queue] = exchange.partitions() if isinstance(
+        exchange, SuperStreamExchange) else [
         b.destination for b in exchange.bindings.values() if b.destination.kind == "queue"]
     vhost.delete_exchange(name)
     deleted = []

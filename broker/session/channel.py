@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as m
@@ -46,9 +46,14 @@ FLAG_USER_ID = 1 << 4
 
 
 class Unacked:
+    """One delivery awaiting its ack: the queue's handle for it (a queued message, or a stream
+    offset), the queue, and the consumer (None for basic.get)."""
+
     __slots__ = ("consumer", "entry", "queue")
 
-    def __init__(self, entry: QueuedMessage, queue: Any, consumer: Consumer | None) -> None:
+    def __init__(
+        self, entry: QueuedMessage | int, queue: Any, consumer: Consumer | None
+    ) -> None:
         self.entry = entry
         self.queue = queue
         self.consumer = consumer
@@ -256,7 +261,9 @@ class Channel:
             return 0
         return consumer.prefetch - consumer.unacked if consumer.prefetch else 1 << 30
 
-    def send_records(self, consumer: Consumer, offsets: Any, records: list[Any]) -> None:
+    def send_records(
+        self, consumer: Consumer, offsets: Sequence[int], records: Sequence[bytes]
+    ) -> None:
         """Deliver stored stream records, each with its x-stream-offset header."""
         first = tag = self.next_tag
         self.next_tag = tag + len(records)
@@ -341,7 +348,7 @@ class Channel:
         self._reject([item for _tag, item in taken], requeue)
 
     def _reject(self, items: list[Unacked], requeue: bool) -> None:
-        by_queue: dict[int, tuple[Any, list[QueuedMessage]]] = {}
+        by_queue: dict[int, tuple[Any, list[QueuedMessage | int]]] = {}
         for item in items:
             if item.consumer is not None:
                 item.consumer.unacked -= 1

@@ -71,7 +71,7 @@ class Session(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer: tuple[str, int] = ("", 0)
         self.channels: dict[int, Channel] = {}
-        self._out: list[bytes] = []
+        self._out: list[bytes | memoryview] = []
         self._out_bytes = 0  # of what write_many added to _out
         self._flush_scheduled = False
         self._after_turn: list[Callable[[], None]] = []
@@ -178,7 +178,7 @@ class Session(asyncio.Protocol):
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
-    def write_many(self, parts: list[bytes]) -> None:
+    def write_many(self, parts: list[bytes | memoryview]) -> None:
         self._out += parts
         self._out_bytes += sum(map(len, parts))
         if self._out_bytes > FLUSH_EARLY_BYTES:
