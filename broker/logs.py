@@ -54,4 +54,4 @@ def configure(log_format: str = "auto", level: str = "info") -> None:
 
 
 def get(name: str = "leveret") -> structlog.stdlib.BoundLogger:
-    return structlog.get_logger(name)
+    return structlog.stdlib.get_logger(name)

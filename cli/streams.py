@@ -61,11 +61,11 @@ def parse_size(value: str) -> int | None:
     if match is None:
         return None
     number, unit = int(match.group(1)), match.group(2) or ""
-    if unit.lower() in ("kb", "mb", "gb"):
-        return number * 1000 ** ("kmg".index(unit[0].lower()) + 1)
-    if unit:
-        return number * 1024 ** ("kmg".index(unit[0].lower()) + 1)
-    return number
+    if not unit:
+        return number
+    base = 1000 if unit.lower() in ("kb", "mb", "gb") else 1024
+    multiplier: int = base ** ("kmg".index(unit[0].lower()) + 1)
+    return number * multiplier
 
 
 def parse_iso_duration_s(value: str) -> int | None:

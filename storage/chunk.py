@@ -111,7 +111,7 @@ class ChunkHeader(NamedTuple):
         return self.bloom_size + self.data_size + self.filter_size
 
 
-def _u32s(values: array) -> bytes:
+def _u32s(values: array[int]) -> bytes:
     if _BIG_ENDIAN_HOST:
         values.byteswap()
     return values.tobytes()

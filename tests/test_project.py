@@ -32,5 +32,24 @@ def test_ruff() -> None:
 
 
 def test_mypy() -> None:
-    result = run(sys.executable, "-m", "mypy", *PACKAGES)
+    """mypy --strict over the five packages as they install (pyproject's [tool.mypy])."""
+    result = run(sys.executable, "-m", "mypy")
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "Success" in result.stdout
+
+
+def test_mypy_sees_across_modules(tmp_path: Path) -> None:
+    """A type error that only another module's signature reveals fails the check: mypy
+    resolves leveret.* itself rather than reading every project import as Any."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from leveret.amqp.frames import FrameBuffer\n"
+        "from leveret.storage import LogConfig\n"
+        "FrameBuffer(frame_max='131072')\n"
+        "LogConfig(fsync='sometimes')\n"
+    )
+    result = run(sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
+                 str(probe))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert 'probe.py:3: error: Argument "frame_max" to "FrameBuffer"' in result.stdout
+    assert 'probe.py:4: error: Argument "fsync" to "LogConfig"' in result.stdout

@@ -44,7 +44,7 @@ class ConsumeStats:
             self.errors.append(text)
 
 
-def consume(
+def consume(  # noqa: C901 - one inlined loop per frame: the generator's ceiling depends on it
     conn: Connection,
     expected: int,
     *,

@@ -222,8 +222,8 @@ def headers_match(arguments: dict[str, Any], headers: Mapping[str, Any]) -> bool
     mode = arguments.get("x-match", "all")
     if isinstance(mode, bytes):
         mode = mode.decode("utf-8", "replace")
-    with_x = mode.endswith("-with-x")
-    want_all = mode.startswith("all")
+    with_x: bool = mode.endswith("-with-x")
+    want_all: bool = mode.startswith("all")
     for key, expected in arguments.items():
         if key == "x-match" or (not with_x and key.startswith("x-")):
             continue

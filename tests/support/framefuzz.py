@@ -17,6 +17,7 @@ import socket
 import struct
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -144,61 +145,47 @@ class Generator:
         return self.rng.random() < 0.3
 
     def method(self) -> Any:
+        """One channel-level method with random fields, chosen evenly among 22 kinds."""
+        builders = self._method_builders()
+        return builders[self.rng.randrange(len(builders))]()
+
+    def _method_builders(self) -> list[Callable[[], Any]]:
         rng, make, name, flag, table = self.rng, fw.make, self.name, self.flag, self.table
-        kind = rng.randrange(22)
-        if kind == 0:
-            return make(C.Queue.Declare, queue=name(), durable=not flag(), exclusive=flag(),
-                        auto_delete=flag(), passive=flag(), arguments=table())
-        if kind == 1:
-            return make(C.Exchange.Declare, exchange=name(),
-                        exchange_type=rng.choice(["direct", "topic", "headers", "fanout", "x"]),
-                        durable=flag(), auto_delete=flag(), passive=flag(), internal=flag(),
-                        arguments=table())
-        if kind == 2:
-            return make(C.Queue.Bind, queue=name(), exchange=name(), routing_key=name(),
-                        arguments=table())
-        if kind == 3:
-            return make(C.Basic.Consume, queue=name(),
-                        consumer_tag=rng.choice(["", "c", "amq.ctag-1"]), no_ack=flag(),
-                        exclusive=flag(), arguments=table())
-        if kind == 4:
-            return make(C.Basic.Qos, prefetch_count=rng.choice([0, 1, 10]), global_=flag())
-        if kind == 5:
-            return make(C.Basic.Ack, delivery_tag=rng.randrange(5), multiple=flag())
-        if kind == 6:
-            return make(C.Basic.Nack, delivery_tag=rng.randrange(5), multiple=flag(),
-                        requeue=flag())
-        if kind == 7:
-            return make(C.Basic.Reject, delivery_tag=rng.randrange(5), requeue=flag())
-        if kind == 8:
-            return make(C.Basic.Get, queue=name(), no_ack=flag())
-        if kind == 9:
-            return make(C.Basic.Cancel, consumer_tag=rng.choice(["", "c"]))
-        if kind == 10:
-            return make(C.Queue.Delete, queue=name(), if_unused=flag(), if_empty=flag())
-        if kind == 11:
-            return make(C.Exchange.Delete, exchange=name())
-        if kind == 12:
-            return make(C.Queue.Purge, queue=name())
-        if kind == 13:
-            return C.Tx.Select()
-        if kind == 14:
-            return C.Tx.Commit()
-        if kind == 15:
-            return C.Tx.Rollback()
-        if kind == 16:
-            return make(C.Confirm.Select, nowait=flag())
-        if kind == 17:
-            return make(C.Basic.Recover, requeue=not flag())
-        if kind == 18:
-            return make(C.Exchange.Bind, destination=name(), source=name(),
-                        routing_key=name(), arguments=table())
-        if kind == 19:
-            return make(C.Queue.Unbind, queue=name(), exchange=name(), routing_key=name(),
-                        arguments=table())
-        if kind == 20:
-            return make(C.Channel.Flow, active=flag())
-        return make(C.Channel.Close, reply_code=200, reply_text="", class_id=0, method_id=0)
+        return [
+            lambda: make(C.Queue.Declare, queue=name(), durable=not flag(), exclusive=flag(),
+                         auto_delete=flag(), passive=flag(), arguments=table()),
+            lambda: make(C.Exchange.Declare, exchange=name(),
+                         exchange_type=rng.choice(["direct", "topic", "headers", "fanout", "x"]),
+                         durable=flag(), auto_delete=flag(), passive=flag(), internal=flag(),
+                         arguments=table()),
+            lambda: make(C.Queue.Bind, queue=name(), exchange=name(), routing_key=name(),
+                         arguments=table()),
+            lambda: make(C.Basic.Consume, queue=name(),
+                         consumer_tag=rng.choice(["", "c", "amq.ctag-1"]), no_ack=flag(),
+                         exclusive=flag(), arguments=table()),
+            lambda: make(C.Basic.Qos, prefetch_count=rng.choice([0, 1, 10]), global_=flag()),
+            lambda: make(C.Basic.Ack, delivery_tag=rng.randrange(5), multiple=flag()),
+            lambda: make(C.Basic.Nack, delivery_tag=rng.randrange(5), multiple=flag(),
+                         requeue=flag()),
+            lambda: make(C.Basic.Reject, delivery_tag=rng.randrange(5), requeue=flag()),
+            lambda: make(C.Basic.Get, queue=name(), no_ack=flag()),
+            lambda: make(C.Basic.Cancel, consumer_tag=rng.choice(["", "c"])),
+            lambda: make(C.Queue.Delete, queue=name(), if_unused=flag(), if_empty=flag()),
+            lambda: make(C.Exchange.Delete, exchange=name()),
+            lambda: make(C.Queue.Purge, queue=name()),
+            C.Tx.Select,
+            C.Tx.Commit,
+            C.Tx.Rollback,
+            lambda: make(C.Confirm.Select, nowait=flag()),
+            lambda: make(C.Basic.Recover, requeue=not flag()),
+            lambda: make(C.Exchange.Bind, destination=name(), source=name(),
+                         routing_key=name(), arguments=table()),
+            lambda: make(C.Queue.Unbind, queue=name(), exchange=name(), routing_key=name(),
+                         arguments=table()),
+            lambda: make(C.Channel.Flow, active=flag()),
+            lambda: make(C.Channel.Close, reply_code=200, reply_text="", class_id=0,
+                         method_id=0),
+        ]
 
     def publish(self, channel: int) -> bytes:
         rng = self.rng
