@@ -183,6 +183,19 @@ class Broker:
     def login_failed(self) -> None:
         self.login_failures += 1
 
+    def commit_pending(self) -> None:
+        """Shutdown, before connections close: every stream and durable queue writes what it
+        holds, fsyncs what its policy left pending and confirms it (the acks go out before
+        connection.close)."""
+        for vhost in self.vhosts.values():
+            for queue in list(vhost.queues.values()):
+                if isinstance(queue, (StreamQueue, DurableClassicQueue)):
+                    try:
+                        queue.commit_pending()
+                    except Exception:
+                        log.exception("committing a queue failed", queue=queue.name,
+                                      vhost=vhost.name)
+
     def close(self) -> None:
         """Shutdown: every queue flushes and releases its files."""
         for vhost in self.vhosts.values():

@@ -165,6 +165,8 @@ class Server:
             await self.management.stop()
         broker = self.broker
         if broker is not None:
+            broker.commit_pending()
+            await asyncio.sleep(0)  # a turn: the sessions write the confirms it settled
             for session in list(broker.connections):
                 session.force_close()
             deadline = asyncio.get_running_loop().time() + 2.0

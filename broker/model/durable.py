@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker import logs
+from leveret.broker.model.committer import Committer
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.intervals import IntervalSet
 from leveret.broker.model.message import Confirm, QueuedMessage
@@ -163,7 +164,7 @@ class DurableClassicQueue(ClassicQueue):
         self.directory = env.directory(self.storage_id)
         try:
             self.log = Log.open(self.directory, LogConfig(
-                max_segment_size_bytes=SEGMENT_BYTES, fsync=env.fsync))
+                max_segment_size_bytes=SEGMENT_BYTES, fsync=env.fsync_policy))
         except StorageError:
             if storage_id is None:  # a new queue (a full disk): leave no empty folder behind
                 shutil.rmtree(self.directory, ignore_errors=True)
@@ -173,6 +174,8 @@ class DurableClassicQueue(ClassicQueue):
         self.floor = self.log.first_offset
         self._batch = _Batch()
         self._flush_scheduled = False
+        self.committer = Committer(vhost.scheduler, env.fsync_policy, lambda: self.log,
+                                   name=name)
         if not self.max_priority:
             self.messages = PagedStore(self)
         self._recover()
@@ -226,7 +229,8 @@ class DurableClassicQueue(ClassicQueue):
             self._schedule()
 
     def flush(self) -> None:
-        """Write this turn's messages, settled and delivered ranges; then confirm."""
+        """Write this turn's messages, settled and delivered ranges; the committer confirms
+        them once they are committed (at once, or after the fsync that covers them)."""
         self._flush_scheduled = False
         batch, self._batch = self._batch, _Batch()
         if self.deleted:
@@ -240,8 +244,7 @@ class DurableClassicQueue(ClassicQueue):
                       error=str(error))
             self._write_failed(batch)
             return
-        for confirm in batch.confirms:
-            confirm.settle(True)
+        self.committer.appended(batch.confirms)
 
     def _write_failed(self, batch: _Batch) -> None:
         """A write failed (a full disk): the log was cut back to before it. If the messages
@@ -257,8 +260,7 @@ class DurableClassicQueue(ClassicQueue):
             for entry in batch.tail:
                 store.tail_count -= 1
                 store.tail_bytes -= len(entry.message.body)
-        for confirm in batch.confirms:
-            confirm.settle(written)
+        self.committer.appended(batch.confirms, ok=written)
         for start, end in batch.settled.ranges():
             self._batch.settled.add_range(start, end)
         for start, end in batch.delivered.ranges():
@@ -309,6 +311,7 @@ class DurableClassicQueue(ClassicQueue):
 
     def page_in(self, start: int, store: PagedStore) -> int:
         """Read tail messages from `start` into the head; returns where the tail now starts."""
+        self.committer.commit()  # readers stop at the committed offset (fsync every N ms)
         reader = self.log.reader(OffsetSpec.offset(start))
         try:
             while store.tail_count and len(store.head) < PAGE_MESSAGES:
@@ -373,12 +376,20 @@ class DurableClassicQueue(ClassicQueue):
         self.flush()
         return super().purge()
 
+    def commit_pending(self) -> None:
+        """Shutdown, before connections close: write this turn's messages, fsync what the
+        policy left pending and confirm it."""
+        self.flush()
+        self.committer.commit()
+
     def on_delete(self) -> None:
         super().on_delete()
+        self.committer.close()
         self.log.close()
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def close(self) -> None:
         if not self.deleted:
             self.flush()
+            self.committer.close()
             self.log.close()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leveret.broker.model.message import InboundMessage
+from leveret.storage.config import FsyncPolicy
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,21 @@ class StorageEnv:
     encode_record: Callable[[InboundMessage], bytes]
     decode_record: Callable[[bytes], InboundMessage]
     fsync: str | int = "never"  # "never", "always" or every N ms (storage.LogConfig)
+
+    @property
+    def fsync_policy(self) -> FsyncPolicy:
+        """The policy as storage.LogConfig and the committer take it: "never", "always" or
+        every N ms (an int; the config's text "200" is 200)."""
+        policy = self.fsync
+        if policy == "never":
+            return "never"
+        if policy == "always":
+            return "always"
+        if isinstance(policy, str) and policy.isdigit():
+            return int(policy)
+        if isinstance(policy, int) and not isinstance(policy, bool):
+            return policy
+        raise ValueError(f"fsync must be never, always or a number of ms, not {policy!r}")
 
     def directory(self, storage_id: str) -> Path:
         return self.root / storage_id

@@ -17,13 +17,13 @@ from __future__ import annotations
 import bisect
 import shutil
 import uuid
-from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker import logs
 from leveret.broker.model import stream_args as sargs
 from leveret.broker.model import superstream
+from leveret.broker.model.committer import Committer
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.errors import NotImplementedFeature, PreconditionFailed
 from leveret.broker.model.message import Confirm, InboundMessage
@@ -106,7 +106,8 @@ class StreamQueue(Queue):
             raise
         self._batch = _Batch()
         self._flush_scheduled = False
-        self._waiting: deque[tuple[int, list[Confirm]]] = deque()
+        self.committer = Committer(vhost.scheduler, env.fsync_policy, lambda: self.log,
+                                   self.dispatch, name)
         self.groups = SacGroups(self)
         self._tracking_timer: Any = None
         self._retention_timer: Any = None
@@ -121,7 +122,7 @@ class StreamQueue(Queue):
         self.max_age_ms = max_age
         return Log.open(self.directory, LogConfig(
             max_segment_size_bytes=self.segment_size, filter_size_bytes=self.filter_size,
-            fsync=self.env.fsync, max_length_bytes=max_bytes, max_age_ms=max_age,
+            fsync=self.env.fsync_policy, max_length_bytes=max_bytes, max_age_ms=max_age,
         ))
 
     def _retention(self) -> tuple[int | None, int | None]:
@@ -223,7 +224,8 @@ class StreamQueue(Queue):
             self.vhost.scheduler.call_soon(self._flush)
 
     def _flush(self) -> None:
-        """Write this turn's publishes as one chunk, then confirm what is committed."""
+        """Write this turn's publishes as one chunk; the committer confirms them once the
+        chunk is committed (at once, or after the fsync that covers it)."""
         self._flush_scheduled = False
         batch, self._batch = self._batch, _Batch()
         if self.deleted:
@@ -243,27 +245,18 @@ class StreamQueue(Queue):
             log.error(
                 "stream append failed", stream=self.name, vhost=self.vhost.name, error=str(error)
             )
-            for confirm in batch.confirms:
-                confirm.settle(False)
+            self.committer.appended(batch.confirms, ok=False)
             return
-        if batch.confirms:
-            self._waiting.append((self.log.next_offset - 1, batch.confirms))
-        self._settle_committed()
+        self.committer.appended(batch.confirms)
         if batch.records:
             self.dispatch()
 
-    def _settle_committed(self) -> None:
-        committed = self.log.committed_offset
-        waiting = self._waiting
-        while waiting and waiting[0][0] <= committed:
-            for confirm in waiting.popleft()[1]:
-                confirm.settle(True)
-
-    def sync_due(self) -> None:
-        """For fsync every N ms: the runtime's timer commits and confirms."""
-        if self.log.sync_due():
-            self._settle_committed()
-            self.dispatch()
+    def commit_pending(self) -> None:
+        """Shutdown, before connections close: write this turn's publishes, fsync what the
+        policy left pending and confirm it."""
+        if self._flush_scheduled:
+            self._flush()
+        self.committer.commit()
 
     # -- consuming ----------------------------------------------------------------------------
 
@@ -552,6 +545,7 @@ class StreamQueue(Queue):
         for timer in (self._tracking_timer, self._retention_timer):
             if timer is not None:
                 timer.cancel()
+        self.committer.close()
         self.log.close()
         shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -574,6 +568,7 @@ class StreamQueue(Queue):
         if self._flush_scheduled:
             self._flush()
         self._store_offsets([c.state for c in self.consumers if c.state is not None])
+        self.committer.close()
         for consumer in self.consumers:
             cursor = consumer.state
             if cursor is not None and cursor.reader is not None:

@@ -1,0 +1,119 @@
+"""The committer: the commit point, the fsync timer and the confirms of one log's writes.
+
+Streams and durable classic queues gather a turn's publishes into one chunk and append it
+(`StreamQueue._flush`, `DurableClassicQueue.flush`); what must follow the append is the same for
+both and lives here, once. The confirms of an append wait for the last offset written so far,
+and are settled, in the order the appends came, when the log's committed offset covers it. The
+storage engine commits according to the fsync policy:
+
+- `never`: at the write, with no fsync; the confirms go at once.
+- `always`: at the write, after the fsync of every chunk; the confirms go at once.
+- every N ms: at an fsync. The engine fsyncs inline on an append once N ms have passed since
+  its last fsync; otherwise the committer's timer, armed by the first append left unsynced,
+  fires N ms later, fsyncs and settles what that covered. So a lone publish is confirmed at
+  most N ms (plus a turn of the loop) after its write, never before its fsync.
+
+A failed write or fsync nacks the confirms that wait on it, in the same order.
+
+Must not know: AMQP, what the records hold, the queue types. It sees a storage Log (synchronous),
+the model's Scheduler for its timer, and Confirm objects.
+Threading: single-threaded, on the event loop, like the queue that owns it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from leveret.broker import logs
+from leveret.broker.model.message import Confirm
+from leveret.broker.model.scheduler import Scheduler, Timer
+from leveret.storage import Log, StorageError
+from leveret.storage.config import FsyncPolicy
+
+log = logs.get("leveret.committer")
+
+
+def interval_ms(policy: FsyncPolicy) -> int | None:
+    """The N of fsync every N ms, or None for `never` and `always`."""
+    return policy if isinstance(policy, int) and not isinstance(policy, bool) else None
+
+
+class Committer:
+    """Settles confirms once their writes are committed; owns the fsync timer of one log."""
+
+    def __init__(self, scheduler: Scheduler, policy: FsyncPolicy, log_of: Callable[[], Log],
+                 on_commit: Callable[[], None] | None = None, name: str = "") -> None:
+        self._scheduler = scheduler
+        self._interval = interval_ms(policy)
+        self._log_of = log_of  # the log now (a stream's restart reopens it)
+        self._on_commit = on_commit  # what newly committed data wakes (a stream's consumers)
+        self._name = name
+        # (the last offset written when the append was made, its confirms, ack or nack)
+        self._waiting: deque[tuple[int, list[Confirm], bool]] = deque()
+        self._timer: Timer | None = None
+
+    @property
+    def timer_armed(self) -> bool:
+        return self._timer is not None
+
+    def appended(self, confirms: list[Confirm], ok: bool = True) -> None:
+        """After an append (or a turn with nothing to write, or a failed write when `ok` is
+        False): `confirms` wait behind everything written so far. Settle what is committed;
+        under fsync every N ms, arm the timer if something written is not committed yet."""
+        current = self._log_of()
+        if confirms:
+            self._waiting.append((current.next_offset - 1, confirms, ok))
+        self._settle(current.committed_offset)
+        if self._interval is not None and self._timer is None and self._uncommitted(current):
+            self._timer = self._scheduler.call_later(self._interval, self._due)
+
+    def commit(self) -> bool:
+        """fsync now if something written is not committed yet, and settle what is committed.
+        True if the committed offset moved. A failed fsync nacks every waiting confirm."""
+        current = self._log_of()
+        before = current.committed_offset
+        if self._uncommitted(current):
+            try:
+                current.sync()
+            except StorageError as error:
+                log.error("fsync failed; waiting publishes are nacked", log=self._name,
+                          error=str(error))
+                self._fail()
+                return False
+        self._settle(current.committed_offset)
+        return current.committed_offset != before
+
+    def close(self) -> None:
+        """Shutdown, a restart of the log or the queue's deletion (before the log closes):
+        cancel the timer, fsync what is pending and settle its confirms."""
+        self._cancel()
+        self.commit()
+        self._fail()  # nothing should be left; if it is, its data cannot be committed now
+
+    def _due(self) -> None:
+        self._timer = None
+        if self.commit() and self._on_commit is not None:
+            self._on_commit()
+
+    @staticmethod
+    def _uncommitted(current: Log) -> bool:
+        return current.committed_offset < current.next_offset - 1
+
+    def _settle(self, committed: int) -> None:
+        waiting = self._waiting
+        while waiting and waiting[0][0] <= committed:
+            _offset, confirms, ok = waiting.popleft()
+            for confirm in confirms:
+                confirm.settle(ok)
+
+    def _fail(self) -> None:
+        waiting, self._waiting = self._waiting, deque()
+        for _offset, confirms, _ok in waiting:
+            for confirm in confirms:
+                confirm.settle(False)
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
