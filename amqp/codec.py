@@ -2,9 +2,11 @@
 
 basic.publish and basic.ack coming in, and basic.deliver going out, run at every message, so
 they have hand-written struct codecs (a property test proves them byte-identical to pamqp).
-A few other server-sent methods whose names pamqp would validate against a stricter pattern
-than RabbitMQ allows (queue.declare-ok, basic.get-ok, basic.return) are encoded here too.
-Everything else is decoded and encoded by pamqp.
+A client's side of the same three (encode_publish, decode_deliver, and decode_ack for the
+confirms) is here too, for the Spark data source and the test clients. A few methods whose
+names pamqp would validate against a stricter pattern than RabbitMQ allows (queue.declare-ok,
+basic.get-ok, basic.return, and basic.get from a client) are encoded here as well. Everything
+else is decoded and encoded by pamqp.
 
 No I/O and no broker knowledge; pure functions, safe from any thread.
 """
@@ -21,9 +23,7 @@ from leveret.amqp.errors import DECODE_ERRORS, AMQPError, erlang_bytes
 
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
-_FRAME_HEAD = struct.Struct(">BHI")
 _DELIVER_HEAD = struct.Struct(">BHIHH")  # frame type, channel, size, class, method
-_ACK = struct.Struct(">HHQB")
 _ACK_FRAME = struct.Struct(">BHIHHQB")
 _U64_BIT = struct.Struct(">QB")
 _END = c.FRAME_END_BYTE
@@ -141,24 +141,58 @@ def decode_publish(payload: bytes) -> tuple[str, str, bool, bool]:
 
 
 def decode_ack(payload: bytes) -> tuple[int, bool]:
-    """basic.ack arguments: (delivery_tag, multiple)."""
+    """basic.ack arguments: (delivery_tag, multiple). basic.nack starts with the same two, so
+    a publisher reads its confirms, acks and nacks alike, with this."""
     try:
         tag, bits = _U64_BIT.unpack_from(payload, 4)
     except struct.error:
-        raise cannot_decode(c.BASIC_ACK, payload[4:]) from None
+        raise cannot_decode(method_index(payload), payload[4:]) from None
     return tag, bool(bits & 1)
 
 
-def short_str(value: str | bytes) -> bytes:
+def decode_deliver(payload: bytes) -> tuple[str, int, bool, str, str]:
+    """basic.deliver arguments (a client's hot path): (consumer_tag, delivery_tag, redelivered,
+    exchange, routing_key)."""
+    try:
+        consumer_tag, pos = _short_str(payload, 4)
+        tag, bits = _U64_BIT.unpack_from(payload, pos)
+        exchange, pos = _short_str(payload, pos + 9)
+        routing_key, _pos = _short_str(payload, pos)
+    except (IndexError, UnicodeDecodeError, struct.error):
+        raise cannot_decode(c.BASIC_DELIVER, payload[4:]) from None
+    return consumer_tag, tag, bool(bits & 1), exchange, routing_key
+
+
+def short_str(value: str | bytes, *, cut: bool = True) -> bytes:
     """Encode a shortstr (length octet + bytes). A longer value is cut to 255 bytes, and a str
-    on a character boundary, so that the result stays valid UTF-8."""
-    if isinstance(value, str):
-        raw = value.encode("utf-8")
-        if len(raw) > 255:
-            raw = raw[:255].decode("utf-8", "ignore").encode("utf-8")
-    else:
-        raw = value[:255]
+    on a character boundary, so that the result stays valid UTF-8; with cut=False it is a
+    ValueError instead (a client's names, which must reach the broker whole)."""
+    raw = value.encode("utf-8") if isinstance(value, str) else value
+    if len(raw) > 255:
+        if not cut:
+            raise ValueError(f"{raw[:40]!r}... is longer than 255 bytes")
+        raw = raw[:255]
+        if isinstance(value, str):
+            raw = raw.decode("utf-8", "ignore").encode("utf-8")
     return bytes((len(raw),)) + raw
+
+
+def encode_publish(
+    channel: int, exchange: bytes, routing_key: bytes, mandatory: bool = False,
+    immediate: bool = False,
+) -> bytes:
+    """A whole basic.publish method frame (a client's hot path). The two names come
+    pre-encoded as shortstrs."""
+    bits = (1 if mandatory else 0) | (2 if immediate else 0)
+    args = b"".join((b"\x00\x00", exchange, routing_key, bytes((bits,))))
+    return _DELIVER_HEAD.pack(c.FRAME_METHOD, channel, len(args) + 4, 60, 40) + args + _END
+
+
+def encode_get(channel: int, queue: bytes, no_ack: bool = False) -> bytes:
+    """A whole basic.get method frame; the queue name comes pre-encoded as a shortstr (pamqp
+    refuses names such as Leveret's query queues, `amq.leveret.publisher-id?stream=...`)."""
+    args = b"".join((b"\x00\x00", queue, b"\x01" if no_ack else b"\x00"))
+    return _DELIVER_HEAD.pack(c.FRAME_METHOD, channel, len(args) + 4, 60, 70) + args + _END
 
 
 def encode_deliver(
@@ -208,7 +242,8 @@ def encode_declare_ok(channel: int, queue: str, message_count: int, consumer_cou
 
 
 def encode_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
-    """A basic.ack frame (server to client, for publisher confirms)."""
+    """A basic.ack frame: a publisher confirm from the server, or a consumer's ack from a
+    client (the same bytes)."""
     return (
         _ACK_FRAME.pack(c.FRAME_METHOD, channel, 13, 60, 80, delivery_tag, 1 if multiple else 0)
         + _END

@@ -3,7 +3,9 @@
 A content header payload is class id, weight, body size, property flags and the properties
 in flag order. Messages keep that payload as the bytes the publisher sent; this module reads
 the body size, decodes the properties with pamqp when a field is needed, and inserts a header
-table entry (such as x-stream-offset) into the encoded bytes without decoding the rest.
+table entry (such as x-stream-offset) into the encoded bytes without decoding the rest. For
+clients (the Spark data source, the load-test client), encode_values and decode_values build and
+read a whole property list with struct, by the properties' AMQP names.
 
 Pure functions on bytes; no I/O and no broker knowledge.
 """
@@ -11,11 +13,13 @@ Pure functions on bytes; no I/O and no broker knowledge.
 from __future__ import annotations
 
 import copy
+import datetime
 import struct
 from collections.abc import Mapping
 from typing import Any
 
 from pamqp import commands
+from pamqp import decode as pamqp_decode
 from pamqp import encode as pamqp_encode
 from pamqp.header import ContentHeader
 
@@ -26,6 +30,7 @@ from leveret.amqp.errors import DECODE_ERRORS, AMQPError, erlang_bytes
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
+_I64 = struct.Struct(">q")
 _DOUBLE = struct.Struct(">d")
 _PREFIX = struct.Struct(">HHQH")  # class id, weight, body size, first flag word
 
@@ -92,9 +97,13 @@ def decode(payload: bytes) -> Any:
 
 
 _FIXED_SIZES = {"octet": 1, "timestamp": 8}
-_PROPERTY_TYPES = [
-    (Properties.flags[name], getattr(Properties, "_" + name)) for name in Properties.__slots__
-]
+# The basic properties in flag order: (name, flag, wire type), named as in the AMQP spec
+# ("type" where pamqp says message_type).
+PROPERTY_FIELDS = tuple(
+    ("type" if name == "message_type" else name, Properties.flags[name],
+     getattr(Properties, "_" + name))
+    for name in Properties.__slots__
+)
 
 
 def _check_length(payload: bytes) -> None:
@@ -103,7 +112,7 @@ def _check_length(payload: bytes) -> None:
     pos = 14
     while _U16.unpack_from(payload, pos - 2)[0] & 1:  # continuation flag words
         pos += 2
-    for flag, kind in _PROPERTY_TYPES:
+    for _name, flag, kind in PROPERTY_FIELDS:
         if not flags & flag:
             continue
         if kind == "shortstr":
@@ -114,6 +123,83 @@ def _check_length(payload: bytes) -> None:
             pos += _FIXED_SIZES[kind]
         if pos > len(payload):
             raise IndexError("property past the end of the content header")
+
+
+def encode_values(size: int, values: Mapping[str, Any] | None = None,
+                  headers: bytes | None = None) -> bytes:
+    """A content header payload built with struct, for a client's publishes: the properties
+    in `values` by their PROPERTY_FIELDS names (str for the shortstrs, int for the octets, int
+    seconds or a datetime for the timestamp; None or "" is absent, as pamqp leaves them out),
+    and `headers`, the encoded entries of the headers table (None: no table). The bytes are
+    pamqp's for the same properties. ValueError for a shortstr longer than 255 bytes."""
+    if not values:
+        if headers is None:
+            return _PREFIX.pack(c.CLASS_BASIC, 0, size, 0)
+        head = _PREFIX.pack(c.CLASS_BASIC, 0, size, FLAG_HEADERS)
+        return head + _U32.pack(len(headers)) + headers
+    flags = 0
+    parts: list[bytes] = []
+    for name, flag, kind in PROPERTY_FIELDS:
+        if kind == "table":
+            if headers is not None:
+                flags |= flag
+                parts += (_U32.pack(len(headers)), headers)
+            continue
+        value = values.get(name)
+        if value is None or value == "":
+            continue
+        flags |= flag
+        if kind == "shortstr":
+            raw = str(value).encode("utf-8")
+            if len(raw) > 255:
+                raise ValueError(f"property {name} is longer than 255 bytes")
+            parts += (bytes((len(raw),)), raw)
+        elif kind == "octet":
+            parts.append(bytes((int(value),)))
+        elif isinstance(value, datetime.datetime):
+            parts.append(pamqp_encode.timestamp(value))
+        else:
+            parts.append(_U64.pack(int(value)))
+    return _PREFIX.pack(c.CLASS_BASIC, 0, size, flags) + b"".join(parts)
+
+
+def decode_values(payload: bytes) -> dict[str, Any]:
+    """Every property of a content header payload, by its PROPERTY_FIELDS name, read with
+    struct for a client's deliveries: shortstrs as str (invalid UTF-8 replaced: a reader should
+    not fail on a message someone else wrote), octets as int, the timestamp as int seconds,
+    and the headers table as pamqp decodes it. 501 if a property runs past the end."""
+    values: dict[str, Any] = {}
+    try:
+        flags = _U16.unpack_from(payload, 12)[0]
+        pos = 14
+        while _U16.unpack_from(payload, pos - 2)[0] & 1:  # continuation flag words
+            pos += 2
+        for name, flag, kind in PROPERTY_FIELDS:
+            if not flags & flag:
+                continue
+            if kind == "shortstr":
+                end = pos + 1 + payload[pos]
+                value: Any = payload[pos + 1 : end].decode("utf-8", "replace")
+            elif kind == "octet":
+                end = pos + 1
+                value = payload[pos]
+            elif kind == "timestamp":
+                end = pos + 8
+                value = _U64.unpack_from(payload, pos)[0]
+            else:
+                end = pos + 4 + _U32.unpack_from(payload, pos)[0]
+                value = tables.decode_plain(payload, pos + 4, end)
+                if value is None:
+                    value = pamqp_decode.field_table(payload[pos:end])[1]
+            if end > len(payload):
+                raise IndexError("property past the end of the content header")
+            values[name] = value
+            pos = end
+    except DECODE_ERRORS:
+        raise AMQPError(
+            c.FRAME_ERROR, f"cannot decode {erlang_bytes(payload[12:])}", 60, 40
+        ) from None
+    return values
 
 
 def encode(size: int, properties: Any) -> bytes:
@@ -200,7 +286,7 @@ def add_header_entry(payload: bytes, entry: bytes) -> bytes:
 
 def long_entry(key: bytes, value: int) -> bytes:
     """An encoded table entry of type long ('l', signed 64-bit)."""
-    return bytes((len(key),)) + key + b"l" + struct.pack(">q", value)
+    return b"".join((bytes((len(key),)), key, b"l", _I64.pack(value)))
 
 
 def set_headers(payload: bytes, headers: dict[str, Any], previous: bytes,

@@ -122,10 +122,18 @@ def encode_table(values: dict[str, Any], previous: dict[str, bytes] | None = Non
         if raw is not None and key in previous_values and _same(previous_values[key], value):
             parts.append(raw)
             continue
-        name = key.encode("utf-8")
-        parts.append(bytes((len(name),)) + name + encode_value(value))
+        parts.append(encode_entry(key, value))
     content = b"".join(parts)
     return _U32.pack(len(content)) + content
+
+
+def encode_entry(key: str, value: Any) -> bytes:
+    """One table entry (key shortstr, type octet, value), typed as encode_value types it.
+    ValueError for a key longer than 255 bytes."""
+    name = key.encode("utf-8")
+    if len(name) > 255:
+        raise ValueError(f"table key {key[:40]!r}... is longer than 255 bytes")
+    return bytes((len(name),)) + name + encode_value(value)
 
 
 def _same(a: Any, b: Any) -> bool:

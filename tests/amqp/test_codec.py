@@ -283,6 +283,104 @@ def test_encode_nack_is_pamqps_bytes(channel: int, tag: int, multiple: bool) -> 
     assert codec.encode_nack(channel, tag, multiple) == expected
 
 
+# -- a client's side: what the Spark data source and the test clients send and read ----------
+
+
+@given(channels, names, shortstrs, st.booleans(), st.booleans())
+def test_encode_publish_is_pamqps_bytes(
+    channel: int, exchange: str, routing_key: str, mandatory: bool, immediate: bool
+) -> None:
+    expected = frame.marshal(
+        commands.Basic.Publish(
+            exchange=exchange, routing_key=routing_key, mandatory=mandatory, immediate=immediate
+        ),
+        channel,
+    )
+    ours = codec.encode_publish(channel, ss(exchange), ss(routing_key), mandatory, immediate)
+    assert ours == expected
+    assert codec.decode_publish(ours[7:-1]) == (exchange, routing_key, mandatory, immediate)
+
+
+@given(channels, unicode_names, shortstrs, st.booleans())
+def test_encode_publish_is_pamqps_bytes_unicode(
+    channel: int, exchange: str, routing_key: str, mandatory: bool
+) -> None:
+    with any_name_allowed():
+        expected = frame.marshal(
+            commands.Basic.Publish(
+                exchange=exchange, routing_key=routing_key, mandatory=mandatory
+            ),
+            channel,
+        )
+    assert codec.encode_publish(channel, ss(exchange), ss(routing_key), mandatory) == expected
+
+
+@given(channels, unicode_names, st.booleans())
+def test_encode_get_is_pamqps_bytes(channel: int, queue: str, no_ack: bool) -> None:
+    with any_name_allowed():
+        expected = frame.marshal(commands.Basic.Get(queue=queue, no_ack=no_ack), channel)
+    assert codec.encode_get(channel, ss(queue), no_ack) == expected
+
+
+def test_encode_get_takes_names_pamqp_refuses() -> None:
+    name = "amq.leveret.publisher-id?stream=s&publisher=p"
+    with pytest.raises(ValueError):
+        frame.marshal(commands.Basic.Get(queue=name), 1)
+    _, method = unmarshal(codec.encode_get(1, ss(name), True))
+    assert (method.queue, method.no_ack) == (name, True)
+
+
+@given(shortstrs, tags, st.booleans(), names, shortstrs)
+def test_decode_deliver_matches_pamqp(
+    ctag: str, tag: int, redelivered: bool, exchange: str, routing_key: str
+) -> None:
+    data = frame.marshal(
+        commands.Basic.Deliver(
+            consumer_tag=ctag,
+            delivery_tag=tag,
+            redelivered=redelivered,
+            exchange=exchange,
+            routing_key=routing_key,
+        ),
+        1,
+    )
+    _, theirs = unmarshal(data)
+    assert codec.decode_deliver(data[7:-1]) == (
+        theirs.consumer_tag,
+        theirs.delivery_tag,
+        theirs.redelivered,
+        theirs.exchange,
+        theirs.routing_key,
+    ) == (ctag, tag, redelivered, exchange, routing_key)
+
+
+@given(shortstrs, tags, st.booleans(), unicode_names, shortstrs)
+def test_decode_deliver_matches_pamqp_unicode(
+    ctag: str, tag: int, redelivered: bool, exchange: str, routing_key: str
+) -> None:
+    with any_name_allowed():
+        data = frame.marshal(
+            commands.Basic.Deliver(
+                consumer_tag=ctag,
+                delivery_tag=tag,
+                redelivered=redelivered,
+                exchange=exchange,
+                routing_key=routing_key,
+            ),
+            1,
+        )
+    assert codec.decode_deliver(data[7:-1]) == (ctag, tag, redelivered, exchange, routing_key)
+
+
+@given(tags, st.booleans(), st.booleans())
+def test_decode_ack_reads_a_nack(tag: int, multiple: bool, requeue: bool) -> None:
+    data = frame.marshal(
+        commands.Basic.Nack(delivery_tag=tag, multiple=multiple, requeue=requeue), 1
+    )
+    _, theirs = unmarshal(data)
+    assert codec.decode_ack(data[7:-1]) == (theirs.delivery_tag, theirs.multiple)
+
+
 def test_encode_method_is_pamqp() -> None:
     method = commands.Channel.OpenOk()
     assert codec.encode_method(5, method) == frame.marshal(method, 5)
@@ -303,6 +401,14 @@ def test_short_str_cuts_on_a_character_boundary() -> None:
     encoded = codec.short_str("é" * 200)  # 400 bytes of UTF-8
     assert encoded[0] == 254
     assert encoded[1:].decode("utf-8") == "é" * 127
+
+
+def test_short_str_uncut_refuses_long_values() -> None:
+    assert codec.short_str("x" * 255, cut=False) == b"\xff" + b"x" * 255
+    with pytest.raises(ValueError, match="longer than 255 bytes"):
+        codec.short_str("é" * 128, cut=False)
+    with pytest.raises(ValueError, match="longer than 255 bytes"):
+        codec.short_str(b"y" * 256, cut=False)
 
 
 # -- errors ----------------------------------------------------------------------------------
@@ -374,6 +480,28 @@ def test_short_ack_is_501() -> None:
     error = info.value
     assert (error.code, error.class_id, error.method_id) == (501, 60, 80)
     assert error.reply_text == "FRAME_ERROR - cannot decode <<0,0,0,0,0,0,0>>"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        bytes.fromhex("003c 003c"),  # no consumer tag
+        bytes.fromhex("003c 003c 01") + b"c" + bytes(8),  # no redelivered octet
+        bytes.fromhex("003c 003c 01") + b"c" + bytes(9) + b"\x05ab",  # exchange cut short
+        bytes.fromhex("003c 003c 00") + bytes(9) + b"\x00\x01\xff",  # key is not UTF-8
+    ],
+)
+def test_bad_deliver_is_501(payload: bytes) -> None:
+    with pytest.raises(AMQPError) as info:
+        codec.decode_deliver(payload)
+    error = info.value
+    assert (error.code, error.class_id, error.method_id) == (501, 60, 60)
+
+
+def test_short_nack_is_501_for_basic_nack() -> None:
+    with pytest.raises(AMQPError) as info:
+        codec.decode_ack(bytes.fromhex("003c 0078 0000"))
+    assert (info.value.code, info.value.class_id, info.value.method_id) == (501, 60, 120)
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import struct
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands, decode, encode
@@ -65,3 +66,12 @@ def test_removing_headers_and_an_expiration() -> None:
     assert copy.headers == {"keep": "me"} and copy.expiration == "100"
     gone = message.replace(headers=None, expiration=None)
     assert gone.headers == {} and gone.expiration is None
+
+
+def test_encode_entry_reads_back_through_pamqp() -> None:
+    entry = tables.encode_entry("x-stream-filter-value", "eu")
+    assert decode.field_table(len(entry).to_bytes(4, "big") + entry)[1] == {
+        "x-stream-filter-value": "eu"
+    }
+    with pytest.raises(ValueError, match="longer than 255 bytes"):
+        tables.encode_entry("k" * 256, 1)
