@@ -2,9 +2,10 @@
 deliveries of its consumers.
 
 Frames reach a channel through `Channel.on_frame`, called by its connection's `pump`; the
-hot ones (basic.ack, basic.nack, basic.deliver and content) are parsed with struct, the rest
-with pamqp. Confirms are counted with a settled-up-to mark plus the set of tags settled above
-it, so single and multiple acks in any order are counted once.
+hot ones (basic.ack, basic.nack, basic.deliver and content) are read with the wire layer's
+struct codecs (`leveret.amqp.codec`), the rest with pamqp. Confirms are counted with a
+settled-up-to mark plus the set of tags settled above it, so single and multiple acks in any
+order are counted once.
 
 Same threading contract as the connection: one thread at a time.
 """
@@ -15,25 +16,65 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from pamqp import commands, frame
-from pamqp import exceptions as pamqp_exceptions
+from pamqp import commands
 
-from leveret.spark import frames as f
-from leveret.spark.errors import BrokerError, ConnectionLost
-from leveret.spark.frames import Delivery
+from leveret.amqp import codec, properties
+from leveret.amqp import constants as c
+from leveret.amqp.errors import AMQPError
+from leveret.spark.errors import BrokerError, ConnectionLost, LeveretSparkError
 
 if TYPE_CHECKING:
     from leveret.spark.wire import Connection
 
+T = TypeVar("T")
 
-def unmarshal_method(payload: memoryview) -> Any:
-    data = bytes(payload)
+
+class Delivery:
+    """One basic.deliver, basic.return or basic.get-ok with its content; the content header
+    stays encoded (`property_values` decodes it when a caller wants the properties)."""
+
+    __slots__ = ("body", "delivery_tag", "exchange", "header", "routing_key")
+
+    def __init__(self, delivery_tag: int, exchange: str, routing_key: str) -> None:
+        self.delivery_tag = delivery_tag
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.header = b""
+        self.body = b""
+
+    def property_values(self) -> dict[str, Any]:
+        """The properties by their AMQP names (see `leveret.amqp.properties.decode_values`)."""
+        try:
+            return properties.decode_values(self.header)
+        except AMQPError as exc:
+            raise LeveretSparkError(f"leveret: the broker sent a message whose properties do "
+                                    f"not decode: {exc}") from None
+
+
+def decode_method(payload: bytes) -> Any:
+    """A method frame decoded by pamqp; one that does not decode loses the connection."""
     try:
-        return frame._unmarshal_method_frame(data)
-    except (pamqp_exceptions.UnmarshalingException, ValueError, struct.error) as exc:
-        raise ConnectionLost(f"cannot decode a method frame: {exc}") from None
+        return codec.decode_method(payload)
+    except (AMQPError, struct.error) as exc:
+        raise ConnectionLost(f"cannot decode a method frame from the broker: {exc}") from None
+
+
+def decoded(value: T | None, what: str) -> T:
+    """A field of a method frame pamqp decoded. pamqp types every field as optional (its
+    constructors default them to None), but its decoder sets them all."""
+    if value is None:
+        raise ConnectionLost(f"the broker sent a method frame without its {what}")
+    return value
+
+
+def close_error(close: commands.Channel.Close | commands.Connection.Close,
+                scope: str) -> BrokerError:
+    """The error a channel.close or connection.close from the broker carries."""
+    return BrokerError(decoded(close.reply_code, "reply code"), close.reply_text,
+                       decoded(close.class_id, "class id"), decoded(close.method_id, "method id"),
+                       scope=scope)
 
 
 class Channel:
@@ -64,34 +105,40 @@ class Channel:
 
     # -- frames ---------------------------------------------------------------------------
 
-    def on_frame(self, ftype: int, payload: memoryview) -> None:
-        if ftype == 1:
-            class_method = f.CLASS_METHOD.unpack_from(payload, 0)[0]
-            if class_method == f.BASIC_ACK:
-                tag, bits = f.TAG_BITS.unpack_from(payload, 4)
-                self._settle(tag, bool(bits & 1))
-            elif class_method == f.BASIC_DELIVER:
-                self._start_content("deliver", f.parse_deliver(payload))
-            elif class_method == f.BASIC_NACK:
-                tag, bits = f.TAG_BITS.unpack_from(payload, 4)
-                self.nacked += self._settle(tag, bool(bits & 1))
-            else:
-                self._on_method(unmarshal_method(payload))
-        elif ftype == 2:
+    def on_frame(self, ftype: int, payload: bytes) -> None:
+        if ftype == c.FRAME_METHOD:
+            self._on_method_frame(payload)
+        elif ftype == c.FRAME_HEADER:
             if self._content is None:
                 return
-            body_size = f.BODY_SIZE.unpack_from(payload, 4)[0]
-            self._content.properties = bytes(payload[12:])
-            self._content_left = body_size
-            if body_size == 0:
+            self._content.header = payload
+            self._content_left = properties.body_size(payload)
+            if self._content_left == 0:
                 self._finish_content()
-        elif ftype == 3:
+        elif ftype == c.FRAME_BODY:
             if self._content is None:
                 return
-            self._body_parts.append(bytes(payload))
+            self._body_parts.append(payload)
             self._content_left -= len(payload)
             if self._content_left <= 0:
                 self._finish_content()
+
+    def _on_method_frame(self, payload: bytes) -> None:
+        try:
+            index = codec.method_index(payload)
+            if index == c.BASIC_ACK:
+                self._settle(*codec.decode_ack(payload))
+                return
+            if index == c.BASIC_DELIVER:
+                _ctag, tag, _redelivered, exchange, routing_key = codec.decode_deliver(payload)
+                self._start_content("deliver", Delivery(tag, exchange, routing_key))
+                return
+            if index == c.BASIC_NACK:
+                self.nacked += self._settle(*codec.decode_ack(payload))
+                return
+        except (AMQPError, struct.error) as exc:
+            raise ConnectionLost(f"cannot decode a method frame from the broker: {exc}") from None
+        self._on_method(decode_method(payload))
 
     def _start_content(self, kind: str, delivery: Delivery) -> None:
         self._content = delivery
@@ -115,22 +162,23 @@ class Channel:
 
     def _on_method(self, method: Any) -> None:
         if isinstance(method, commands.Channel.Close):
-            self.error = BrokerError(method.reply_code, method.reply_text, method.class_id,
-                                     method.method_id, scope="channel")
+            self.error = close_error(method, "channel")
             try:
-                self.connection.send_raw(frame.marshal(commands.Channel.CloseOk(), self.number))
+                self.connection.send_raw(codec.encode_method(self.number,
+                                                             commands.Channel.CloseOk()))
             finally:
                 self.connection.forget(self)
         elif isinstance(method, commands.Basic.Return):
-            self._start_content("return", Delivery(0, method.exchange, method.routing_key,
-                                                   b"", b""))
-            self.return_reasons.append((method.reply_code or 0, method.reply_text))
+            self._start_content("return", Delivery(0, method.exchange,
+                                                   decoded(method.routing_key, "routing key")))
+            self.return_reasons.append((decoded(method.reply_code, "reply code"),
+                                        method.reply_text))
         elif isinstance(method, commands.Basic.Cancel):
             self.cancelled = True
         else:
             if isinstance(method, commands.Basic.GetOk):
-                self._start_content("get", Delivery(0, method.exchange, method.routing_key,
-                                                    b"", b""))
+                self._start_content("get", Delivery(0, method.exchange,
+                                                    decoded(method.routing_key, "routing key")))
             self.replies.append(method)
 
     def _settle(self, tag: int, multiple: bool) -> int:
@@ -160,7 +208,7 @@ class Channel:
         if self.connection.closed is not None:
             raise self.connection.closed
 
-    def wait_for(self, kind: type | tuple[type, ...], timeout: float = 30.0) -> Any:
+    def wait_for(self, kind: type[T] | tuple[type[T], ...], timeout: float = 30.0) -> T:
         deadline = time.monotonic() + timeout
         while True:
             self.check()
@@ -174,9 +222,9 @@ class Channel:
                     f"{self.connection.endpoint.display} did not answer within {timeout:.0f} s")
             self.connection.pump(remaining)
 
-    def call(self, method: Any, reply: type | tuple[type, ...]) -> Any:
+    def call(self, method: Any, reply: type[T] | tuple[type[T], ...]) -> T:
         self.check()
-        self.connection.send_raw(frame.marshal(method, self.number))
+        self.connection.send_raw(codec.encode_method(self.number, method))
         return self.wait_for(reply)
 
     def exchange_exists(self, name: str) -> None:
@@ -194,11 +242,8 @@ class Channel:
     def basic_get(self, queue: str) -> tuple[Any, Delivery | None]:
         """basic.get with no-ack; (get-ok or get-empty, content or None)."""
         self.check()
-        # built by hand: pamqp refuses queue names with '?', which the broker's reserved
-        # query names (amq.leveret.publisher-id?stream=...) have
-        payload = b"\x00\x3c\x00\x46\x00\x00" + f.shortstr(queue) + b"\x01"
-        self.connection.send_raw(f.FRAME_HEAD.pack(1, self.number, len(payload)) + payload
-                                 + f.END)
+        self.connection.send_raw(codec.encode_get(self.number, codec.short_str(queue, cut=False),
+                                                  no_ack=True))
         got = self.wait_for((commands.Basic.GetOk, commands.Basic.GetEmpty))
         if isinstance(got, commands.Basic.GetEmpty):
             return got, None
@@ -219,7 +264,7 @@ class Channel:
         return str(ok.consumer_tag)
 
     def ack(self, delivery_tag: int, multiple: bool) -> None:
-        self.connection.send_raw(f.encode_ack(self.number, delivery_tag, multiple))
+        self.connection.send_raw(codec.encode_ack(self.number, delivery_tag, multiple))
 
     def close(self) -> None:
         if self.error is not None or self.connection.closed is not None:

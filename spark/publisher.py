@@ -18,27 +18,21 @@ Runs inside a Spark Python worker; one task at a time; no threads.
 
 from __future__ import annotations
 
-import struct
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from leveret.spark import frames as f
+from leveret.amqp import codec
+from leveret.amqp.content import content_frames
+from leveret.amqp.properties import encode_values, long_entry
+from leveret.amqp.tables import encode_entry
 from leveret.spark.channel import Channel
 from leveret.spark.errors import BrokerError, ConnectionLost, PublishError
 from leveret.spark.options import SinkColumns, SinkOptions
 from leveret.spark.wire import Connection
 
-_U32 = struct.Struct(">I")
-_I64 = struct.Struct(">q")
-_HEADER_HEAD = struct.Struct(">BHIHHQ")
-_BODY_HEAD = struct.Struct(">BHI")
-_END = f.END
-_ID_KEY = f.shortstr("x-stream-publishing-id") + b"l"
-_FILTER_KEY = f.shortstr("x-stream-filter-value") + b"S"
-_HEADERS_ONLY = struct.pack(">H", f.PROPERTY_FLAGS["headers"])
-_NO_PROPERTIES = b"\x00\x00"
+_ID_KEY = b"x-stream-publishing-id"
 ID_LIMIT = 1 << 32
 
 
@@ -85,11 +79,11 @@ class PartitionPublisher:
         self._last_id = 0
         self._methods: dict[tuple[str, str], bytes] = {}
         self._known_last: dict[str, int] = {}
-        self._parts: list[bytes] = []
+        self._parts: list[bytes | memoryview] = []
         self._in_parts = 0
         self._slice = max(1, min(1000, options.max_unconfirmed // 4))
         self._window = max(0, options.max_unconfirmed - self._slice)
-        self._pub_entry = (f.table_entry_str("x-stream-publisher-name", publisher)
+        self._pub_entry = (encode_entry("x-stream-publisher-name", self.publisher)
                            if self.publisher is not None else b"")
 
     # -- channels -------------------------------------------------------------------------
@@ -122,8 +116,10 @@ class PartitionPublisher:
         if frame is None:
             self._check_target(exchange, routing_key)
             try:
-                frame = f.method_frame_publish(self.channel.number, f.shortstr(exchange),
-                                               f.shortstr(routing_key))
+                frame = codec.encode_publish(self.channel.number,
+                                             codec.short_str(exchange, cut=False),
+                                             codec.short_str(routing_key, cut=False),
+                                             mandatory=True)
             except ValueError as exc:
                 raise PublishError(f"leveret sink: exchange or routing key too long: "
                                    f"{exc}") from None
@@ -158,7 +154,7 @@ class PartitionPublisher:
             return 0  # a classic queue, say: it ignores the publisher headers
         if content is None:
             return 0
-        headers = f.decode_properties(content.properties).get("headers") or {}
+        headers = content.property_values().get("headers") or {}
         value = headers.get("x-stream-publishing-id", 0)
         return value if isinstance(value, int) else 0
 
@@ -189,11 +185,10 @@ class PartitionPublisher:
         default_key = self.options.default_routing_key
         ch_number = self.channel.number
         frame_max = self.conn.frame_max
-        body_limit = frame_max - 8
         pub_entry = self._pub_entry
         exactly_once = self.publisher is not None
-        parts = self._parts
-        append = parts.append
+        append = self._parts.append
+        extend = self._parts.extend
         counts = self.counts
         fixed_exchange = exchanges is None and default_exchange is not None
         fixed_frame = (self._method_frame(default_exchange or "", default_key)
@@ -204,74 +199,68 @@ class PartitionPublisher:
             if body is None:
                 body = b""
             if fixed_frame is not None:
-                method = fixed_frame
-                exchange = default_exchange
-                routing_key = default_key
+                method, exchange, routing_key = fixed_frame, default_exchange, default_key
             else:
-                exchange = exchanges[i] if exchanges is not None else None
-                if exchange is None:
-                    exchange = default_exchange
-                    if exchange is None:
-                        raise PublishError(
-                            "leveret sink: a row has a null 'exchange' and neither the "
-                            "'exchange' nor the 'stream' option gives a default")
-                routing_key = routing_keys[i] if routing_keys is not None else None
-                if routing_key is None:
-                    routing_key = default_key
+                exchange, routing_key = self._row_target(exchanges, routing_keys, i)
                 method = self._method_frame(exchange, routing_key)
+            table = b""
             if exactly_once:
-                if ids is None:
-                    pid = self.base_id | self._row_index
-                    self._row_index += 1
-                    if self._row_index >= ID_LIMIT:
-                        raise PublishError("leveret sink: more than 2^32 rows in one task")
-                else:
-                    pid = ids[i]
-                    if pid is None or pid <= self._last_id:
-                        raise PublishError(
-                            f"leveret sink: id_column '{self.options.id_column}' must increase "
-                            f"within each Spark partition and be >= 1; {pid!r} follows "
-                            f"{self._last_id}")
-                    self._last_id = pid
-                if not exchange:
-                    last = self._known_last.get(routing_key)
-                    if last is None:
-                        self._check_target("", routing_key)
-                        last = self._known_last[routing_key]
-                    if pid <= last and last > 0:  # 0 also means "never heard of it"
-                        counts.deduplicated += 1
-                        continue
-                table = pub_entry + _ID_KEY + _I64.pack(pid)
-            else:
-                table = b""
+                pid = self._publishing_id(ids, i)
+                if not exchange and self._stored_already(routing_key, pid):
+                    counts.deduplicated += 1
+                    continue
+                table = pub_entry + long_entry(_ID_KEY, pid)
             if filters is not None and filters[i] is not None:
-                raw = filters[i].encode("utf-8")
-                table += _FILTER_KEY + _U32.pack(len(raw)) + raw
+                table += encode_entry("x-stream-filter-value", filters[i])
             if headers is not None and headers[i]:
                 table += _header_entries(headers[i])
-            if properties is not None and properties[i] is not None:
-                props = _properties(properties[i], table)
-            elif table:
-                props = _HEADERS_ONLY + _U32.pack(len(table)) + table
-            else:
-                props = _NO_PROPERTIES
-            size = len(body)
+            header = encode_values(len(body), properties[i] if properties is not None else None,
+                                   table or None)
             append(method)
-            append(_HEADER_HEAD.pack(2, ch_number, 12 + len(props), 60, 0, size))
-            append(props)
-            if 0 < size <= body_limit:
-                append(_END + _BODY_HEAD.pack(3, ch_number, size))
-                append(body)
-                append(_END)
-            else:
-                append(_END)
-                if size:
-                    parts.extend(f.content_frames(ch_number, props, body, frame_max)[3:])
+            extend(content_frames(ch_number, header, body, frame_max))
             counts.published += 1
-            counts.bytes += size
+            counts.bytes += len(body)
             self._in_parts += 1
             if self._in_parts >= self._slice:
                 self._flush()
+
+    def _row_target(self, exchanges: list[Any] | None, routing_keys: list[Any] | None,
+                    i: int) -> tuple[str, str]:
+        """Row i's exchange and routing key: its columns', or the options' defaults."""
+        exchange = exchanges[i] if exchanges is not None else None
+        if exchange is None:
+            exchange = self.options.default_exchange
+            if exchange is None:
+                raise PublishError(
+                    "leveret sink: a row has a null 'exchange' and neither the "
+                    "'exchange' nor the 'stream' option gives a default")
+        key = routing_keys[i] if routing_keys is not None else None
+        return exchange, self.options.default_routing_key if key is None else key
+
+    def _publishing_id(self, ids: list[Any] | None, i: int) -> int:
+        """Row i's x-stream-publishing-id: batch id and row index, or its id_column."""
+        if ids is None:
+            pid = self.base_id | self._row_index
+            self._row_index += 1
+            if self._row_index >= ID_LIMIT:
+                raise PublishError("leveret sink: more than 2^32 rows in one task")
+            return pid
+        pid = ids[i]
+        if pid is None or pid <= self._last_id:
+            raise PublishError(
+                f"leveret sink: id_column '{self.options.id_column}' must increase "
+                f"within each Spark partition and be >= 1; {pid!r} follows "
+                f"{self._last_id}")
+        self._last_id = pid
+        return int(pid)
+
+    def _stored_already(self, stream: str, pid: int) -> bool:
+        """Whether the stream has stored this publisher's id `pid` (asked once per stream)."""
+        last = self._known_last.get(stream)
+        if last is None:
+            self._check_target("", stream)
+            last = self._known_last[stream]
+        return pid <= last and last > 0  # 0 also means "never heard of it"
 
     def _flush(self) -> None:
         ch = self.channel
@@ -318,15 +307,6 @@ def _binary_type() -> Any:
 
 
 def _header_entries(headers: Any) -> bytes:
+    """The table entries of a row's headers (a map column: a dict, or a list of pairs)."""
     items = headers.items() if isinstance(headers, dict) else headers
-    out = []
-    for key, value in items:
-        if value is None:
-            out.append(f.shortstr(key) + b"V")
-        else:
-            out.append(f.table_entry_str(key, value))
-    return b"".join(out)
-
-
-def _properties(values: dict[str, Any], table: bytes) -> bytes:
-    return f.encode_properties(values, f.table([table]) if table else None)
+    return b"".join(encode_entry(key, value) for key, value in items)

@@ -34,7 +34,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from leveret.spark import connections
-from leveret.spark import frames as f
+from leveret.spark.channel import Delivery
 from leveret.spark.errors import LeveretSparkError
 from leveret.spark.options import SourceOptions
 from leveret.spark.streams import ATTACH_WAIT_S, Probe
@@ -95,7 +95,7 @@ class LeveretStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvail
         self._target: dict[str, int] | None = None
         self._last_tails: dict[str, int] | None = None
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, int]:
         probe = self.probe()
         return {name: probe.resolve(name, self.options.starting) for name in self.names()}
 
@@ -112,7 +112,8 @@ class LeveretStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvail
             return ReadMaxRows(self.options.max_messages_per_trigger)
         return ReadAllAvailable()
 
-    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
+    def latestOffset(self, start: dict[str, int] | None = None,
+                     limit: ReadLimit | None = None) -> dict[str, int]:
         tails = self._target if self._target is not None else self._tails()
         if start is None:
             return tails
@@ -123,18 +124,18 @@ class LeveretStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvail
             end = cap(begin, end, limit.max_rows)
         return end
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> dict[str, int] | None:
         """What the last latestOffset saw (for the query's progress), without asking again."""
         return self._last_tails if self._last_tails is not None else self._tails()
 
-    def partitions(self, start: dict, end: dict) -> list[StreamRange]:
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[StreamRange]:
         return self.ranges(start, end)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, StreamRange)
         return self.read_range(partition)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, int]) -> None:
         """Nothing to do: the offsets live in Spark's checkpoint, not in the broker."""
 
     def stop(self) -> None:
@@ -224,7 +225,7 @@ def _consume(conn: Any, options: SourceOptions, part: StreamRange) -> Iterator[A
                 conn.pump(30.0)
                 continue
             delivery = ch.deliveries.popleft()
-            props = f.decode_properties(delivery.properties)
+            props = delivery.property_values()
             headers = props.get("headers") or {}
             offset = headers.get("x-stream-offset")
             unacked += 1
@@ -314,7 +315,7 @@ class _Columns:
         self.partition: list[int] = []
         self.stream: list[str] = []
 
-    def add(self, delivery: f.Delivery, props: dict[str, Any], headers: dict[str, Any],
+    def add(self, delivery: Delivery, props: dict[str, Any], headers: dict[str, Any],
             offset: int, part: StreamRange) -> None:
         self.count += 1
         self.value.append(delivery.body)

@@ -26,8 +26,7 @@ import time
 from typing import Any
 from urllib.parse import urlencode
 
-from leveret.spark import frames as f
-from leveret.spark.channel import Channel
+from leveret.spark.channel import Channel, Delivery
 from leveret.spark.errors import BrokerError, LeveretSparkError
 from leveret.spark.options import OffsetSpec
 from leveret.spark.wire import Connection
@@ -149,8 +148,8 @@ class Probe:
         return nxt if got is None else min(max(got, first), nxt)
 
 
-def offset_of(delivery: f.Delivery) -> int:
-    headers = f.decode_properties(delivery.properties).get("headers") or {}
+def offset_of(delivery: Delivery) -> int:
+    headers = delivery.property_values().get("headers") or {}
     value = headers.get("x-stream-offset")
     if not isinstance(value, int):
         raise LeveretSparkError("leveret source: a delivery has no x-stream-offset header "

@@ -2,12 +2,13 @@
 
 `Connection` opens a connection (amqp:// or amqps://, see `endpoint.py`), then reads frames
 and hands them to its channels (`channel.py`: declares, publisher confirms with a bounded
-window of unconfirmed messages, consumers with manual acks). pamqp encodes and decodes the
-rare frames (the handshake, declares, closes); the three hot ones (basic.publish with its
-content, basic.ack coming back, basic.deliver with its content) go through the struct code in
-`frames.py`, as the broker itself does.
+window of unconfirmed messages, consumers with manual acks). It speaks through the broker's
+own wire layer, `leveret.amqp`, which does no I/O: its FrameBuffer splits the bytes received
+into frames, pamqp encodes and decodes the rare methods (the handshake, declares, closes), and
+the three hot ones (basic.publish with its content, basic.ack coming back, basic.deliver with
+its content) go through its struct codecs.
 
-It knows nothing of Spark and nothing of the broker's code: only the wire protocol.
+It knows nothing of Spark, and of the broker's code only that wire layer.
 Threading: one connection belongs to one thread at a time; nothing here starts a thread.
 Heartbeats are sent whenever the client waits on the socket and one is due; a connection
 idle for longer than its heartbeat interval is replaced by `connections.checkout`.
@@ -20,12 +21,14 @@ import socket
 import ssl
 import time
 from collections import deque
-from typing import Any
+from typing import Any, NoReturn
 
-from pamqp import commands, frame, heartbeat
+from pamqp import commands
 
-from leveret.spark import frames as f
-from leveret.spark.channel import Channel, unmarshal_method
+from leveret.amqp import codec
+from leveret.amqp import constants as c
+from leveret.amqp.frames import HEARTBEAT_FRAME, Frame, FrameBuffer
+from leveret.spark.channel import Channel, close_error, decode_method
 from leveret.spark.endpoint import Endpoint
 from leveret.spark.errors import BrokerError, ConnectionLost, LeveretConnectionError
 
@@ -52,8 +55,8 @@ class Connection:
         self.heartbeat_s = 0
         self.closed: BrokerError | ConnectionLost | None = None
         self.last_sent = self.last_received = time.monotonic()
-        self._buf = bytearray()
-        self._pos = 0
+        self._reader = FrameBuffer(self.frame_max)
+        self._frames: deque[Frame] = deque()
         self._channels: dict[int, Channel] = {}
         self._next_channel = 1
         self._connection_replies: deque[Any] = deque()
@@ -89,7 +92,7 @@ class Connection:
 
     def _handshake(self) -> None:
         ep = self.endpoint
-        self._send(b"AMQP\x00\x00\x09\x01")
+        self._send(c.PROTOCOL_HEADER)
         try:
             start = self._expect_method(0, commands.Connection.Start)
         except ConnectionLost:
@@ -114,6 +117,7 @@ class Connection:
                 f"{ep.display} refused the login of user {ep.username!r} "
                 "(the connection was closed during authentication)") from None
         self.frame_max = min(tune.frame_max or 131072, 131072)
+        self._reader.set_frame_max(self.frame_max)
         self.channel_max = tune.channel_max or 2047
         wanted = ep.heartbeat_s if ep.heartbeat_s is not None else tune.heartbeat
         self.heartbeat_s = min(wanted, tune.heartbeat) if wanted and tune.heartbeat else wanted
@@ -139,12 +143,12 @@ class Connection:
         self.last_sent = time.monotonic()
 
     def _send_method(self, channel: int, method: Any) -> None:
-        self._send(frame.marshal(method, channel))
+        self._send(codec.encode_method(channel, method))
 
     def send_raw(self, data: bytes | bytearray | memoryview) -> None:
         self._send(data)
 
-    def _lost(self, why: str) -> None:
+    def _lost(self, why: str) -> NoReturn:
         lost = ConnectionLost(f"lost the connection to {self.endpoint.display}: {why}")
         self.closed = lost
         try:
@@ -157,12 +161,6 @@ class Connection:
 
     def _fill(self, timeout: float | None) -> bool:
         """Read what the socket has (waiting up to `timeout`); False if nothing came."""
-        if self._pos and self._pos == len(self._buf):
-            del self._buf[:]
-            self._pos = 0
-        elif self._pos > 1 << 20:
-            del self._buf[: self._pos]
-            self._pos = 0
         if timeout is not None and not self._pending_ssl():
             try:
                 ready, _w, _x = select.select([self._sock], [], [], max(0.0, timeout))
@@ -176,30 +174,25 @@ class Connection:
             return False
         except OSError as exc:
             self._lost(f"receive failed: {exc}")
+        self._take(chunk)
+        return True
+
+    def _take(self, chunk: bytes) -> None:
         if not chunk:
             self._lost("the broker closed the socket")
-        self._buf += chunk
+        self._frames.extend(self._reader.feed(chunk))
         self.last_received = time.monotonic()
-        return True
 
     def _pending_ssl(self) -> bool:
         return isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0
 
-    def _next_frame(self) -> tuple[int, int, memoryview] | None:
-        """The next complete frame in the buffer: (type, channel, payload), or None."""
-        buf, pos = self._buf, self._pos
-        if len(buf) - pos < 7:
-            return None
-        ftype, channel, size = f.FRAME_HEAD.unpack_from(buf, pos)
-        end = pos + 7 + size
-        if len(buf) < end + 1:
-            if size > self.frame_max + 8 and pos == 0 and len(buf) > 7:
-                self._lost(f"frame of {size} bytes exceeds frame_max")
-            return None
-        if buf[end] != 0xCE:
-            self._lost("bad frame end octet")
-        self._pos = end + 1
-        return ftype, channel, memoryview(buf)[pos + 7 : end]
+    def _next_frame(self) -> Frame | None:
+        """The next complete frame received: (type, channel, payload), or None."""
+        if self._frames:
+            return self._frames.popleft()
+        if self._reader.error is not None:
+            self._lost(f"a bad frame: {self._reader.error.explanation[:200]}")
+        return None
 
     def pump(self, timeout: float | None) -> bool:
         """Wait up to `timeout` (None: forever) for frames and dispatch them; True if any."""
@@ -234,10 +227,10 @@ class Connection:
 
     def _maybe_heartbeat(self) -> None:
         if self.heartbeat_s and time.monotonic() - self.last_sent > self.heartbeat_s / 2:
-            self._send(frame.marshal(heartbeat.Heartbeat(), 0))
+            self._send(HEARTBEAT_FRAME)
 
-    def _dispatch(self, ftype: int, channel: int, payload: memoryview) -> None:
-        if ftype == 8:
+    def _dispatch(self, ftype: int, channel: int, payload: bytes) -> None:
+        if ftype == c.FRAME_HEARTBEAT:
             return
         if channel == 0:
             self._on_connection_frame(ftype, payload)
@@ -246,17 +239,16 @@ class Connection:
         if ch is not None:
             ch.on_frame(ftype, payload)
 
-    def _on_connection_frame(self, ftype: int, payload: memoryview) -> None:
-        if ftype != 1:
+    def _on_connection_frame(self, ftype: int, payload: bytes) -> None:
+        if ftype != c.FRAME_METHOD:
             return
-        method = unmarshal_method(payload)
+        method = decode_method(payload)
         if isinstance(method, commands.Connection.Close):
             try:
-                self._sock.sendall(frame.marshal(commands.Connection.CloseOk(), 0))
+                self._sock.sendall(codec.encode_method(0, commands.Connection.CloseOk()))
             except OSError:
                 pass
-            error = BrokerError(method.reply_code, method.reply_text, method.class_id,
-                                method.method_id, scope="connection")
+            error = close_error(method, "connection")
             self.closed = error
             self._sock.close()
             for ch in self._channels.values():
@@ -282,9 +274,7 @@ class Connection:
                     self._lost("timed out during the handshake")
                 except OSError as exc:
                     self._lost(f"receive failed: {exc}")
-                if not chunk:
-                    self._lost("the broker closed the socket")
-                self._buf += chunk
+                self._take(chunk)
                 continue
             self._dispatch(*item)
         method = self._connection_replies.popleft()

@@ -18,7 +18,7 @@ def run(*cmd: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_dependency_direction() -> None:
-    """cli -> broker -> {amqp, storage}; amqp and storage do not know each other; spark alone."""
+    """cli -> broker -> {amqp, storage}; amqp and storage do not know each other; spark -> amqp."""
     exe = shutil.which("lint-imports")
     if exe is None:
         pytest.fail("import-linter is part of the test extra; pip install -e '.[test]'")
