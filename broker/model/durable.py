@@ -23,6 +23,7 @@ import struct
 import sys
 import uuid
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -94,7 +95,7 @@ class PagedStore:
     def __len__(self) -> int:
         return len(self.head) + self.tail_count
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[QueuedMessage]:
         return iter(self.head)
 
     @property
@@ -358,8 +359,8 @@ class DurableClassicQueue(ClassicQueue):
                     store.tail_count += 1
                     store.tail_bytes += size
                 else:
-                    target = store.head if isinstance(store, PagedStore) else store
-                    target.push(self._unpack(offset, record))
+                    into = store.head if isinstance(store, PagedStore) else store
+                    into.push(self._unpack(offset, record))
         reader.close()
         self._seq = highest_seq
         if transient.range_count:

@@ -17,7 +17,7 @@ from leveret.broker.model import args as qargs
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.errors import AccessRefused, PreconditionFailed, resource
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
-from leveret.broker.model.store import MemoryStore, PriorityStore
+from leveret.broker.model.store import MemoryStore, MessageStore, PriorityStore
 
 if TYPE_CHECKING:
     from leveret.broker.model.vhost import VHost
@@ -157,7 +157,7 @@ class ClassicQueue(Queue):
         dlrk = a.get("x-dead-letter-routing-key")
         self.dlrk: str | None = qargs.text(dlrk) if dlrk is not None else None
         self.single_active = a.get("x-single-active-consumer") is True
-        self.messages: MemoryStore | PriorityStore = (
+        self.messages: MessageStore = (
             PriorityStore(self.max_priority) if self.max_priority else MemoryStore()
         )
         self.unacked = 0

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker import logs
+from leveret.broker.model import args as qargs
 from leveret.broker.model import stream_args as sargs
 from leveret.broker.model import superstream
 from leveret.broker.model.committer import Committer
@@ -131,8 +132,8 @@ class StreamQueue(Queue):
         definition = policy.definition if policy is not None else {}
         max_bytes = definition.get("max-length-bytes", self.arguments.get("x-max-length-bytes"))
         age = definition.get("max-age", self.arguments.get("x-max-age"))
-        max_age = sargs.qargs.parse_max_age(sargs.qargs.text(age)) if age is not None else None
-        return (max_bytes if sargs.qargs.is_int(max_bytes) else None), max_age
+        max_age = qargs.parse_max_age(qargs.text(age)) if age is not None else None
+        return (max_bytes if qargs.is_int(max_bytes) else None), max_age
 
     def policy_changed(self) -> None:
         max_bytes, max_age = self._retention()
