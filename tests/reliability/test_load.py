@@ -33,7 +33,6 @@ from support.faults import queue_dir
 from support.loadamqp import (
     Connection,
     Publisher,
-    ack_frame,
     connect,
     heartbeats,
     open_channel,
@@ -41,6 +40,8 @@ from support.loadamqp import (
 from support.management import Http
 from support.ports import free_port, wait_for_port
 from support.procstat import open_fds, open_files_limit, raise_nofile, rss_mb
+
+from leveret.amqp.codec import encode_ack
 
 _ID = struct.Struct(">Q")
 
@@ -78,7 +79,7 @@ class Storm:
         def on_deliver(channel: int, tag: int, redelivered: bool, body: bytes) -> None:
             self.received[_ID.unpack_from(body)[0]] += 1
             self.redelivered += redelivered
-            conn.write(ack_frame(channel, tag, False))
+            conn.write(encode_ack(channel, tag, False))
 
         conn.on_deliver = on_deliver
         queue = self.queue_names[serial % len(self.queue_names)]
@@ -413,7 +414,7 @@ def backlog(broker: BrokerProcess, stream_messages: int, queue_messages: int,
                     seen[number] += 1
                 pending[0] += 1
                 if pending[0] >= 500:
-                    conn.write(ack_frame(channel, tag, True))
+                    conn.write(encode_ack(channel, tag, True))
                     pending[0] = 0
 
             conn.on_deliver = on_deliver
