@@ -8,6 +8,7 @@ are not on the hot path) and handles every other method, in client.py.
 
 It must not know sockets, scenarios or any broker. Pure functions and immutable templates:
 safe to share between processes after fork, no threading contract needed.
+Not leveret.amqp's codecs, on purpose: bench/ measures RabbitMQ alike, never importing leveret.*.
 
 Body layout (big-endian, BODY_PREFIX bytes, then filler up to the body size):
     publisher id u32 | sequence number u64 | send time u64 (time.monotonic_ns) | kind u8
