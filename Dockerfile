@@ -11,4 +11,5 @@ RUN pip install --no-cache-dir "$(ls /dist/leveret-*.whl)[uvloop]" && rm -rf /di
 ENV LEVERET_DATA_DIR=/data LEVERET_LOG_FORMAT=json
 VOLUME ["/data"]
 EXPOSE 5672 15672
-CMD ["leveret", "serve", "--host", "0.0.0.0"]
+# the default host listens on every IPv4 and IPv6 address (`::`, or 0.0.0.0 without IPv6)
+CMD ["leveret", "serve"]

@@ -23,7 +23,7 @@ class ConfigError(Exception):
 
 @dataclass
 class Config:
-    host: str = "0.0.0.0"
+    host: str = "::"  # every address, IPv4 and IPv6 on one socket (0.0.0.0 without IPv6)
     port: int = 5672
     data_dir: Path = Path("./leveret-data")
     default_vhost: str = "/"

@@ -1,9 +1,9 @@
 """Running the broker: the listener, signal handling and an orderly shutdown.
 
-`run(config)` starts the AMQP listener on the configured host and port, logs one line when it
-listens, and on SIGINT or SIGTERM stops accepting, closes every connection with 320
-CONNECTION_FORCED, flushes what must reach the disk, and returns 0. A port that is taken
-raises ServerError with one clear sentence.
+`run(config)` starts the AMQP listener on the configured host and port (by default `::`, one
+socket for IPv4 and IPv6: see `listen`), logs one line when it listens, and on SIGINT or SIGTERM
+stops accepting, closes every connection with 320 CONNECTION_FORCED, flushes what must reach
+the disk, and returns 0. A port that is taken raises ServerError with one clear sentence.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from leveret.broker import logs
+from leveret.broker import listen, logs
 from leveret.broker.broker import Broker
 from leveret.broker.config import Config
 from leveret.broker.definitions import DefinitionsError, load_file
@@ -75,6 +75,9 @@ class Server:
         self.stopped = asyncio.Event()
         self.on_stop: list[Callable[[], Awaitable[None]]] = []
         self.management: ManagementServer | None = None
+        # the address the AMQP listeners are bound to, set as they bind: the configured host,
+        # or for the default `::` (both families) or `0.0.0.0` (no IPv6 on this host)
+        self.host = config.host
 
     @property
     def port(self) -> int:
@@ -104,11 +107,11 @@ class Server:
                 broker.close()
                 raise ServerError(str(exc)) from None
         self.listeners.append(await self._listen(broker, config.port, None, "--port"))
-        log.info("listening", host=config.host, port=self.port, data_dir=str(config.data_dir))
+        log.info("listening", host=self.host, port=self.port, data_dir=str(config.data_dir))
         if context is not None:
             tls = await self._listen(broker, config.tls_port, context, "tls_port")
             self.listeners.append(tls)
-            log.info("listening for amqps", host=config.host,
+            log.info("listening for amqps", host=self.host,
                      port=tls.sockets[0].getsockname()[1])
         broker.alarms.start()
         if config.management_port:
@@ -119,9 +122,16 @@ class Server:
         loop = asyncio.get_running_loop()
         host = self.config.host
         try:
+            sock = listen.socket_for(host, port)
+            host = self.host = listen.address_of(host, sock)
+            if sock is None:
+                return await loop.create_server(
+                    lambda: Session(broker, tls=ssl_context is not None), host, port,
+                    reuse_address=True, backlog=4096, ssl=ssl_context,
+                )
             return await loop.create_server(
-                lambda: Session(broker, tls=ssl_context is not None), host, port,
-                reuse_address=True, backlog=4096, ssl=ssl_context,
+                lambda: Session(broker, tls=ssl_context is not None), sock=sock,
+                backlog=4096, ssl=ssl_context,
             )
         except OSError as exc:
             broker.close()
@@ -136,7 +146,8 @@ class Server:
         """The management HTTP API on the same loop (config.management_port, 0 = off)."""
         config = self.config
         host = config.management_host or config.host
-        management = ManagementServer(broker, host, config.management_port, self.port)
+        management = ManagementServer(broker, host, config.management_port, self.port,
+                                      amqp_host=self.host)
         try:
             await management.start()
         except OSError as exc:

@@ -38,7 +38,8 @@ def fail(message: str) -> None:
 @app.command("serve")
 def serve_command(
     host: Annotated[
-        str | None, typer.Option(help="Address to listen on [default: 0.0.0.0; env LEVERET_HOST]")
+        str | None,
+        typer.Option(help="Address to listen on [default: ::, IPv4 and IPv6; env LEVERET_HOST]"),
     ] = None,
     port: Annotated[
         int | None, typer.Option(help="AMQP port [default: 5672; env LEVERET_PORT]")

@@ -3,7 +3,8 @@
 `create_app(broker)` builds the application: basic authentication (users tagged
 administrator, monitoring, policymaker or management may log in, as in RabbitMQ; the loopback
 users only from localhost), RabbitMQ's error bodies, and the routes of every resource module.
-`/metrics` (Prometheus) needs no login. `ManagementServer` starts and stops the listener.
+`/metrics` (Prometheus) needs no login. `ManagementServer` starts and stops the listener: on
+the default host `::`, one socket for IPv4 and IPv6, as the AMQP listener (see `listen`).
 
 Every handler runs on the broker's event loop thread and calls the model directly: no locks,
 no threads. The only broad `except` here turns an unexpected error into a 500 for that one
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from leveret.broker import logs
+from leveret.broker import listen, logs
 from leveret.broker.admin import MANAGEMENT_TAGS
 from leveret.broker.management import (
     access,
@@ -33,9 +34,11 @@ from leveret.broker.management import (
     topology,
 )
 from leveret.broker.management.http import (
+    AMQP_HOST,
     AMQP_PORT,
     BROKER,
     CURRENT_USER,
+    HTTP_HOST,
     ApiError,
     from_domain,
     not_authorised,
@@ -114,11 +117,15 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
-def create_app(broker: Broker, amqp_port: int | None = None) -> web.Application:
+def create_app(broker: Broker, amqp_port: int | None = None, amqp_host: str | None = None,
+               http_host: str | None = None) -> web.Application:
     app = web.Application(middlewares=[errors_middleware, auth_middleware],
                           client_max_size=64 * 1024 * 1024)
+    config = broker.config
     app[BROKER] = broker
-    app[AMQP_PORT] = amqp_port if amqp_port is not None else broker.config.port
+    app[AMQP_PORT] = amqp_port if amqp_port is not None else config.port
+    app[AMQP_HOST] = amqp_host if amqp_host is not None else config.host
+    app[HTTP_HOST] = http_host if http_host is not None else config.management_host or config.host
     for module in (overview, access, policies, topology, live, defs, streams, metrics):
         module.setup(app)
     return app
@@ -127,27 +134,39 @@ def create_app(broker: Broker, amqp_port: int | None = None) -> web.Application:
 class ManagementServer:
     """The management API's listener on the broker's loop."""
 
-    def __init__(self, broker: Broker, host: str, port: int, amqp_port: int | None = None) -> None:
+    def __init__(self, broker: Broker, host: str, port: int, amqp_port: int | None = None,
+                 amqp_host: str | None = None) -> None:
         self.broker = broker
         self.amqp_port = amqp_port
+        self.amqp_host = amqp_host
         self.host = host
+        self.address = host  # where it is bound: `0.0.0.0` when `::` fell back to IPv4
         self.requested_port = port
         self.runner: web.AppRunner | None = None
-        self.site: web.TCPSite | None = None
+        self.site: web.BaseSite | None = None
 
     async def start(self) -> None:
-        self.runner = web.AppRunner(create_app(self.broker, self.amqp_port), access_log=None,
-                                    handle_signals=False)
+        sock = listen.socket_for(self.host, self.requested_port)
+        self.address = listen.address_of(self.host, sock)
+        self.runner = web.AppRunner(
+            create_app(self.broker, self.amqp_port, self.amqp_host, self.address),
+            access_log=None, handle_signals=False,
+        )
         await self.runner.setup()
-        self.site = web.TCPSite(self.runner, self.host, self.requested_port,
-                                reuse_address=True)
+        if sock is None:
+            self.site = web.TCPSite(self.runner, self.host, self.requested_port,
+                                    reuse_address=True)
+        else:
+            self.site = web.SockSite(self.runner, sock)
         try:
             await self.site.start()
         except OSError:
             await self.runner.cleanup()
             self.runner = None
+            if sock is not None:
+                sock.close()
             raise
-        log.info("management API listening", host=self.host, port=self.port)
+        log.info("management API listening", host=self.address, port=self.port)
 
     @property
     def port(self) -> int:

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 REALM = 'Basic realm="RabbitMQ Management"'
 BROKER: web.AppKey[Broker] = web.AppKey("broker")
 AMQP_PORT: web.AppKey[int] = web.AppKey("amqp-port")
+# the addresses the AMQP and HTTP listeners are bound to, for /api/overview's listeners:
+# `::` for the default dual-stack listener, as RabbitMQ reports it
+AMQP_HOST: web.AppKey[str] = web.AppKey("amqp-host")
+HTTP_HOST: web.AppKey[str] = web.AppKey("http-host")
 # The logged-in user of the request being handled: each request runs in its own task, so the
 # authentication middleware's value is what that request's handler sees.
 CURRENT_USER: contextvars.ContextVar[User] = contextvars.ContextVar("management_user")

@@ -18,7 +18,9 @@ from leveret.broker.alarms import resident_memory_bytes, total_memory_bytes
 from leveret.broker.broker import VERSION
 from leveret.broker.management import views
 from leveret.broker.management.http import (
+    AMQP_HOST,
     AMQP_PORT,
+    HTTP_HOST,
     broker_of,
     listing,
     not_found,
@@ -103,11 +105,11 @@ async def get_overview(request: web.Request) -> web.Response:
     sessions = [s for s in broker.connections if s.vhost in vhosts]
     channels = [c for s in sessions for c in s.channels.values()]
     config = broker.config
-    listeners = [{"node": views.NODE, "protocol": "amqp", "ip_address": config.host,
+    listeners = [{"node": views.NODE, "protocol": "amqp", "ip_address": request.app[AMQP_HOST],
                   "port": request.app[AMQP_PORT]}]
     if config.management_port:
         listeners.append({"node": views.NODE, "protocol": "http",
-                          "ip_address": config.management_host or config.host,
+                          "ip_address": request.app[HTTP_HOST],
                           "port": config.management_port})
     return single(request, {
         "management_version": VERSION,

@@ -26,7 +26,7 @@ from leveret.amqp.connection import WireConnection
 from leveret.amqp.errors import AMQPError
 from leveret.amqp.frames import HEARTBEAT_FRAME
 from leveret.amqp.handshake import BadProtocolHeader, State
-from leveret.broker import logs
+from leveret.broker import listen, logs
 from leveret.broker.model.errors import AccessRefused, BrokerError
 from leveret.broker.session.channel import Channel
 from leveret.broker.session.errors import to_amqp
@@ -105,7 +105,8 @@ class Session(asyncio.Protocol):
         # A stream transport, though not always an asyncio.Transport subclass (uvloop's are not).
         self.transport = transport = cast(asyncio.Transport, base)
         peer = transport.get_extra_info("peername")
-        self.peer = (peer[0], peer[1]) if peer else ("", 0)
+        # an IPv4 client of the dual-stack listener is `::ffff:a.b.c.d`; RabbitMQ shows a.b.c.d
+        self.peer = (listen.unmapped(peer[0]), peer[1]) if peer else ("", 0)
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)
         if self.broker.too_many_connections():
             log.warning("connection refused: connection limit reached", connection=self.name,

@@ -31,7 +31,8 @@ class InProcessBroker:
 
     def __init__(self, data_dir: Path, **overrides: Any) -> None:
         overrides.setdefault("management_port", 0)
-        self.config = Config(host="127.0.0.1", port=0, data_dir=data_dir, **overrides)
+        overrides.setdefault("host", "127.0.0.1")
+        self.config = Config(port=0, data_dir=data_dir, **overrides)
         self.loop = asyncio.new_event_loop()
         self.server = Server(self.config)
         self._thread = threading.Thread(target=self._run, name="leveret-broker", daemon=True)
@@ -97,8 +98,11 @@ class BrokerProcess:
         env: dict[str, str] | None = None,
         preexec: Callable[[], None] | None = None,
         program: list[str] | None = None,
+        host: str | None = "127.0.0.1",
     ) -> None:
         self.data_dir = data_dir
+        # the --host flag; None leaves it out, for the broker's default (dual-stack)
+        self.host = host
         # how `leveret` is run: this interpreter's by default, or a `leveret` script from a venv
         self.program = program or [sys.executable, "-m", "leveret.cli"]
         self.port = port or free_port()
@@ -109,15 +113,23 @@ class BrokerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
+    def connect_host(self) -> str:
+        """The loopback address that reaches the listener: ::1 for an IPv6 host, else
+        127.0.0.1 (the default host serves both)."""
+        if self.host is not None and self.host != "::" and ":" in self.host:
+            return "::1"
+        return "127.0.0.1"
+
+    @property
     def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+        host = self.connect_host
+        return f"amqp://guest:guest@{f'[{host}]' if ':' in host else host}:{self.port}/"
 
     def command(self) -> list[str]:
         return [
             *self.program,
             "serve",
-            "--host",
-            "127.0.0.1",
+            *(["--host", self.host] if self.host is not None else []),
             "--port",
             str(self.port),
             "--data-dir",
@@ -138,7 +150,7 @@ class BrokerProcess:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                wait_for_port(self.port, 0.5)
+                wait_for_port(self.port, 0.5, self.connect_host)
                 return self
             except TimeoutError:
                 if self.proc.poll() is None and time.monotonic() < deadline:

@@ -1,0 +1,78 @@
+"""Listening sockets: IPv4 and IPv6 on one socket by default, as RabbitMQ listens.
+
+The default host, `::`, means every address of both families: one socket
+bound to `::` with IPV6_V6ONLY off, so IPv4 clients arrive as IPv4-mapped addresses
+(`::ffff:127.0.0.1`) and a client that resolves `localhost` to `::1` first is served too.
+Where the host has no IPv6 (`socket.has_ipv6` false, or binding `::` fails with EAFNOSUPPORT
+or EADDRNOTAVAIL) it binds `0.0.0.0` instead. Any other host is one address, bound by name by
+the caller (asyncio, aiohttp) as before. `unmapped` turns a peer's IPv4-mapped address back
+into the IPv4 one, as RabbitMQ reports it.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+
+from leveret.broker import logs
+
+log = logs.get("leveret.server")
+
+DUAL_STACK = "::"
+NO_IPV6 = (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL)
+
+
+def is_dual_stack(host: str) -> bool:
+    return host == DUAL_STACK
+
+
+def _bound(family: socket.AddressFamily, address: str, port: int) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((address, port))
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def dual_stack_socket(port: int) -> socket.socket:
+    """A bound, not yet listening socket on `::` for both families, or on `0.0.0.0` where the
+    host has no IPv6. OSError (EADDRINUSE and the like) as bind raises it."""
+    if socket.has_ipv6:
+        try:
+            return _bound(socket.AF_INET6, "::", port)
+        except OSError as exc:
+            if exc.errno not in NO_IPV6:
+                raise
+            log.info("no IPv6 on this host; listening on IPv4 only", port=port,
+                     reason=exc.strerror)
+    return _bound(socket.AF_INET, "0.0.0.0", port)
+
+
+def socket_for(host: str, port: int) -> socket.socket | None:
+    """The socket to listen on for the default host; None for any other host, which the
+    caller binds by name."""
+    return dual_stack_socket(port) if is_dual_stack(host) else None
+
+
+def address_of(host: str, sock: socket.socket | None) -> str:
+    """The address a listener reports: `::` for a dual-stack socket, `0.0.0.0` where it fell
+    back, else the host it was given."""
+    return str(sock.getsockname()[0]) if sock is not None else host
+
+
+def unmapped(address: str) -> str:
+    """`::ffff:127.0.0.1` -> `127.0.0.1`; any other address unchanged."""
+    if not address.startswith("::ffff:"):
+        return address
+    try:
+        mapped = ipaddress.IPv6Address(address).ipv4_mapped
+    except ValueError:
+        return address
+    return str(mapped) if mapped is not None else address
