@@ -1,9 +1,10 @@
 """The connection and channel state machines of AMQP 0.9.1, with no I/O.
 
 WireConnection takes the bytes a client sends and turns them into calls on a handler (the
-broker's session): the handshake (protocol header, start-ok, tune-ok, open), channel life
-(open, close, close-ok), assembled publishes, fast acks, and every other method decoded by
-pamqp. It writes replies through a `write(bytes)` callable and never touches a socket.
+broker's session): channel 0 (the handshake, update-secret and close, read by
+handshake.ChannelZero), channel life (open, close, close-ok), assembled publishes, fast acks,
+and every other method decoded by pamqp. It writes replies through a `write(bytes)` callable
+and never touches a socket.
 
 Rules live in tables: which connection method each handshake state accepts, and which frame
 type each channel state expects (with the 505 for any other). A soft AMQPError raised while
@@ -35,21 +36,12 @@ from leveret.amqp.errors import AMQPError
 from leveret.amqp.frames import (
     VALID_TYPES,
     FrameBuffer,
+    encode_frame,
     unexpected_frame_type,
     unknown_frame,
 )
-from leveret.amqp.handshake import (
-    HANDSHAKE_METHODS,
-    RABBIT_STATE,
-    BadProtocolHeader,
-    Handler,
-    State,
-    check_limit,
-    check_protocol_header,
-)
+from leveret.amqp.handshake import ChannelZero, Handler, State
 
-CONNECTION_CLOSE = 0x000A0032
-CONNECTION_CLOSE_OK = 0x000A0033
 CHANNEL_OPEN = 0x0014000A
 CHANNEL_CLOSE = 0x00140028
 CHANNEL_CLOSE_OK = 0x00140029
@@ -66,6 +58,8 @@ class ChannelState(enum.IntEnum):
 
 _PUBLISH_INDEX = struct.pack(">I", c.BASIC_PUBLISH)
 _HEADER_PREFIX = struct.Struct(">HHQ")  # class id, weight, body size
+# channel.open-ok with an empty channel-id, as RabbitMQ sends it (pamqp only encodes "0")
+_OPEN_OK = struct.pack(">HHI", c.CLASS_CHANNEL, 11, 0)
 
 
 class _Channel:
@@ -80,7 +74,8 @@ class _Channel:
 
 
 # The frame type each channel state expects, its handler, and the 505 (text, class, method)
-# for a frame of another type. A CLOSING channel reads close and close-ok and drops the rest.
+# for a frame of another type. A CLOSING channel answers close, close-ok and a second open
+# (504), and drops the rest.
 _CHANNEL_TABLE = {
     ChannelState.EXPECT_METHOD: (
         c.FRAME_METHOD,
@@ -109,7 +104,7 @@ def _ids(index: int) -> tuple[int, int]:
     return index >> 16, index & 0xFFFF
 
 
-class WireConnection:
+class WireConnection(ChannelZero):
     """One client connection's protocol state."""
 
     def __init__(
@@ -239,28 +234,6 @@ class WireConnection:
             self.close_channel(number, exc)
         return True
 
-    def _receive_protocol_header(self, data: bytes) -> bytes:
-        header = self._pending_header + data
-        if len(header) < 8:
-            if not b"AMQP".startswith(header[:4]):
-                raise BadProtocolHeader(c.PROTOCOL_HEADER)  # cannot become one
-            self._pending_header = header
-            return b""
-        self._pending_header = b""
-        check_protocol_header(header[:8])
-        self.state = State.AWAIT_START_OK
-        self._send_method(
-            0,
-            commands.Connection.Start(
-                version_major=0,
-                version_minor=9,
-                server_properties=self.server_properties,
-                mechanisms=self.mechanisms,
-                locales="en_US",
-            ),
-        )
-        return header[8:]
-
     def _frame(self, frame_type: int, channel: int, payload: bytes) -> None:
         """Checks every frame needs, as RabbitMQ's rabbit_command_assembler:analyze_frame."""
         if channel and self.state is State.OPEN and (
@@ -289,65 +262,6 @@ class WireConnection:
         else:
             raise unexpected_frame_type(frame_type, payload)
 
-    # -- channel 0 ---------------------------------------------------------------------------
-
-    def _connection_frame(self, frame_type: int, payload: bytes) -> None:
-        if frame_type != c.FRAME_METHOD:
-            raise unexpected_frame_type(frame_type, payload)
-        method = codec.decode_method(payload)
-        if isinstance(method, commands.Connection.Close):
-            self.handler.on_close(method.reply_code or 0, method.reply_text or "")
-            self._send_method(0, commands.Connection.CloseOk())
-            self._closed()
-            return
-        state = self.state
-        expected = HANDSHAKE_METHODS.get(state)
-        if expected is not None and isinstance(method, expected):
-            self._handshake(method)
-            return
-        if state is State.OPEN and isinstance(method, commands.Connection.UpdateSecret):
-            raise AMQPError(c.NOT_IMPLEMENTED, "connection.update_secret", 10, 70)
-        raise AMQPError(
-            c.CHANNEL_ERROR,
-            f"unexpected method in connection state {RABBIT_STATE[state]}",
-            *_ids(method.index),
-        )
-
-    def _closing_frame(self, frame_type: int, payload: bytes) -> None:
-        """After our connection.close, only close and close-ok matter (on channel 0)."""
-        if frame_type != c.FRAME_METHOD or len(payload) < _METHOD_MIN:
-            return
-        index = codec.method_index(payload)
-        if index == CONNECTION_CLOSE:
-            self._send_method(0, commands.Connection.CloseOk())
-            self._closed()
-        elif index == CONNECTION_CLOSE_OK:
-            self._closed()
-
-    def _handshake(self, method: Any) -> None:
-        if isinstance(method, commands.Connection.StartOk):
-            self.state = State.AWAIT_TUNE_OK
-            raw = method.response
-            response = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
-            self.handler.on_start_ok(method.mechanism, response, method.client_properties or {})
-        elif isinstance(method, commands.Connection.TuneOk):
-            self._negotiate(method)
-            self.state = State.AWAIT_OPEN
-            self.handler.on_tune_ok(self.channel_max, self.frame_max, self.heartbeat)
-        elif isinstance(method, commands.Connection.Open):
-            self.handler.on_open(method.virtual_host)
-
-    def _negotiate(self, tune_ok: Any) -> None:
-        """The client's tune-ok, checked as RabbitMQ does: each value at least the minimum
-        (unless 0) and, when the server has a maximum, neither 0 nor above it."""
-        frame_max, channel_max = tune_ok.frame_max, tune_ok.channel_max
-        check_limit("frame_max", frame_max, c.MIN_FRAME_MAX, self.frame_max)
-        check_limit("channel_max", channel_max, 1, self.channel_max)
-        self.frame_max = frame_max
-        self.channel_max = channel_max
-        self.heartbeat = tune_ok.heartbeat
-        self.buffer.set_frame_max(frame_max)
-
     # -- channels ----------------------------------------------------------------------------
 
     def _channel_frame(self, frame_type: int, number: int, payload: bytes) -> None:
@@ -356,7 +270,7 @@ class WireConnection:
             self._new_channel_frame(frame_type, number, payload)
             return
         rule = self._rules.get(channel.state)
-        if rule is None:  # CLOSING: only close and close-ok matter
+        if rule is None:  # CLOSING: only close, close-ok and open matter
             if frame_type == c.FRAME_METHOD:
                 self._closing_channel_method(number, payload)
             return
@@ -390,6 +304,9 @@ class WireConnection:
         elif index == CHANNEL_CLOSE_OK:
             del self.channels[number]
             self.handler.on_channel_closed(number)
+        elif index == CHANNEL_OPEN:  # checked before the closing state, as rabbit_channel does
+            codec.decode_method(payload)
+            raise AMQPError(c.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
 
     def _channel_method(self, channel: _Channel, number: int, payload: bytes) -> None:
         index = codec.method_index(payload)
@@ -489,23 +406,8 @@ class WireConnection:
     def send_method(self, channel: int, method: Any) -> None:
         self._send_method(channel, method)
 
-    def start_tune(self) -> None:
-        """Authentication passed: offer the limits."""
-        self._send_method(
-            0,
-            commands.Connection.Tune(
-                channel_max=self.channel_max,
-                frame_max=self.frame_max,
-                heartbeat=self.heartbeat,
-            ),
-        )
-
-    def open_ok(self) -> None:
-        self.state = State.OPEN
-        self._send_method(0, commands.Connection.OpenOk())
-
     def channel_open_ok(self, channel: int) -> None:
-        self._send_method(channel, commands.Channel.OpenOk())
+        self.write(encode_frame(c.FRAME_METHOD, channel, _OPEN_OK))
 
     def close_channel(self, number: int, error: AMQPError) -> None:
         """Send channel.close for a soft error; frames for the channel are then dropped."""

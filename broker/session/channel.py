@@ -79,7 +79,6 @@ class Channel:
             **{kind: functools.partial(handler, self)
                for kind, handler in topology.HANDLERS.items()},
             m.Channel.Flow: self._flow,
-            m.Channel.FlowOk: lambda _m: None,
             m.Basic.Qos: self._qos,
             m.Basic.Consume: self._consume,
             m.Basic.Cancel: self._cancel,

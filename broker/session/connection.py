@@ -307,6 +307,18 @@ class Session(asyncio.Protocol):
             vhost=virtual_host,
         )
 
+    def on_update_secret(self, new_secret: bytes, reason: str) -> None:
+        """connection.update-secret: the new secret must log the same user in again. A refusal
+        closes the connection with RabbitMQ's code and text for a refused secret. (RabbitMQ's
+        internal users cannot expire, so RabbitMQ itself takes any secret for them.)"""
+        user = self.broker.users.authenticate(self.username, new_secret.decode("utf-8", "replace"))
+        if user is None:
+            log.warning("secret update refused", connection=self.name, user=self.username,
+                        reason=reason)
+            raise AMQPError(c.NOT_ALLOWED, "New secret was refused by one of the backends")
+        self.user = user
+        log.info("secret updated", connection=self.name, user=self.username, reason=reason)
+
     def on_channel_open(self, number: int) -> None:
         self.channels[number] = Channel(self, number)
         self.wire.channel_open_ok(number)

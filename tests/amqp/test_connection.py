@@ -32,6 +32,7 @@ class FakeHandler:
         self.wire: WireConnection | None = None
         self.raise_on_method: AMQPError | None = None
         self.refuse_vhost = False
+        self.refuse_secret = False
 
     def on_start_ok(self, mechanism: str, response: bytes, client_properties: Any) -> None:
         self.calls.append(("start_ok", mechanism, response, client_properties))
@@ -47,6 +48,11 @@ class FakeHandler:
             raise AMQPError(530, f"vhost {virtual_host} not found", 10, 40)
         assert self.wire is not None
         self.wire.open_ok()
+
+    def on_update_secret(self, new_secret: bytes, reason: str) -> None:
+        self.calls.append(("update_secret", new_secret, reason))
+        if self.refuse_secret:
+            raise AMQPError(530, "New secret was refused by one of the backends")
 
     def on_channel_open(self, channel: int) -> None:
         self.calls.append(("channel_open", channel))
@@ -342,12 +348,53 @@ def test_connection_close_in_any_state_gets_close_ok(state: State) -> None:
     assert peer.written() == []
 
 
-def test_update_secret_is_540() -> None:
-    peer = at_state(State.OPEN)
+def test_update_secret_asks_the_handler_then_answers_ok() -> None:
+    peer = opened()
+    publish = commands.Basic.Publish(exchange="", routing_key="q")
+    peer.send(method_bytes(1, publish) + header_bytes(1, 3))  # the body is still to come
+    peer.method(0, commands.Connection.UpdateSecret(new_secret="s\u00e9cret", reason="token"))
+    assert peer.handler.named("update_secret") == [
+        ("update_secret", "s\u00e9cret".encode(), "token")
+    ]
+    [(channel, reply)] = peer.written()
+    assert (channel, type(reply)) == (0, commands.Connection.UpdateSecretOk)
+    assert peer.wire.state is State.OPEN
+    assert peer.wire.channels[1].state is ChannelState.EXPECT_BODY
+    peer.send(encode_frame(c.FRAME_BODY, 1, b"abc"))
+    assert [call[-1] for call in peer.handler.named("publish")] == [b"abc"]
+
+
+def test_refused_secret_closes_the_connection_as_update_secret() -> None:
+    peer = opened()
+    peer.handler.refuse_secret = True
     error = peer.error(
         method_bytes(0, commands.Connection.UpdateSecret(new_secret="s", reason="r"))
     )
-    assert fields(error) == (540, "NOT_IMPLEMENTED - connection.update_secret", 10, 70)
+    assert fields(error) == (
+        530,
+        "NOT_ALLOWED - New secret was refused by one of the backends",
+        10,
+        70,
+    )
+    assert peer.written() == []
+
+
+@pytest.mark.parametrize(
+    ("state", "name"),
+    [
+        (State.AWAIT_START_OK, "starting"),
+        (State.AWAIT_TUNE_OK, "tuning"),
+        (State.AWAIT_OPEN, "opening"),
+    ],
+)
+def test_update_secret_during_the_handshake_is_504(state: State, name: str) -> None:
+    peer = at_state(state)
+    error = peer.error(
+        method_bytes(0, commands.Connection.UpdateSecret(new_secret="s", reason="r"))
+    )
+    text = f"CHANNEL_ERROR - unexpected method in connection state {name}"
+    assert fields(error) == (504, text, 10, 70)
+    assert peer.handler.named("update_secret") == []
 
 
 @pytest.mark.parametrize("state", [State.AWAIT_START_OK, State.AWAIT_TUNE_OK, State.AWAIT_OPEN])
@@ -654,11 +701,12 @@ def test_soft_error_closes_only_the_channel() -> None:
     )
     assert peer.wire.channels[1].state is ChannelState.CLOSING
     assert peer.handler.named("channel_closed") == [("channel_closed", 1)]
-    # Until close-ok, the channel drops everything but close (answered) and close-ok.
+    # Until close-ok, the channel drops everything but close (answered), close-ok and a
+    # second channel.open (a 504, see below).
     peer.handler.raise_on_method = None
     peer.send(publish_bytes(1, b"dropped"))
-    peer.method(1, commands.Channel.Open())
     peer.method(1, commands.Basic.Qos())
+    peer.method(1, commands.Channel.Flow(active=False))
     assert peer.written() == []
     peer.method(1, commands.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0))
     assert isinstance(peer.written_methods()[-1], commands.Channel.CloseOk)
@@ -672,6 +720,23 @@ def test_soft_error_closes_only_the_channel() -> None:
         ("method", 1, "Declare"),
         ("method", 2, "Qos"),
     ]
+
+
+def test_channel_open_on_a_closing_channel_is_504() -> None:
+    """rabbit_channel checks for a second channel.open before it drops a closing channel's
+    methods: the connection closes."""
+    peer = opened()
+    peer.wire.close_channel(1, AMQPError(406, "x"))
+    peer.written()
+    error = peer.error(method_bytes(1, commands.Channel.Open()))
+    assert fields(error) == (504, "CHANNEL_ERROR - second 'channel.open' seen", 20, 10)
+
+
+def test_channel_open_ok_has_an_empty_channel_id() -> None:
+    peer = Peer().handshake()
+    peer.method(3, commands.Channel.Open())
+    [(channel, open_ok)] = peer.written()
+    assert (channel, open_ok.channel_id) == (3, "")
 
 
 def test_close_channel_is_idempotent() -> None:

@@ -41,6 +41,9 @@ class Handler:
     def on_open(self, *_args: Any) -> None:
         self.wire.open_ok()
 
+    def on_update_secret(self, *_args: Any) -> None:
+        pass
+
     def on_channel_open(self, number: int) -> None:
         self.wire.channel_open_ok(number)
 
