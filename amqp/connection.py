@@ -181,7 +181,9 @@ class WireConnection(ChannelZero):
                     if channel == 0:
                         self._closing_frame(frame_type, payload)
                     continue
-                if state is State.CLOSED:
+                # mypy keeps the narrowing of the check above the loop, but _frame() may
+                # have closed the connection on an earlier frame of this batch
+                if state is State.CLOSED:  # type: ignore[comparison-overlap]
                     return
                 try:
                     self._frame(frame_type, channel, payload)
