@@ -1,0 +1,56 @@
+"""Fixtures for cluster tests: a real etcd (Debian's etcd-server), shared or private.
+
+`etcd` is one etcd for the whole session; tests keep apart by the unique `key_prefix`.
+`etcd_factory` starts private ones, for tests that pause or kill etcd. Every fixture skips, with
+the reason, when etcd is not installed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from support.etcd import SKIP_REASON, EtcdServer, etcd_binary
+
+from leveret.broker.cluster.etcd import EtcdClient
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """One real etcd for the session. Do not pause or kill it: use etcd_factory for that."""
+    if etcd_binary() is None:
+        pytest.skip(SKIP_REASON)
+    server = EtcdServer(tmp_path_factory.mktemp("etcd")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def etcd_factory(tmp_path: Path) -> Iterator[Callable[[], EtcdServer]]:
+    """Start private etcds (stopped at the end of the test), each in its own folder."""
+    if etcd_binary() is None:
+        pytest.skip(SKIP_REASON)
+    started: list[EtcdServer] = []
+
+    def start() -> EtcdServer:
+        server = EtcdServer(tmp_path / f"etcd{len(started)}")
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def key_prefix() -> str:
+    """A key prefix no other test uses, so tests can share the session's etcd."""
+    return f"/test/{uuid.uuid4().hex}/"
+
+
+@pytest.fixture
+async def etcd_client(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
+    async with EtcdClient([etcd.url], timeout_s=3.0) as client:
+        yield client
