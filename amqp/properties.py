@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import datetime
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pamqp import commands
@@ -90,10 +90,12 @@ def decode(payload: bytes) -> Any:
         _check_length(payload)
         header.unmarshal(payload)
     except DECODE_ERRORS:
-        raise AMQPError(
-            c.FRAME_ERROR, f"cannot decode {erlang_bytes(payload[12:])}", 60, 40
-        ) from None
+        raise _cannot_decode(payload) from None
     return header.properties
+
+
+def _cannot_decode(payload: bytes) -> AMQPError:
+    return AMQPError(c.FRAME_ERROR, f"cannot decode {erlang_bytes(payload[12:])}", 60, 40)
 
 
 _FIXED_SIZES = {"octet": 1, "timestamp": 8}
@@ -106,23 +108,32 @@ PROPERTY_FIELDS = tuple(
 )
 
 
-def _check_length(payload: bytes) -> None:
-    """Raise IndexError if a present property runs past the end of the payload."""
+def _present(payload: bytes) -> Iterator[tuple[str, str, int, int]]:
+    """(name, wire type, start, end) of each property the flags say is there, in order;
+    IndexError (or struct.error) if one runs past the end of the payload."""
     flags = _U16.unpack_from(payload, 12)[0]
     pos = 14
     while _U16.unpack_from(payload, pos - 2)[0] & 1:  # continuation flag words
         pos += 2
-    for _name, flag, kind in PROPERTY_FIELDS:
+    for name, flag, kind in PROPERTY_FIELDS:
         if not flags & flag:
             continue
         if kind == "shortstr":
-            pos += 1 + payload[pos]
+            end = pos + 1 + payload[pos]
         elif kind == "table":
-            pos += 4 + _U32.unpack_from(payload, pos)[0]
+            end = pos + 4 + _U32.unpack_from(payload, pos)[0]
         else:
-            pos += _FIXED_SIZES[kind]
-        if pos > len(payload):
+            end = pos + _FIXED_SIZES[kind]
+        if end > len(payload):
             raise IndexError("property past the end of the content header")
+        yield name, kind, pos, end
+        pos = end
+
+
+def _check_length(payload: bytes) -> None:
+    """Raise IndexError if a present property runs past the end of the payload."""
+    for _property in _present(payload):
+        pass
 
 
 def encode_values(size: int, values: Mapping[str, Any] | None = None,
@@ -170,35 +181,20 @@ def decode_values(payload: bytes) -> dict[str, Any]:
     and the headers table as pamqp decodes it. 501 if a property runs past the end."""
     values: dict[str, Any] = {}
     try:
-        flags = _U16.unpack_from(payload, 12)[0]
-        pos = 14
-        while _U16.unpack_from(payload, pos - 2)[0] & 1:  # continuation flag words
-            pos += 2
-        for name, flag, kind in PROPERTY_FIELDS:
-            if not flags & flag:
-                continue
+        for name, kind, pos, end in _present(payload):
             if kind == "shortstr":
-                end = pos + 1 + payload[pos]
-                value: Any = payload[pos + 1 : end].decode("utf-8", "replace")
+                values[name] = payload[pos + 1 : end].decode("utf-8", "replace")
             elif kind == "octet":
-                end = pos + 1
-                value = payload[pos]
+                values[name] = payload[pos]
             elif kind == "timestamp":
-                end = pos + 8
-                value = _U64.unpack_from(payload, pos)[0]
+                values[name] = _U64.unpack_from(payload, pos)[0]
             else:
-                end = pos + 4 + _U32.unpack_from(payload, pos)[0]
-                value = tables.decode_plain(payload, pos + 4, end)
-                if value is None:
-                    value = pamqp_decode.field_table(payload[pos:end])[1]
-            if end > len(payload):
-                raise IndexError("property past the end of the content header")
-            values[name] = value
-            pos = end
+                table = tables.decode_plain(payload, pos + 4, end)
+                if table is None:
+                    table = pamqp_decode.field_table(payload[pos:end])[1]
+                values[name] = table
     except DECODE_ERRORS:
-        raise AMQPError(
-            c.FRAME_ERROR, f"cannot decode {erlang_bytes(payload[12:])}", 60, 40
-        ) from None
+        raise _cannot_decode(payload) from None
     return values
 
 

@@ -69,24 +69,27 @@ def test_names_strategy_matches_pamqps_pattern() -> None:
 # -- decoding: pamqp's bytes in ------------------------------------------------------------
 
 
-@given(names, shortstrs, st.booleans(), st.booleans())
-def test_decode_publish_matches_pamqp(
-    exchange: str, routing_key: str, mandatory: bool, immediate: bool
+@given(channels, names, shortstrs, st.booleans(), st.booleans())
+def test_publish_codecs_match_pamqp(
+    channel: int, exchange: str, routing_key: str, mandatory: bool, immediate: bool
 ) -> None:
+    """decode_publish (the broker's) and encode_publish (a client's)."""
     data = frame.marshal(
         commands.Basic.Publish(
             exchange=exchange, routing_key=routing_key, mandatory=mandatory, immediate=immediate
         ),
-        1,
+        channel,
     )
     ours = codec.decode_publish(data[7:-1])
     _, theirs = unmarshal(data)
     assert ours == (theirs.exchange, theirs.routing_key, theirs.mandatory, theirs.immediate)
     assert ours == (exchange, routing_key, mandatory, immediate)
+    ours_out = codec.encode_publish(channel, ss(exchange), ss(routing_key), mandatory, immediate)
+    assert ours_out == data
 
 
 @given(unicode_names, shortstrs, st.booleans(), st.booleans())
-def test_decode_publish_matches_pamqp_unicode(
+def test_publish_codecs_match_pamqp_unicode(
     exchange: str, routing_key: str, mandatory: bool, immediate: bool
 ) -> None:
     with any_name_allowed():
@@ -103,6 +106,7 @@ def test_decode_publish_matches_pamqp_unicode(
     ours = codec.decode_publish(data[7:-1])
     assert ours == (theirs.exchange, theirs.routing_key, theirs.mandatory, theirs.immediate)
     assert ours == (exchange, routing_key, mandatory, immediate)
+    assert codec.encode_publish(1, ss(exchange), ss(routing_key), mandatory, immediate) == data
 
 
 @given(tags, st.booleans())
@@ -135,9 +139,10 @@ def test_decode_method_agrees_with_the_fast_paths(tag: int, multiple: bool, flag
 
 
 @given(channels, shortstrs, tags, st.booleans(), names, shortstrs)
-def test_encode_deliver_is_pamqps_bytes(
+def test_deliver_codecs_match_pamqp(
     channel: int, ctag: str, tag: int, redelivered: bool, exchange: str, routing_key: str
 ) -> None:
+    """encode_deliver (the broker's) and decode_deliver (a client's)."""
     expected = frame.marshal(
         commands.Basic.Deliver(
             consumer_tag=ctag,
@@ -158,10 +163,11 @@ def test_encode_deliver_is_pamqps_bytes(
         redelivered,
     )
     assert (method.exchange, method.routing_key) == (exchange, routing_key)
+    assert codec.decode_deliver(expected[7:-1]) == (ctag, tag, redelivered, exchange, routing_key)
 
 
 @given(channels, shortstrs, tags, st.booleans(), unicode_names, shortstrs)
-def test_encode_deliver_is_pamqps_bytes_unicode(
+def test_deliver_codecs_match_pamqp_unicode(
     channel: int, ctag: str, tag: int, redelivered: bool, exchange: str, routing_key: str
 ) -> None:
     with any_name_allowed():
@@ -179,6 +185,7 @@ def test_encode_deliver_is_pamqps_bytes_unicode(
         codec.encode_deliver(channel, ss(ctag), tag, redelivered, ss(exchange), ss(routing_key))
         == expected
     )
+    assert codec.decode_deliver(expected[7:-1]) == (ctag, tag, redelivered, exchange, routing_key)
 
 
 @given(channels, tags, st.booleans(), names, shortstrs, u32)
@@ -286,35 +293,6 @@ def test_encode_nack_is_pamqps_bytes(channel: int, tag: int, multiple: bool) -> 
 # -- a client's side: what the Spark data source and the test clients send and read ----------
 
 
-@given(channels, names, shortstrs, st.booleans(), st.booleans())
-def test_encode_publish_is_pamqps_bytes(
-    channel: int, exchange: str, routing_key: str, mandatory: bool, immediate: bool
-) -> None:
-    expected = frame.marshal(
-        commands.Basic.Publish(
-            exchange=exchange, routing_key=routing_key, mandatory=mandatory, immediate=immediate
-        ),
-        channel,
-    )
-    ours = codec.encode_publish(channel, ss(exchange), ss(routing_key), mandatory, immediate)
-    assert ours == expected
-    assert codec.decode_publish(ours[7:-1]) == (exchange, routing_key, mandatory, immediate)
-
-
-@given(channels, unicode_names, shortstrs, st.booleans())
-def test_encode_publish_is_pamqps_bytes_unicode(
-    channel: int, exchange: str, routing_key: str, mandatory: bool
-) -> None:
-    with any_name_allowed():
-        expected = frame.marshal(
-            commands.Basic.Publish(
-                exchange=exchange, routing_key=routing_key, mandatory=mandatory
-            ),
-            channel,
-        )
-    assert codec.encode_publish(channel, ss(exchange), ss(routing_key), mandatory) == expected
-
-
 @given(channels, unicode_names, st.booleans())
 def test_encode_get_is_pamqps_bytes(channel: int, queue: str, no_ack: bool) -> None:
     with any_name_allowed():
@@ -328,48 +306,6 @@ def test_encode_get_takes_names_pamqp_refuses() -> None:
         frame.marshal(commands.Basic.Get(queue=name), 1)
     _, method = unmarshal(codec.encode_get(1, ss(name), True))
     assert (method.queue, method.no_ack) == (name, True)
-
-
-@given(shortstrs, tags, st.booleans(), names, shortstrs)
-def test_decode_deliver_matches_pamqp(
-    ctag: str, tag: int, redelivered: bool, exchange: str, routing_key: str
-) -> None:
-    data = frame.marshal(
-        commands.Basic.Deliver(
-            consumer_tag=ctag,
-            delivery_tag=tag,
-            redelivered=redelivered,
-            exchange=exchange,
-            routing_key=routing_key,
-        ),
-        1,
-    )
-    _, theirs = unmarshal(data)
-    assert codec.decode_deliver(data[7:-1]) == (
-        theirs.consumer_tag,
-        theirs.delivery_tag,
-        theirs.redelivered,
-        theirs.exchange,
-        theirs.routing_key,
-    ) == (ctag, tag, redelivered, exchange, routing_key)
-
-
-@given(shortstrs, tags, st.booleans(), unicode_names, shortstrs)
-def test_decode_deliver_matches_pamqp_unicode(
-    ctag: str, tag: int, redelivered: bool, exchange: str, routing_key: str
-) -> None:
-    with any_name_allowed():
-        data = frame.marshal(
-            commands.Basic.Deliver(
-                consumer_tag=ctag,
-                delivery_tag=tag,
-                redelivered=redelivered,
-                exchange=exchange,
-                routing_key=routing_key,
-            ),
-            1,
-        )
-    assert codec.decode_deliver(data[7:-1]) == (ctag, tag, redelivered, exchange, routing_key)
 
 
 @given(tags, st.booleans(), st.booleans())
