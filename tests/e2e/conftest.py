@@ -5,13 +5,11 @@
 that are closed after the test, unique names (the reference broker is shared by the whole
 session, so every name gets a uuid suffix and is deleted afterwards), helpers that capture a
 broker's close code and text, and a raw frame-level client for what pika hides (the exact
-order of frames, the multiple flag of confirms, empty consumer tags).
+order of frames, the multiple flag of confirms, empty consumer tags: support.rawamqp's).
 """
 
 from __future__ import annotations
 
-import socket
-import struct
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,11 +17,9 @@ from typing import Any, TypeVar
 
 import pika
 import pytest
-from pamqp import commands, frame, header
-from pamqp import exceptions as pamqp_exceptions
-from pamqp.body import ContentBody
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 from support.brokers import InProcessBroker
+from support.rawamqp import RawClient, open_client
 
 T = TypeVar("T")
 
@@ -71,7 +67,8 @@ class Amqp:
         return ch
 
     def raw(self) -> RawClient:
-        client = RawClient(self.port)
+        """A raw frame-level client past the handshake, with channel 1 open."""
+        client = open_client(self.port)
         self._raw.append(client)
         return client
 
@@ -183,136 +180,3 @@ def lev(broker: InProcessBroker) -> Iterator[Amqp]:
     client = Amqp("leveret", broker.port)
     yield client
     client.close()
-
-
-class RawClient:
-    """A frame-level AMQP client on a plain socket, built with pamqp.
-
-    It opens connection and channel 1 on construction; `send` writes methods, `publish`
-    writes a publish with its content, `next` reads one (channel, frame) pair.
-    """
-
-    def __init__(self, port: int, capabilities: dict[str, Any] | None = None) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-        self.buffer = b""
-        self.sock.sendall(frame.marshal(header.ProtocolHeader(), 0))
-        self.expect(commands.Connection.Start)
-        caps = {
-            "publisher_confirms": True,
-            "consumer_cancel_notify": True,
-            "basic.nack": True,
-            "authentication_failure_close": True,
-        }
-        caps.update(capabilities or {})
-        self.send(
-            0,
-            commands.Connection.StartOk(
-                client_properties={"product": "leveret-raw-test", "capabilities": caps},
-                mechanism="PLAIN",
-                response="\0guest\0guest",
-                locale="en_US",
-            ),
-        )
-        tune = self.expect(commands.Connection.Tune)
-        self.send(0, commands.Connection.TuneOk(tune.channel_max, tune.frame_max, 0))
-        self.send(0, commands.Connection.Open("/"))
-        self.expect(commands.Connection.OpenOk)
-        self.send(1, commands.Channel.Open())
-        self.expect(commands.Channel.OpenOk)
-
-    def send(self, channel: int, method: Any) -> None:
-        self.sock.sendall(frame.marshal(method, channel))
-
-    def publish(
-        self,
-        exchange: str,
-        routing_key: str,
-        body: bytes,
-        *,
-        mandatory: bool = False,
-        immediate: bool = False,
-        channel: int = 1,
-        properties: commands.Basic.Properties | None = None,
-    ) -> None:
-        """Send one publish with its content."""
-        data = self.publish_frames(
-            exchange,
-            routing_key,
-            body,
-            mandatory=mandatory,
-            immediate=immediate,
-            channel=channel,
-            properties=properties,
-        )
-        self.sock.sendall(data)
-
-    @staticmethod
-    def publish_frames(
-        exchange: str,
-        routing_key: str,
-        body: bytes,
-        *,
-        mandatory: bool = False,
-        immediate: bool = False,
-        channel: int = 1,
-        properties: commands.Basic.Properties | None = None,
-    ) -> bytes:
-        """The frames of one publish (method, header, body), to send in a batch."""
-        method = commands.Basic.Publish(
-            exchange=exchange, routing_key=routing_key, mandatory=mandatory, immediate=immediate
-        )
-        content = header.ContentHeader(0, len(body), properties or commands.Basic.Properties())
-        return b"".join(
-            (
-                frame.marshal(method, channel),
-                frame.marshal(content, channel),
-                frame.marshal(ContentBody(body), channel) if body else b"",
-            )
-        )
-
-    def next(self, timeout: float = 3.0) -> tuple[int, Any]:
-        """The next frame (heartbeats skipped), as (channel, frame value)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if len(self.buffer) >= 7:
-                size = struct.unpack_from(">I", self.buffer, 3)[0]
-                if len(self.buffer) >= size + 8:
-                    try:
-                        used, channel, value = frame.unmarshal(self.buffer)
-                    except pamqp_exceptions.UnmarshalingException as exc:
-                        raise AssertionError(f"undecodable frame: {exc}") from None
-                    self.buffer = self.buffer[used:]
-                    if value.name == "Heartbeat":
-                        continue
-                    return channel, value
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("no frame from the broker")
-            self.sock.settimeout(left)
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("the broker closed the socket")
-            self.buffer += chunk
-
-    def expect(self, kind: type[T], timeout: float = 3.0) -> T:
-        _channel, value = self.next(timeout)
-        assert isinstance(value, kind), f"expected {kind.__name__}, got {value!r}"
-        return value
-
-    def methods(self, count: int, timeout: float = 3.0) -> list[Any]:
-        """The next `count` method frames, skipping content headers and bodies."""
-        out: list[Any] = []
-        while len(out) < count:
-            _channel, value = self.next(timeout)
-            if isinstance(value, commands.Basic.Properties | header.ContentHeader):
-                continue
-            if isinstance(value, ContentBody):
-                continue
-            out.append(value)
-        return out
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass

@@ -147,10 +147,10 @@ def test_server_generated_consumer_tag_and_tag_reuse(mq: Amqp) -> None:
     queue = mq.uid("q")
     mq.channel().queue_declare(queue, auto_delete=False)
     raw = mq.raw()
-    raw.send(1, commands.Basic.Consume(queue=queue, consumer_tag=""))
+    raw.send_method(1, commands.Basic.Consume(queue=queue, consumer_tag=""))
     tag = raw.expect(commands.Basic.ConsumeOk).consumer_tag
     assert re.fullmatch(r"amq\.ctag-[A-Za-z0-9_-]{22}", tag)
-    raw.send(1, commands.Basic.Consume(queue=queue, consumer_tag=tag))
+    raw.send_method(1, commands.Basic.Consume(queue=queue, consumer_tag=tag))
     close = raw.expect(commands.Connection.Close)
     assert (close.reply_code, close.reply_text) == (
         530,
@@ -163,11 +163,11 @@ def test_cancel(mq: Amqp) -> None:
     queue = mq.uid("q")
     mq.channel().queue_declare(queue)
     raw = mq.raw()
-    raw.send(1, commands.Basic.Cancel(consumer_tag="never-consumed"))
+    raw.send_method(1, commands.Basic.Cancel(consumer_tag="never-consumed"))
     assert raw.expect(commands.Basic.CancelOk).consumer_tag == "never-consumed"
-    raw.send(1, commands.Basic.Consume(queue=queue, consumer_tag="mine"))
+    raw.send_method(1, commands.Basic.Consume(queue=queue, consumer_tag="mine"))
     raw.expect(commands.Basic.ConsumeOk)
-    raw.send(1, commands.Basic.Cancel(consumer_tag="mine"))
+    raw.send_method(1, commands.Basic.Cancel(consumer_tag="mine"))
     assert raw.expect(commands.Basic.CancelOk).consumer_tag == "mine"
     ch = mq.channel()
     assert ch.queue_declare(queue, passive=True).method.consumer_count == 0
@@ -305,7 +305,7 @@ def test_recover(mq: Amqp) -> None:
     method, _props, body = ch.basic_get(queue, auto_ack=True)
     assert (body, method.redelivered) == (b"0", True)
     raw = mq.raw()
-    raw.send(1, commands.Basic.Recover(requeue=False))
+    raw.send_method(1, commands.Basic.Recover(requeue=False))
     close = raw.expect(commands.Connection.Close)
     assert (close.reply_code, close.reply_text) == (540, "NOT_IMPLEMENTED - requeue=false")
 
@@ -317,10 +317,10 @@ def test_recover_async(mq: Amqp) -> None:
     ch.queue_declare(queue)
     ch.basic_publish("", queue, b"m")
     raw = mq.raw()
-    raw.send(1, commands.Basic.Get(queue=queue))
+    raw.send_method(1, commands.Basic.Get(queue=queue))
     assert raw.expect(commands.Basic.GetOk).redelivered is False
-    raw.send(1, commands.Basic.RecoverAsync(requeue=True))  # no reply
-    raw.send(1, commands.Basic.Get(queue=queue, no_ack=True))
+    raw.send_method(1, commands.Basic.RecoverAsync(requeue=True))  # no reply
+    raw.send_method(1, commands.Basic.Get(queue=queue, no_ack=True))
     get_ok = raw.methods(1)[0]
     assert isinstance(get_ok, commands.Basic.GetOk)
     assert get_ok.redelivered is True
@@ -336,7 +336,7 @@ def test_qos_prefetch_size_is_not_implemented(mq: Amqp) -> None:
 
 def test_immediate_is_not_implemented(mq: Amqp) -> None:
     raw = mq.raw()
-    raw.publish("", "nowhere", b"m", immediate=True)
+    raw.publish(1, b"m", "", "nowhere", immediate=True)
     close = raw.expect(commands.Connection.Close)
     assert (close.reply_code, close.reply_text) == (540, "NOT_IMPLEMENTED - immediate=true")
     assert (close.class_id, close.method_id) == (60, 40)

@@ -17,7 +17,8 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
 if TYPE_CHECKING:
-    from e2e.conftest import Amqp, RawClient
+    from e2e.conftest import Amqp
+    from support.rawamqp import RawClient
 
 
 def _acked(raw: RawClient, count: int) -> tuple[list[int], list[Any]]:
@@ -38,13 +39,13 @@ def test_confirms_are_numbered_from_one(mq: Amqp) -> None:
     queue = mq.uid("q")
     mq.channel().queue_declare(queue, auto_delete=True)
     raw = mq.raw()
-    raw.send(1, commands.Confirm.Select())
+    raw.send_method(1, commands.Confirm.Select())
     raw.expect(commands.Confirm.SelectOk)
     for expected in (1, 2, 3):
-        raw.publish("", queue, b"m")
+        raw.publish(1, b"m", "", queue)
         ack = raw.expect(commands.Basic.Ack)
         assert (ack.delivery_tag, ack.multiple) == (expected, False)
-    raw.publish("amq.direct", "unroutable", b"m")  # routed nowhere: acked at once
+    raw.publish(1, b"m", "amq.direct", "unroutable")  # routed nowhere: acked at once
     assert raw.expect(commands.Basic.Ack).delivery_tag == 4
 
 
@@ -52,10 +53,11 @@ def test_a_burst_is_confirmed_completely(mq: Amqp) -> None:
     queue = mq.uid("q")
     mq.channel().queue_declare(queue, auto_delete=True)
     raw = mq.raw()
-    raw.send(1, commands.Confirm.Select())
+    raw.send_method(1, commands.Confirm.Select())
     raw.expect(commands.Confirm.SelectOk)
-    frames = b"".join(raw.publish_frames("", queue, str(i).encode()) for i in range(50))
-    raw.sock.sendall(frames)
+    raw.send(b"".join(
+        frame for i in range(50) for frame in raw.publish_frames(1, str(i).encode(), "", queue)
+    ))
     covered, acks = _acked(raw, 50)
     assert covered == list(range(1, 51))
     if mq.is_leveret:
@@ -66,15 +68,15 @@ def test_a_burst_is_confirmed_completely(mq: Amqp) -> None:
 
 def test_mandatory_return_comes_before_the_ack(mq: Amqp) -> None:
     raw = mq.raw()
-    raw.send(1, commands.Confirm.Select())
+    raw.send_method(1, commands.Confirm.Select())
     raw.expect(commands.Confirm.SelectOk)
     key = mq.uid("nowhere")
-    raw.publish("amq.direct", key, b"payload", mandatory=True)
+    raw.publish(1, b"payload", "amq.direct", key, mandatory=True)
     returned = raw.expect(commands.Basic.Return)
     assert (returned.reply_code, returned.reply_text, returned.exchange, returned.routing_key) == (
         312, "NO_ROUTE", "amq.direct", key,
     )  # fmt: skip
-    assert isinstance(raw.next()[1], ContentHeader)
+    raw.expect(ContentHeader)
     assert raw.expect(ContentBody).value == b"payload"
     ack = raw.expect(commands.Basic.Ack)
     assert (ack.delivery_tag, ack.multiple) == (1, False)
@@ -87,15 +89,15 @@ def test_nack_when_a_queue_rejects(mq: Amqp) -> None:
     other = mq.uid("q")
     mq.channel().queue_declare(other, auto_delete=True)
     raw = mq.raw()
-    raw.send(1, commands.Confirm.Select())
+    raw.send_method(1, commands.Confirm.Select())
     raw.expect(commands.Confirm.SelectOk)
-    raw.publish("", queue, b"fits")
+    raw.publish(1, b"fits", "", queue)
     assert raw.expect(commands.Basic.Ack).delivery_tag == 1
-    raw.publish("", queue, b"refused", mandatory=True)
+    raw.publish(1, b"refused", "", queue, mandatory=True)
     nack = raw.expect(commands.Basic.Nack)  # no basic.return: the message was routed
     # Nacks are always coalesced (a lone ack is not): nothing below 2 is unconfirmed.
     assert (nack.delivery_tag, nack.multiple) == (2, True)
-    raw.publish("", other, b"fine")
+    raw.publish(1, b"fine", "", other)
     assert raw.expect(commands.Basic.Ack).delivery_tag == 3
 
 

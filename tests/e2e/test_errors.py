@@ -15,61 +15,64 @@ import pytest
 from pamqp import commands
 
 if TYPE_CHECKING:
-    from e2e.conftest import Amqp, RawClient
+    from e2e.conftest import Amqp
+    from support.rawamqp import RawClient
 
 M = commands
 
 # (name, frames to send on channel 1, close kind, code, text, class id, method id).
 # `{x}` in a text is a unique missing name; `{q}` an existing queue of the same client.
 CASES: list[tuple[str, Callable[[RawClient, str, str], None], str, int, str, int, int]] = [
-    ("passive queue.declare", lambda r, x, q: r.send(1, M.Queue.Declare(queue=x, passive=True)),
+    ("passive queue.declare",
+     lambda r, x, q: r.send_method(1, M.Queue.Declare(queue=x, passive=True)),
      "channel", 404, "NOT_FOUND - no queue '{x}' in vhost '/'", 50, 10),
     ("passive exchange.declare",
-     lambda r, x, q: r.send(1, M.Exchange.Declare(exchange=x, passive=True)),
+     lambda r, x, q: r.send_method(1, M.Exchange.Declare(exchange=x, passive=True)),
      "channel", 404, "NOT_FOUND - no exchange '{x}' in vhost '/'", 40, 10),
     ("queue.bind to a missing exchange",
-     lambda r, x, q: r.send(1, M.Queue.Bind(queue=q, exchange=x, routing_key="k")),
+     lambda r, x, q: r.send_method(1, M.Queue.Bind(queue=q, exchange=x, routing_key="k")),
      "channel", 404, "NOT_FOUND - no exchange '{x}' in vhost '/'", 50, 20),
-    ("queue.purge", lambda r, x, q: r.send(1, M.Queue.Purge(queue=x)),
+    ("queue.purge", lambda r, x, q: r.send_method(1, M.Queue.Purge(queue=x)),
      "channel", 404, "NOT_FOUND - no queue '{x}' in vhost '/'", 50, 30),
-    ("basic.consume", lambda r, x, q: r.send(1, M.Basic.Consume(queue=x)),
+    ("basic.consume", lambda r, x, q: r.send_method(1, M.Basic.Consume(queue=x)),
      "channel", 404, "NOT_FOUND - no queue '{x}' in vhost '/'", 60, 20),
-    ("basic.get", lambda r, x, q: r.send(1, M.Basic.Get(queue=x)),
+    ("basic.get", lambda r, x, q: r.send_method(1, M.Basic.Get(queue=x)),
      "channel", 404, "NOT_FOUND - no queue '{x}' in vhost '/'", 60, 70),
-    ("basic.publish", lambda r, x, q: r.publish(x, "k", b"m"),
+    ("basic.publish", lambda r, x, q: r.publish(1, b"m", x, "k"),
      "channel", 404, "NOT_FOUND - no exchange '{x}' in vhost '/'", 60, 40),
-    ("basic.ack", lambda r, x, q: r.send(1, M.Basic.Ack(delivery_tag=7)),
+    ("basic.ack", lambda r, x, q: r.send_method(1, M.Basic.Ack(delivery_tag=7)),
      "channel", 406, "PRECONDITION_FAILED - unknown delivery tag 7", 60, 80),
-    ("basic.reject", lambda r, x, q: r.send(1, M.Basic.Reject(delivery_tag=7)),
+    ("basic.reject", lambda r, x, q: r.send_method(1, M.Basic.Reject(delivery_tag=7)),
      "channel", 406, "PRECONDITION_FAILED - unknown delivery tag 7", 60, 90),
-    ("basic.nack", lambda r, x, q: r.send(1, M.Basic.Nack(delivery_tag=7)),
+    ("basic.nack", lambda r, x, q: r.send_method(1, M.Basic.Nack(delivery_tag=7)),
      "channel", 406, "PRECONDITION_FAILED - unknown delivery tag 7", 60, 120),
-    ("exchange.delete amq.*", lambda r, x, q: r.send(1, M.Exchange.Delete(exchange="amq.topic")),
+    ("exchange.delete amq.*",
+     lambda r, x, q: r.send_method(1, M.Exchange.Delete(exchange="amq.topic")),
      "channel", 403,
      "ACCESS_REFUSED - deletion of system exchange 'amq.topic' in vhost '/' not allowed", 40, 20),
-    ("queue.declare amq.*", lambda r, x, q: r.send(1, M.Queue.Declare(queue="amq.x")),
+    ("queue.declare amq.*", lambda r, x, q: r.send_method(1, M.Queue.Declare(queue="amq.x")),
      "channel", 403, "ACCESS_REFUSED - queue name 'amq.x' contains reserved prefix 'amq.*'",
      50, 10),
     ("exchange.bind from the default exchange",
-     lambda r, x, q: r.send(1, M.Exchange.Bind(destination="amq.direct", source="")),
+     lambda r, x, q: r.send_method(1, M.Exchange.Bind(destination="amq.direct", source="")),
      "channel", 403, "ACCESS_REFUSED - operation not permitted on the default exchange", 40, 30),
-    ("tx.commit", lambda r, x, q: r.send(1, M.Tx.Commit()),
+    ("tx.commit", lambda r, x, q: r.send_method(1, M.Tx.Commit()),
      "channel", 406, "PRECONDITION_FAILED - channel is not transactional", 90, 20),
-    ("tx.rollback", lambda r, x, q: r.send(1, M.Tx.Rollback()),
+    ("tx.rollback", lambda r, x, q: r.send_method(1, M.Tx.Rollback()),
      "channel", 406, "PRECONDITION_FAILED - channel is not transactional", 90, 30),
     ("user_id",
-     lambda r, x, q: r.publish("", q, b"m", properties=M.Basic.Properties(user_id="mallory")),
+     lambda r, x, q: r.publish(1, b"m", "", q, properties=M.Basic.Properties(user_id="mallory")),
      "channel", 406,
      "PRECONDITION_FAILED - user_id property set to 'mallory' but authenticated user was 'guest'",
      60, 40),
     ("unknown exchange type",
-     lambda r, x, q: r.send(1, M.Exchange.Declare(exchange=x, exchange_type="zzq-" + x)),
+     lambda r, x, q: r.send_method(1, M.Exchange.Declare(exchange=x, exchange_type="zzq-" + x)),
      "connection", 503, "COMMAND_INVALID - unknown exchange type 'zzq-{x}'", 40, 10),
-    ("prefetch_size", lambda r, x, q: r.send(1, M.Basic.Qos(prefetch_size=1)),
+    ("prefetch_size", lambda r, x, q: r.send_method(1, M.Basic.Qos(prefetch_size=1)),
      "connection", 540, "NOT_IMPLEMENTED - prefetch_size!=0 (1)", 60, 10),
-    ("recover requeue=false", lambda r, x, q: r.send(1, M.Basic.Recover(requeue=False)),
+    ("recover requeue=false", lambda r, x, q: r.send_method(1, M.Basic.Recover(requeue=False)),
      "connection", 540, "NOT_IMPLEMENTED - requeue=false", 60, 110),
-    ("immediate", lambda r, x, q: r.publish("", q, b"m", immediate=True),
+    ("immediate", lambda r, x, q: r.publish(1, b"m", "", q, immediate=True),
      "connection", 540, "NOT_IMPLEMENTED - immediate=true", 60, 40),
 ]  # fmt: skip
 
@@ -90,10 +93,10 @@ def test_error_codes_texts_and_method_ids(
     raw = mq.raw()
     missing = mq.uid("missing")
     queue = mq.uid("q")
-    raw.send(1, M.Queue.Declare(queue=queue, exclusive=True))
+    raw.send_method(1, M.Queue.Declare(queue=queue, exclusive=True))
     raw.expect(M.Queue.DeclareOk)
     send(raw, missing, queue)
-    channel, close = raw.next()
+    channel, close = raw.next_method()
     expected_type = M.Channel.Close if kind == "channel" else M.Connection.Close
     assert isinstance(close, expected_type), close
     assert channel == (1 if kind == "channel" else 0)
@@ -106,13 +109,13 @@ def test_error_codes_texts_and_method_ids(
     if kind == "channel":
         # The channel is gone; after close-ok the same number opens again, on a live
         # connection.
-        raw.send(1, M.Channel.CloseOk())
-        raw.send(1, M.Channel.Open())
+        raw.send_method(1, M.Channel.CloseOk())
+        raw.send_method(1, M.Channel.Open())
         raw.expect(M.Channel.OpenOk)
-        raw.send(1, M.Queue.Declare(queue=queue, passive=True))
+        raw.send_method(1, M.Queue.Declare(queue=queue, passive=True))
         assert raw.expect(M.Queue.DeclareOk).queue == queue
     else:
-        raw.send(0, M.Connection.CloseOk())
+        raw.send_method(0, M.Connection.CloseOk())
 
 
 def test_a_channel_error_leaves_other_channels_alone(mq: Amqp) -> None:

@@ -48,10 +48,10 @@ def test_publish_with_confirms_and_consume_from_first(conn) -> None:  # type: ig
 
 def test_offset_header_is_a_long(broker: InProcessBroker) -> None:
     """RabbitMQ sends x-stream-offset as AMQP type long ('l'); check the raw type octet."""
-    import socket
     import struct
 
-    from pamqp import commands, frame, header
+    from pamqp import commands
+    from support.rawamqp import FRAME_HEADER, open_client
 
     conn = connect(broker.port)
     ch = conn.channel()
@@ -59,43 +59,19 @@ def test_offset_header_is_a_long(broker: InProcessBroker) -> None:
     declare_stream(ch, "typed")
     publish(ch, "typed", [b"x"])
     conn.close()
-    sock = socket.create_connection(("127.0.0.1", broker.port))
-    buf = b""
-
-    def read_frame() -> tuple[int, object]:
-        nonlocal buf
-        while True:
-            try:
-                used, _ch, value = frame.unmarshal(buf)
-                raw = buf[:used]
-                buf = buf[used:]
-                return raw, value
-            except Exception:  # noqa: BLE001 - incomplete frame: read more
-                buf += sock.recv(65536)
-
-    sock.sendall(b"AMQP\x00\x00\x09\x01")
-    read_frame()
-    sock.sendall(frame.marshal(commands.Connection.StartOk(
-        client_properties={}, mechanism="PLAIN", response="\0guest\0guest"), 0))
-    read_frame()
-    sock.sendall(frame.marshal(commands.Connection.TuneOk(channel_max=10, frame_max=131072), 0))
-    sock.sendall(frame.marshal(commands.Connection.Open(virtual_host="/"), 0))
-    read_frame()
-    sock.sendall(frame.marshal(commands.Channel.Open(), 1))
-    read_frame()
-    sock.sendall(frame.marshal(commands.Basic.Qos(prefetch_count=1), 1))
-    read_frame()
-    sock.sendall(frame.marshal(commands.Basic.Consume(
-        queue="typed", consumer_tag="c", arguments={"x-stream-offset": "first"}), 1))
-    read_frame()  # consume-ok
-    read_frame()  # deliver
-    raw, value = read_frame()  # content header
-    assert isinstance(value, header.ContentHeader)
+    with open_client(broker.port) as raw:
+        raw.send_method(1, commands.Basic.Qos(prefetch_count=1))
+        raw.expect(commands.Basic.QosOk)
+        raw.send_method(1, commands.Basic.Consume(
+            queue="typed", consumer_tag="c", arguments={"x-stream-offset": "first"}))
+        raw.expect(commands.Basic.ConsumeOk)
+        raw.expect(commands.Basic.Deliver)
+        header = raw.next_frame()
+    assert header.type == FRAME_HEADER
     key = b"\x0fx-stream-offset"
-    at = raw.index(key) + len(key)
-    assert raw[at : at + 1] == b"l"
-    assert struct.unpack(">q", raw[at + 1 : at + 9])[0] == 0
-    sock.close()
+    at = header.payload.index(key) + len(key)
+    assert header.payload[at : at + 1] == b"l"
+    assert struct.unpack(">q", header.payload[at + 1 : at + 9])[0] == 0
 
 
 @pytest.mark.parametrize(

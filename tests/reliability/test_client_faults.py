@@ -17,7 +17,6 @@ import pika.exceptions
 import pytest
 from pamqp import commands
 from pamqp import frame as pframe
-from pamqp.header import ContentHeader
 from support.brokers import BrokerProcess
 from support.faults import connect, drain_queue, read_stream
 from support.procstat import open_fds, rss_mb
@@ -116,7 +115,8 @@ def test_vanishing_mid_publish_stores_nothing_partial(broker: BrokerProcess) -> 
             client.open_channel(1)
             client.send_method(1, commands.Confirm.Select())
             client.expect(commands.Confirm.SelectOk)
-            method, header, *bodies = _publish_frames(queue, body)
+            method, header, *bodies = RawClient.publish_frames(
+                1, body, routing_key=queue, properties=commands.Basic.Properties(delivery_mode=2))
             sent = {"after-method": method, "after-header": method + header,
                     "mid-body": method + header + b"".join(bodies)[:-1000]}[cut]
             client.send(sent)
@@ -132,18 +132,6 @@ def test_vanishing_mid_publish_stores_nothing_partial(broker: BrokerProcess) -> 
     assert read_stream(broker.port, STREAM, limit=1)[0] == [(0, b"whole")]  # offset 0: no gap
     assert control.round_trip() < 2
     control.close()
-
-
-def _publish_frames(queue: str, body: bytes) -> list[bytes]:
-    """basic.publish, its content header and its body frames, each encoded."""
-    out = [pframe.marshal(commands.Basic.Publish(exchange="", routing_key=queue), 1),
-           pframe.marshal(ContentHeader(0, len(body), commands.Basic.Properties(
-               delivery_mode=2)), 1)]
-    step = 131072 - 8
-    for start in range(0, len(body), step):
-        piece = body[start : start + step]
-        out.append(struct.pack(">BHI", 3, 1, len(piece)) + piece + b"\xce")
-    return out
 
 
 def test_vanishing_mid_consume_requeues_with_the_redelivered_flag(broker: BrokerProcess) -> None:

@@ -1,8 +1,12 @@
-"""A tiny raw AMQP 0-9-1 client for wire tests: pamqp encodes, a plain socket carries the bytes.
+"""The tests' one raw AMQP 0-9-1 client: pamqp encodes, a plain socket carries the bytes.
 
 It does exactly what a test tells it to, including things no real client would do (a wrong
 protocol header, a frame with a bad end octet, a heartbeat on channel 1), and reports what came
-back: whole frames decoded with pamqp, the raw bytes, or the socket being closed.
+back: whole frames decoded with pamqp, the raw bytes, or the socket being closed. Tests use it
+where a client library hides what they check: the exact order of frames, the multiple flag of
+confirms, empty consumer tags, reply codes and texts. `open_client` gives one past the
+handshake with channel 1 open. (support/fuzzwire.py is not a client: it encodes the invalid
+bytes that pamqp refuses to write, for the fuzzers, which send them with this client.)
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from pamqp import commands, encode, frame
+from pamqp import commands, encode, frame, heartbeat
+from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
@@ -30,6 +35,9 @@ CLIENT_CAPABILITIES = {
     "basic.nack": True,
     "publisher_confirms": True,
 }
+
+
+T = TypeVar("T")
 
 
 class PeerClosed(Exception):
@@ -50,6 +58,21 @@ class Frame:
         method = commands.INDEX_MAPPING[index]()
         method.unmarshal(self.payload[4:])
         return method
+
+    @property
+    def value(self) -> Any:
+        """The frame decoded with pamqp: a method, a ContentHeader, a ContentBody or a
+        Heartbeat."""
+        if self.type == FRAME_METHOD:
+            return self.method
+        if self.type == FRAME_HEADER:
+            content = ContentHeader()
+            content.unmarshal(self.payload)
+            return content
+        if self.type == FRAME_BODY:
+            return ContentBody(self.payload)
+        assert self.type == FRAME_HEARTBEAT, f"unknown frame type: {self}"
+        return heartbeat.Heartbeat()
 
 
 def plain(user: str, password: str) -> bytes:
@@ -117,17 +140,37 @@ class RawClient:
         routing_key: str = "",
         properties: Any = None,
         frame_max: int = 131072,
+        *,
+        mandatory: bool = False,
+        immediate: bool = False,
     ) -> None:
         """basic.publish, its content header and as many body frames as frame_max allows."""
-        data = frame.marshal(
-            commands.Basic.Publish(exchange=exchange, routing_key=routing_key), channel
+        self.send(b"".join(self.publish_frames(
+            channel, body, exchange, routing_key, properties, frame_max,
+            mandatory=mandatory, immediate=immediate)))
+
+    @staticmethod
+    def publish_frames(
+        channel: int,
+        body: bytes,
+        exchange: str = "",
+        routing_key: str = "",
+        properties: Any = None,
+        frame_max: int = 131072,
+        *,
+        mandatory: bool = False,
+        immediate: bool = False,
+    ) -> list[bytes]:
+        """The frames of one publish, each encoded: method, content header, bodies."""
+        method = commands.Basic.Publish(
+            exchange=exchange, routing_key=routing_key, mandatory=mandatory, immediate=immediate
         )
         header = ContentHeader(0, len(body), properties or commands.Basic.Properties())
-        data += frame.marshal(header, channel)
         step = frame_max - 8
-        for start in range(0, len(body), step):
-            data += raw_frame(FRAME_BODY, channel, body[start : start + step])
-        self.send(data)
+        return [frame.marshal(method, channel), frame.marshal(header, channel)] + [
+            raw_frame(FRAME_BODY, channel, body[start : start + step])
+            for start in range(0, len(body), step)
+        ]
 
     # -- receiving -------------------------------------------------------------------------
 
@@ -167,23 +210,43 @@ class RawClient:
         del self.buf[: 8 + size]
         return Frame(frame_type, channel, payload)
 
-    def next_method(self, timeout: float | None = None) -> tuple[int, Any]:
-        """(channel, method) of the next method frame; heartbeats are counted and skipped."""
+    def _next_but_heartbeats(self, timeout: float | None) -> Frame:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
             got = self.next_frame(max(deadline - time.monotonic(), 0.001))
-            if got.type == FRAME_HEARTBEAT:
-                self.heartbeats_received += 1
-                continue
-            assert got.type == FRAME_METHOD, f"expected a method frame, got {got}"
-            return got.channel, got.method
+            if got.type != FRAME_HEARTBEAT:
+                return got
+            self.heartbeats_received += 1
 
-    def expect(self, cls: type, channel: int | None = None, timeout: float | None = None) -> Any:
-        got_channel, method = self.next_method(timeout)
-        assert isinstance(method, cls), f"expected {cls.__name__}, got {method!r}"
+    def next_value(self, timeout: float | None = None) -> tuple[int, Any]:
+        """(channel, frame decoded with pamqp) of the next frame; heartbeats are counted and
+        skipped."""
+        got = self._next_but_heartbeats(timeout)
+        return got.channel, got.value
+
+    def next_method(self, timeout: float | None = None) -> tuple[int, Any]:
+        """(channel, method) of the next method frame; heartbeats are counted and skipped."""
+        got = self._next_but_heartbeats(timeout)
+        assert got.type == FRAME_METHOD, f"expected a method frame, got {got}"
+        return got.channel, got.method
+
+    def methods(self, count: int, timeout: float | None = None) -> list[Any]:
+        """The next `count` methods, skipping content headers and bodies."""
+        out: list[Any] = []
+        while len(out) < count:
+            _channel, value = self.next_value(timeout)
+            if not isinstance(value, ContentHeader | ContentBody):
+                out.append(value)
+        return out
+
+    def expect(self, cls: type[T], channel: int | None = None, timeout: float | None = None) -> T:
+        """The next frame (heartbeats skipped), which must be a `cls` (a method class,
+        ContentHeader or ContentBody), on `channel` if given."""
+        got_channel, value = self.next_value(timeout)
+        assert isinstance(value, cls), f"expected {cls.__name__}, got {value!r}"
         if channel is not None:
-            assert got_channel == channel, f"{method!r} on channel {got_channel}, not {channel}"
-        return method
+            assert got_channel == channel, f"{value!r} on channel {got_channel}, not {channel}"
+        return value
 
     def expect_connection_close(self, timeout: float | None = None) -> Any:
         """The broker's connection.close; answers it with close-ok."""
@@ -293,3 +356,10 @@ class RawClient:
             0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0)
         )
         self.expect(commands.Connection.CloseOk, 0)
+
+
+def open_client(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> RawClient:
+    """A client past the handshake (the broker's limits, no heartbeats) with channel 1 open."""
+    client = RawClient(port, host, timeout).handshake()
+    client.open_channel(1)
+    return client
