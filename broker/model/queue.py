@@ -74,11 +74,12 @@ class Queue:
         """What delete-ok reports as the number of messages deleted."""
         return self.message_count
 
+    def check_consume(self, exclusive: bool) -> None:
+        """Queue-type rules for a new consumer among those already here, checked before
+        consume-ok. A stream records basic.consume's exclusive flag and enforces nothing."""
+
     def add_consumer(self, consumer: Consumer) -> None:
-        if consumer.exclusive and self.consumers:
-            raise AccessRefused(f"{self.resource} in exclusive use")
-        if any(c.exclusive for c in self.consumers):
-            raise AccessRefused(f"{self.resource} in exclusive use")
+        self.check_consume(consumer.exclusive)
         self.consumers.append(consumer)
         self.had_consumers = True
 
@@ -355,9 +356,11 @@ class ClassicQueue(Queue):
         """An entry came back; a durable queue records the redelivered flag."""
 
     def discard(self, entry: QueuedMessage, reason: str) -> None:
-        """An entry leaves without delivery: dead-letter it if the queue has a DLX."""
+        """An entry leaves without delivery: dead-letter it if the queue has a DLX. A deleted
+        queue dead-letters nothing: a delivery nacked after its queue went is lost, as in
+        RabbitMQ, whose channel drops settlements for a queue that no longer exists."""
         self.settled(entry)
-        if self.dlx is not None:
+        if self.dlx is not None and not self.deleted:
             self.vhost.dead_letter(self, entry, reason)
 
     def purge(self) -> int:
@@ -367,6 +370,15 @@ class ClassicQueue(Queue):
         return len(entries)
 
     # -- consumers ----------------------------------------------------------------------------
+
+    def check_consume(self, exclusive: bool) -> None:
+        """RabbitMQ's rule, whichever channel or connection asks: an exclusive consumer
+        needs a queue with no consumers, and once it holds the queue nobody else may consume
+        from it; with single active consumer on, no consumer may be exclusive at all."""
+        if (exclusive and (self.consumers or self.single_active)) or any(
+            c.exclusive for c in self.consumers
+        ):
+            raise AccessRefused(f"{self.resource} in exclusive use")
 
     def add_consumer(self, consumer: Consumer) -> None:
         super().add_consumer(consumer)

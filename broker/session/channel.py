@@ -148,16 +148,12 @@ class Channel:
         qargs.check_consume_args(arguments, queue.type, queue.resource)
         queue.validate_consumer(tag, method.no_ack, self.consumer_prefetch,
                                 self.global_prefetch, arguments)
+        queue.check_consume(method.exclusive)  # 403 in exclusive use: no consume-ok before it
         priority = arguments.get("x-priority", 0)
         consumer = Consumer(
-            tag,
-            queue,
-            self,
-            no_ack=method.no_ack,
-            exclusive=method.exclusive,
+            tag, queue, self, no_ack=method.no_ack, exclusive=method.exclusive,
             prefetch=self.consumer_prefetch,
-            priority=priority if qargs.is_int(priority) else 0,
-            arguments=arguments,
+            priority=priority if qargs.is_int(priority) else 0, arguments=arguments,
         )
         if not method.nowait:
             self.reply(m.Basic.ConsumeOk(consumer_tag=tag))
@@ -278,11 +274,14 @@ class Channel:
         self.session.write_many(out)
 
     def server_cancel(self, consumer: Consumer) -> None:
-        """The queue went away: tell the client, if it understands basic.cancel."""
-        if self.consumers.pop(consumer.tag, None) is None or self.closed:
-            return
-        if self.session.capabilities.get("consumer_cancel_notify"):
-            self.reply(m.Basic.Cancel(consumer_tag=consumer.tag))
+        """The queue went away (or ended the consumer): forget it, and tell the client."""
+        if self.consumers.pop(consumer.tag, None) is not None:
+            self.notify_cancel(consumer)
+
+    def notify_cancel(self, consumer: Consumer) -> None:
+        """basic.cancel, nowait as RabbitMQ sends it, if the client understands it."""
+        if not self.closed and self.session.capabilities.get("consumer_cancel_notify"):
+            self.reply(m.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
 
     def redispatch(self) -> None:
         """Credit or writability came back: let every consumed queue deliver again."""

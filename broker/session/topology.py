@@ -2,8 +2,8 @@
 
 Each handler checks the user's permissions, calls the vhost, and replies unless the method
 says nowait. `HANDLERS` maps the pamqp method classes to them; `Channel.handle` dispatches
-through it and maps domain errors to reply codes. Knows nothing of consuming, publishing or
-confirms.
+through it and maps domain errors to reply codes. Of consuming it knows only which
+basic.cancel a queue.delete sends after its delete-ok; nothing of publishing or confirms.
 
 Single-threaded: runs on the event loop thread of its connection.
 """
@@ -19,6 +19,8 @@ from leveret.amqp import codec
 from leveret.broker.model.errors import NotFound
 
 if TYPE_CHECKING:
+    from leveret.broker.model.consumer import Consumer
+    from leveret.broker.model.queue import Queue
     from leveret.broker.session.channel import Channel
 
 
@@ -142,12 +144,34 @@ def queue_delete(channel: Channel, method: Any) -> None:
     channel.check("configure", "queue", name)
     queue = channel.vhost.queues.get(name)
     count = 0
+    later: list[tuple[Channel, Consumer]] = []
     if queue is not None:
         channel.vhost.check_exclusive(queue, channel.session)
         queue.check_delete(method.if_unused, method.if_empty)
+        later = _cancels_after_reply(channel, queue)
         count = channel.vhost.delete_queue(queue)
     if not method.nowait:
         channel.reply(m.Queue.DeleteOk(message_count=count))
+    for owner, consumer in later:
+        owner.notify_cancel(consumer)
+
+
+def _cancels_after_reply(channel: Channel, queue: Queue) -> list[tuple[Channel, Consumer]]:
+    """Take out of their channels the consumers whose basic.cancel must follow delete-ok.
+
+    RabbitMQ's deleting channel hears that the queue is gone only once it has replied, so
+    the cancels of its own consumers follow its delete-ok. The other channels of a classic
+    queue hear of it at the same moment (usually before that delete-ok: a race, in RabbitMQ),
+    and are cancelled at once by the queue; a stream's consumers hear of it later, from the
+    stream coordinator, so on this connection all of them follow delete-ok.
+    """
+    owners = channel.session.channels.values() if queue.type == "stream" else (channel,)
+    later = []
+    for owner in owners:
+        for consumer in [c for c in owner.consumers.values() if c.queue is queue]:
+            del owner.consumers[consumer.tag]  # so the queue's own server_cancel skips it
+            later.append((owner, consumer))
+    return later
 
 
 HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
