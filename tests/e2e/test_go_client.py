@@ -8,7 +8,6 @@ golang-go in GOPATH mode, offline, into a temp folder. Without them the tests sk
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import scenarios
 
 SOURCE = Path(__file__).parent / "clients" / "go" / "scenarios.go"
 GOPATH = Path("/usr/share/gocode")
@@ -42,11 +42,8 @@ def go_scenarios(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_scenario(binary: Path, port: int, scenario: str, prefix: str) -> dict[str, Any]:
-    url = f"amqp://guest:guest@127.0.0.1:{port}/"
-    result = subprocess.run([str(binary), url, scenario, prefix],
-                            capture_output=True, text=True, timeout=60, check=False)
-    assert result.stdout, f"{scenario}: no output (exit {result.returncode}):\n{result.stderr}"
-    return dict(json.loads(result.stdout.splitlines()[-1]))
+    return scenarios.run_scenario([str(binary)], f"amqp://guest:guest@127.0.0.1:{port}/",
+                                  scenario, prefix)
 
 
 def prefix() -> str:

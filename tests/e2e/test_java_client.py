@@ -10,7 +10,6 @@ There is no update-secret scenario: the 5.0.0 client has no Connection.updateSec
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import uuid
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import scenarios
 
 SOURCE = Path(__file__).parent / "clients" / "java" / "Scenarios.java"
 JARS = [Path("/usr/share/java") / name
@@ -43,11 +43,8 @@ def java_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def run_scenario(classpath: str, port: int, scenario: str, prefix: str) -> dict[str, Any]:
     # No trailing slash: to the Java client "amqp://host:port/" means the vhost "".
-    url = f"amqp://guest:guest@127.0.0.1:{port}"
-    result = subprocess.run(["java", "-cp", classpath, "Scenarios", url, scenario, prefix],
-                            capture_output=True, text=True, timeout=60, check=False)
-    assert result.stdout, f"{scenario}: no output (exit {result.returncode}):\n{result.stderr}"
-    return dict(json.loads(result.stdout.splitlines()[-1]))
+    return scenarios.run_scenario(["java", "-cp", classpath, "Scenarios"],
+                                  f"amqp://guest:guest@127.0.0.1:{port}", scenario, prefix)
 
 
 def prefix() -> str:

@@ -7,13 +7,14 @@ folder on first use (pinned in its package.json); without Node.js and npm the te
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
+from support import scenarios
 from support.brokers import BrokerProcess
 
 NODE_DIR = Path(__file__).parent / "clients" / "node"
@@ -32,12 +33,10 @@ def amqplib() -> Path:
     return NODE_DIR / "scenarios.js"
 
 
-def run_scenario(script: Path, port: int, scenario: str, host: str = "127.0.0.1") -> dict:
-    url = f"amqp://guest:guest@{host}:{port}/"
-    result = subprocess.run(["node", str(script), url, scenario, f"node-{uuid.uuid4().hex[:8]}"],
-                            capture_output=True, text=True, timeout=60, check=False)
-    assert result.stdout, f"{scenario}: no output (exit {result.returncode}):\n{result.stderr}"
-    return dict(json.loads(result.stdout.splitlines()[-1]))
+def run_scenario(script: Path, port: int, scenario: str,
+                 host: str = "127.0.0.1") -> dict[str, Any]:
+    return scenarios.run_scenario(["node", str(script)], f"amqp://guest:guest@{host}:{port}/",
+                                  scenario, f"node-{uuid.uuid4().hex[:8]}")
 
 
 def test_publish_confirm_consume(amqplib: Path, target: tuple[str, int]) -> None:
