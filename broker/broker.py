@@ -29,6 +29,7 @@ from leveret.broker.model.stream import StreamQueue
 from leveret.broker.model.vhost import VHost
 
 if TYPE_CHECKING:
+    from leveret.broker.cluster.membership import Membership
     from leveret.broker.model.message import InboundMessage
     from leveret.broker.session.connection import Session
 
@@ -68,6 +69,8 @@ class Broker:
         self.closed_since_collect = 0
         self.started_at = time.time()
         self.alarm: str | None = None  # "low on memory", "low on disk", ... while an alarm holds
+        self.alarm_listeners: list[Callable[[], None]] = []  # told after every alarm change
+        self.membership: Membership | None = None  # this node's cluster, in cluster mode
         self.alarms = Alarms(config.data_dir, config.vm_memory_high_watermark,
                              config.disk_free_limit_bytes, self.alarm_changed)
         queues_dir = config.data_dir / "queues"
@@ -179,6 +182,8 @@ class Broker:
         if reason is None:
             for session in list(self.connections):
                 session.unblock()
+        for listener in self.alarm_listeners:
+            listener()
 
     def login_failed(self) -> None:
         self.login_failures += 1

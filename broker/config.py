@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import platform
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -51,6 +52,15 @@ class Config:
     tls_verify_peer: bool = False
     vm_memory_high_watermark: float = 0.4
     disk_free_limit_bytes: int = 50_000_000
+    # cluster mode (docs/CLUSTER.md): none of these matter unless `etcd` names an endpoint
+    etcd: list[str] = field(default_factory=list)  # etcd gateway URLs; [] = a single node
+    node_name: str = field(default_factory=lambda: f"leveret@{platform.node()}")
+    cluster_name: str = "leveret"
+    cluster_port: int = 25672  # the node-to-node link (advertised; not yet listened on)
+    advertise_host: str = field(default_factory=platform.node)
+    cluster_secret: str = ""  # better given as LEVERET_CLUSTER_SECRET or cluster_secret_file
+    cluster_secret_file: Path | None = None
+    cluster_lease_ttl_s: int = 10
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)

@@ -4,6 +4,7 @@
 socket for IPv4 and IPv6: see `listen`), logs one line when it listens, and on SIGINT or SIGTERM
 stops accepting, closes every connection with 320 CONNECTION_FORCED, flushes what must reach
 the disk, and returns 0. A port that is taken raises ServerError with one clear sentence.
+With `etcd` set, the node joins its cluster first (`cluster.membership`) and leaves it last.
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from leveret.broker import listen, logs
-from leveret.broker.broker import Broker
+from leveret.broker.broker import VERSION, Broker
+from leveret.broker.cluster.etcd import EtcdClient
+from leveret.broker.cluster.membership import (
+    Membership,
+    MembershipError,
+    parse_endpoints,
+    read_secret,
+)
 from leveret.broker.config import Config
 from leveret.broker.definitions import DefinitionsError, load_file
 from leveret.broker.management.app import ManagementServer
@@ -75,6 +83,7 @@ class Server:
         self.stopped = asyncio.Event()
         self.on_stop: list[Callable[[], Awaitable[None]]] = []
         self.management: ManagementServer | None = None
+        self.membership: Membership | None = None
         # the address the AMQP listeners are bound to, set as they bind: the configured host,
         # or for the default `::` (both families) or `0.0.0.0` (no IPv6 on this host)
         self.host = config.host
@@ -85,7 +94,6 @@ class Server:
         return int(sock.getsockname()[1])
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
         config = self.config
         try:
             config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -95,11 +103,48 @@ class Server:
             ) from None
         check_writable(config.data_dir)
         context = tls_context(config) if config.tls_port else None
+        await self._join_cluster()
         try:
-            self.broker = Broker(config, loop)
+            await self._start_broker(context)
+        except ServerError:
+            if self.membership is not None:
+                await self.membership.close()
+            raise
+
+    async def _join_cluster(self) -> None:
+        """In cluster mode, register this node in etcd (or refuse to start, in one line)."""
+        config = self.config
+        if not config.etcd:
+            return
+        try:
+            endpoints = parse_endpoints(config.etcd)
+            secret = read_secret(config.cluster_secret, config.cluster_secret_file)
+        except MembershipError as exc:
+            raise ServerError(str(exc)) from None
+        record = {"version": VERSION, "advertise_host": config.advertise_host,
+                  "amqp_port": config.port, "cluster_port": config.cluster_port,
+                  "management_port": config.management_port}
+        membership = Membership(EtcdClient(endpoints), config.cluster_name, config.node_name,
+                                secret, config.cluster_lease_ttl_s, record)
+        try:
+            await membership.join()
+        except MembershipError as exc:
+            await membership.close()
+            raise ServerError(str(exc)) from None
+        self.membership = membership
+
+    async def _start_broker(self, context: ssl.SSLContext | None) -> None:
+        config = self.config
+        try:
+            self.broker = Broker(config, asyncio.get_running_loop())
         except (RestoreError, MetastoreError) as exc:
             raise ServerError(str(exc)) from None
         broker = self.broker
+        membership = broker.membership = self.membership
+        if membership is not None:
+            alarms = broker.alarms
+            broker.alarm_listeners.append(lambda: membership.set_alarms(
+                [name for name, on in (("memory", alarms.memory), ("disk", alarms.disk)) if on]))
         if config.definitions is not None:
             try:
                 load_file(broker, config.definitions)
@@ -190,6 +235,8 @@ class Server:
             await callback()
         for listener in self.listeners:
             await listener.wait_closed()
+        if self.membership is not None:
+            await self.membership.close()  # revokes the lease: the node's record goes at once
         self.stopped.set()
         log.info("stopped")
 

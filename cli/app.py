@@ -16,6 +16,7 @@ import typer
 from leveret.broker import logs
 from leveret.broker.config import ConfigError, load
 from leveret.broker.server import ServerError, serve
+from leveret.cli.cluster import cluster_status
 
 app = typer.Typer(
     help="Leveret, an AMQP 0.9.1 broker in Python.",
@@ -66,6 +67,30 @@ def serve_command(
     log_format: Annotated[
         str | None, typer.Option("--log-format", help="auto, console or json")
     ] = None,
+    etcd: Annotated[
+        str | None,
+        typer.Option("--etcd", help="etcd URL[,URL...]: run as a cluster node [env LEVERET_ETCD]"),
+    ] = None,
+    node_name: Annotated[
+        str | None,
+        typer.Option("--node-name", help="This node's name [default: leveret@<hostname>]"),
+    ] = None,
+    cluster_name: Annotated[
+        str | None, typer.Option("--cluster-name", help="The cluster to join [default: leveret]")
+    ] = None,
+    cluster_port: Annotated[
+        int | None, typer.Option("--cluster-port", help="Node-to-node port [default: 25672]")
+    ] = None,
+    advertise_host: Annotated[
+        str | None,
+        typer.Option("--advertise-host", help="Host other nodes reach this one at "
+                     "[default: the hostname]"),
+    ] = None,
+    cluster_secret_file: Annotated[
+        Path | None,
+        typer.Option("--cluster-secret-file", help="File holding the cluster's shared secret "
+                     "[env LEVERET_CLUSTER_SECRET_FILE, or the secret in LEVERET_CLUSTER_SECRET]"),
+    ] = None,
 ) -> None:
     """Run the broker with its embedded defaults, overridden by a file, LEVERET_* and flags."""
     try:
@@ -79,6 +104,12 @@ def serve_command(
                 "definitions": definitions,
                 "loop": loop,
                 "log_format": log_format,
+                "etcd": etcd,
+                "node_name": node_name,
+                "cluster_name": cluster_name,
+                "cluster_port": cluster_port,
+                "advertise_host": advertise_host,
+                "cluster_secret_file": cluster_secret_file,
             },
         )
     except ConfigError as exc:
@@ -99,6 +130,9 @@ def serve_command(
     except ServerError as exc:
         fail(str(exc))
     raise typer.Exit(code)
+
+
+app.command("cluster-status")(cluster_status)
 
 
 def main() -> None:

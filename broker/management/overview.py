@@ -1,7 +1,9 @@
 """GET /api/overview, /api/nodes, /api/cluster-name, /api/whoami and the health checks.
 
 The node is this one process: memory from /proc, free disk from the data directory, alarms
-from the broker's resource monitor when it has one. Read-only; runs on the event loop.
+from the broker's resource monitor when it has one. In cluster mode /api/nodes lists every node
+etcd knows (`cluster.membership`): this one in full, the others from their records (running or
+not, alarms, uptime); if etcd does not answer, this node alone. Read-only; runs on the event loop.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from leveret.broker import logs
 from leveret.broker.alarms import resident_memory_bytes, total_memory_bytes
 from leveret.broker.broker import VERSION
+from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.management import views
 from leveret.broker.management.http import (
     AMQP_HOST,
@@ -35,6 +39,7 @@ from leveret.broker.model.exchange import EXCHANGE_TYPES
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
 
+log = logs.get("leveret.management")
 RABBITMQ_COMPAT_VERSION = "3.13.7"  # the RabbitMQ release whose API shapes Leveret follows
 EXCHANGE_DESCRIPTIONS = {
     "direct": "AMQP direct exchange, as per the AMQP specification",
@@ -118,7 +123,7 @@ async def get_overview(request: web.Request) -> web.Response:
         "product_name": "Leveret",
         "product_version": VERSION,
         "rabbitmq_version": RABBITMQ_COMPAT_VERSION,
-        "cluster_name": views.NODE,
+        "cluster_name": cluster_name(broker),
         "node": views.NODE,
         "disable_stats": False,
         "enable_queue_totals": True,
@@ -143,18 +148,71 @@ async def get_overview(request: web.Request) -> web.Response:
     })
 
 
+def remote_node_view(record: dict[str, Any]) -> dict[str, Any]:
+    """Another cluster node, from its record in etcd: what RabbitMQ shows of a node, as far
+    as the record tells it."""
+    running = record.get("state") == "running"
+    alarms = record.get("alarms") or []
+    started_at = record.get("started_at") or 0
+    return {
+        "name": record["name"],
+        "type": "disc",
+        "running": running,
+        "being_drained": False,
+        "mem_alarm": "memory" in alarms,
+        "disk_free_alarm": "disk" in alarms,
+        "uptime": max(0, int(time.time() * 1000) - int(started_at)) if running else 0,
+        "partitions": [],
+        "rates_mode": "none",
+        "exchange_types": exchange_types(),
+        "version": record.get("version"),
+        "advertise_host": record.get("advertise_host"),
+    }
+
+
+async def cluster_node_views(broker: Broker) -> list[dict[str, Any]]:
+    """Every node: this one alone without etcd (or when etcd does not answer)."""
+    local = node_view(broker)
+    membership = broker.membership
+    if membership is None:
+        return [local]
+    local["name"] = membership.name
+    local["version"] = VERSION
+    local["advertise_host"] = broker.config.advertise_host
+    try:
+        records = await membership.nodes()
+    except EtcdException as exc:
+        log.warning("etcd did not answer: /api/nodes lists this node only", error=str(exc))
+        return [local]
+    nodes = [local if r["name"] == membership.name else remote_node_view(r) for r in records]
+    if local not in nodes:
+        nodes.append(local)
+    return nodes
+
+
+def cluster_name(broker: Broker) -> str:
+    return broker.config.cluster_name if broker.membership is not None else views.NODE
+
+
 async def get_nodes(request: web.Request) -> web.Response:
-    return listing(request, [node_view(broker_of(request))])
+    return listing(request, await cluster_node_views(broker_of(request)))
 
 
 async def get_node(request: web.Request) -> web.Response:
-    if request.match_info["node"] != views.NODE:
-        raise not_found()
-    return ok(node_view(broker_of(request)))
+    name = request.match_info["node"]
+    broker = broker_of(request)
+    if broker.membership is None:
+        if name != views.NODE:
+            raise not_found()
+        return ok(node_view(broker))
+    for node in await cluster_node_views(broker):
+        if node["name"] == name:
+            return ok(node)
+    raise not_found()
 
 
 async def get_cluster_name(request: web.Request) -> web.Response:
-    return ok({"name": views.NODE})
+    return ok({"name": cluster_name(broker_of(request))})
 
 
 async def get_whoami(request: web.Request) -> web.Response:
