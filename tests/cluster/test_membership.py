@@ -1,0 +1,224 @@
+"""Cluster membership with a real etcd and real `leveret serve` processes: joining, the shared
+secret, names, a node killed and back, a lost lease, `leveret cluster-status` and /api/nodes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.request import Request, urlopen
+
+import pytest
+from support.brokers import BrokerProcess
+from support.etcd import EtcdServer
+from support.ports import free_port
+
+TTL_S = 2  # etcd's minimum: a killed node shows as down within about two seconds
+SECRET = "test-cluster-secret"
+
+
+@pytest.fixture
+def cluster() -> str:
+    return f"c{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def nodes() -> Iterator[list[BrokerProcess]]:
+    started: list[BrokerProcess] = []
+    yield started
+    for node in started:
+        if node.proc is not None and node.proc.poll() is None:
+            node.stop()
+
+
+class ClusterNode(BrokerProcess):
+    management_port = 0
+
+
+def make_node(tmp_path: Path, etcd_url: str, cluster: str, name: str, *,
+              env: dict[str, str] | None = None, extra: list[str] | None = None,
+              management: bool = False) -> ClusterNode:
+    args = ["--etcd", etcd_url, "--cluster-name", cluster, "--node-name", name, *(extra or [])]
+    node = ClusterNode(tmp_path / name, args=args,
+                         env={"LEVERET_CLUSTER_SECRET": SECRET,
+                              "LEVERET_CLUSTER_LEASE_TTL_S": str(TTL_S), **(env or {})})
+    if management:
+        node.management_port = free_port()
+        node.args += ["--management-port", str(node.management_port)]
+    return node
+
+
+def leveret(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "leveret.cli", *args], capture_output=True,
+                          text=True, timeout=60, check=False, env=env)
+
+
+def status(etcd_url: str, cluster: str) -> dict[str, Any]:
+    result = leveret("cluster-status", "--etcd", etcd_url, "--cluster-name", cluster,
+                     "--formatter", "json")
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def states(etcd_url: str, cluster: str) -> dict[str, str]:
+    return {n["name"]: n["state"] for n in status(etcd_url, cluster)["nodes"]}
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.2)
+
+
+def api_nodes(node: ClusterNode) -> list[dict[str, Any]]:
+    request = Request(f"http://127.0.0.1:{node.management_port}/api/nodes")
+    request.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urlopen(request, timeout=15) as response:
+        data: list[dict[str, Any]] = json.loads(response.read())
+    return data
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The process failed with exit code 1 and said so in exactly one line."""
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert result.returncode == 1, (result.returncode, lines)
+    assert len(lines) == 1, lines
+    assert "Traceback" not in lines[0]
+    return lines[0]
+
+
+def test_three_nodes_join_die_and_come_back(tmp_path: Path, etcd: EtcdServer, cluster: str,
+                                            nodes: list[BrokerProcess]) -> None:
+    n1, n2, n3 = (make_node(tmp_path, etcd.url, cluster, name, management=True)
+                  for name in ("n1", "n2", "n3"))
+    for node in (n1, n2, n3):
+        nodes.append(node.start())
+    data = status(etcd.url, cluster)
+    assert data["running_nodes"] == ["n1", "n2", "n3"]
+    assert data["disk_nodes"] == ["n1", "n2", "n3"]
+    by_name = {n["name"]: n for n in data["nodes"]}
+    assert by_name["n2"]["amqp_port"] == n2.port and by_name["n2"]["cluster_port"] == 25672
+    assert by_name["n2"]["version"] == data["versions"]["n2"] and by_name["n2"]["alarms"] == []
+    table = leveret("cluster-status", "--etcd", etcd.url, "--cluster-name", cluster)
+    assert table.returncode == 0 and "running" in table.stdout and "n3" in table.stdout
+
+    for node in (n1, n2, n3):  # any node's management API lists the whole cluster
+        listed = {n["name"]: n["running"] for n in api_nodes(node)}
+        assert listed == {"n1": True, "n2": True, "n3": True}
+
+    n2.kill()  # kill -9: its record goes when etcd expires its lease
+    killed_at = time.monotonic()
+    wait_until(lambda: states(etcd.url, cluster)["n2"] == "down", timeout=TTL_S + 10)
+    assert time.monotonic() - killed_at >= TTL_S - 1  # the lease, not anything sooner
+    assert states(etcd.url, cluster) == {"n1": "running", "n2": "down", "n3": "running"}
+    assert {n["name"]: n["running"] for n in api_nodes(n1)}["n2"] is False
+
+    n2.restart()
+    assert states(etcd.url, cluster)["n2"] == "running"
+
+    n2.kill()  # restarted at once, before the lease expires: it waits for its old record
+    n2.restart()
+    assert states(etcd.url, cluster)["n2"] == "running"
+
+    assert n3.stop() == 0  # a clean stop revokes the lease: down at once
+    assert states(etcd.url, cluster)["n3"] == "down"
+
+
+def test_wrong_or_missing_secret_is_refused(tmp_path: Path, etcd: EtcdServer, cluster: str,
+                                            nodes: list[BrokerProcess]) -> None:
+    nodes.append(make_node(tmp_path, etcd.url, cluster, "first").start())
+    wrong = make_node(tmp_path, etcd.url, cluster, "wrong", env={"LEVERET_CLUSTER_SECRET": "x"})
+    assert "cluster secret does not match" in one_line(wrong.run_to_exit())
+    missing = make_node(tmp_path, etcd.url, cluster, "missing",
+                        env={"LEVERET_CLUSTER_SECRET": ""})
+    assert "needs a shared secret" in one_line(missing.run_to_exit())
+    no_file = make_node(tmp_path, etcd.url, cluster, "nofile",
+                        extra=["--cluster-secret-file", str(tmp_path / "absent")])
+    assert "cannot read the cluster secret file" in one_line(no_file.run_to_exit())
+    (tmp_path / "empty.secret").write_text("\n")
+    empty = make_node(tmp_path, etcd.url, cluster, "empty",
+                      extra=["--cluster-secret-file", str(tmp_path / "empty.secret")])
+    assert "is empty" in one_line(empty.run_to_exit())
+    assert states(etcd.url, cluster) == {"first": "running"}
+
+    (tmp_path / "good.secret").write_text(SECRET + "\n")  # the file wins over the variable
+    from_file = make_node(tmp_path, etcd.url, cluster, "fromfile",
+                          env={"LEVERET_CLUSTER_SECRET": "ignored"},
+                          extra=["--cluster-secret-file", str(tmp_path / "good.secret")])
+    nodes.append(from_file.start())
+    assert states(etcd.url, cluster) == {"first": "running", "fromfile": "running"}
+    stored = leveret_etcd_value(etcd, f"/leveret/{cluster}/secret")
+    assert SECRET not in stored and len(stored) == 64  # an HMAC-SHA256, never the secret
+
+
+def leveret_etcd_value(etcd: EtcdServer, key: str) -> str:
+    body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
+    with urlopen(Request(etcd.url + "/v3/kv/range", data=body), timeout=10) as response:
+        kvs = json.loads(response.read())["kvs"]
+    return base64.b64decode(kvs[0]["value"]).decode()
+
+
+def test_a_second_node_with_the_same_name_is_refused(tmp_path: Path, etcd: EtcdServer,
+                                                     cluster: str,
+                                                     nodes: list[BrokerProcess]) -> None:
+    nodes.append(make_node(tmp_path, etcd.url, cluster, "twin").start())
+    (tmp_path / "other").mkdir()
+    second = make_node(tmp_path / "other", etcd.url, cluster, "twin")
+    line = one_line(second.run_to_exit())
+    assert "a node named 'twin' is already running" in line and "--node-name" in line
+    assert states(etcd.url, cluster) == {"twin": "running"}
+
+
+def test_etcd_unreachable_or_bad_url_at_start(tmp_path: Path, cluster: str) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    line = one_line(make_node(tmp_path, dead, cluster, "alone").run_to_exit())
+    assert "cannot reach etcd" in line and dead in line
+    bad = one_line(make_node(tmp_path, "localhost:2379", cluster, "bad").run_to_exit())
+    assert "invalid etcd URL 'localhost:2379'" in bad
+
+
+def test_cluster_status_mistakes(tmp_path: Path, etcd: EtcdServer, cluster: str) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    assert "cannot reach etcd" in one_line(leveret("cluster-status", "--etcd", dead))
+    assert "invalid etcd URL" in one_line(leveret("cluster-status", "--etcd", "nope"))
+    env = {k: v for k, v in os.environ.items() if k != "LEVERET_ETCD"}
+    assert "no etcd given" in one_line(leveret("cluster-status", env=env))
+    empty = leveret("cluster-status", "--etcd", etcd.url, "--cluster-name", cluster)
+    assert empty.returncode == 0 and "no known nodes" in empty.stdout
+    assert status(etcd.url, cluster)["nodes"] == []
+
+
+def test_alarms_are_in_the_record(tmp_path: Path, etcd: EtcdServer, cluster: str,
+                                  nodes: list[BrokerProcess]) -> None:
+    low_disk = {"LEVERET_DISK_FREE_LIMIT_BYTES": str(10**18)}  # the disk alarm at once
+    nodes.append(make_node(tmp_path, etcd.url, cluster, "full", env=low_disk).start())
+
+    def disk_alarm() -> bool:
+        data = status(etcd.url, cluster)
+        return bool(data["alarms"] == [{"node": "full", "alarms": ["disk"]}])
+
+    wait_until(disk_alarm, timeout=10)
+
+
+def test_lost_lease_leaves_and_rejoins(tmp_path: Path, etcd_factory: Callable[[], EtcdServer],
+                                       cluster: str, nodes: list[BrokerProcess]) -> None:
+    etcd = etcd_factory()
+    node = make_node(tmp_path, etcd.url, cluster, "solo", management=True).start()
+    nodes.append(node)
+    etcd.kill()
+    wait_until(lambda: "lost the etcd lease" in node.log(), timeout=TTL_S + 10)
+    assert [n["name"] for n in api_nodes(node)] == ["solo"]  # etcd gone: this node alone
+    etcd.restart()
+    wait_until(lambda: "rejoined the cluster" in node.log(), timeout=20)
+    assert states(etcd.url, cluster) == {"solo": "running"}
+    assert node.proc is not None and node.proc.poll() is None
