@@ -8,11 +8,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.error import HTTPError
 from urllib.request import Request, urlopen
 
 import pytest
@@ -80,11 +83,15 @@ def wait_until(check: Callable[[], bool], timeout: float = 20.0) -> None:
         time.sleep(0.2)
 
 
-def api_nodes(node: ClusterNode) -> list[dict[str, Any]]:
-    request = Request(f"http://127.0.0.1:{node.management_port}/api/nodes")
+def api_get(node: ClusterNode, path: str) -> Any:
+    request = Request(f"http://127.0.0.1:{node.management_port}{path}")
     request.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
     with urlopen(request, timeout=15) as response:
-        data: list[dict[str, Any]] = json.loads(response.read())
+        return json.loads(response.read())
+
+
+def api_nodes(node: ClusterNode) -> list[dict[str, Any]]:
+    data: list[dict[str, Any]] = api_get(node, "/api/nodes")
     return data
 
 
@@ -115,6 +122,12 @@ def test_three_nodes_join_die_and_come_back(tmp_path: Path, etcd: EtcdServer, cl
     for node in (n1, n2, n3):  # any node's management API lists the whole cluster
         listed = {n["name"]: n["running"] for n in api_nodes(node)}
         assert listed == {"n1": True, "n2": True, "n3": True}
+    assert api_get(n1, "/api/nodes/n2")["name"] == "n2"
+    assert api_get(n1, "/api/nodes/n1")["os_pid"] == str(n1.pid)  # itself, in full
+    with pytest.raises(HTTPError) as missing:
+        api_get(n1, "/api/nodes/nobody")
+    assert missing.value.code == 404
+    assert api_get(n2, "/api/cluster-name") == {"name": cluster}
 
     n2.kill()  # kill -9: its record goes when etcd expires its lease
     killed_at = time.monotonic()
@@ -210,6 +223,43 @@ def test_alarms_are_in_the_record(tmp_path: Path, etcd: EtcdServer, cluster: str
     wait_until(disk_alarm, timeout=10)
 
 
+class NotEtcd(BaseHTTPRequestHandler):
+    """An HTTP server that is not etcd: every POST gets a JSON 404."""
+
+    def do_POST(self) -> None:
+        body = b'{"message": "no such endpoint"}'
+        self.send_response(404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def not_etcd() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotEtcd)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_etcd_refusals_are_one_line(tmp_path: Path, etcd: EtcdServer, cluster: str,
+                                    not_etcd: str) -> None:
+    line = one_line(make_node(tmp_path, not_etcd, cluster, "a").run_to_exit())
+    assert "etcd refused to register this node" in line and "no such endpoint" in line
+    status_line = one_line(leveret("cluster-status", "--etcd", not_etcd))
+    assert "etcd refused the request" in status_line
+    too_long = make_node(tmp_path, etcd.url, cluster, "b",
+                         env={"LEVERET_CLUSTER_LEASE_TTL_S": str(10**10)})
+    assert "etcd refused to register this node" in one_line(too_long.run_to_exit())
+    assert states(etcd.url, cluster) == {}
+
+
 def test_lost_lease_leaves_and_rejoins(tmp_path: Path, etcd_factory: Callable[[], EtcdServer],
                                        cluster: str, nodes: list[BrokerProcess]) -> None:
     etcd = etcd_factory()
@@ -220,5 +270,11 @@ def test_lost_lease_leaves_and_rejoins(tmp_path: Path, etcd_factory: Callable[[]
     assert [n["name"] for n in api_nodes(node)] == ["solo"]  # etcd gone: this node alone
     etcd.restart()
     wait_until(lambda: "rejoined the cluster" in node.log(), timeout=20)
+    assert states(etcd.url, cluster) == {"solo": "running"}
+
+    etcd.pause()  # etcd answers nothing: only the lease's deadline reveals it
+    wait_until(lambda: node.log().count("lost the etcd lease") == 2, timeout=TTL_S + 10)
+    etcd.resume()
+    wait_until(lambda: node.log().count("rejoined the cluster") == 2, timeout=30)
     assert states(etcd.url, cluster) == {"solo": "running"}
     assert node.proc is not None and node.proc.poll() is None
