@@ -296,7 +296,8 @@ class Link:
     async def _run(self) -> None:
         try:
             await self._read_loop()
-        except FrameError as exc:
+        except FrameError as exc:  # tell the peer why, then close: the stream is out of sync
+            self.send_control(FrameType.CLOSE, {"code": "frame", "message": str(exc)})
             self._drop("cluster link closed: bad frame", str(exc))
         except (ConnectionError, OSError) as exc:
             self._drop("cluster link closed: connection lost", str(exc))
@@ -394,8 +395,9 @@ class Link:
                 self._drop("cluster link closed: peer silent",
                            f"nothing received for {limit:g} s (heartbeat timeout)")
                 return
-            if not self._writer.transport.is_closing():
-                self._writer.write(HEARTBEAT)
+            transport = self._writer.transport
+            if not transport.is_closing() and transport.get_write_buffer_size() == 0:
+                self._writer.write(HEARTBEAT)  # unsent bytes would not reach the peer sooner
 
 
 async def connect(host: str, port: int, config: LinkConfig, handlers: Handlers) -> Link:
@@ -425,6 +427,7 @@ class LinkServer:
         self._on_link = on_link
         self._on_refused = on_refused
         self._server: asyncio.Server | None = None
+        self._closing = False
 
     @property
     def port(self) -> int:
@@ -451,6 +454,9 @@ class LinkServer:
             if self._on_refused is not None:
                 self._on_refused(exc)
             return
+        if self._closing:
+            await link.close("node stopping")
+            return
         self.links.add(link)
         link.on_close(self.links.discard)
         link._start()
@@ -459,6 +465,8 @@ class LinkServer:
             await self._on_link(link)
 
     async def close(self) -> None:
+        """Stop listening and close every link (a handshake that ends later is closed too)."""
+        self._closing = True
         if self._server is not None:
             self._server.close()
         for link in list(self.links):

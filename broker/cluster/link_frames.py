@@ -172,31 +172,37 @@ class FrameDecoder:
         if len(buf) < self._need:
             return []
         frames: list[Frame] = []
+        with memoryview(buf) as view:  # released before the buffer is trimmed
+            pos = self._parse(view, frames)
+        if self.error is None:
+            del buf[:pos]
+        return frames
+
+    def _parse(self, view: memoryview, frames: list[Frame]) -> int:
+        """Append the whole frames in `view` to `frames`; the position parsing stopped at."""
         pos = 0
-        size = len(buf)
+        size = len(view)
         while size - pos >= HEADER_SIZE:
-            length, frame_type, crc = HEADER.unpack_from(buf, pos)
+            length, frame_type, crc = HEADER.unpack_from(view, pos)
             if length > self.max_payload:
                 self._fail(FrameTooLarge(length, self.max_payload))
-                return frames
+                return pos
             if frame_type not in KNOWN_TYPES:
                 self._fail(UnknownFrameType(frame_type))
-                return frames
+                return pos
             end = pos + HEADER_SIZE + length
             if end > size:
                 self._need = end - pos
-                break
-            payload = bytes(buf[pos + HEADER_SIZE:end])
+                return pos
+            payload = bytes(view[pos + HEADER_SIZE:end])
             actual = frame_crc(frame_type, payload)
             if actual != crc:
                 self._fail(BadCrc(frame_type, crc, actual))
-                return frames
+                return pos
             frames.append(Frame(FrameType(frame_type), payload))
             pos = end
-        else:
-            self._need = HEADER_SIZE
-        del buf[:pos]
-        return frames
+        self._need = HEADER_SIZE
+        return pos
 
     def _fail(self, error: FrameError) -> None:
         self.error = error

@@ -310,6 +310,7 @@ async def test_a_bad_frame_closes_that_link_only(
     async with asyncio.timeout(WAIT_S):
         await accepted.wait_closed()
     assert accepted.close_reason
+    assert b'"code":"frame"' in peer.received  # the peer is told why
     assert (await good.call("echo", "still here"))["body"] == "still here"
     assert len(server.server.links) == 1
     await good.close()
