@@ -1,10 +1,11 @@
-"""The committer: the commit point, the fsync timer and the confirms of one log's writes.
+"""The committer: the writer's part that owns the commit point, the fsync timer and the confirms.
 
-Streams and durable classic queues gather a turn's publishes into one chunk and append it
-(`StreamQueue._flush`, `DurableClassicQueue.flush`); what must follow the append is the same for
-both and lives here, once. The confirms of an append wait for the last offset written so far,
-and are settled, in the order the appends came, when the log's committed offset covers it. The
-storage engine commits according to the fsync policy:
+The writer (`writer.py`) appends a turn's batch; what must follow the append lives here. The
+confirms of an append wait for the last offset written so far, and are settled, in the order the
+appends came, when the commit point covers it. The commit point moves through one method,
+`committed_up_to(offset)`: today the committer calls it itself with the log's committed offset
+(`local`), right after an append or an fsync; a replicated log will instead call it when a
+majority holds the chunk. The storage engine commits according to the fsync policy:
 
 - `never`: at the write, with no fsync; the confirms go at once.
 - `always`: at the write, after the fsync of every chunk; the confirms go at once.
@@ -43,12 +44,17 @@ class Committer:
     """Settles confirms once their writes are committed; owns the fsync timer of one log."""
 
     def __init__(self, scheduler: Scheduler, policy: FsyncPolicy, log_of: Callable[[], Log],
-                 on_commit: Callable[[], None] | None = None, name: str = "") -> None:
+                 on_commit: Callable[[], None] | None = None, name: str = "",
+                 local: bool = True) -> None:
         self._scheduler = scheduler
         self._interval = interval_ms(policy)
         self._log_of = log_of  # the log now (a stream's restart reopens it)
         self._on_commit = on_commit  # what newly committed data wakes (a stream's consumers)
         self._name = name
+        # True: the log's own committed offset is the commit point. False: someone else (a
+        # replicated log: a majority holds the chunk) calls committed_up_to.
+        self.local = local
+        self.committed = log_of().committed_offset  # the commit point
         # (the last offset written when the append was made, its confirms, ack or nack)
         self._waiting: deque[tuple[int, list[Confirm], bool]] = deque()
         self._timer: Timer | None = None
@@ -64,7 +70,7 @@ class Committer:
         current = self._log_of()
         if confirms:
             self._waiting.append((current.next_offset - 1, confirms, ok))
-        self._settle(current.committed_offset)
+        self.committed_up_to(current.committed_offset if self.local else self.committed)
         if self._interval is not None and self._timer is None and self._uncommitted(current):
             self._timer = self._scheduler.call_later(self._interval, self._due)
 
@@ -81,8 +87,22 @@ class Committer:
                           error=str(error))
                 self._fail()
                 return False
-        self._settle(current.committed_offset)
+        if self.local:
+            self.committed_up_to(current.committed_offset)
         return current.committed_offset != before
+
+    def committed_up_to(self, offset: int) -> None:
+        """The seam: everything up to `offset` is committed. Settle the confirms that covers, in
+        order, and wake what newly committed data wakes."""
+        moved = offset > self.committed
+        self.committed = offset
+        waiting = self._waiting
+        while waiting and waiting[0][0] <= offset:
+            _offset, confirms, ok = waiting.popleft()
+            for confirm in confirms:
+                confirm.settle(ok)
+        if moved and self._on_commit is not None:
+            self._on_commit()
 
     def close(self) -> None:
         """Shutdown, a restart of the log or the queue's deletion (before the log closes):
@@ -93,19 +113,11 @@ class Committer:
 
     def _due(self) -> None:
         self._timer = None
-        if self.commit() and self._on_commit is not None:
-            self._on_commit()
+        self.commit()
 
     @staticmethod
     def _uncommitted(current: Log) -> bool:
         return current.committed_offset < current.next_offset - 1
-
-    def _settle(self, committed: int) -> None:
-        waiting = self._waiting
-        while waiting and waiting[0][0] <= committed:
-            _offset, confirms, ok = waiting.popleft()
-            for confirm in confirms:
-                confirm.settle(ok)
 
     def _fail(self) -> None:
         waiting, self._waiting = self._waiting, deque()

@@ -1,0 +1,208 @@
+"""The writer over a real log and a fake event loop: a turn's batch, its chunk, its confirms."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from leveret.broker.model.message import Confirm
+from leveret.broker.model.writer import Writer
+from leveret.storage import FakeClock, Log, LogConfig, OffsetSpec, StorageError
+from leveret.storage.config import FsyncPolicy
+
+
+class Timer:
+    def __init__(self, delay_ms: int, callback: Callable[[], None]) -> None:
+        self.delay_ms = delay_ms
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Loop:
+    """call_soon runs at the end of the turn (`turn()`); timers when `fire()` is called."""
+
+    def __init__(self) -> None:
+        self.soon: list[Callable[[], None]] = []
+        self.timers: list[Timer] = []
+
+    def now_ms(self) -> int:
+        return 0
+
+    def call_later(self, delay_ms: int, callback: Callable[[], None]) -> Timer:
+        self.timers.append(Timer(delay_ms, callback))
+        return self.timers[-1]
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        self.soon.append(callback)
+
+    def turn(self) -> None:
+        soon, self.soon = self.soon, []
+        for callback in soon:
+            callback()
+
+    def fire(self) -> None:
+        live = [t for t in self.timers if not t.cancelled]
+        self.timers = []
+        for timer in live:
+            timer.callback()
+
+
+class Setup:
+    def __init__(self, directory: Path, policy: FsyncPolicy, local: bool) -> None:
+        self.log = Log.open(directory, LogConfig(fsync=policy, clock=FakeClock(1_000)))
+        self.loop = Loop()
+        self.settled: list[tuple[int, bool]] = []
+        self.commits = 0
+        self.broken = False
+        self.failed: list[list[bytes]] = []
+        self.writer: Writer[list[bytes]] = Writer(
+            self.loop, policy, lambda: self.log, batch=list, append=self.append,
+            failed=self.on_failure, on_commit=self.on_commit, local=local)
+
+    def append(self, batch: list[bytes]) -> None:
+        if self.broken:
+            raise StorageError("disk full")
+        if batch:
+            self.log.append(batch)
+
+    def on_failure(self, batch: list[bytes], error: StorageError) -> bool:
+        self.failed.append(batch)
+        return False
+
+    def on_commit(self) -> None:
+        self.commits += 1
+
+    def publish(self, *seqs: int) -> None:
+        """Publishes within the current turn: each joins the batch, with its confirm."""
+        for seq in seqs:
+            self.writer.batch.append(b"m%d" % seq)
+            confirm = Confirm(seq, lambda c: self.settled.append((c.seq, not c.rejected)))
+            self.writer.confirm_later(confirm)
+            confirm.seal()
+            self.writer.schedule()
+
+    def chunks(self) -> list[list[bytes]]:
+        reader = self.log.reader(OffsetSpec.first())
+        try:
+            return [[bytes(r) for r in chunk.records] for chunk in reader]
+        finally:
+            reader.close()
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Callable[..., Setup]]:
+    made: list[Setup] = []
+
+    def build(policy: FsyncPolicy = "never", local: bool = True) -> Setup:
+        made.append(Setup(tmp_path / str(len(made)), policy, local))
+        return made[-1]
+
+    yield build
+    for setup in made:
+        setup.log.close()
+
+
+def test_a_turn_is_one_chunk_and_one_round_of_confirms(make: Callable[..., Setup]) -> None:
+    s = make()
+    s.publish(1, 2, 3)
+    assert len(s.loop.soon) == 1  # scheduled once for the turn
+    assert s.settled == [] and s.chunks() == []
+    s.loop.turn()
+    assert s.chunks() == [[b"m1", b"m2", b"m3"]]
+    assert s.settled == [(1, True), (2, True), (3, True)]
+    assert s.commits == 1
+    s.publish(4, 5)
+    s.loop.turn()
+    assert s.chunks() == [[b"m1", b"m2", b"m3"], [b"m4", b"m5"]]
+    assert s.settled[3:] == [(4, True), (5, True)]
+    assert s.commits == 2
+
+
+def test_a_failed_append_nacks_exactly_that_batch_in_order(make: Callable[..., Setup]) -> None:
+    s = make()
+    s.publish(1)
+    s.loop.turn()
+    s.broken = True
+    s.publish(2, 3)
+    s.loop.turn()
+    assert s.failed == [[b"m2", b"m3"]]
+    assert s.settled == [(1, True), (2, False), (3, False)]
+    s.broken = False
+    s.publish(4)
+    s.loop.turn()
+    assert s.settled[3:] == [(4, True)]
+    assert s.chunks() == [[b"m1"], [b"m4"]]
+
+
+def test_confirms_wait_for_the_commit_point(make: Callable[..., Setup]) -> None:
+    """The seam replication plugs into: written (even fsynced) is not committed until
+    committed_up_to covers it; then the confirms go, in order, and consumers are woken."""
+    s = make("always", local=False)
+    s.publish(1, 2)
+    s.loop.turn()
+    s.publish(3)
+    s.loop.turn()
+    assert s.log.committed_offset == 2  # on this node's disk
+    assert s.settled == [] and s.commits == 0
+    s.writer.committed_up_to(0)
+    assert s.settled == []  # the first chunk ends at offset 1
+    s.writer.committed_up_to(1)
+    assert s.settled == [(1, True), (2, True)]
+    assert s.commits == 2
+    s.writer.committed_up_to(2)
+    assert s.settled == [(1, True), (2, True), (3, True)]
+    s.writer.committed_up_to(2)
+    assert s.commits == 3  # woken only when the commit point moves
+
+
+def test_a_nack_waits_behind_uncommitted_acks(make: Callable[..., Setup]) -> None:
+    s = make("never", local=False)
+    s.publish(1)
+    s.loop.turn()
+    s.broken = True
+    s.publish(2)
+    s.loop.turn()
+    assert s.settled == []
+    s.writer.committed_up_to(0)
+    assert s.settled == [(1, True), (2, False)]
+
+
+def test_every_n_ms_confirms_at_the_timers_fsync(make: Callable[..., Setup]) -> None:
+    s = make(200)
+    s.publish(1)
+    s.loop.turn()
+    assert s.settled == [] and s.writer.timer_armed
+    s.loop.fire()
+    assert s.settled == [(1, True)] and not s.writer.timer_armed
+    assert s.commits == 1
+
+
+def test_commit_pending_writes_the_turn_and_fsyncs(make: Callable[..., Setup]) -> None:
+    s = make(60_000)
+    s.publish(1, 2)
+    s.writer.commit_pending()  # shutdown, before the turn ends
+    assert s.settled == [(1, True), (2, True)]
+    assert s.log.committed_offset == 1
+    s.loop.turn()  # the scheduled flush finds nothing
+    assert s.chunks() == [[b"m1", b"m2"]]
+
+
+def test_delete_settles_what_was_written_and_nacks_what_comes_after(
+    make: Callable[..., Setup],
+) -> None:
+    s = make(60_000)
+    s.publish(1)
+    s.loop.turn()
+    s.publish(2)  # gathered, not yet written, when the queue is deleted
+    timer = s.loop.timers[0]
+    s.writer.delete()
+    assert timer.cancelled and not s.writer.timer_armed
+    assert s.settled == [(1, True)]
+    s.loop.turn()
+    assert s.settled == [(1, True), (2, False)]
+    assert s.chunks() == [[b"m1"]]
