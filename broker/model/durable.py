@@ -3,7 +3,8 @@
 A durable classic queue keeps its messages in its own log of the storage engine. Persistent
 messages are appended before they are confirmed (one chunk per turn of the event loop); acks
 and discards are appended as ranges of settled offsets, deliveries as ranges of delivered
-offsets (so the redelivered flag survives a restart). Whole segments below the lowest
+offsets (so the redelivered flag survives a restart); the queue's writer (writer.py) owns that
+turn's batch, its append, the commit point and the confirms. Whole segments below the lowest
 unsettled offset are deleted, so disk use follows the backlog, not the history.
 
 A FIFO queue keeps at most a page of ready messages in memory: once the page is full, new
@@ -28,13 +29,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker import logs
-from leveret.broker.model.committer import Committer
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.intervals import IntervalSet
 from leveret.broker.model.message import Confirm, QueuedMessage
 from leveret.broker.model.queue import ClassicQueue
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.store import MemoryStore
+from leveret.broker.model.writer import Writer
 from leveret.storage import Log, LogConfig, OffsetSpec, StorageError
 
 if TYPE_CHECKING:
@@ -57,7 +58,6 @@ SETTLED_EARLY = "settled-early"  # settled before it was written: never written
 @dataclass
 class _Batch:
     entries: list[QueuedMessage] = field(default_factory=list)
-    confirms: list[Confirm] = field(default_factory=list)
     settled: IntervalSet = field(default_factory=IntervalSet)
     delivered: IntervalSet = field(default_factory=IntervalSet)
     tail: list[QueuedMessage] = field(default_factory=list)  # entries kept in the log only
@@ -111,7 +111,7 @@ class PagedStore:
                 # Head entries of this turn are still waiting to be written: write them now,
                 # or they would take the offsets the tail starts at, be read back into the
                 # head a second time, and leave as many tail entries unread.
-                self.queue.flush()
+                self.queue.writer.flush()
                 self.tail_from = self.queue.log.next_offset
             entry.store_ref = PENDING
             self.tail_count += 1
@@ -123,7 +123,7 @@ class PagedStore:
     def _page_in(self) -> None:
         if not self.tail_count or len(self.head) >= PAGE_MESSAGES // 2:
             return
-        self.queue.flush()
+        self.queue.writer.flush()
         self.tail_from = self.queue.page_in(self.tail_from, self)
 
     def adopt(self, entry: QueuedMessage) -> None:
@@ -149,7 +149,7 @@ class PagedStore:
         """Purge: the head's entries are returned; the tail is settled in the log."""
         entries = self.head.clear()
         if self.tail_count:
-            self.queue.flush()
+            self.queue.writer.flush()
             self.queue.settle_range(self.tail_from, self.queue.log.next_offset)
             self.tail_count = 0
             self.tail_bytes = 0
@@ -173,10 +173,8 @@ class DurableClassicQueue(ClassicQueue):
         self.settled_offsets = IntervalSet()
         self.delivered_offsets = IntervalSet()  # delivered before the last restart
         self.floor = self.log.first_offset
-        self._batch = _Batch()
-        self._flush_scheduled = False
-        self.committer = Committer(vhost.scheduler, env.fsync_policy, lambda: self.log,
-                                   name=name)
+        self.writer = Writer(vhost.scheduler, env.fsync_policy, lambda: self.log, batch=_Batch,
+                             append=self._write, failed=self._write_failed, name=name)
         if not self.max_priority:
             self.messages = PagedStore(self)
         self._recover()
@@ -185,34 +183,29 @@ class DurableClassicQueue(ClassicQueue):
 
     def write_later(self, entry: QueuedMessage, tail: bool = False) -> None:
         entry.store_ref = PENDING
-        self._batch.entries.append(entry)
+        batch = self.writer.batch
+        batch.entries.append(entry)
         if tail:
-            self._batch.tail.append(entry)
-        self._schedule()
-
-    def _schedule(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.vhost.scheduler.call_soon(self.flush)
+            batch.tail.append(entry)
+        self.writer.schedule()
 
     def accept(self, entry: QueuedMessage, confirm: Confirm | None) -> None:
         if entry.store_ref is None and entry.message.persistent:
             self.write_later(entry)
         if confirm is not None and entry.store_ref is PENDING and entry.message.persistent:
-            confirm.defer()
-            self._batch.confirms.append(confirm)
+            self.writer.confirm_later(confirm)
 
     def settled(self, entry: QueuedMessage) -> None:
         ref = entry.store_ref
         if isinstance(ref, int):
-            self._batch.settled.add(ref)
-            self._schedule()
+            self.writer.batch.settled.add(ref)
+            self.writer.schedule()
         elif ref is PENDING:
             entry.store_ref = SETTLED_EARLY
 
     def settle_range(self, start: int, end: int) -> None:
-        self._batch.settled.add_range(start, end)
-        self._schedule()
+        self.writer.batch.settled.add_range(start, end)
+        self.writer.schedule()
 
     def deliver_to(self, consumer: Consumer, entry: QueuedMessage) -> None:
         self._mark_delivered(entry)
@@ -226,32 +219,16 @@ class DurableClassicQueue(ClassicQueue):
 
     def _mark_delivered(self, entry: QueuedMessage) -> None:
         if isinstance(entry.store_ref, int) and not entry.redelivered:
-            self._batch.delivered.add(entry.store_ref)
-            self._schedule()
+            self.writer.batch.delivered.add(entry.store_ref)
+            self.writer.schedule()
 
-    def flush(self) -> None:
-        """Write this turn's messages, settled and delivered ranges; the committer confirms
-        them once they are committed (at once, or after the fsync that covers them)."""
-        self._flush_scheduled = False
-        batch, self._batch = self._batch, _Batch()
-        if self.deleted:
-            for confirm in batch.confirms:
-                confirm.settle(False)
-            return
-        try:
-            self._write(batch)
-        except StorageError as error:
-            log.error("durable queue write failed", queue=self.name, vhost=self.vhost.name,
-                      error=str(error))
-            self._write_failed(batch)
-            return
-        self.committer.appended(batch.confirms)
-
-    def _write_failed(self, batch: _Batch) -> None:
+    def _write_failed(self, batch: _Batch, error: StorageError) -> bool:
         """A write failed (a full disk): the log was cut back to before it. If the messages
-        were not written, their publishes are nacked; those that were to live in the log only
-        (the paged-out tail) are gone, and the others stay in memory only, as transient
-        messages do. The settled and delivered ranges go with the next write."""
+        were not written, their publishes are nacked (False); those that were to live in the
+        log only (the paged-out tail) are gone, and the others stay in memory only, as
+        transient messages do. The settled and delivered ranges go with the next write."""
+        log.error("durable queue write failed", queue=self.name, vhost=self.vhost.name,
+                  error=str(error))
         written = not any(entry.store_ref is PENDING for entry in batch.entries)
         for entry in batch.entries:
             if entry.store_ref is PENDING or entry.store_ref is SETTLED_EARLY:
@@ -261,13 +238,15 @@ class DurableClassicQueue(ClassicQueue):
             for entry in batch.tail:
                 store.tail_count -= 1
                 store.tail_bytes -= len(entry.message.body)
-        self.committer.appended(batch.confirms, ok=written)
+        following = self.writer.batch
         for start, end in batch.settled.ranges():
-            self._batch.settled.add_range(start, end)
+            following.settled.add_range(start, end)
         for start, end in batch.delivered.ranges():
-            self._batch.delivered.add_range(start, end)
+            following.delivered.add_range(start, end)
+        return written
 
     def _write(self, batch: _Batch) -> None:
+        """The writer's append: this turn's messages, then its settled and delivered ranges."""
         entries = [e for e in batch.entries if e.store_ref is PENDING]
         if entries:
             first = self.log.append([self._pack(e) for e in entries])
@@ -312,7 +291,7 @@ class DurableClassicQueue(ClassicQueue):
 
     def page_in(self, start: int, store: PagedStore) -> int:
         """Read tail messages from `start` into the head; returns where the tail now starts."""
-        self.committer.commit()  # readers stop at the committed offset (fsync every N ms)
+        self.writer.commit()  # readers stop at the committed offset (fsync every N ms)
         reader = self.log.reader(OffsetSpec.offset(start))
         try:
             while store.tail_count and len(store.head) < PAGE_MESSAGES:
@@ -374,23 +353,19 @@ class DurableClassicQueue(ClassicQueue):
     # -- lifecycle ----------------------------------------------------------------------------
 
     def purge(self) -> int:
-        self.flush()
+        self.writer.flush()
         return super().purge()
 
     def commit_pending(self) -> None:
-        """Shutdown, before connections close: write this turn's messages, fsync what the
-        policy left pending and confirm it."""
-        self.flush()
-        self.committer.commit()
+        self.writer.commit_pending()
 
     def on_delete(self) -> None:
+        self.writer.delete()  # first: what the purge of the tail would write is dropped
         super().on_delete()
-        self.committer.close()
         self.log.close()
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def close(self) -> None:
         if not self.deleted:
-            self.flush()
-            self.committer.close()
+            self.writer.close()
             self.log.close()

@@ -1,7 +1,8 @@
 """The stream queue type: an append-only, replayable log behind an AMQP queue.
 
-Publishing gathers whatever arrived during one turn of the event loop into one chunk of the
-storage engine's log, then confirms every publish of that chunk at once. Publisher
+Publishing goes through the stream's writer (writer.py): whatever arrived during one turn of the
+event loop becomes one chunk of the storage engine's log, with its filter values and publisher
+ids, and every publish of that chunk is confirmed at once, at the commit point. Publisher
 deduplication (x-stream-publisher-name / x-stream-publishing-id) drops a publish whose id is not
 above that publisher's last stored id, and still confirms it. Each consumer is a cursor with
 its own reader: it reads chunks from the files, up to the committed offset, spending the credit
@@ -24,7 +25,6 @@ from leveret.broker import logs
 from leveret.broker.model import args as qargs
 from leveret.broker.model import stream_args as sargs
 from leveret.broker.model import superstream
-from leveret.broker.model.committer import Committer
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.errors import NotImplementedFeature, PreconditionFailed
 from leveret.broker.model.message import Confirm, InboundMessage
@@ -32,6 +32,7 @@ from leveret.broker.model.queue import Queue
 from leveret.broker.model.sac import SacGroups
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.stream_cursor import Cursor
+from leveret.broker.model.writer import Writer
 from leveret.storage import Log, LogConfig, OffsetSpec, ReaderFilter, StorageError
 
 if TYPE_CHECKING:
@@ -43,36 +44,10 @@ SAC_DRAIN_TIMEOUT_MS = 30_000
 RETENTION_CHECK_MS = 60_000
 
 
-_NAME = (str, bytes)  # what an x-stream-publisher-name may be
-
-
-def _publisher_key(publisher: Any) -> bytes:
-    """A publisher name as stored (UTF-8, at most 255 bytes), or PreconditionFailed."""
-    if not isinstance(publisher, _NAME):
-        raise PreconditionFailed("x-stream-publisher-name must be a string")
-    name = publisher.encode("utf-8") if isinstance(publisher, str) else bytes(publisher)
-    if len(name) > 255:
-        raise PreconditionFailed("x-stream-publisher-name is longer than 255 bytes")
-    return name
-
-
-def _header_value(name: bytes) -> str | bytes:
-    """A stored publisher name as the header that names it decodes (as pamqp: str if UTF-8)."""
-    try:
-        return name.decode("utf-8")
-    except UnicodeDecodeError:
-        return name
-
-
-def _stored_names(publishers: dict[str | bytes, int]) -> dict[bytes, int]:
-    return {_publisher_key(name): last for name, last in publishers.items()}
-
-
 @dataclass
 class _Batch:
     records: list[bytes] = field(default_factory=list)
     filters: list[bytes | None] = field(default_factory=list)
-    confirms: list[Confirm] = field(default_factory=list)
     # the last publishing id of each publisher, by its x-stream-publisher-name as it came (a
     # str, or bytes when it is not UTF-8: the two never name the same publisher)
     publishers: dict[str | bytes, int] = field(default_factory=dict)
@@ -105,10 +80,9 @@ class StreamQueue(Queue):
             if storage_id is None:  # a new stream (a full disk): leave no empty folder behind
                 shutil.rmtree(self.directory, ignore_errors=True)
             raise
-        self._batch = _Batch()
-        self._flush_scheduled = False
-        self.committer = Committer(vhost.scheduler, env.fsync_policy, lambda: self.log,
-                                   self.dispatch, name)
+        self.writer = Writer(vhost.scheduler, env.fsync_policy, lambda: self.log, batch=_Batch,
+                             append=self._append, failed=self._append_failed,
+                             on_commit=self.dispatch, name=name)
         self.groups = SacGroups(self)
         self._tracking_timer: Any = None
         self._retention_timer: Any = None
@@ -174,16 +148,18 @@ class StreamQueue(Queue):
     # -- publishing ---------------------------------------------------------------------------
 
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
-        batch = self._batch
+        writer = self.writer
+        batch = writer.batch
         headers = message.headers
         if headers:
             if self.dedup is not None and self.dedup.seen(headers):
                 return False
             publisher = headers.get("x-stream-publisher-name")
             if publisher is not None:
-                last = batch.publishers.get(publisher) if isinstance(publisher, _NAME) else None
-                if last is None:  # _publisher_key checks the name
-                    last = self.log.publisher_id(_publisher_key(publisher))
+                last = (batch.publishers.get(publisher)
+                        if isinstance(publisher, sargs.PUBLISHER_NAME) else None)
+                if last is None:  # publisher_key checks the name
+                    last = self.log.publisher_id(sargs.publisher_key(publisher))
                 publishing_id = headers.get("x-stream-publishing-id")
                 if type(publishing_id) is not int:  # a bool is not a publishing id either
                     raise PreconditionFailed("x-stream-publishing-id must be an integer when "
@@ -191,9 +167,8 @@ class StreamQueue(Queue):
                 if last is not None and publishing_id <= last:
                     self.stats_deduplicated += 1
                     if confirm is not None:
-                        confirm.defer()
-                        batch.confirms.append(confirm)
-                    self._schedule_flush()
+                        writer.confirm_later(confirm)
+                    writer.schedule()
                     return True
                 batch.publishers[publisher] = publishing_id
             value = (sargs.filter_value(headers) if "x-stream-filter-value" in headers
@@ -205,59 +180,35 @@ class StreamQueue(Queue):
         if value is not None:
             batch.any_filter = True
         if confirm is not None:
-            confirm.defer()
-            batch.confirms.append(confirm)
+            writer.confirm_later(confirm)
         self.stats_published += 1
-        self._schedule_flush()
+        writer.schedule()
         return True
 
     def last_publishing_id(self, name: bytes) -> int:
         """The last stored publishing id of a publisher, 0 if unknown (as RabbitMQ answers)."""
-        pending = self._batch.publishers.get(_header_value(name))
+        pending = self.writer.batch.publishers.get(sargs.publisher_header(name))
         if pending is not None:
             return pending
         stored = self.log.publisher_id(name)
         return 0 if stored is None else stored
 
-    def _schedule_flush(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.vhost.scheduler.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        """Write this turn's publishes as one chunk; the committer confirms them once the
-        chunk is committed (at once, or after the fsync that covers it)."""
-        self._flush_scheduled = False
-        batch, self._batch = self._batch, _Batch()
-        if self.deleted:
-            for confirm in batch.confirms:
-                confirm.settle(False)
-            return
-        try:
-            if batch.records:
-                self.log.append(
-                    batch.records,
-                    batch.filters if batch.any_filter else None,
-                    publishers=_stored_names(batch.publishers) or None,
-                )
-            elif batch.publishers:
-                self.log.append([], publishers=_stored_names(batch.publishers))
-        except StorageError as error:
-            log.error(
-                "stream append failed", stream=self.name, vhost=self.vhost.name, error=str(error)
-            )
-            self.committer.appended(batch.confirms, ok=False)
-            return
-        self.committer.appended(batch.confirms)
+    def _append(self, batch: _Batch) -> None:
+        """The writer's append: a turn's publishes as one chunk, with their filter values and
+        the last publishing id of each publisher."""
         if batch.records:
-            self.dispatch()
+            self.log.append(batch.records, batch.filters if batch.any_filter else None,
+                            publishers=sargs.stored_publishers(batch.publishers) or None)
+        elif batch.publishers:
+            self.log.append([], publishers=sargs.stored_publishers(batch.publishers))
+
+    def _append_failed(self, batch: _Batch, error: StorageError) -> bool:
+        log.error("stream append failed", stream=self.name, vhost=self.vhost.name,
+                  error=str(error))
+        return False  # the chunk was not written: its publishes are nacked
 
     def commit_pending(self) -> None:
-        """Shutdown, before connections close: write this turn's publishes, fsync what the
-        policy left pending and confirm it."""
-        if self._flush_scheduled:
-            self._flush()
-        self.committer.commit()
+        self.writer.commit_pending()
 
     # -- consuming ----------------------------------------------------------------------------
 
@@ -546,7 +497,7 @@ class StreamQueue(Queue):
         for timer in (self._tracking_timer, self._retention_timer):
             if timer is not None:
                 timer.cancel()
-        self.committer.close()
+        self.writer.delete()
         self.log.close()
         shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -566,10 +517,9 @@ class StreamQueue(Queue):
 
     def close(self) -> None:
         """Broker shutdown: store tracked offsets and close the log (files stay)."""
-        if self._flush_scheduled:
-            self._flush()
+        self.writer.flush()
         self._store_offsets([c.state for c in self.consumers if c.state is not None])
-        self.committer.close()
+        self.writer.close()
         for consumer in self.consumers:
             cursor = consumer.state
             if cursor is not None and cursor.reader is not None:

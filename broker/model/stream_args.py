@@ -3,7 +3,8 @@
 Declaring a stream checks flags and the stream-only limits after the generic argument
 validators (args.py) have run; consuming parses `x-stream-offset` (first, last, next, an
 integer offset, an AMQP timestamp, or an interval such as `1h`), `x-stream-filter` and
-`x-stream-match-unfiltered`. Pure functions that raise domain errors with RabbitMQ's texts.
+`x-stream-match-unfiltered`; publishing checks `x-stream-publisher-name`. Pure functions that
+raise domain errors with RabbitMQ's texts.
 """
 
 from __future__ import annotations
@@ -172,3 +173,29 @@ def tracking_enabled(tag: str, arguments: dict[str, Any]) -> bool:
     if isinstance(explicit, str | bytes) and qargs.text(explicit) in ("true", "false"):
         return qargs.text(explicit) == "true"
     return not tag.startswith("amq.ctag-") and "x-stream-offset" not in arguments
+
+
+PUBLISHER_NAME = (str, bytes)  # what an x-stream-publisher-name may be
+
+
+def publisher_key(publisher: Any) -> bytes:
+    """A publisher name as stored (UTF-8, at most 255 bytes), or PreconditionFailed."""
+    if not isinstance(publisher, PUBLISHER_NAME):
+        raise PreconditionFailed("x-stream-publisher-name must be a string")
+    name = publisher.encode("utf-8") if isinstance(publisher, str) else bytes(publisher)
+    if len(name) > 255:
+        raise PreconditionFailed("x-stream-publisher-name is longer than 255 bytes")
+    return name
+
+
+def publisher_header(name: bytes) -> str | bytes:
+    """A stored publisher name as the header that names it decodes (as pamqp: str if UTF-8)."""
+    try:
+        return name.decode("utf-8")
+    except UnicodeDecodeError:
+        return name
+
+
+def stored_publishers(publishers: dict[str | bytes, int]) -> dict[bytes, int]:
+    """Last publishing ids by header value, as the log stores them (by publisher_key)."""
+    return {publisher_key(name): last for name, last in publishers.items()}

@@ -171,9 +171,9 @@ async def test_deleting_a_queue_cancels_its_fsync_timer(
             channel.default_exchange.publish(persistent(b"pending"), "deleted"))
         await asyncio.sleep(0.3)
         assert not publish.done()
-        assert broker.call(lambda: queue.committer.timer_armed)
+        assert broker.call(lambda: queue.writer.timer_armed)
         await channel.queue_delete("deleted")
         await asyncio.wait_for(publish, timeout=5)  # settled as its log closed, not left waiting
-        assert not broker.call(lambda: queue.committer.timer_armed)
+        assert not broker.call(lambda: queue.writer.timer_armed)
     finally:
         await connection.close()
