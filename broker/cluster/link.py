@@ -55,6 +55,7 @@ __all__ = [
 
 log = logs.get("leveret.cluster.link")
 READ_SIZE = 256 * 1024
+READ_LIMIT = 256 * 1024  # the StreamReader pauses reading at twice this
 HEARTBEAT = lf.encode(FrameType.HEARTBEAT)
 
 
@@ -146,7 +147,7 @@ class Link:
     @property
     def buffered_bytes(self) -> int:
         """Bytes held for this link: the transport's unsent ones and the decoder's partial
-        frame (the StreamReader adds at most twice its 64 KiB limit before it pauses reading)."""
+        frame (the StreamReader adds at most 2 * READ_LIMIT before it pauses reading)."""
         return self._writer.transport.get_write_buffer_size() + len(self._decoder)
 
     def on_close(self, callback: Callable[[Link], None]) -> None:
@@ -231,8 +232,10 @@ class Link:
             if not future.done():
                 future.set_exception(LinkClosed(reason))
         self._writer.close()
+        # unsent bytes get close_grace_s to leave: a peer that reads nothing cannot hold the socket
+        self._loop.call_later(self.config.close_grace_s, self._writer.transport.abort)
         current = asyncio.current_task()
-        for task in self._tasks:
+        for task in list(self._tasks):
             if task is not current:
                 task.cancel()
         self._closed.set()
@@ -404,7 +407,7 @@ async def connect(host: str, port: int, config: LinkConfig, handlers: Handlers) 
     """Connect to a peer's LinkServer and return the authenticated Link. Raises a
     HandshakeError subclass if either side refuses, OSError if the connection fails."""
     async with asyncio.timeout(config.handshake_timeout_s):
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection(host, port, limit=READ_LIMIT)
     link = Link(reader, writer, config, handlers, f"{host}:{port}")
     await link._handshake(client=True)
     link._start()
@@ -439,9 +442,10 @@ class LinkServer:
     async def start(self) -> None:
         sock = listen.socket_for(self.host, self._port)
         if sock is not None:
-            self._server = await asyncio.start_server(self._accept, sock=sock)
+            self._server = await asyncio.start_server(self._accept, sock=sock, limit=READ_LIMIT)
         else:
-            self._server = await asyncio.start_server(self._accept, self.host, self._port)
+            self._server = await asyncio.start_server(self._accept, self.host, self._port,
+                                                      limit=READ_LIMIT)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peername = writer.get_extra_info("peername")

@@ -44,6 +44,7 @@ class LinkConfig:
     max_outstanding_calls: int = 1024
     max_concurrent_requests: int = 64
     write_high_water: int = 1024 * 1024  # bytes queued in the transport before senders wait
+    close_grace_s: float = 2.0  # a closed link's unsent bytes get this long, then are dropped
 
 
 class LinkError(Exception):

@@ -473,3 +473,35 @@ def test_a_chunk_frame_round_trips() -> None:
     data = os.urandom(1000)
     [frame] = FrameDecoder().feed(lf.encode_chunk(2**40, "s/1", memoryview(data)))
     assert lf.decode_chunk(frame.payload) == Chunk(2**40, "s/1", data)
+
+
+async def test_a_server_that_never_answers_times_the_handshake_out() -> None:
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(WAIT_S)
+        writer.close()
+
+    server = await asyncio.start_server(mute, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    with pytest.raises(HandshakeError, match=r"no handshake within 0\.2 s"):
+        await connect("127.0.0.1", port, replace(CLIENT, handshake_timeout_s=0.2), Handlers())
+    server.close()
+
+
+async def test_closing_a_link_whose_peer_reads_nothing_does_not_hang(
+        start_server: Callable[..., Awaitable[Server]]) -> None:
+    server = await start_server(replace(SERVER, close_grace_s=0.3))
+    peer = await RawPeer.open(server.port)  # and then it reads nothing
+    [accepted] = await server.link_count(1)
+
+    async def flood() -> None:
+        while True:
+            await accepted.send_chunk("s", 0, bytes(1024 * 1024))
+
+    sender = asyncio.create_task(flood())
+    await asyncio.sleep(0.3)
+    assert not sender.done()  # held back by the peer's full window
+    async with asyncio.timeout(2):
+        await accepted.close()
+    with pytest.raises(LinkClosed):
+        await sender
+    peer.writer.close()
