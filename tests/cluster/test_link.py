@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any
@@ -506,3 +507,46 @@ async def test_closing_a_link_whose_peer_reads_nothing_does_not_hang(
     with pytest.raises(LinkClosed):
         await sender
     peer.writer.close()
+
+
+async def test_calls_and_requests_in_flight_are_bounded(
+        start_server: Callable[..., Awaitable[Server]]) -> None:
+    handlers = echo_handlers()
+    release = asyncio.Event()
+    running = most_running = 0
+
+    async def hold(link: Link, body: Any) -> Any:
+        nonlocal running, most_running
+        running += 1
+        most_running = max(most_running, running)
+        await release.wait()
+        running -= 1
+        return body
+
+    handlers.on_request("hold", hold)
+    server = await start_server(replace(SERVER, max_concurrent_requests=3), handlers)
+    link = await open_link(server, replace(CLIENT, max_outstanding_calls=5))
+    calls = [asyncio.create_task(link.call("hold", n)) for n in range(20)]
+    await asyncio.sleep(0.2)
+    assert link.outstanding_calls == 5  # the other 15 wait for a slot before sending
+    assert most_running == 3  # the peer reads no more requests while 3 are running
+    release.set()
+    assert await asyncio.gather(*calls) == list(range(20))
+    assert most_running == 3
+    await link.close()
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6 on this host")
+async def test_the_default_listener_takes_ipv6_and_ipv4(
+        start_server: Callable[..., Awaitable[Server]]) -> None:
+    server = await start_server()
+    assert server.server.host == "::"
+    for host in ("::1", "127.0.0.1"):
+        try:
+            link = await connect(host, server.port, CLIENT, echo_handlers())
+        except OSError as exc:  # a container may have IPv6 sockets but no ::1
+            if host == "::1":
+                continue
+            raise exc
+        assert (await link.call("echo", host))["body"] == host
+        await link.close()
