@@ -101,7 +101,7 @@ def decode_json(frame: Frame) -> dict[str, Any]:
     """The JSON object of a control frame; MalformedPayload if it is not one."""
     try:
         obj = json.loads(frame.payload)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting too deep to parse
         raise MalformedPayload(f"{frame.type.name} payload is not JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise MalformedPayload(f"{frame.type.name} payload is not a JSON object")

@@ -290,6 +290,7 @@ async def test_a_chunk_arrives_byte_identical(
 
 BAD_FRAMES = {  # the bytes, and what the closed link's reason says
     "malformed": (lf.encode(FrameType.REQUEST, b"{not json"), "not JSON"),
+    "nested too deep": (lf.encode(FrameType.MESSAGE, b"[" * 100_000), "not JSON"),
     "request without id": (lf.encode_json(FrameType.REQUEST, {"kind": "echo"}),
                            "lacks a valid 'id'"),
     "handshake frame later": (lf.encode_json(FrameType.HELLO, {}), "HELLO frame after"),
