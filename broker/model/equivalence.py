@@ -3,24 +3,51 @@
 A declaration of an existing exchange or queue must agree on its flags and on the arguments
 that matter for its type, or it is 406 `inequivalent arg '<field>' for <resource>: received
 <new> but current is <old>` (rabbit_misc:assert_args_equivalence). Knows exchanges and queues
-by their attributes only; nothing of vhosts, sessions or I/O.
+by their attributes only (`ExchangeAttrs`, `QueueAttrs`: the model's runtime objects and the
+cluster topology's plain records both fit); nothing of vhosts, sessions or I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from leveret.broker.model import args as qargs
 from leveret.broker.model.binding import MISSING, describe_pair, equivalent
-from leveret.broker.model.errors import PreconditionFailed
-
-if TYPE_CHECKING:
-    from leveret.broker.model.exchange import Exchange
-    from leveret.broker.model.queue import Queue
+from leveret.broker.model.errors import PreconditionFailed, ResourceLocked
 
 
-def check_exchange(x: Exchange, rs: str, type_: str, durable: bool, auto_delete: bool,
+class ExchangeAttrs(Protocol):
+    """What the check reads of an existing exchange."""
+
+    @property
+    def type(self) -> str: ...
+    @property
+    def durable(self) -> bool: ...
+    @property
+    def auto_delete(self) -> bool: ...
+    @property
+    def internal(self) -> bool: ...
+    @property
+    def arguments(self) -> dict[str, Any]: ...
+
+
+class QueueAttrs(Protocol):
+    """What the check reads of an existing queue (`resource`: `queue 'q' in vhost 'v'`)."""
+
+    @property
+    def resource(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def durable(self) -> bool: ...
+    @property
+    def auto_delete(self) -> bool: ...
+    @property
+    def arguments(self) -> dict[str, Any]: ...
+
+
+def check_exchange(x: ExchangeAttrs, rs: str, type_: str, durable: bool, auto_delete: bool,
                    internal: bool, arguments: dict[str, Any]) -> None:
     for field, current, received in (
         ("type", x.type, type_),
@@ -37,7 +64,7 @@ def check_exchange(x: Exchange, rs: str, type_: str, durable: bool, auto_delete:
     check_arguments(rs, x.arguments, arguments, ("alternate-exchange",))
 
 
-def check_queue(queue: Queue, durable: bool, auto_delete: bool,
+def check_queue(queue: QueueAttrs, durable: bool, auto_delete: bool,
                 arguments: dict[str, Any]) -> None:
     rs = queue.resource
     for field, current, wanted in (
@@ -68,3 +95,13 @@ def check_arguments(rs: str, current: dict[str, Any], received: dict[str, Any],
                 f"inequivalent arg '{key}' for {rs}: received {received_text} but current "
                 f"is {current_text}"
             )
+
+
+def exclusive_locked(resource: str) -> ResourceLocked:
+    """405 for a queue that is exclusive to another connection (or a redeclare whose
+    exclusive flag differs from the original declaration)."""
+    return ResourceLocked(
+        f"cannot obtain exclusive access to locked {resource}. It could be originally "
+        "declared on another connection or the exclusive property value does not match that "
+        "of the original declaration."
+    )

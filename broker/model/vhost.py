@@ -29,7 +29,6 @@ from leveret.broker.model.errors import (
     InternalError,
     NotFound,
     PreconditionFailed,
-    ResourceLocked,
     resource,
 )
 from leveret.broker.model.exchange import Exchange, exchange_class
@@ -224,11 +223,7 @@ class VHost:
     def check_exclusive(queue: Queue, owner: Any, strict: bool = False) -> None:
         owned_elsewhere = queue.exclusive_owner is not None and queue.exclusive_owner is not owner
         if owned_elsewhere or (strict and queue.exclusive_owner is not owner):
-            raise ResourceLocked(
-                f"cannot obtain exclusive access to locked {queue.resource}. It could be "
-                "originally declared on another connection or the exclusive property value "
-                "does not match that of the original declaration."
-            )
+            raise equivalence.exclusive_locked(queue.resource)
 
     def declare_queue(
         self,
