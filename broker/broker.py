@@ -30,6 +30,7 @@ from leveret.broker.model.vhost import VHost
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.membership import Membership
+    from leveret.broker.cluster.peers import ClusterLinks
     from leveret.broker.model.message import InboundMessage
     from leveret.broker.session.connection import Session
 
@@ -71,6 +72,7 @@ class Broker:
         self.alarm: str | None = None  # "low on memory", "low on disk", ... while an alarm holds
         self.alarm_listeners: list[Callable[[], None]] = []  # told after every alarm change
         self.membership: Membership | None = None  # this node's cluster, in cluster mode
+        self.cluster_links: ClusterLinks | None = None  # its links to the other nodes
         self.alarms = Alarms(config.data_dir, config.vm_memory_high_watermark,
                              config.disk_free_limit_bytes, self.alarm_changed)
         queues_dir = config.data_dir / "queues"

@@ -56,7 +56,7 @@ class Config:
     etcd: list[str] = field(default_factory=list)  # etcd gateway URLs; [] = a single node
     node_name: str = field(default_factory=lambda: f"leveret@{platform.node()}")
     cluster_name: str = "leveret"
-    cluster_port: int = 25672  # the node-to-node link (advertised; not yet listened on)
+    cluster_port: int = 25672  # the node-to-node link (0: any free port, advertised as bound)
     advertise_host: str = field(default_factory=platform.node)
     cluster_secret: str = ""  # better given as LEVERET_CLUSTER_SECRET or cluster_secret_file
     cluster_secret_file: Path | None = None

@@ -4,7 +4,8 @@
 socket for IPv4 and IPv6: see `listen`), logs one line when it listens, and on SIGINT or SIGTERM
 stops accepting, closes every connection with 320 CONNECTION_FORCED, flushes what must reach
 the disk, and returns 0. A port that is taken raises ServerError with one clear sentence.
-With `etcd` set, the node joins its cluster first (`cluster.membership`) and leaves it last.
+With `etcd` set, the node listens on its cluster port (`cluster.peers`), joins its cluster
+(`cluster.membership`), then links to its peers once its listeners are up; it leaves last.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from leveret.broker.cluster.membership import (
     parse_endpoints,
     read_secret,
 )
+from leveret.broker.cluster.peers import ClusterLinks
 from leveret.broker.config import Config
 from leveret.broker.definitions import DefinitionsError, load_file
 from leveret.broker.management.app import ManagementServer
@@ -61,6 +63,12 @@ class ServerError(Exception):
     """The broker cannot start; the message is one line for the operator."""
 
 
+def listen_error(exc: OSError, host: str, port: int, flag: str) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return f"port {port} on {host} is already in use; stop the other broker or pass {flag}"
+    return f"cannot listen on {host}:{port}: {exc.strerror}"
+
+
 def check_writable(data_dir: Path) -> None:
     """Refuse a data directory that cannot be written (a read-only mount, no permission), at
     once and in one line, rather than failing at the first declaration. Creating an empty file
@@ -84,6 +92,7 @@ class Server:
         self.on_stop: list[Callable[[], Awaitable[None]]] = []
         self.management: ManagementServer | None = None
         self.membership: Membership | None = None
+        self.cluster_links: ClusterLinks | None = None
         # the address the AMQP listeners are bound to, set as they bind: the configured host,
         # or for the default `::` (both families) or `0.0.0.0` (no IPv6 on this host)
         self.host = config.host
@@ -107,9 +116,16 @@ class Server:
         try:
             await self._start_broker(context)
         except ServerError:
-            if self.membership is not None:
-                await self.membership.close()
+            await self._leave_cluster()
             raise
+        if self.cluster_links is not None:
+            await self.cluster_links.start()
+
+    async def _leave_cluster(self) -> None:
+        if self.cluster_links is not None:
+            await self.cluster_links.close()
+        if self.membership is not None:
+            await self.membership.close()  # revokes the lease: the node's record goes at once
 
     async def _join_cluster(self) -> None:
         """In cluster mode, register this node in etcd (or refuse to start, in one line)."""
@@ -121,17 +137,29 @@ class Server:
             secret = read_secret(config.cluster_secret, config.cluster_secret_file)
         except MembershipError as exc:
             raise ServerError(str(exc)) from None
+        client = EtcdClient(endpoints)
+        links = ClusterLinks(client, config.cluster_name, config.node_name, secret.encode(),
+                             version=VERSION, host=config.host, port=config.cluster_port)
+        try:
+            await links.listen()  # before the record: a peer that sees it can link at once
+        except OSError as exc:
+            await client.close()
+            raise ServerError(listen_error(exc, config.host, config.cluster_port,
+                                           "--cluster-port")) from None
         record = {"version": VERSION, "advertise_host": config.advertise_host,
-                  "amqp_port": config.port, "cluster_port": config.cluster_port,
+                  "amqp_port": config.port, "cluster_port": links.port,
                   "management_port": config.management_port}
-        membership = Membership(EtcdClient(endpoints), config.cluster_name, config.node_name,
+        membership = Membership(client, config.cluster_name, config.node_name,
                                 secret, config.cluster_lease_ttl_s, record)
+        membership.listeners.append(links.set_in_cluster)
         try:
             await membership.join()
         except MembershipError as exc:
+            await links.close()
             await membership.close()
             raise ServerError(str(exc)) from None
         self.membership = membership
+        self.cluster_links = links
 
     async def _start_broker(self, context: ssl.SSLContext | None) -> None:
         config = self.config
@@ -141,6 +169,7 @@ class Server:
             raise ServerError(str(exc)) from None
         broker = self.broker
         membership = broker.membership = self.membership
+        broker.cluster_links = self.cluster_links
         if membership is not None:
             alarms = broker.alarms
             broker.alarm_listeners.append(lambda: membership.set_alarms(
@@ -180,12 +209,7 @@ class Server:
             )
         except OSError as exc:
             broker.close()
-            if exc.errno == errno.EADDRINUSE:
-                raise ServerError(
-                    f"port {port} on {host} is already in use; stop the other broker or pass "
-                    f"{flag}"
-                ) from None
-            raise ServerError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+            raise ServerError(listen_error(exc, host, port, flag)) from None
 
     async def _start_management(self, broker: Broker) -> None:
         """The management HTTP API on the same loop (config.management_port, 0 = off)."""
@@ -235,8 +259,7 @@ class Server:
             await callback()
         for listener in self.listeners:
             await listener.wait_closed()
-        if self.membership is not None:
-            await self.membership.close()  # revokes the lease: the node's record goes at once
+        await self._leave_cluster()
         self.stopped.set()
         log.info("stopped")
 

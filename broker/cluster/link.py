@@ -150,6 +150,10 @@ class Link:
         frame (the StreamReader adds at most 2 * READ_LIMIT before it pauses reading)."""
         return self._writer.transport.get_write_buffer_size() + len(self._decoder)
 
+    def get_extra_info(self, name: str) -> Any:
+        """The transport's information (`peername`, `sockname`, ...), as asyncio gives it."""
+        return self._writer.get_extra_info(name)
+
     def on_close(self, callback: Callable[[Link], None]) -> None:
         if self.closed:
             callback(self)

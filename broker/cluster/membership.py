@@ -13,7 +13,7 @@ Role: in cluster mode, join the cluster at start-up and stay in it. Under `/leve
 A node registers with a txn that puts both only if no `nodes/<name>` exists: a live node of the
 same name refuses the newcomer (after waiting one TTL, in case it is this node's own record left
 by a `kill -9`). When the lease is lost the node stops acting for the cluster (`in_cluster` is
-False) and registers again, with a new lease, once etcd answers.
+False, and `listeners` are told) and registers again, with a new lease, once etcd answers.
 
 It must not know AMQP, the model or the broker: the caller gives the record's fields and pushes
 alarm changes with `set_alarms`.
@@ -29,7 +29,7 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,6 +177,8 @@ class Membership:
         self.record.setdefault("started_at", int(time.time() * 1000))
         self.lease: Lease | None = None
         self.in_cluster = False
+        # told `in_cluster` each time it changes (joined, lease lost, rejoined, left)
+        self.listeners: list[Callable[[bool], None]] = []
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -237,12 +239,18 @@ class Membership:
                 result = None
             if (result is not None and result.succeeded) or \
                     (existing is not None and existing.lease == lease.id):
-                self.in_cluster = True
+                self._set_in_cluster(True)
                 return True
             if loop.time() >= give_up:
                 await self._drop_lease()
                 return False
             await asyncio.sleep(CONFLICT_POLL_S)
+
+    def _set_in_cluster(self, value: bool) -> None:
+        if value != self.in_cluster:
+            self.in_cluster = value
+            for listener in list(self.listeners):
+                listener(value)
 
     async def _drop_lease(self) -> None:
         lease, self.lease = self.lease, None
@@ -281,7 +289,7 @@ class Membership:
     async def _rejoin(self) -> None:
         """Out of the cluster until etcd answers and a new lease holds the node's record."""
         lease, self.lease = self.lease, None
-        self.in_cluster = False
+        self._set_in_cluster(False)
         reason = lease.lost_reason if lease is not None else "no lease"
         log.warning("lost the etcd lease: this node no longer acts for the cluster",
                     cluster=self.keys.cluster, node=self.name, reason=reason)
@@ -310,7 +318,7 @@ class Membership:
         if task is not None:
             task.cancel()
             await asyncio.wait([task])
-        self.in_cluster = False
+        self._set_in_cluster(False)
         await self._drop_lease()
         await self.client.close()
 

@@ -2,8 +2,9 @@
 
 The node is this one process: memory from /proc, free disk from the data directory, alarms
 from the broker's resource monitor when it has one. In cluster mode /api/nodes lists every node
-etcd knows (`cluster.membership`): this one in full, the others from their records (running or
-not, alarms, uptime); if etcd does not answer, this node alone. Read-only; runs on the event loop.
+etcd knows (`cluster.membership`): this one in full, with its `cluster_links` (`cluster.peers`),
+the others from their records (running or not, alarms, uptime); if etcd does not answer, this
+node alone. Read-only; runs on the event loop.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def node_view(broker: Broker) -> dict[str, Any]:
         "run_queue": 0,
         "uptime": int((time.time() - broker.started_at) * 1000),
         "partitions": [],
+        "cluster_links": [],
         "rates_mode": "none",
         "net_ticktime": 0,
         "exchange_types": exchange_types(),
@@ -179,6 +181,8 @@ async def cluster_node_views(broker: Broker) -> list[dict[str, Any]]:
     local["name"] = membership.name
     local["version"] = VERSION
     local["advertise_host"] = broker.config.advertise_host
+    if broker.cluster_links is not None:
+        local["cluster_links"] = broker.cluster_links.link_views()
     try:
         records = await membership.nodes()
     except EtcdException as exc:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.brokers import BrokerProcess
 from support.etcd import SKIP_REASON, EtcdServer, etcd_binary
 
 from leveret.broker.cluster.etcd import EtcdClient
@@ -54,3 +55,17 @@ def key_prefix() -> str:
 async def etcd_client(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
     async with EtcdClient([etcd.url], timeout_s=3.0) as client:
         yield client
+
+
+@pytest.fixture
+def cluster() -> str:
+    return f"c{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def nodes() -> Iterator[list[BrokerProcess]]:
+    started: list[BrokerProcess] = []
+    yield started
+    for node in started:
+        if node.proc is not None and node.proc.poll() is None:
+            node.stop()

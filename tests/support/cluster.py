@@ -1,0 +1,88 @@
+"""Cluster nodes as real `leveret serve` processes, for tests against a real etcd: a node with
+its own cluster and management ports, `leveret cluster-status`, and the management API."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.request import Request, urlopen
+
+from support.brokers import BrokerProcess
+from support.ports import free_port
+
+TTL_S = 2  # etcd's minimum: a killed node shows as down within about two seconds
+SECRET = "test-cluster-secret"
+
+
+
+class ClusterNode(BrokerProcess):
+    management_port = 0
+    cluster_port = 0
+
+
+def make_node(tmp_path: Path, etcd_url: str, cluster: str, name: str, *,
+              env: dict[str, str] | None = None, extra: list[str] | None = None,
+              management: bool = False) -> ClusterNode:
+    cluster_port = free_port()  # the node-to-node link's listener: one per node on this host
+    args = ["--etcd", etcd_url, "--cluster-name", cluster, "--node-name", name,
+            "--cluster-port", str(cluster_port), *(extra or [])]
+    node = ClusterNode(tmp_path / name, args=args,
+                         env={"LEVERET_CLUSTER_SECRET": SECRET,
+                              "LEVERET_CLUSTER_LEASE_TTL_S": str(TTL_S), **(env or {})})
+    node.cluster_port = cluster_port
+    if management:
+        node.management_port = free_port()
+        node.args += ["--management-port", str(node.management_port)]
+    return node
+
+
+def leveret(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "leveret.cli", *args], capture_output=True,
+                          text=True, timeout=60, check=False, env=env)
+
+
+def status(etcd_url: str, cluster: str) -> dict[str, Any]:
+    result = leveret("cluster-status", "--etcd", etcd_url, "--cluster-name", cluster,
+                     "--formatter", "json")
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def states(etcd_url: str, cluster: str) -> dict[str, str]:
+    return {n["name"]: n["state"] for n in status(etcd_url, cluster)["nodes"]}
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.2)
+
+
+def api_get(node: ClusterNode, path: str) -> Any:
+    request = Request(f"http://127.0.0.1:{node.management_port}{path}")
+    request.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urlopen(request, timeout=15) as response:
+        return json.loads(response.read())
+
+
+def api_nodes(node: ClusterNode) -> list[dict[str, Any]]:
+    data: list[dict[str, Any]] = api_get(node, "/api/nodes")
+    return data
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The process failed with exit code 1 and said so in exactly one line."""
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert result.returncode == 1, (result.returncode, lines)
+    assert len(lines) == 1, lines
+    assert "Traceback" not in lines[0]
+    return lines[0]
