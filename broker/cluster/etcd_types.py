@@ -179,6 +179,7 @@ class Compare:
     target: Literal["VALUE", "VERSION", "CREATE", "MOD", "LEASE"]
     op: Op
     operand: int | bytes
+    range_end: bytes = b""  # set: the condition must hold for every key in [key, range_end)
 
     @classmethod
     def value(cls, key: KeyLike, op: Op, value: KeyLike) -> Compare:
@@ -204,8 +205,16 @@ class Compare:
         field_name = {"VALUE": "value", "VERSION": "version", "CREATE": "create_revision",
                       "MOD": "mod_revision", "LEASE": "lease"}[self.target]
         operand = b64(self.operand) if isinstance(self.operand, bytes) else str(self.operand)
-        return {"key": b64(self.key), "target": self.target, "result": _RESULTS[self.op],
+        body = {"key": b64(self.key), "target": self.target, "result": _RESULTS[self.op],
                 field_name: operand}
+        if self.range_end:
+            body["range_end"] = b64(self.range_end)
+        return body
+
+    @classmethod
+    def none_created_since(cls, prefix: KeyLike, revision: int) -> Compare:
+        """No key under `prefix` was created after `revision` (true for an empty range)."""
+        return cls(to_bytes(prefix), "CREATE", "<", revision + 1, prefix_end(prefix))
 
 
 @dataclass(frozen=True, slots=True)
