@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.brokers import InProcessBroker
 
-from leveret.broker.cluster.etcd import EtcdClient
+from leveret.broker.cluster.etcd import Compare, EtcdClient
 from leveret.broker.cluster.topology import Created, Existing, TopologyStore
 from leveret.broker.cluster.topology_cache import TopologyCache
 from leveret.broker.cluster.topology_keys import DestinationType, TopologyKeys, escape, unescape
@@ -336,3 +336,17 @@ async def test_a_peer_cache_applies_a_declaration_before_wait_for_returns(
     finally:
         for peer in peers:
             await peer.close()
+
+
+async def test_a_range_compare_sees_keys_created_since_a_revision(
+        etcd_client: EtcdClient, key_prefix: str) -> None:
+    """The guard that deletes use against a binding or permission added after their read."""
+    scope = key_prefix + "scope/"
+    empty = await etcd_client.txn([Compare.none_created_since(scope, 1)])
+    assert empty.succeeded
+    before = (await etcd_client.range(scope, prefix=True)).revision
+    await etcd_client.put(key_prefix + "outside", b"")
+    assert (await etcd_client.txn([Compare.none_created_since(scope, before)])).succeeded
+    added = await etcd_client.put(scope + "k", b"")
+    assert not (await etcd_client.txn([Compare.none_created_since(scope, before)])).succeeded
+    assert (await etcd_client.txn([Compare.none_created_since(scope, added.revision)])).succeeded
