@@ -107,8 +107,14 @@ class ClusterLinks:
 
     async def start(self) -> None:
         """Follow the node records and keep the links (after the node has joined)."""
+        first: RangeResult | None = None
+        try:  # the first read here: the node starts knowing its peers, if etcd answers
+            first = await self.client.range(self.keys.nodes, prefix=True)
+            self.revision = first.revision
+        except EtcdException as exc:
+            log.warning("cannot read the node records yet; retrying", error=str(exc))
         self.started = True
-        self._watcher = asyncio.create_task(self._watch(), name="cluster-peers")
+        self._watcher = asyncio.create_task(self._watch(first), name="cluster-peers")
 
     def set_in_cluster(self, in_cluster: bool) -> None:
         """Membership's listener: out of the cluster, close every link and dial nobody."""
@@ -156,11 +162,12 @@ class ClusterLinks:
 
     # -- following the records -----------------------------------------------------------------
 
-    async def _watch(self) -> None:
+    async def _watch(self, first: RangeResult | None) -> None:
         prefix = self.keys.nodes
         while True:
             try:
-                result = await self.client.range(prefix, prefix=True)
+                result = first or await self.client.range(prefix, prefix=True)
+                first = None
                 self._resync(result)
                 async for event in self.client.watch(prefix, prefix=True,
                                                      start_revision=result.revision + 1):

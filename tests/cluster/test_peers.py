@@ -5,10 +5,12 @@ never made to a node with the wrong secret, and a taken cluster port refused in 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,15 @@ from support.cluster import TTL_S, ClusterNode, api_nodes, make_node, one_line, 
 from support.etcd import EtcdServer
 
 from leveret.broker.broker import VERSION
-from leveret.broker.cluster.link import AuthenticationFailed, Handlers, LinkConfig, connect
+from leveret.broker.cluster.etcd import EtcdClient
+from leveret.broker.cluster.link import (
+    AuthenticationFailed,
+    Handlers,
+    Link,
+    LinkConfig,
+    connect,
+)
+from leveret.broker.cluster.peers import PING, ClusterLinks
 
 
 def links_of(node: ClusterNode) -> dict[str, dict[str, Any]]:
@@ -36,7 +46,7 @@ def linked(node: ClusterNode, *peers: str) -> bool:
 
 
 def ups(node: ClusterNode, peer: str) -> int:
-    """How many times `node` logged a link to `peer` coming up."""
+    """How many times `node` logged a link it dialed to `peer` coming up."""
     return sum(1 for line in node.log().splitlines()
                if "cluster link up" in line and f'"peer_node": "{peer}"' in line)
 
@@ -94,16 +104,17 @@ def test_a_cut_connection_is_redialed(tmp_path: Path, etcd: EtcdServer, cluster:
     if shutil.which("ss") is None:
         pytest.skip("needs ss (iproute2) to cut a TCP connection")
     n1, n2, n3 = start_three(tmp_path, etcd, cluster, nodes)
+    before = {(a, b): ups(a, b.node_name) for a in (n1, n2, n3) for b in (n1, n2, n3)}
     # cut every TCP connection to n3's cluster port: n1's and n2's links to it
     cut = subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(n3.cluster_port)],
                          capture_output=True, text=True, check=False)
     if cut.returncode != 0:
         pytest.skip(f"ss -K cannot cut sockets here: {cut.stderr.strip()}")
-    wait_until(lambda: ups(n1, "n3") == 2 and ups(n2, "n3") == 2 and ups(n3, "n1") == 2
-               and ups(n3, "n2") == 2, timeout=20)
+    wait_until(lambda: ups(n1, "n3") > before[n1, n3] and ups(n2, "n3") > before[n2, n3],
+               timeout=20)  # the dialers of the links cut linked again
     wait_until(lambda: linked(n1, "n2", "n3") and linked(n2, "n1", "n3")
                and linked(n3, "n1", "n2"), timeout=20)
-    assert ups(n1, "n2") == 1  # the others were left alone
+    assert ups(n1, "n2") == before[n1, n2]  # the link not cut was left alone
     for node in (n1, n2, n3):
         assert "Traceback" not in node.log()
 
@@ -139,3 +150,165 @@ def test_a_taken_cluster_port_is_refused_in_one_line(tmp_path: Path, etcd: EtcdS
         node.args[node.args.index("--cluster-port") + 1] = str(port)
         line = one_line(node.run_to_exit())
     assert f"port {port} on 127.0.0.1 is already in use" in line and "--cluster-port" in line
+
+
+def test_a_node_out_of_the_cluster_closes_its_links_and_rejoins(
+        tmp_path: Path, etcd_factory: Callable[[], EtcdServer], cluster: str,
+        nodes: list[BrokerProcess]) -> None:
+    etcd = etcd_factory()
+    n1, n2 = (make_node(tmp_path, etcd.url, cluster, name, management=True)
+              for name in ("n1", "n2"))
+    for node in (n1, n2):
+        nodes.append(node.start())
+    wait_until(lambda: linked(n1, "n2") and linked(n2, "n1"), timeout=20)
+    etcd.kill()  # both lose their lease: each closes its links and dials nobody
+    wait_until(lambda: "lost the etcd lease" in n1.log() and "lost the etcd lease" in n2.log(),
+               timeout=TTL_S + 10)
+    wait_until(lambda: links_of(n1) == {} and links_of(n2) == {}, timeout=5)
+    assert "this node lost its etcd lease" in n1.log() + n2.log()
+    time.sleep(1.0)
+    assert links_of(n1) == {} and links_of(n2) == {}  # no dialing while out
+    etcd.restart()
+    wait_until(lambda: "rejoined the cluster" in n1.log() and "rejoined the cluster" in n2.log(),
+               timeout=30)
+    wait_until(lambda: linked(n1, "n2") and linked(n2, "n1"), timeout=20)
+    for node in (n1, n2):
+        assert "Traceback" not in node.log()
+
+
+# -- ClusterLinks in this process, with records put by hand --------------------------------------
+
+def put_record(client: EtcdClient, cluster: str, name: str, port: int,
+               started_at: int = 1, **extra: Any) -> Awaitable[Any]:
+    record = {"name": name, "advertise_host": "127.0.0.1", "cluster_port": port,
+              "started_at": started_at, "version": "test", **extra}
+    return client.put(f"/leveret/{cluster}/nodes/{name}", json.dumps(record))
+
+
+async def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.02)
+
+
+async def running_links(client: EtcdClient, cluster: str,
+                        *names: str, secret: bytes = b"s") -> list[ClusterLinks]:
+    started = []
+    for name in names:
+        links = ClusterLinks(client, cluster, name, secret, version="test", host="127.0.0.1",
+                             port=0)
+        await links.listen()
+        await put_record(client, cluster, name, links.port)
+        links.set_in_cluster(True)
+        await links.start()
+        started.append(links)
+    return started
+
+
+async def test_links_follow_the_records_and_the_lease(etcd_client: EtcdClient,
+                                                      cluster: str) -> None:
+    a, b = await running_links(etcd_client, cluster, "a", "b")
+    try:
+        await until(lambda: "b" in a.pings and "a" in b.pings)
+        first = a.link_to("b")
+        assert first is not None and a.link_to("nobody") is None
+        assert [v["direction"] for v in a.link_views()] == ["outbound"]
+        assert [v["direction"] for v in b.link_views()] == ["inbound"]
+        assert a.pings["b"]["name"] == "b" and a.pings["b"]["revision"] >= b.revision - 1
+
+        a.set_in_cluster(False)  # the dialer leaves: both sides lose the link, nobody redials
+        await until(lambda: not a.links and not b.links)
+        await asyncio.sleep(0.5)
+        assert not a.links and not b.links and not a._dialers
+        a.set_in_cluster(True)
+        await until(lambda: "b" in a.pings and "a" in b.pings)
+
+        b.set_in_cluster(False)  # the acceptor leaves: it refuses the dialer's retries
+        await until(lambda: not b.links)
+        await asyncio.sleep(0.6)
+        assert not b.links
+        b.set_in_cluster(True)
+        await until(lambda: "b" in a.pings and "a" in b.pings)
+
+        same = a.link_to("b")
+        await put_record(etcd_client, cluster, "b", b.port, alarms=["disk"])  # same process
+        await asyncio.sleep(0.3)
+        assert a.link_to("b") is same
+        await put_record(etcd_client, cluster, "b", b.port, started_at=2)  # b restarted
+        await until(lambda: a.link_to("b") not in (None, same) and "b" in a.pings)
+
+        await etcd_client.delete(f"/leveret/{cluster}/nodes/b")  # b's lease expired
+        await until(lambda: not a.links and not b.links and "b" not in a.records)
+        await asyncio.sleep(0.3)
+        assert not a.links and "b" not in a._dialers
+    finally:
+        for links in (a, b):
+            await links.close()
+
+
+async def test_bad_records_and_a_peer_with_another_secret_are_retried(
+        etcd_client: EtcdClient, cluster: str) -> None:
+    (a,) = await running_links(etcd_client, cluster, "a")
+    (c,) = await running_links(etcd_client, cluster, "c", secret=b"another secret")
+    try:
+        await etcd_client.put(f"/leveret/{cluster}/nodes/b", "not json")
+        await asyncio.sleep(1.0)  # a dials b (no address) and c (refused), and keeps trying
+        assert a.links == {} and c.links == {}
+        assert not a._dialers["b"].done() and not a._dialers["c"].done()
+        await put_record(etcd_client, cluster, "b", c.port)  # b's record names c's port
+        await asyncio.sleep(0.5)
+        assert a.links == {}
+    finally:
+        for links in (a, c):
+            await links.close()
+
+
+async def test_links_the_rule_does_not_expect_are_closed(etcd_client: EtcdClient,
+                                                         cluster: str) -> None:
+    (m,) = await running_links(etcd_client, cluster, "m")
+    try:
+        # a higher name must not dial: m closes the link
+        config = LinkConfig(cluster, "z", b"s")
+        wrong_way = await connect("127.0.0.1", m.port, config, Handlers())
+        await asyncio.wait_for(wrong_way.wait_closed(), 5)
+        assert "'m' dials 'z'" in (wrong_way.close_reason or "")
+
+        # a lower name may; one that cannot answer node.ping is dropped
+        mute = await connect("127.0.0.1", m.port, LinkConfig(cluster, "a", b"s"), Handlers())
+        await asyncio.wait_for(mute.wait_closed(), 5)
+        assert "no answer to node.ping" in (mute.close_reason or "")
+
+        handlers = Handlers()
+
+        async def pong(link: Link, body: Any) -> dict[str, Any]:
+            return {"name": "b", "version": "test", "revision": 0}
+
+        handlers.on_request(PING, pong)
+        peer = await connect("127.0.0.1", m.port, LinkConfig(cluster, "b", b"s"), handlers)
+        answer = await peer.call(PING, {"name": "b"})
+        assert answer["name"] == "m" and answer["version"] == "test" and answer["revision"] > 0
+        await until(lambda: "b" in m.pings)
+        assert [v["name"] for v in m.link_views()] == ["b"]
+        await peer.close()
+        await until(lambda: not m.links)
+    finally:
+        await m.close()
+
+
+async def test_links_are_refused_until_started(etcd_client: EtcdClient, cluster: str) -> None:
+    links = ClusterLinks(etcd_client, cluster, "m", b"s", version="test", host="127.0.0.1",
+                         port=0)
+    await links.listen()
+    try:
+        early = await connect("127.0.0.1", links.port, LinkConfig(cluster, "a", b"s"),
+                              Handlers())
+        await asyncio.wait_for(early.wait_closed(), 5)
+        assert "node starting" in (early.close_reason or "")
+        links.set_in_cluster(False)
+        await links.start()
+        out = await connect("127.0.0.1", links.port, LinkConfig(cluster, "a", b"s"),
+                            Handlers())
+        await asyncio.wait_for(out.wait_closed(), 5)
+        assert "not in the cluster" in (out.close_reason or "")
+    finally:
+        await links.close()

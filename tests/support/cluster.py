@@ -24,6 +24,7 @@ SECRET = "test-cluster-secret"
 class ClusterNode(BrokerProcess):
     management_port = 0
     cluster_port = 0
+    node_name = ""
 
 
 def make_node(tmp_path: Path, etcd_url: str, cluster: str, name: str, *,
@@ -36,6 +37,7 @@ def make_node(tmp_path: Path, etcd_url: str, cluster: str, name: str, *,
                          env={"LEVERET_CLUSTER_SECRET": SECRET,
                               "LEVERET_CLUSTER_LEASE_TTL_S": str(TTL_S), **(env or {})})
     node.cluster_port = cluster_port
+    node.node_name = name
     if management:
         node.management_port = free_port()
         node.args += ["--management-port", str(node.management_port)]
