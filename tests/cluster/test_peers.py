@@ -16,7 +16,16 @@ from typing import Any
 
 import pytest
 from support.brokers import BrokerProcess
-from support.cluster import TTL_S, ClusterNode, api_nodes, make_node, one_line, wait_until
+from support.cluster import (
+    TTL_S,
+    ClusterNode,
+    api_nodes,
+    make_node,
+    one_line,
+    states,
+    status,
+    wait_until,
+)
 from support.etcd import EtcdServer
 
 from leveret.broker.broker import VERSION
@@ -150,6 +159,32 @@ def test_a_taken_cluster_port_is_refused_in_one_line(tmp_path: Path, etcd: EtcdS
         node.args[node.args.index("--cluster-port") + 1] = str(port)
         line = one_line(node.run_to_exit())
     assert f"port {port} on 127.0.0.1 is already in use" in line and "--cluster-port" in line
+    assert "n1" not in states(etcd.url, cluster)  # refused before it registered
+
+    # the AMQP port taken after the node has joined: one line, and it leaves the cluster
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        node = make_node(tmp_path, etcd.url, cluster, "n2")
+        node.port = taken.getsockname()[1]
+        result = node.run_to_exit()
+    assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
+    assert f"port {node.port} on 127.0.0.1 is already in use" in result.stderr
+    assert "n2" not in states(etcd.url, cluster) or states(etcd.url, cluster)["n2"] == "down"
+
+
+def test_cluster_port_zero_advertises_the_port_bound(tmp_path: Path, etcd: EtcdServer,
+                                                     cluster: str,
+                                                     nodes: list[BrokerProcess]) -> None:
+    n1 = make_node(tmp_path, etcd.url, cluster, "n1", management=True)
+    n2 = make_node(tmp_path, etcd.url, cluster, "n2", management=True)
+    n2.args[n2.args.index("--cluster-port") + 1] = "0"
+    for node in (n1, n2):
+        nodes.append(node.start())
+    wait_until(lambda: linked(n1, "n2") and linked(n2, "n1"), timeout=20)
+    advertised = {n["name"]: n["cluster_port"] for n in status(etcd.url, cluster)["nodes"]}
+    assert advertised["n2"] not in (0, None)
+    assert links_of(n1)["n2"]["peer_port"] == advertised["n2"]
 
 
 def test_a_node_out_of_the_cluster_closes_its_links_and_rejoins(
