@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.manual_scheduler import ManualScheduler
 
 from leveret.broker.model.committer import Committer
 from leveret.broker.model.message import Confirm
@@ -14,42 +15,11 @@ from leveret.storage import FakeClock, Log, LogConfig
 from leveret.storage.config import FsyncPolicy
 
 
-class Timer:
-    def __init__(self, delay_ms: int, callback: Callable[[], None]) -> None:
-        self.delay_ms = delay_ms
-        self.callback = callback
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class Scheduler:
-    def __init__(self) -> None:
-        self.timers: list[Timer] = []
-
-    def now_ms(self) -> int:
-        return 0
-
-    def call_later(self, delay_ms: int, callback: Callable[[], None]) -> Timer:
-        self.timers.append(Timer(delay_ms, callback))
-        return self.timers[-1]
-
-    def call_soon(self, callback: Callable[[], None]) -> None:
-        callback()
-
-    def fire(self) -> None:
-        live = [t for t in self.timers if not t.cancelled]
-        self.timers = []
-        for timer in live:
-            timer.callback()
-
-
 class Setup:
     def __init__(self, directory: Path, policy: FsyncPolicy) -> None:
         self.clock = FakeClock(1_000)
         self.log = Log.open(directory, LogConfig(fsync=policy, clock=self.clock))
-        self.scheduler = Scheduler()
+        self.scheduler = ManualScheduler(inline_soon=True)
         self.commits = 0
         self.settled: list[tuple[int, bool]] = []
         self.committer = Committer(self.scheduler, policy, lambda: self.log, self.on_commit)

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.manual_scheduler import ManualScheduler
 
 from leveret.broker.model.message import Confirm
 from leveret.broker.model.writer import Writer
@@ -13,49 +14,10 @@ from leveret.storage import FakeClock, Log, LogConfig, OffsetSpec, StorageError
 from leveret.storage.config import FsyncPolicy
 
 
-class Timer:
-    def __init__(self, delay_ms: int, callback: Callable[[], None]) -> None:
-        self.delay_ms = delay_ms
-        self.callback = callback
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class Loop:
-    """call_soon runs at the end of the turn (`turn()`); timers when `fire()` is called."""
-
-    def __init__(self) -> None:
-        self.soon: list[Callable[[], None]] = []
-        self.timers: list[Timer] = []
-
-    def now_ms(self) -> int:
-        return 0
-
-    def call_later(self, delay_ms: int, callback: Callable[[], None]) -> Timer:
-        self.timers.append(Timer(delay_ms, callback))
-        return self.timers[-1]
-
-    def call_soon(self, callback: Callable[[], None]) -> None:
-        self.soon.append(callback)
-
-    def turn(self) -> None:
-        soon, self.soon = self.soon, []
-        for callback in soon:
-            callback()
-
-    def fire(self) -> None:
-        live = [t for t in self.timers if not t.cancelled]
-        self.timers = []
-        for timer in live:
-            timer.callback()
-
-
 class Setup:
     def __init__(self, directory: Path, policy: FsyncPolicy, local: bool) -> None:
         self.log = Log.open(directory, LogConfig(fsync=policy, clock=FakeClock(1_000)))
-        self.loop = Loop()
+        self.loop = ManualScheduler()
         self.settled: list[tuple[int, bool]] = []
         self.commits = 0
         self.broken = False
