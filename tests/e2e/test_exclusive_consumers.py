@@ -58,6 +58,18 @@ def connect(mq: Amqp, raws: list[RawClient]) -> RawClient:
     return client
 
 
+def second_consumer_place(mq: Amqp, raws: list[RawClient], owner: RawClient,
+                          where: str) -> tuple[RawClient, int]:
+    """Where the second consumer comes from: the owner's channel 1, its channel 2, or a new
+    connection."""
+    if where == "same-channel":
+        return owner, 1
+    if where == "other-channel":
+        owner.open_channel(2)
+        return owner, 2
+    return connect(mq, raws), 1
+
+
 def consume(client: RawClient, channel: int, queue: str, tag: str, exclusive: bool) -> object:
     """basic.consume; the broker's next method on the connection (consume-ok or a close)."""
     client.send_method(channel, commands.Basic.Consume(
@@ -93,13 +105,7 @@ def test_second_consumer(mq: Amqp, raws: list[RawClient], queue_kind: str, where
     owner.expect(commands.Queue.DeclareOk, 1)
     assert outcome(consume(owner, 1, name, "first", first)) == "consume-ok"
 
-    if where == "same-channel":
-        client, channel = owner, 1
-    elif where == "other-channel":
-        client, channel = owner, 2
-        owner.open_channel(2)
-    else:
-        client, channel = connect(mq, raws), 1
+    client, channel = second_consumer_place(mq, raws, owner, where)
 
     got = outcome(consume(client, channel, name, "second", second))
 
@@ -181,13 +187,7 @@ def test_stream_does_not_enforce_exclusive_consumers(mq: Amqp, raws: list[RawCli
     owner = connect(mq, raws)
     owner.send_method(1, commands.Queue.Declare(queue=name, durable=True, arguments=STREAM))
     owner.expect(commands.Queue.DeclareOk, 1)
-    if where == "same-channel":
-        client, channel = owner, 1
-    elif where == "other-channel":
-        client, channel = owner, 2
-        owner.open_channel(2)
-    else:
-        client, channel = connect(mq, raws), 1
+    client, channel = second_consumer_place(mq, raws, owner, where)
     for raw, number in {(owner, 1), (client, channel)}:
         raw.send_method(number, commands.Basic.Qos(prefetch_count=10))
         raw.expect(commands.Basic.QosOk, number)
