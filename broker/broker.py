@@ -31,6 +31,7 @@ from leveret.broker.model.vhost import VHost
 if TYPE_CHECKING:
     from leveret.broker.cluster.membership import Membership
     from leveret.broker.cluster.peers import ClusterLinks
+    from leveret.broker.cluster.runtime import ClusterRuntime
     from leveret.broker.model.message import InboundMessage
     from leveret.broker.session.connection import Session
 
@@ -73,6 +74,7 @@ class Broker:
         self.alarm_listeners: list[Callable[[], None]] = []  # told after every alarm change
         self.membership: Membership | None = None  # this node's cluster, in cluster mode
         self.cluster_links: ClusterLinks | None = None  # its links to the other nodes
+        self.cluster: ClusterRuntime | None = None  # all of the above, and the topology
         self.alarms = Alarms(config.data_dir, config.vm_memory_high_watermark,
                              config.disk_free_limit_bytes, self.alarm_changed)
         queues_dir = config.data_dir / "queues"

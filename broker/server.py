@@ -22,19 +22,26 @@ from pathlib import Path
 
 from leveret.broker import listen, logs
 from leveret.broker.broker import VERSION, Broker
-from leveret.broker.cluster.etcd import EtcdClient
+from leveret.broker.cluster import access_sync, topology_sync
+from leveret.broker.cluster.etcd import EtcdClient, EtcdException
 from leveret.broker.cluster.membership import (
+    ClusterKeys,
     Membership,
     MembershipError,
     parse_endpoints,
     read_secret,
 )
 from leveret.broker.cluster.peers import ClusterLinks
+from leveret.broker.cluster.runtime import ClusterRuntime
+from leveret.broker.cluster.topology import TopologyStore
+from leveret.broker.cluster.topology_cache import TopologyCache
+from leveret.broker.cluster.topology_keys import TopologyKeys
 from leveret.broker.config import Config
 from leveret.broker.definitions import DefinitionsError, load_file
 from leveret.broker.management.app import ManagementServer
 from leveret.broker.metadata import RestoreError
 from leveret.broker.metastore import MetastoreError
+from leveret.broker.session import forwarding
 from leveret.broker.session.connection import Session
 
 log = logs.get("leveret.server")
@@ -93,6 +100,7 @@ class Server:
         self.management: ManagementServer | None = None
         self.membership: Membership | None = None
         self.cluster_links: ClusterLinks | None = None
+        self.etcd: EtcdClient | None = None
         # the address the AMQP listeners are bound to, set as they bind: the configured host,
         # or for the default `::` (both families) or `0.0.0.0` (no IPv6 on this host)
         self.host = config.host
@@ -160,6 +168,7 @@ class Server:
             raise ServerError(str(exc)) from None
         self.membership = membership
         self.cluster_links = links
+        self.etcd = client
 
     async def _start_broker(self, context: ssl.SSLContext | None) -> None:
         config = self.config
@@ -174,6 +183,7 @@ class Server:
             alarms = broker.alarms
             broker.alarm_listeners.append(lambda: membership.set_alarms(
                 [name for name, on in (("memory", alarms.memory), ("disk", alarms.disk)) if on]))
+            await self._start_topology(broker)
         if config.definitions is not None:
             try:
                 load_file(broker, config.definitions)
@@ -190,6 +200,28 @@ class Server:
         broker.alarms.start()
         if config.management_port:
             await self._start_management(broker)
+
+    async def _start_topology(self, broker: Broker) -> None:
+        """Cluster mode: every layer registers on the runtime, then the topology cache's
+        first load fills the model before any client is served."""
+        config = self.config
+        assert self.etcd is not None and self.membership is not None
+        assert self.cluster_links is not None
+        keys = TopologyKeys(ClusterKeys(config.cluster_name).root + "topology/")
+        cache = TopologyCache(self.etcd, keys)
+        broker.cluster = ClusterRuntime(
+            node=config.node_name, cluster=config.cluster_name, client=self.etcd,
+            membership=self.membership, links=self.cluster_links,
+            store=TopologyStore(self.etcd, keys), cache=cache)
+        topology_sync.install(broker)
+        access_sync.install(broker)
+        forwarding.install(broker)
+        try:
+            await cache.start()
+        except EtcdException as exc:
+            broker.close()
+            raise ServerError(f"cannot read the cluster's topology from etcd: {exc}") from None
+        self.on_stop.append(cache.close)
 
     async def _listen(self, broker: Broker, port: int, ssl_context: ssl.SSLContext | None,
                       flag: str) -> asyncio.Server:

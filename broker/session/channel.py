@@ -34,11 +34,12 @@ from leveret.broker.model.errors import (
 )
 from leveret.broker.model.message import Confirm, QueuedMessage
 from leveret.broker.model.vhost import server_generated_name
-from leveret.broker.session import queries, topology
+from leveret.broker.session import backlog, queries, topology
 from leveret.broker.session.confirms import Confirms
 from leveret.broker.session.errors import to_amqp
 
 if TYPE_CHECKING:
+    from leveret.broker.session.backlog import Backlog
     from leveret.broker.session.connection import Session
 
 FLAG_EXPIRATION = 1 << 8
@@ -75,6 +76,7 @@ class Channel:
         self.get_unacked = 0  # basic.get deliveries in `unacked`: global QoS ignores them
         self.tx_held = 0  # consumer deliveries settled in the open transaction, not yet committed
         self.closed = False
+        self.backlog: Backlog | None = None  # a step this channel waits for, in cluster mode
         self._handlers: dict[type, Callable[[Any], None]] = {
             **{kind: functools.partial(handler, self)
                for kind, handler in topology.HANDLERS.items()},
@@ -513,6 +515,7 @@ class Channel:
         if self.closed:
             return
         self.closed = True
+        backlog.cancel(self)
         for consumer in list(self.consumers.values()):
             consumer.queue.remove_consumer(consumer)
         self.consumers.clear()

@@ -28,6 +28,7 @@ from leveret.amqp.frames import HEARTBEAT_FRAME
 from leveret.amqp.handshake import BadProtocolHeader, State
 from leveret.broker import listen, logs
 from leveret.broker.model.errors import AccessRefused, BrokerError
+from leveret.broker.session import backlog
 from leveret.broker.session.channel import Channel
 from leveret.broker.session.errors import to_amqp
 
@@ -329,7 +330,10 @@ class Session(asyncio.Protocol):
             channel.close()
 
     def on_method(self, number: int, method: Any) -> None:
-        self.channels[number].handle(method)
+        channel = self.channels[number]
+        if channel.backlog is None or not backlog.defer(channel, method.index, channel.handle,
+                                                        method):
+            channel.handle(method)
 
     def on_publish(
         self,
@@ -341,7 +345,12 @@ class Session(asyncio.Protocol):
         header: bytes,
         body: bytes,
     ) -> None:
-        self.channels[number].publish(exchange, routing_key, mandatory, immediate, header, body)
+        channel = self.channels[number]
+        if channel.backlog is None or not backlog.defer(
+            channel, backlog.PUBLISH_INDEX, channel.publish, exchange, routing_key, mandatory,
+            immediate, header, body,
+        ):
+            channel.publish(exchange, routing_key, mandatory, immediate, header, body)
         if self.broker.alarm is not None and not self.blocked:
             self.block(self.broker.alarm)
 
@@ -369,8 +378,12 @@ class Session(asyncio.Protocol):
         log.info("connection unblocked", connection=self.name)
 
     def on_ack(self, number: int, delivery_tag: int, multiple: bool) -> None:
+        channel = self.channels[number]
         try:
-            self.channels[number].ack(delivery_tag, multiple)
+            if channel.backlog is None or not backlog.defer(
+                channel, backlog.ACK_INDEX, channel.ack, delivery_tag, multiple,
+            ):
+                channel.ack(delivery_tag, multiple)
         except BrokerError as error:
             raise to_amqp(error) from None
 

@@ -1,0 +1,123 @@
+"""A channel that waits for an asynchronous step, with its later frames kept in order.
+
+In cluster mode some methods cannot be answered in the turn that reads them: a declaration is
+an etcd transaction, and a queue held by another node answers over the node-to-node link. While
+such a step runs, the channel's later methods, publishes and acks wait here, in arrival order,
+and run once it ends; other channels of the connection go on. So a publish that follows a
+declare on the same channel sees the declaration, as it would on one node.
+
+An error the step raises is answered as a synchronous handler's would be: a soft one closes the
+channel, a hard one the connection, with the waiting method's class and method ids.
+
+It knows the wire machine's guard and the session's close, nothing of the model or the cluster.
+Single-threaded: runs on the event loop thread of its connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from leveret.amqp import constants as c
+from leveret.amqp.errors import AMQPError
+from leveret.broker import logs
+from leveret.broker.model.errors import BrokerError
+from leveret.broker.session.errors import to_amqp
+
+if TYPE_CHECKING:
+    from leveret.broker.session.channel import Channel
+
+log = logs.get("leveret.connection")
+PUBLISH_INDEX = (c.CLASS_BASIC << 16) | 40
+ACK_INDEX = c.BASIC_ACK
+
+Call = tuple[int, Callable[..., None], tuple[Any, ...]]  # (method index, handler, its arguments)
+
+
+class Backlog:
+    """What waits behind one channel's running step, and the step itself."""
+
+    __slots__ = ("calls", "task")
+
+    def __init__(self) -> None:
+        self.calls: deque[Call] = deque()
+        self.task: asyncio.Task[None] | None = None
+
+
+def run_step(channel: Channel, index: int, step: Coroutine[Any, Any, None]) -> None:
+    """Run `step` for the method `index` of `channel`; the channel's later frames wait for it.
+
+    Called from a handler, which then returns at once; the step sends the method's reply."""
+    if channel.backlog is None:
+        channel.backlog = Backlog()
+    backlog = channel.backlog
+    backlog.task = asyncio.get_running_loop().create_task(_run(channel, index, step, backlog))
+
+
+def defer(channel: Channel, index: int, handler: Callable[..., None], *args: Any) -> bool:
+    """Keep a call for later if the channel is waiting; True if it was kept."""
+    backlog = channel.backlog
+    if backlog is None:
+        return False
+    backlog.calls.append((index, handler, args))
+    return True
+
+
+def cancel(channel: Channel) -> None:
+    """The channel closed: its running step stops and what waited is dropped."""
+    backlog, channel.backlog = channel.backlog, None
+    if backlog is not None:
+        backlog.calls.clear()
+        task = backlog.task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+
+
+async def _run(channel: Channel, index: int, step: Coroutine[Any, Any, None],
+               backlog: Backlog) -> None:
+    try:
+        await step
+    except asyncio.CancelledError:
+        return
+    except (AMQPError, BrokerError) as error:
+        fail(channel, index, error)
+    except Exception:
+        log.exception("a channel's step failed", connection=channel.session.name,
+                      channel=channel.number)
+        fail(channel, index, AMQPError(c.INTERNAL_ERROR, "internal error"))
+    if channel.backlog is backlog:
+        _release(channel, backlog)
+
+
+def fail(channel: Channel, index: int, error: AMQPError | BrokerError) -> None:
+    """Answer an error raised for method `index` of `channel` outside the wire's guard."""
+    amqp = to_amqp(error) if isinstance(error, BrokerError) else error
+    amqp.for_method(index >> 16, index & 0xFFFF)
+    session = channel.session
+    if channel.closed:
+        return
+    if amqp.hard:
+        session.close_with(amqp)
+    else:
+        session.wire.close_channel(channel.number, amqp)
+
+
+def _release(channel: Channel, backlog: Backlog) -> None:
+    """Run what waited, in order, until it is done or a call starts another step."""
+    channel.backlog = None
+    calls = backlog.calls
+    while calls and not channel.closed:
+        index, handler, args = calls.popleft()
+        try:
+            handler(*args)
+        except (AMQPError, BrokerError) as error:
+            fail(channel, index, error)
+        except Exception:
+            log.exception("a waiting call failed", connection=channel.session.name,
+                          channel=channel.number)
+            fail(channel, index, AMQPError(c.INTERNAL_ERROR, "internal error"))
+        if channel.backlog is not None:  # the call started a step: the rest waits for it
+            channel.backlog.calls.extend(calls)
+            return
