@@ -40,11 +40,16 @@ if not _CRC_IN_HARDWARE:  # pragma: no cover - depends on the CPU
         "this CPU has no CRC-32C instructions: the crc32c package falls back to software"
     )
 
-HEADER = struct.Struct("<4sBBBBIIIIQqII")
-HEADER_SIZE = HEADER.size  # 48
+# Version 2 (written): the version 1 fields, then the writer's epoch before the two CRCs.
+HEADER = struct.Struct("<4sBBBBIIIIQqQII")
+HEADER_SIZE = HEADER.size  # 56: a written header, and the most bytes any header takes
 _HEADER_CRC_AT = HEADER_SIZE - 4
+# Version 1 (read only: logs written before epochs): no epoch, which reads as 0.
+HEADER_V1 = struct.Struct("<4sBBBBIIIIQqII")
+MIN_HEADER_SIZE = HEADER_V1.size  # 48
+_V1_CRC_AT = MIN_HEADER_SIZE - 4
 CHUNK_MAGIC = b"LVCK"
-CHUNK_VERSION = 1
+CHUNK_VERSION = 2
 FIRST_APPLICATION_TYPE = 16
 MAX_CHUNK_TYPE = 255
 MAX_FILTER_VALUE_BYTES = 0xFFFE
@@ -97,6 +102,8 @@ class ChunkHeader(NamedTuple):
     first_offset: int
     timestamp_ms: int
     body_crc: int
+    epoch: int = 0  # the writer's epoch (0 in a version 1 chunk)
+    header_size: int = HEADER_SIZE  # 56, or 48 for a version 1 chunk
 
     @property
     def body_size(self) -> int:
@@ -104,7 +111,7 @@ class ChunkHeader(NamedTuple):
 
     @property
     def total_size(self) -> int:
-        return HEADER_SIZE + self.body_size
+        return self.header_size + self.body_size
 
     @property
     def next_offset(self) -> int:
@@ -158,8 +165,10 @@ def encode_chunk(
     filter_values: Sequence[bytes | None] | None = None,
     filter_size_bytes: int = bloom.MIN_SIZE_BYTES,
     trailer: bytes = b"",
+    epoch: int = 0,
 ) -> bytearray:
-    """The bytes of one chunk. `filter_values`, if given, has one entry per record."""
+    """The bytes of one chunk, stamped with the writer's `epoch`. `filter_values`, if given,
+    has one entry per record."""
     n = len(records)
     try:
         ends = array("I", accumulate(map(len, records)))
@@ -195,6 +204,7 @@ def encode_chunk(
         len(trailer),
         first_offset,
         timestamp_ms,
+        epoch,
         body_crc,
         0,
     )
@@ -203,42 +213,34 @@ def encode_chunk(
     return chunk
 
 
+def header_length(data: bytes | bytearray | memoryview) -> int:
+    """How many bytes the chunk header at the start of `data` takes, by its version byte (the
+    most a header can take while that byte is not there yet)."""
+    return MIN_HEADER_SIZE if len(data) > 4 and data[4] == 1 else HEADER_SIZE
+
+
 def decode_header(data: bytes | bytearray | memoryview) -> ChunkHeader:
-    """Parse and check a chunk header from the first 48 bytes of `data`."""
-    if len(data) < HEADER_SIZE:
+    """Parse and check a chunk header from the start of `data` (version 2, or 1 as epoch 0)."""
+    if len(data) < header_length(data):
         raise BadChunk("partial chunk header")
-    (
-        magic,
-        version,
-        chunk_type,
-        bloom_size,
-        _flags,
-        n,
-        data_size,
-        filter_size,
-        trailer_size,
-        first_offset,
-        timestamp_ms,
-        body_crc,
-        header_crc,
-    ) = HEADER.unpack_from(data)
-    if magic != CHUNK_MAGIC:
-        raise BadChunk(f"bad chunk magic {bytes(magic)!r}")
-    if crc32c(memoryview(data)[:_HEADER_CRC_AT]) != header_crc:
+    version = data[4]
+    if version == 1:
+        fields = HEADER_V1.unpack_from(data)
+        crc_at, epoch, size = _V1_CRC_AT, 0, MIN_HEADER_SIZE
+        header_crc = fields[12]
+    else:
+        fields = HEADER.unpack_from(data)
+        crc_at, epoch, size = _HEADER_CRC_AT, fields[11], HEADER_SIZE
+        header_crc = fields[13]
+    if fields[0] != CHUNK_MAGIC:
+        raise BadChunk(f"bad chunk magic {bytes(fields[0])!r}")
+    if crc32c(memoryview(data)[:crc_at]) != header_crc:
         raise BadChunk("chunk header CRC mismatch")
-    if version != CHUNK_VERSION:
+    if version not in (1, CHUNK_VERSION):
         raise BadChunk(f"unsupported chunk version {version}")
-    header = ChunkHeader(
-        chunk_type,
-        bloom_size,
-        n,
-        data_size,
-        filter_size,
-        trailer_size,
-        first_offset,
-        timestamp_ms,
-        body_crc,
-    )
+    body_crc = fields[12] if version == CHUNK_VERSION else fields[11]
+    header = ChunkHeader(fields[2], fields[3], fields[5], fields[6], fields[7], fields[8],
+                         fields[9], fields[10], body_crc, epoch, size)
     _check_shape(header)
     return header
 

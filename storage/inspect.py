@@ -45,7 +45,7 @@ def dump_segment(path: Path | str) -> Iterator[dict[str, Any]]:
             raise CorruptLogError(path, 0, problem)
         try:
             for position, header in _headers(fd):
-                body = os.pread(fd, header.body_size, position + ck.HEADER_SIZE)
+                body = os.pread(fd, header.body_size, position + header.header_size)
                 yield _chunk_dict(position, header, body)
         except BadChunk as exc:
             yield {"position": exc.position, "error": exc.reason}
@@ -78,6 +78,7 @@ def _chunk_dict(position: int, header: ck.ChunkHeader, body: bytes) -> dict[str,
         "first_offset": header.first_offset,
         "records": header.num_records,
         "timestamp_ms": header.timestamp_ms,
+        "epoch": header.epoch,
         "bloom_bytes": header.bloom_size,
         "data_bytes": header.data_size,
         "filter_bytes": header.filter_size,
@@ -146,7 +147,7 @@ def _verify_segment(
                 if header.first_offset != next_offset:
                     reason = f"chunk offset {header.first_offset}, expected {next_offset}"
                     problems.append(Problem(path, position, reason))
-                body = os.pread(fd, header.body_size, position + ck.HEADER_SIZE)
+                body = os.pread(fd, header.body_size, position + header.header_size)
                 try:
                     ck.check_body(header, body)
                 except BadChunk as exc:

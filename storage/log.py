@@ -60,6 +60,9 @@ class Log:
         self._committed = self._next - 1
         stamps = [s.last_timestamp_ms for s in self._segments if s.last_timestamp_ms is not None]
         self._last_ts = stamps[-1] if stamps else 0
+        epochs = [s.last_epoch for s in self._segments if s.chunks]
+        self._last_epoch = epochs[-1] if epochs else 0  # the epoch of the last chunk written
+        self._epoch = self._last_epoch  # the epoch new chunks are stamped with
         self._last_sync_ms = config.clock()
         self._unsynced = False
         self._snapshot_due = False
@@ -111,6 +114,26 @@ class Log:
     def committed_offset(self) -> int:
         return self._committed
 
+    # -- epochs ----------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch every chunk appended from now on is stamped with (docs/FORMAT.md 3.1)."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """A new writer term (a stream's leader after an election). Epochs never go back."""
+        if epoch < self._last_epoch:
+            raise ValueError(f"epoch {epoch} is older than the log's last epoch "
+                             f"{self._last_epoch}")
+        self._epoch = epoch
+
+    @property
+    def tail(self) -> tuple[int, int]:
+        """(epoch of the last chunk, next offset): how advanced this log is. Of two logs, the
+        one with the greater tail holds more of what its leaders wrote (an election's order)."""
+        return self._last_epoch, self._next
+
     # -- writing ---------------------------------------------------------------------------
 
     def append(
@@ -143,6 +166,7 @@ class Log:
             filter_values,
             self._config.filter_size_bytes,
             trailer,
+            self._epoch,
         )
         self._write_chunk(chunk)
         if publishers:
@@ -156,7 +180,8 @@ class Log:
             return
         trailer = tracking.consumer_trailer(consumers)
         chunk = ck.encode_chunk(
-            ck.ChunkType.TRACKING_DELTA, self._next, self._timestamp(), [], trailer=trailer
+            ck.ChunkType.TRACKING_DELTA, self._next, self._timestamp(), [], trailer=trailer,
+            epoch=self._epoch,
         )
         self._write_chunk(chunk)
         self._tracking.set_consumers(consumers)
@@ -196,6 +221,7 @@ class Log:
             raise error from exc
         active.add(header)
         self._next = header.next_offset
+        self._last_epoch = header.epoch
 
     def _undo(self, position: int, index_size: int, error: LogIOError) -> None:
         try:
@@ -229,7 +255,8 @@ class Log:
             self._tracking.trim(self.first_offset)
             trailer = self._tracking.snapshot_trailer()
             snapshot = ck.encode_chunk(
-                ck.ChunkType.TRACKING_SNAPSHOT, self._next, timestamp_ms, [], trailer=trailer
+                ck.ChunkType.TRACKING_SNAPSHOT, self._next, timestamp_ms, [], trailer=trailer,
+                epoch=self._last_epoch,
             )
             self._write(snapshot, ck.decode_header(snapshot))
         self._snapshot_due = False

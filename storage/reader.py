@@ -286,7 +286,7 @@ class Reader:
         self, position: int, committed: int, fresh: bool = False
     ) -> ck.ChunkHeader | None:
         data = self._bytes_at(position, ck.HEADER_SIZE, fresh)
-        if len(data) < ck.HEADER_SIZE:
+        if len(data) < ck.header_length(data):
             return None
         try:
             return ck.decode_header(data)
@@ -327,12 +327,12 @@ class Reader:
         if self._skip_below is not None and key <= self._skip_below:
             return False
         if self._matcher is not None and n:
-            bloom = self._bytes_at(self._pos + ck.HEADER_SIZE, header.bloom_size)
+            bloom = self._bytes_at(self._pos + header.header_size, header.bloom_size)
             return self._matcher.matches(bloom)
         return True
 
     def _body(self, header: ck.ChunkHeader, committed: int) -> bytes | None:
-        at = self._pos + ck.HEADER_SIZE
+        at = self._pos + header.header_size
         body = self._bytes_at(at, header.body_size)
         try:
             ck.check_body(header, body)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from leveret.storage import layout
 from leveret.storage import segment as seg
-from leveret.storage.chunk import HEADER_SIZE, ChunkHeader
+from leveret.storage.chunk import ChunkHeader
 from leveret.storage.errors import BadChunk, CorruptLogError, io_error
 from leveret.storage.index import ENTRY_SIZE, Bisectable, IndexEntry, IndexView, entry_position
 from leveret.storage.tracking import TrackingState
@@ -119,7 +119,8 @@ def _repair_active(seg_path: Path, idx_path: Path, fd: int, ifd: int, base: int)
     if last is not None and header is not None:
         end = last.position + header.total_size
         info = seg.SegmentInfo(
-            base, end, header.next_offset, kept, index[0].timestamp_ms, header.timestamp_ms
+            base, end, header.next_offset, kept, index[0].timestamp_ms, header.timestamp_ms,
+            header.epoch,
         )
     os.ftruncate(ifd, entry_position(kept))
     _reindex_tail(seg_path, fd, ifd, info)
@@ -232,7 +233,8 @@ def _sealed_info_from_index(
             log.warning("index %s disagrees with its segment", idx_path)
             return None
         return seg.SegmentInfo(
-            base, size, header.next_offset, len(index), first.timestamp_ms, last.timestamp_ms
+            base, size, header.next_offset, len(index), first.timestamp_ms, last.timestamp_ms,
+            header.epoch,
         )
     finally:
         os.close(ifd)
@@ -295,7 +297,7 @@ def apply_trailers(
             header = seg.read_header(fd, entry.position)
             if header is None:
                 raise BadChunk("partial chunk", entry.position)
-            at = entry.position + HEADER_SIZE + header.trailer_start
+            at = entry.position + header.header_size + header.trailer_start
             trailer = os.pread(fd, header.trailer_size, at)
             state.apply(header.chunk_type, trailer)
         except BadChunk as exc:

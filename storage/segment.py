@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leveret.storage import layout
-from leveret.storage.chunk import HEADER_SIZE, ChunkHeader, check_body, decode_header
+from leveret.storage.chunk import (
+    HEADER_SIZE,
+    ChunkHeader,
+    check_body,
+    decode_header,
+    header_length,
+)
 from leveret.storage.errors import BadChunk, LogIOError, io_error
 from leveret.storage.index import FLAG_TRAILER, IndexEntry, MemoryIndex
 from leveret.storage.index import encode_entry as encode_index_entry
@@ -37,9 +43,11 @@ class SegmentInfo:
     chunks: int
     first_timestamp_ms: int | None = None
     last_timestamp_ms: int | None = None
+    last_epoch: int = 0  # the epoch of its last chunk
 
     def add(self, header: ChunkHeader) -> None:
         """Account for one more chunk written at the end of the segment."""
+        self.last_epoch = header.epoch
         self.size += header.total_size
         self.chunks += 1
         self.next_offset = header.next_offset
@@ -125,7 +133,7 @@ def remove(path: Path) -> None:
 def read_header(fd: int, position: int) -> ChunkHeader | None:
     """The checked header of the chunk at `position`; None if the file ends before it is whole."""
     data = os.pread(fd, HEADER_SIZE, position)
-    if len(data) < HEADER_SIZE:
+    if len(data) < header_length(data):
         return None
     try:
         return decode_header(data)
@@ -139,7 +147,7 @@ def read_chunk(fd: int, position: int) -> tuple[ChunkHeader, bytes] | None:
     header = read_header(fd, position)
     if header is None:
         return None
-    body = os.pread(fd, header.body_size, position + HEADER_SIZE)
+    body = os.pread(fd, header.body_size, position + header.header_size)
     try:
         check_body(header, body)
     except BadChunk as exc:

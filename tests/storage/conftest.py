@@ -44,12 +44,25 @@ def craft_chunk(
 ) -> bytes:
     """A USER chunk with arbitrary sections and valid CRCs, as no encoder would write it."""
     body = data + filters + trailer
-    fields = [b"LVCK", 1, 0, 0, 0, n, len(data), len(filters), len(trailer)]
-    header = bytearray(ck.HEADER.pack(*fields, first_offset, timestamp_ms, ck.crc32c(body), 0))
-    struct.pack_into("<I", header, 44, ck.crc32c(bytes(header[:44])))
+    fields = [b"LVCK", ck.CHUNK_VERSION, 0, 0, 0, n, len(data), len(filters), len(trailer)]
+    header = bytearray(ck.HEADER.pack(*fields, first_offset, timestamp_ms, 0, ck.crc32c(body), 0))
+    struct.pack_into("<I", header, 52, ck.crc32c(bytes(header[:52])))
     return bytes(header) + body
 
 
 @pytest.fixture
 def craft() -> Callable[..., bytes]:
     return craft_chunk
+
+
+def as_version_1(chunk: bytes) -> bytes:
+    """A chunk as format version 1 wrote it, before epochs: a 48-byte header without the epoch."""
+    header = bytearray(chunk[:40] + chunk[48:52] + bytes(4))
+    header[4] = 1
+    struct.pack_into("<I", header, 44, ck.crc32c(bytes(header[:44])))
+    return bytes(header) + chunk[ck.HEADER_SIZE:]
+
+
+@pytest.fixture
+def version_1() -> Callable[[bytes], bytes]:
+    return as_version_1

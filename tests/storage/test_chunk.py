@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -97,8 +98,36 @@ def _with_header_field(data: bytes, at: int, fmt: str, value: int) -> bytes:
     """The chunk with one header field replaced and the header CRC recomputed."""
     raw = bytearray(data)
     struct.pack_into(fmt, raw, at, value)
-    struct.pack_into("<I", raw, 44, ck.crc32c(bytes(raw[:44])))
+    struct.pack_into("<I", raw, 52, ck.crc32c(bytes(raw[:52])))
     return bytes(raw)
+
+
+def test_epoch_round_trip() -> None:
+    data = bytes(ck.encode_chunk(0, 7, 1, [b"abc"], epoch=2**40 + 3))
+    header = ck.decode_header(data)
+    assert (header.epoch, header.header_size, header.first_offset) == (2**40 + 3, 56, 7)
+    assert header.total_size == len(data)
+
+
+def test_version_1_chunk_reads_as_epoch_0(version_1: Callable[[bytes], bytes]) -> None:
+    v1 = version_1(bytes(ck.encode_chunk(0, 5, 9, [b"ab", b"c"], epoch=4)))
+    assert ck.header_length(v1) == ck.MIN_HEADER_SIZE == 48
+    header = ck.decode_header(v1)
+    assert (header.epoch, header.header_size, header.total_size) == (0, 48, len(v1))
+    assert ck.decode_records(header, v1[48:]) == [b"ab", b"c"]
+
+
+def test_version_1_header_crc_is_checked(version_1: Callable[[bytes], bytes]) -> None:
+    v1 = bytearray(version_1(bytes(ck.encode_chunk(0, 5, 9, [b"ab"]))))
+    v1[24] ^= 1
+    with pytest.raises(BadChunk, match="chunk header CRC mismatch"):
+        ck.decode_header(v1)
+
+
+def test_partial_header_is_partial() -> None:
+    data = bytes(ck.encode_chunk(0, 0, 1, [b"abc"]))
+    with pytest.raises(BadChunk, match="partial chunk header"):
+        ck.decode_header(data[:50])
 
 
 @pytest.mark.parametrize(

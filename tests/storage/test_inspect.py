@@ -21,8 +21,9 @@ def test_dump_segment_and_index(open_log: OpenLog, tmp_path: Path, clock: FakeCl
     chunks = list(inspect.dump_segment(segment))
     assert chunks[0] | {"tracking": None} == {
         "position": 8, "chunk_type": 0, "first_offset": 0, "records": 2,
-        "timestamp_ms": clock(), "bloom_bytes": 16, "data_bytes": 11, "filter_bytes": 5,
-        "trailer_bytes": 25, "size": 48 + 16 + 11 + 5 + 25, "crc_ok": True, "tracking": None,
+        "timestamp_ms": clock(), "epoch": 0, "bloom_bytes": 16, "data_bytes": 11,
+        "filter_bytes": 5, "trailer_bytes": 25, "size": 56 + 16 + 11 + 5 + 25, "crc_ok": True,
+        "tracking": None,
     }  # fmt: skip
     assert chunks[0]["tracking"] == [{"kind": "publisher", "name": b"pub", "value": 3}]
     assert chunks[1]["tracking"] == [{"kind": "consumer", "name": b"con", "value": 1}]

@@ -205,7 +205,7 @@ def test_filtered_readers_skip_chunks_without_reading_their_records(
     segment = tmp_path / "log" / "00000000000000000000.segment"
     banana = next(c for c in inspect.dump_segment(segment) if c["first_offset"] == 2)
     with open(segment, "r+b") as f:  # damage a record of the banana chunk
-        f.seek(banana["position"] + 48 + banana["bloom_bytes"] + 12 + 1)
+        f.seek(banana["position"] + 56 + banana["bloom_bytes"] + 12 + 1)
         f.write(b"X")
     cherries = log.reader(OffsetSpec.first(), ReaderFilter(frozenset({b"cherry"})))
     assert _offsets(cherries) == [6]
