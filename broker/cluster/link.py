@@ -16,7 +16,8 @@ Calls outstanding on a closed link fail with `LinkClosed`. A refused handshake r
 message is one line for the operator.
 
 It must not know AMQP, queues, streams or etcd: requests and messages are a kind (a string) and
-a JSON body, chunks are an epoch, a stream reference and bytes. Callers register handlers.
+a JSON body, chunks are an epoch, a stream reference and bytes, tunnel frames an id and bytes.
+Callers register handlers.
 
 Threading: one event loop. Every method and callback runs on the loop that created the link;
 one-way messages and chunks are handled in arrival order, one at a time, by the link's reader
@@ -85,6 +86,7 @@ class RemoteError(LinkError):
 RequestHandler = Callable[["Link", Any], Awaitable[Any]]
 MessageHandler = Callable[["Link", Any], Awaitable[None]]
 ChunkHandler = Callable[["Link", Chunk], Awaitable[None]]
+TunnelHandler = Callable[["Link", int, bytes], None]
 
 
 class Handlers:
@@ -95,6 +97,7 @@ class Handlers:
         self.requests: dict[str, RequestHandler] = {}
         self.messages: dict[str, MessageHandler] = {}
         self.chunk: ChunkHandler | None = None
+        self.tunnel: TunnelHandler | None = None  # synchronous: it must not block the reader
 
     def on_request(self, kind: str, handler: RequestHandler) -> None:
         self.requests[kind] = handler
@@ -104,6 +107,9 @@ class Handlers:
 
     def on_chunk(self, handler: ChunkHandler) -> None:
         self.chunk = handler
+
+    def on_tunnel(self, handler: TunnelHandler) -> None:
+        self.tunnel = handler
 
 
 class Link:
@@ -198,6 +204,12 @@ class Link:
         if len(frame) - lf.HEADER_SIZE > self.config.max_payload:
             raise ValueError(f"chunk of {len(data)} bytes exceeds the link's frame limit")
         await self._write(frame)
+
+    def send_tunnel(self, tunnel_id: int, data: bytes | memoryview) -> None:
+        """Raw bytes of a tunnel, one-way, queued at once (no waiting: the caller watches
+        `buffered_bytes` for backpressure). Raises LinkClosed if the link is closed."""
+        self._check_open()
+        self._writer.write(lf.encode_tunnel(tunnel_id, data))
 
     def _check_open(self) -> None:
         if self.close_reason is not None:
@@ -337,6 +349,15 @@ class Link:
             chunk = lf.decode_chunk(frame.payload)
             if self.handlers.chunk is not None:
                 await self._one_way("chunk", self.handlers.chunk(self, chunk))
+            return
+        if kind is FrameType.TUNNEL:
+            tunnel_id, data = lf.decode_tunnel(frame.payload)
+            if self.handlers.tunnel is not None:
+                try:
+                    self.handlers.tunnel(self, tunnel_id, data)
+                except Exception:  # a handler's failure is its own; the link stays
+                    log.exception("cluster link tunnel handler failed",
+                                  peer_node=self.peer_node)
             return
         obj = lf.decode_json(frame)
         if kind is FrameType.REQUEST:

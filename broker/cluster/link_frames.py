@@ -41,6 +41,7 @@ class FrameType(IntEnum):
     MESSAGE = 7  # one-way: kind and body
     CHUNK = 8  # one-way raw bytes: epoch, stream reference, data
     HEARTBEAT = 9  # empty
+    TUNNEL = 10  # one-way raw bytes of a tunnel: u32 tunnel id, then its bytes (empty: closed)
 
 
 KNOWN_TYPES = frozenset(int(t) for t in FrameType)
@@ -142,6 +143,25 @@ def decode_chunk(payload: bytes) -> Chunk:
     except UnicodeDecodeError:
         raise MalformedPayload("CHUNK stream reference is not UTF-8") from None
     return Chunk(epoch, stream, payload[start:])
+
+
+_TUNNEL_ID = struct.Struct(">I")
+TUNNEL_FROM_OPENER = 0x80000000  # the id's top bit: sent by the side that opened the tunnel
+
+
+def encode_tunnel(tunnel_id: int, data: bytes | memoryview) -> bytes:
+    """A TUNNEL frame: the tunnel's id (its top bit says which side sent it) and its bytes,
+    which the link passes on untouched. Empty bytes close the tunnel."""
+    head = _TUNNEL_ID.pack(tunnel_id)
+    size = len(head) + len(data)
+    crc = crc32c(data, crc32c(head, crc32c(_PREFIX.pack(size, FrameType.TUNNEL))))
+    return b"".join((HEADER.pack(size, FrameType.TUNNEL, crc), head, data))
+
+
+def decode_tunnel(payload: bytes) -> tuple[int, bytes]:
+    if len(payload) < _TUNNEL_ID.size:
+        raise MalformedPayload("TUNNEL payload shorter than its tunnel id")
+    return int(_TUNNEL_ID.unpack_from(payload)[0]), payload[_TUNNEL_ID.size:]
 
 
 class FrameDecoder:

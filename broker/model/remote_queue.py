@@ -3,7 +3,7 @@
 Every node has every queue of the cluster in its vhosts, so that bindings and routing work the
 same everywhere; a queue whose record names another node is one of these. It has the queue's
 identity, type, flags and arguments, and hands what must happen to the queue (a routed message,
-a consumer, a get) to `forwarder`, which reaches the holding node. (Being built: forwarding.)
+a consumer, a get) to `forwarder`, which reaches the holding node.
 
 It must not know the link or AMQP: the forwarder is given to it.
 Single-threaded: every method runs on the event loop thread.
@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from leveret.broker.model.queue import Queue
 
 if TYPE_CHECKING:
+    from leveret.broker.model.consumer import Consumer
+    from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
     from leveret.broker.model.vhost import VHost
 
 ELSEWHERE = object()  # the exclusive owner of a queue exclusive to a connection on another node
@@ -31,3 +33,64 @@ class RemoteQueue(Queue):
         self.type = queue_type
         self.node = node
         self.forwarder = forwarder
+
+    # What a channel asks of a queue, handed to the forwarder (broker/session/forwarding.py).
+    # A delivery's handle (`entry`) is a QueuedMessage whose `seq` is the holder's delivery tag
+    # and whose `store_ref` is what settles it there; a consumer's `state` is its forwarding.
+
+    @property
+    def redelivers(self) -> bool:  # type: ignore[override]
+        return self.type != "stream"
+
+    @property
+    def message_count(self) -> int:
+        """Unknown here: queue.declare's counts come from the holding node."""
+        return 0
+
+    def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
+        if self.forwarder is None:
+            if confirm is not None:
+                confirm.reject()
+            return True
+        self.stats_published += 1
+        return bool(self.forwarder.publish(self, message, confirm))
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        """Consumers are added by the forwarder once the holder has taken them."""
+        self.consumers.append(consumer)
+        self.had_consumers = True
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        state = consumer.state
+        if state is not None:
+            state.cancel()
+
+    def dispatch(self) -> None:
+        for consumer in list(self.consumers):
+            if consumer.state is not None:
+                consumer.state.drain()
+
+    def get(self, no_ack: bool) -> QueuedMessage | None:
+        raise NotImplementedError("basic.get of a RemoteQueue goes through the forwarder")
+
+    def purge(self) -> int:
+        raise NotImplementedError("queue.purge of a RemoteQueue goes through the forwarder")
+
+    def ack(self, entry: Any, consumer: Consumer | None = None) -> None:
+        entry.store_ref.settle(entry.seq, True)
+
+    def reject(self, entry: Any, consumer: Consumer | None = None) -> None:
+        entry.store_ref.settle(entry.seq, False, False)
+
+    def requeue(self, entries: list[Any]) -> None:
+        for entry in entries:
+            entry.store_ref.settle(entry.seq, False, True)
+
+    def on_delete(self) -> None:
+        """The queue is gone from the cluster: its consumers here are cancelled."""
+        for consumer in list(self.consumers):
+            if consumer.state is not None:
+                consumer.state.cancel()
+        super().on_delete()

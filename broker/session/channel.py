@@ -33,8 +33,9 @@ from leveret.broker.model.errors import (
     PreconditionFailed,
 )
 from leveret.broker.model.message import Confirm, QueuedMessage
+from leveret.broker.model.remote_queue import RemoteQueue
 from leveret.broker.model.vhost import server_generated_name
-from leveret.broker.session import backlog, queries, topology
+from leveret.broker.session import backlog, forwarding, queries, topology
 from leveret.broker.session.confirms import Confirms
 from leveret.broker.session.errors import to_amqp
 
@@ -77,6 +78,7 @@ class Channel:
         self.tx_held = 0  # consumer deliveries settled in the open transaction, not yet committed
         self.closed = False
         self.backlog: Backlog | None = None  # a step this channel waits for, in cluster mode
+        self.remote: Any = None  # its channels on the nodes that hold queues it used (forwarding)
         self._handlers: dict[type, Callable[[Any], None]] = {
             **{kind: functools.partial(handler, self)
                for kind, handler in topology.HANDLERS.items()},
@@ -157,6 +159,9 @@ class Channel:
             prefetch=self.consumer_prefetch,
             priority=priority if qargs.is_int(priority) else 0, arguments=arguments,
         )
+        if isinstance(queue, RemoteQueue):
+            forwarding.consume(self, consumer, method.nowait)
+            return
         if not method.nowait:
             self.reply(m.Basic.ConsumeOk(consumer_tag=tag))
         self.consumers[tag] = consumer
@@ -186,6 +191,9 @@ class Channel:
         self.check("read", "queue", name)
         queue = self.vhost.queue(name)
         self.vhost.check_exclusive(queue, self.session)
+        if isinstance(queue, RemoteQueue):
+            forwarding.get(self, queue, method.no_ack)
+            return
         entry = queue.get(method.no_ack)
         if entry is None:
             self.reply(m.Basic.GetEmpty())
@@ -525,6 +533,8 @@ class Channel:
         self._reject(items, requeue=True)
         if self.confirms is not None:
             self.confirms.close()
+        if self.remote is not None:
+            self.remote.close()
         # The handlers are bound methods of this channel: a reference cycle that only the
         # cyclic collector (tuned to run rarely) would free. Nothing is dispatched to a
         # closed channel.

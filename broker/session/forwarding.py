@@ -1,12 +1,347 @@
-"""Forwarding to the node that holds a queue, over the node-to-node link. (Being built.)"""
+"""Forwarding to the node that holds a queue, over the node-to-node link.
+
+A client of this node may use any queue of the cluster. A queue held by another node is a
+`RemoteQueue` here; what must happen to it is forwarded through a tunnel: AMQP 0-9-1 spoken to
+that node over the link (tunnel_client.py), served there by an ordinary session
+(tunnel_server.py). Why a tunnel rather than one link message per operation: the holding node
+applies its own queue rules, with their codes and texts, to everything (prefetch, exclusive
+consumers, stream offsets, requeue and redelivery, purge and delete counts), through the code
+its own clients use; this side only maps delivery tags and passes content bytes through.
+
+- Publishes: one tunnel per (node, vhost); per target queue, one tunnel channel in confirm
+  mode, so each publisher's order holds per queue. A publish's `Confirm` is deferred until the
+  holder acks or nacks it; one routed to queues on several nodes confirms once all have.
+- Consumers: per remote consumer, one tunnel channel (basic.qos with the consumer's prefetch,
+  basic.consume with its arguments). Its deliveries go out on the client's channel with that
+  channel's own delivery tags; acks, nacks, rejects (with requeue), recover and cancel go back.
+- basic.get and queue.declare (passive), purge and delete: through a tunnel channel of the
+  client channel (`Channel.remote`), relaying the reply or the error (same code and text).
+- A node going down (its link closes): its consumers here get basic.cancel, publishes waiting
+  for its confirm are nacked, deliveries not yet acked are forgotten (the holder requeues
+  them), and what is asked of its queues gets RabbitMQ's answer for a queue whose node is down.
+
+It must not know the etcd topology: the queues it is given say which node holds them.
+Asyncio: one event loop.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands as m
+
+from leveret.amqp import codec
+from leveret.amqp import constants as c
+from leveret.amqp.errors import AMQPError
+from leveret.broker import logs
+from leveret.broker.cluster.link import Link
+from leveret.broker.cluster.link_frames import TUNNEL_FROM_OPENER
+from leveret.broker.model.errors import NotFound
+from leveret.broker.model.message import Confirm, QueuedMessage
+from leveret.broker.session import backlog
+from leveret.broker.session.tunnel_client import (
+    OPEN,
+    Shadow,
+    Tunnel,
+    TunnelLost,
+    encode_passive_declare,
+    entry_of,
+    message_of,
+)
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
+    from leveret.broker.model.consumer import Consumer
+    from leveret.broker.model.remote_queue import RemoteQueue
+    from leveret.broker.session.channel import Channel
+
+log = logs.get("leveret.cluster.forwarding")
+CONSUME_INDEX = (c.CLASS_BASIC << 16) | 20
+GET_INDEX = (c.CLASS_BASIC << 16) | 70
+
+
+def node_down(queue: RemoteQueue) -> NotFound:
+    """RabbitMQ's answer for a queue whose home node is down (rabbit_amqqueue's
+    not_found_or_absent_dirty / absent: reason nodedown)."""
+    return NotFound(f"home node '{queue.node}' of durable queue '{queue.name}' in vhost "
+                    f"'{queue.vhost.name}' is down or inaccessible")
+
+
+class ConsumerShadow(Shadow):
+    """One remote consumer: the peer delivers on this tunnel channel; deliveries wait in
+    `pending` until the client's channel can take them."""
+
+    def __init__(self, tunnel: Tunnel, queue: RemoteQueue, consumer: Consumer) -> None:
+        super().__init__(tunnel)
+        self.queue = queue
+        self.consumer = consumer
+        self.pending: deque[QueuedMessage] = deque()
+        self.active = False  # consume-ok went to the client: deliveries may follow
+        self.cancelled = False
+        self.unacked = 0
+        consumer.state = self
+
+    async def start(self, exclusive: bool) -> None:
+        consumer = self.consumer
+        number = self.number
+        self.write(codec.encode_method(number, m.Basic.Qos(prefetch_count=consumer.prefetch)),
+                   None)
+        await self.call(codec.encode_method(number, m.Basic.Consume(
+            queue=self.queue.name, consumer_tag=consumer.tag, no_ack=consumer.no_ack,
+            exclusive=exclusive, arguments=consumer.arguments)))
+
+    def on_delivery(self, tag: int, redelivered: bool, exchange: str, routing_key: str,
+                    header: bytes, body: bytes) -> None:
+        entry = entry_of(tag, redelivered, message_of(exchange, routing_key, header, body), self)
+        if not self.consumer.no_ack:
+            self.unacked += 1
+        if self.cancelled:
+            self.settle(tag, False, True)
+            return
+        self.pending.append(entry)
+        if self.active:
+            self.drain()
+
+    def drain(self) -> None:
+        pending = self.pending
+        consumer = self.consumer
+        sink = consumer.sink
+        queue = self.queue
+        while pending and sink.can_send(consumer):
+            sink.send(consumer, pending.popleft(), queue)
+            queue.stats_delivered += 1
+
+    def settle(self, tag: int, ok: bool, requeue: bool = False) -> None:
+        super().settle(tag, ok, requeue)
+        if not self.consumer.no_ack:
+            self.unacked -= 1
+        if self.cancelled and self.unacked <= 0:
+            self.close()
+
+    def cancel(self) -> None:
+        """The client cancelled (or its channel closed): what waited goes back to the peer;
+        the channel stays open until the client has settled what it was given."""
+        if self.cancelled:
+            return
+        self.cancelled = True
+        if self.closed:
+            return
+        self.write(codec.encode_method(self.number, m.Basic.Cancel(
+            consumer_tag=self.consumer.tag, nowait=True)))
+        pending, self.pending = self.pending, deque()
+        if self.consumer.no_ack:
+            self.unacked = 0
+        for entry in pending:
+            self.settle(entry.seq, False, True)
+        if self.unacked <= 0:
+            self.close()
+
+    def on_server_cancel(self) -> None:
+        self._end()
+
+    def lost(self, error: Exception) -> None:
+        super().lost(error)
+        self.pending.clear()
+        self._end()
+
+    def _end(self) -> None:
+        """The peer ended the consumer (the queue went, the node went): tell the client."""
+        if self.cancelled:
+            return
+        self.cancelled = True
+        consumer = self.consumer
+        if consumer in self.queue.consumers:
+            self.queue.consumers.remove(consumer)
+        consumer.sink.server_cancel(consumer)
+        if not self.closed and self.unacked <= 0:
+            self.close()
+
+
+class OpsShadow(Shadow):
+    """A client channel's tunnel channel to one peer: basic.get and the queue methods."""
+
+
+class ChannelRemote:
+    """What one client channel holds on other nodes: its OpsShadow per tunnel."""
+
+    def __init__(self) -> None:
+        self.shadows: dict[int, OpsShadow] = {}
+
+    def ops(self, tunnel: Tunnel) -> OpsShadow:
+        shadow = self.shadows.get(id(tunnel))
+        if shadow is None or shadow.closed or shadow.closing:
+            shadow = self.shadows[id(tunnel)] = OpsShadow(tunnel)
+        return shadow
+
+    def close(self) -> None:
+        for shadow in self.shadows.values():
+            shadow.close()
+        self.shadows.clear()
+
+
+class Forwarder:
+    """This node's tunnels to the others (`broker.forwarder`), and its server of theirs."""
+
+    def __init__(self, broker: Broker) -> None:
+        from leveret.broker.session.tunnel_server import TunnelServer  # it imports Channel
+
+        self.broker = broker
+        self.server = TunnelServer(broker)
+        self.tunnels: dict[tuple[str, str], Tunnel] = {}
+        self.by_id: dict[int, Tunnel] = {}
+
+    def link_to(self, node: str) -> Link | None:
+        cluster = self.broker.cluster
+        return cluster.links.link_to(node) if cluster is not None else None
+
+    def tunnel(self, node: str, vhost: str) -> Tunnel | None:
+        """The tunnel to `vhost` on `node`, opened if need be; None if there is no link."""
+        tunnel = self.tunnels.get((node, vhost))
+        if tunnel is not None and not tunnel.closed:
+            return tunnel
+        link = self.link_to(node)
+        if link is None:
+            return None
+        tunnel = Tunnel(link, node, vhost, self._lost)
+        self.tunnels[(node, vhost)] = tunnel
+        self.by_id[tunnel.id] = tunnel
+        return tunnel
+
+    def _lost(self, tunnel: Tunnel) -> None:
+        if self.tunnels.get((tunnel.peer, tunnel.vhost)) is tunnel:
+            del self.tunnels[(tunnel.peer, tunnel.vhost)]
+        self.by_id.pop(tunnel.id, None)
+        log.info("tunnel closed", peer_node=tunnel.peer, vhost=tunnel.vhost,
+                 reason=str(tunnel.error))
+
+    def receive(self, link: Link, tunnel_id: int, data: bytes) -> None:
+        """A TUNNEL frame: for a session this node serves, or for one of its own tunnels."""
+        if tunnel_id & TUNNEL_FROM_OPENER:
+            self.server.receive(link, tunnel_id & ~TUNNEL_FROM_OPENER, data)
+            return
+        tunnel = self.by_id.get(tunnel_id)
+        if tunnel is not None and tunnel.link is link:
+            tunnel.receive(data)
+
+    # -- what RemoteQueue hands over
+
+    def publish(self, queue: RemoteQueue, message: Any, confirm: Confirm | None) -> bool:
+        tunnel = self.tunnel(queue.node, queue.vhost.name)
+        if tunnel is None:  # the node is down: as RabbitMQ, a confirm is a nack
+            if confirm is not None:
+                confirm.reject()
+            return True
+        tunnel.publisher(queue.name).publish(message, confirm)
+        return True
+
+
+def _tunnel_for(queue: RemoteQueue) -> Tunnel:
+    forwarder: Forwarder | None = queue.forwarder
+    tunnel = forwarder.tunnel(queue.node, queue.vhost.name) if forwarder is not None else None
+    if tunnel is None:
+        raise node_down(queue)
+    return tunnel
+
+
+async def _answer(queue: RemoteQueue, shadow: Shadow, future: Any) -> Any:
+    try:
+        await shadow.tunnel.opened
+        return await future
+    except TunnelLost:
+        raise node_down(queue) from None
+
+
+def consume(channel: Channel, consumer: Consumer, nowait: bool) -> None:
+    """basic.consume on a RemoteQueue, checked here already: consume on the holder, then
+    answer consume-ok (or the holder's error) and let deliveries flow."""
+    queue: RemoteQueue = consumer.queue
+    tunnel = _tunnel_for(queue)
+    shadow = ConsumerShadow(tunnel, queue, consumer)
+
+    async def step() -> None:
+        try:
+            await _answer(queue, shadow, shadow.start(consumer.exclusive))
+        except BaseException:
+            shadow.cancelled = True
+            shadow.close()
+            raise
+        if channel.closed:
+            shadow.cancel()
+            return
+        if not nowait:
+            channel.reply(m.Basic.ConsumeOk(consumer_tag=consumer.tag))
+        channel.consumers[consumer.tag] = consumer
+        queue.consumers.append(consumer)
+        queue.had_consumers = True
+        shadow.active = True
+        shadow.drain()
+
+    backlog.run_step(channel, CONSUME_INDEX, step())
+
+
+def _remote(channel: Channel) -> ChannelRemote:
+    if channel.remote is None:
+        channel.remote = ChannelRemote()
+    remote: ChannelRemote = channel.remote
+    return remote
+
+
+def get(channel: Channel, queue: RemoteQueue, no_ack: bool) -> None:
+    """basic.get on a RemoteQueue: the holder's get-ok becomes this channel's, with its tag."""
+    shadow = _remote(channel).ops(_tunnel_for(queue))
+    future = shadow.call(codec.encode_get(shadow.number, codec.short_str(queue.name), no_ack))
+
+    async def step() -> None:
+        answer = await _answer(queue, shadow, future)
+        if answer is None:
+            channel.reply(m.Basic.GetEmpty())
+            return
+        (tag, redelivered, exchange, routing_key, count), header, body = answer
+        entry = entry_of(tag, redelivered, message_of(exchange, routing_key, header, body),
+                         shadow)
+        channel._get_ok(entry, queue, no_ack, count)
+
+    backlog.run_step(channel, GET_INDEX, step())
+
+
+def forward_queue_method(channel: Channel, queue: RemoteQueue, method: Any) -> None:
+    """queue.declare (passive), queue.purge or queue.delete of a RemoteQueue: asked of the
+    holder; its reply (with its counts) or its error (same code and text) is this channel's."""
+    tunnel = _tunnel_for(queue)
+    shadow = _remote(channel).ops(tunnel)
+    if isinstance(method, m.Queue.Declare):
+        data = encode_passive_declare(shadow.number, queue.name, method.nowait)
+    else:
+        data = codec.encode_method(shadow.number, method)
+    if getattr(method, "nowait", False):
+        shadow.write(data)
+        return
+    future = shadow.call(data)
+
+    async def step() -> None:
+        reply = await _answer(queue, shadow, future)
+        if isinstance(reply, m.Queue.DeclareOk):
+            channel.session.write(codec.encode_declare_ok(
+                channel.number, queue.name, reply.message_count or 0, reply.consumer_count or 0))
+        elif reply is not None:
+            channel.reply(reply)
+
+    backlog.run_step(channel, method.index, step())
 
 
 def install(broker: Broker) -> None:
-    """Register the link handlers with which this node serves queues to the other nodes."""
+    """Register the link handlers with which this node serves queues to the other nodes, and
+    set `broker.forwarder`, through which its RemoteQueues reach theirs."""
+    forwarder = Forwarder(broker)
+    broker.forwarder = forwarder  # type: ignore[attr-defined]  # read by getattr (topology)
+    cluster = broker.cluster
+    if cluster is None:
+        return
+    handlers = cluster.links.handlers
+    handlers.on_request(OPEN, forwarder.server.open)
+    handlers.on_tunnel(forwarder.receive)
+
+
+__all__ = ["AMQPError", "Forwarder", "consume", "forward_queue_method", "get", "install",
+           "node_down"]

@@ -1,0 +1,401 @@
+"""The forwarding node's end of a tunnel: AMQP 0-9-1 spoken to the holding node over the link.
+
+A `Tunnel` is one AMQP connection to one peer's vhost, carried in TUNNEL frames (the peer
+serves it with a real session: tunnel_server.py). It has no handshake of its own (the link was
+authenticated) and starts with `tunnel.open`. Its channels are `Shadow`s, each standing for
+something of this node's clients on the peer: the publishes to one queue (a channel in confirm
+mode), one consumer (basic.qos with the consumer's prefetch, basic.consume with its
+arguments), or one client channel's basic.get and queue methods. What the peer sends back is
+parsed with the wire layer's frame buffer and hot-frame codecs; a delivery's content header and
+body are passed on as bytes, never decoded.
+
+Output is gathered during one loop turn and leaves as one TUNNEL frame.
+
+It knows AMQP frames and the link's tunnel frames; the queues and channels it serves are the
+callers' (forwarding.py). Asyncio: one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import struct
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Any
+
+from pamqp import commands as m
+
+from leveret.amqp import codec
+from leveret.amqp import constants as c
+from leveret.amqp.content import Message, content_frames
+from leveret.amqp.errors import AMQPError
+from leveret.amqp.frames import FrameBuffer
+from leveret.broker import logs
+from leveret.broker.cluster.link import Link, LinkError
+from leveret.broker.cluster.link_frames import TUNNEL_FROM_OPENER
+from leveret.broker.model.message import Confirm, QueuedMessage
+
+log = logs.get("leveret.cluster.tunnel")
+OPEN = "tunnel.open"  # request: {id, vhost}; the peer serves the tunnel (tunnel_server.py)
+OPEN_TIMEOUT_S = 10.0
+MAX_CHANNELS = 65535
+_GET_OK = (c.CLASS_BASIC << 16) | 71
+_GET_EMPTY = (c.CLASS_BASIC << 16) | 72
+_RETURN = (c.CLASS_BASIC << 16) | 50
+_CANCEL = (c.CLASS_BASIC << 16) | 30
+_CHANNEL_CLOSE = (c.CLASS_CHANNEL << 16) | 40
+_CHANNEL_CLOSE_OK = (c.CLASS_CHANNEL << 16) | 41
+_BODY_SIZE = struct.Struct(">Q")
+_GET_OK_HEAD = struct.Struct(">QB")
+_U32 = struct.Struct(">I")
+_ids = itertools.count(1)
+
+
+class TunnelLost(Exception):
+    """The tunnel (or the link under it) closed before the answer came."""
+
+
+def peer_error(method: Any) -> AMQPError:
+    """The AMQPError a peer's channel.close stands for: same code, same explanation."""
+    text = str(method.reply_text)
+    prefix = f"{c.REPLY_NAMES.get(method.reply_code, 'UNKNOWN')} - "
+    return AMQPError(method.reply_code, text[len(prefix):] if text.startswith(prefix) else text)
+
+
+class Shadow:
+    """One channel of a tunnel. Replies to synchronous methods resolve `expect`'s futures in
+    order (None: a reply nobody waits for)."""
+
+    def __init__(self, tunnel: Tunnel) -> None:
+        self.tunnel = tunnel
+        self.closed = False
+        self.closing = False
+        self.expect: deque[asyncio.Future[Any] | None] = deque()
+        self._content: list[Any] | None = None  # [kind, args, header, size, body parts]
+        self.number = tunnel.allocate(self)
+        self.write(codec.encode_method(self.number, m.Channel.Open()), None)
+
+    def write(self, data: bytes, reply: asyncio.Future[Any] | bool | None = False) -> None:
+        """Send bytes; `reply` None or a future if the peer will answer with a method."""
+        if reply is not False:
+            self.expect.append(reply)  # type: ignore[arg-type]
+        self.tunnel.write(data)
+
+    def call(self, data: bytes) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.closed:
+            future.set_exception(TunnelLost("the channel is closed"))
+        else:
+            self.write(data, future)
+        return future
+
+    def settle(self, tag: int, ok: bool, requeue: bool = False) -> None:
+        """Ack or nack (with requeue) one delivery the peer made on this channel."""
+        if self.closed:
+            return  # the peer requeues what a closed channel held
+        if ok:
+            self.tunnel.write(codec.encode_ack(self.number, tag, False))
+        else:
+            self.tunnel.write(codec.encode_method(
+                self.number, m.Basic.Nack(delivery_tag=tag, multiple=False, requeue=requeue)))
+
+    def close(self) -> None:
+        """Close the peer's channel (it requeues what it held)."""
+        if self.closed or self.closing:
+            return
+        self.closing = True
+        self.tunnel.write(codec.encode_method(
+            self.number, m.Channel.Close(reply_code=200, reply_text="Normal shutdown",
+                                        class_id=0, method_id=0)))
+
+    # -- frames from the peer
+
+    def frame(self, frame_type: int, payload: bytes) -> None:
+        if frame_type == c.FRAME_METHOD:
+            self._method(payload)
+        elif frame_type == c.FRAME_HEADER:
+            content = self._content
+            if content is None:
+                return
+            content[2] = payload
+            content[3] = _BODY_SIZE.unpack_from(payload, 4)[0]
+            if not content[3]:
+                self._complete(content, b"")
+        elif frame_type == c.FRAME_BODY:
+            content = self._content
+            if content is None:
+                return
+            parts = content[4]
+            parts.append(payload)
+            if len(parts) == 1 and len(payload) == content[3]:
+                self._complete(content, payload)
+            elif sum(map(len, parts)) >= content[3]:
+                self._complete(content, b"".join(parts))
+
+    def _complete(self, content: list[Any], body: bytes) -> None:
+        self._content = None
+        kind, args, header = content[0], content[1], content[2]
+        if kind == "deliver":
+            self.on_delivery(args[1], args[2], args[3], args[4], header, body)
+        elif kind == "get":
+            future = self.expect.popleft() if self.expect else None
+            if future is not None and not future.done():
+                future.set_result((args, header, body))
+
+    def _method(self, payload: bytes) -> None:
+        index = codec.method_index(payload)
+        if index == c.BASIC_DELIVER:
+            self._content = ["deliver", codec.decode_deliver(payload), b"", 0, []]
+        elif index == c.BASIC_ACK or index == c.BASIC_NACK:
+            tag, multiple = codec.decode_ack(payload)
+            self.on_confirm(tag, multiple, index == c.BASIC_ACK)
+        elif index == _GET_OK:
+            tag, bits = _GET_OK_HEAD.unpack_from(payload, 4)
+            pos = 13
+            exchange, pos = _short(payload, pos)
+            routing_key, pos = _short(payload, pos)
+            count = _U32.unpack_from(payload, pos)[0]
+            self._content = ["get", (tag, bool(bits & 1), exchange, routing_key, count), b"",
+                             0, []]
+        elif index == _RETURN:
+            self._content = ["return", None, b"", 0, []]
+        elif index == _CANCEL:
+            self.on_server_cancel()
+        elif index == _CHANNEL_CLOSE:
+            method = codec.decode_method(payload)
+            self.tunnel.write(codec.encode_method(self.number, m.Channel.CloseOk()))
+            self.lost(peer_error(method))
+            self.tunnel.release(self.number)
+        elif index == _CHANNEL_CLOSE_OK:
+            self.lost(TunnelLost("channel closed"))
+            self.tunnel.release(self.number)
+        else:
+            reply: Any = None if index == _GET_EMPTY else codec.decode_method(payload)
+            future = self.expect.popleft() if self.expect else None
+            if future is not None and not future.done():
+                future.set_result(reply)
+
+    # -- what kinds of shadows do with it
+
+    def on_delivery(self, tag: int, redelivered: bool, exchange: str, routing_key: str,
+                    header: bytes, body: bytes) -> None:
+        """A basic.deliver on this channel."""
+
+    def on_confirm(self, tag: int, multiple: bool, ok: bool) -> None:
+        """A publisher confirm (basic.ack or basic.nack) on this channel."""
+
+    def on_server_cancel(self) -> None:
+        """The peer cancelled this channel's consumer."""
+
+    def lost(self, error: Exception) -> None:
+        """The channel is gone (closed by the peer with `error`, or the tunnel is lost)."""
+        if self.closed:
+            return
+        self.closed = True
+        expect, self.expect = self.expect, deque()
+        for future in expect:
+            if future is not None and not future.done():
+                future.set_exception(error)
+
+
+class PublishShadow(Shadow):
+    """The channel that carries this node's publishes to one queue of the peer, in order, in
+    confirm mode; each publish's `Confirm` is settled by the peer's basic.ack or basic.nack."""
+
+    def __init__(self, tunnel: Tunnel, queue: str) -> None:
+        super().__init__(tunnel)
+        self.queue = queue
+        self.seq = 0
+        self.unconfirmed: OrderedDict[int, Confirm | None] = OrderedDict()
+        self._names: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+        self.write(encode_passive_declare(self.number, queue), None)
+        self.write(codec.encode_method(self.number, m.Confirm.Select()), None)
+
+    def publish(self, message: Any, confirm: Confirm | None) -> None:
+        key = (message.exchange, message.routing_key)
+        names = self._names.get(key)
+        if names is None:
+            if len(self._names) > 1024:
+                self._names.clear()
+            names = self._names[key] = (codec.short_str(key[0]), codec.short_str(key[1]))
+        self.seq += 1
+        if confirm is not None:
+            confirm.defer()
+        self.unconfirmed[self.seq] = confirm
+        number = self.number
+        tunnel = self.tunnel
+        tunnel.write(codec.encode_publish(number, names[0], names[1]))
+        tunnel.write_many(content_frames(number, message.header, message.body,
+                                         tunnel.frame_max))
+
+    def on_confirm(self, tag: int, multiple: bool, ok: bool) -> None:
+        unconfirmed = self.unconfirmed
+        if not multiple:
+            confirm = unconfirmed.pop(tag, None)
+            if confirm is not None:
+                confirm.settle(ok)
+            return
+        while unconfirmed:
+            seq = next(iter(unconfirmed))
+            if seq > tag:
+                break
+            confirm = unconfirmed.popitem(last=False)[1]
+            if confirm is not None:
+                confirm.settle(ok)
+
+    def lost(self, error: Exception) -> None:
+        super().lost(error)
+        unconfirmed, self.unconfirmed = self.unconfirmed, OrderedDict()
+        for confirm in unconfirmed.values():
+            if confirm is not None:
+                confirm.settle(False)
+        self.tunnel.publishers.pop(self.queue, None)
+
+
+class Tunnel:
+    """One AMQP connection to one vhost of one peer, over the link."""
+
+    def __init__(self, link: Link, peer: str, vhost: str,
+                 on_lost: Callable[[Tunnel], None]) -> None:
+        self.link = link
+        self.peer = peer
+        self.vhost = vhost
+        self.id = next(_ids) & ~TUNNEL_FROM_OPENER
+        self.channels: dict[int, Shadow] = {}
+        self.publishers: dict[str, PublishShadow] = {}
+        self.frame_max = c.DEFAULT_FRAME_MAX
+        self.ready = False
+        self.closed = False
+        self.error: Exception | None = None
+        self._buffer = FrameBuffer(0)
+        self._out: list[bytes | memoryview] = []
+        self._flush_scheduled = False
+        self._next = 0
+        self._on_lost = on_lost
+        self._loop = asyncio.get_running_loop()
+        self.opened: asyncio.Future[None] = self._loop.create_future()
+        self._task = self._loop.create_task(self._open())
+        link.on_close(lambda closed: self.lose(TunnelLost(f"link to '{peer}' closed")))
+
+    async def _open(self) -> None:
+        try:
+            reply = await self.link.call(OPEN, {"id": self.id, "vhost": self.vhost},
+                                         timeout=OPEN_TIMEOUT_S)
+        except LinkError as exc:
+            self.lose(TunnelLost(str(exc)))
+            return
+        if self.closed:
+            return
+        if isinstance(reply, dict) and isinstance(reply.get("frame_max"), int):
+            self.frame_max = reply["frame_max"]
+        self.ready = True
+        if not self.opened.done():
+            self.opened.set_result(None)
+        self._flush()
+
+    # -- output
+
+    def write(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def write_many(self, parts: list[bytes | memoryview]) -> None:
+        self._out += parts
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self.ready or self.closed or not self._out:
+            return
+        data = b"".join(self._out)
+        self._out.clear()
+        try:
+            self.link.send_tunnel(self.id | TUNNEL_FROM_OPENER, data)
+        except LinkError as exc:
+            self.lose(TunnelLost(str(exc)))
+
+    # -- input
+
+    def receive(self, data: bytes) -> None:
+        if not data:
+            self.lose(TunnelLost(f"'{self.peer}' closed the tunnel"))
+            return
+        channels = self.channels
+        for frame_type, number, payload in self._buffer.feed(data):
+            shadow = channels.get(number)
+            if shadow is not None:
+                shadow.frame(frame_type, payload)
+        if self._buffer.error is not None:
+            self.lose(TunnelLost(f"bad frame from '{self.peer}': {self._buffer.error}"))
+
+    # -- channels
+
+    def allocate(self, shadow: Shadow) -> int:
+        if len(self.channels) >= MAX_CHANNELS:
+            raise AMQPError(c.RESOURCE_ERROR, f"too many channels to node '{self.peer}'")
+        while True:
+            self._next = self._next % MAX_CHANNELS + 1
+            if self._next not in self.channels:
+                self.channels[self._next] = shadow
+                return self._next
+
+    def release(self, number: int) -> None:
+        self.channels.pop(number, None)
+
+    def publisher(self, queue: str) -> PublishShadow:
+        shadow = self.publishers.get(queue)
+        if shadow is None or shadow.closed:
+            shadow = self.publishers[queue] = PublishShadow(self, queue)
+        return shadow
+
+    # -- ending
+
+    def lose(self, error: Exception) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.error = error
+        self._out.clear()
+        if not self.opened.done():
+            self.opened.set_exception(error)
+            self.opened.exception()  # retrieved: nobody need wait for it
+        for shadow in list(self.channels.values()):
+            shadow.lost(error)
+        self.channels.clear()
+        self._on_lost(self)
+
+    def close(self) -> None:
+        if not self.closed and self.ready and not self.link.closed:
+            self.link.send_tunnel(self.id | TUNNEL_FROM_OPENER, b"")
+        self.lose(TunnelLost("closed"))
+
+
+def _short(payload: bytes, pos: int) -> tuple[str, int]:
+    end = pos + 1 + payload[pos]
+    return payload[pos + 1:end].decode("utf-8"), end
+
+
+def encode_passive_declare(number: int, queue: str, nowait: bool = False) -> bytes:
+    """queue.declare passive: queue names pamqp would refuse to encode pass too."""
+    args = b"".join((b"\x00\x00", codec.short_str(queue), b"\x11" if nowait else b"\x01",
+                     b"\x00\x00\x00\x00"))
+    return (struct.pack(">BHIHH", c.FRAME_METHOD, number, len(args) + 4, 50, 10) + args
+            + c.FRAME_END_BYTE)
+
+
+def message_of(exchange: str, routing_key: str, header: bytes, body: bytes) -> Message:
+    return Message(exchange, routing_key, header, body)
+
+
+def entry_of(tag: int, redelivered: bool, message: Message, shadow: Shadow) -> QueuedMessage:
+    """A delivery from the peer as this node's channel takes it: the peer's tag is its seq,
+    the shadow that must settle it its store_ref."""
+    entry = QueuedMessage(message, tag)
+    entry.redelivered = redelivered
+    entry.store_ref = shadow
+    return entry
