@@ -62,10 +62,11 @@ GET_INDEX = (c.CLASS_BASIC << 16) | 70
 
 
 def node_down(queue: RemoteQueue) -> NotFound:
-    """RabbitMQ's answer for a queue whose home node is down (rabbit_amqqueue's
-    not_found_or_absent_dirty / absent: reason nodedown)."""
-    return NotFound(f"home node '{queue.node}' of durable queue '{queue.name}' in vhost "
-                    f"'{queue.vhost.name}' is down or inaccessible")
+    """RabbitMQ's answer for a queue whose home node is down (rabbit_amqqueue:priv_absent,
+    reason nodedown). A publish to it is routed and its confirm nacked, as RabbitMQ's
+    classic queue type rejects what a queue that went down had not confirmed."""
+    return NotFound(f"home node '{queue.node}' of durable {queue.resource} is down or "
+                    "inaccessible")
 
 
 class ConsumerShadow(Shadow):

@@ -1,0 +1,345 @@
+"""Forwarding between cluster nodes, with a real etcd, real `leveret serve` nodes and real
+clients (pika, aio-pika, kombu): a client of node B uses queues held by node A as if they were
+B's own (publishes with confirms, consumers within prefetch, acks, nacks, rejects, recover,
+cancel, basic.get, purge, delete, stream offsets), each publisher's order holds, and when A is
+killed B's clients get RabbitMQ's answers, then everything works again once A is back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import kombu
+import pika
+import pytest
+from pika.adapters.blocking_connection import BlockingChannel
+from pika.exceptions import ChannelClosedByBroker, NackError
+from support.brokers import BrokerProcess
+from support.cluster import ClusterNode, make_node, wait_until
+from support.etcd import EtcdServer
+
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
+
+
+def connect(node: BrokerProcess) -> pika.BlockingConnection:
+    params = pika.URLParameters(node.url)
+    params.client_properties = {"capabilities": {"consumer_cancel_notify": True,
+                                                 "publisher_confirms": True,
+                                                 "basic.nack": True}}
+    return pika.BlockingConnection(params)
+
+
+def visible(node: BrokerProcess, queue: str) -> bool:
+    """`queue` answers a passive declare on `node`."""
+    conn = connect(node)
+    try:
+        conn.channel().queue_declare(queue, passive=True)
+        return True
+    except ChannelClosedByBroker:
+        return False
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def counts(node: BrokerProcess, queue: str) -> tuple[int, int]:
+    """(messages, consumers) as a passive declare on `node` reports them."""
+    conn = connect(node)
+    try:
+        ok = conn.channel().queue_declare(queue, passive=True).method
+        return ok.message_count, ok.consumer_count
+    finally:
+        conn.close()
+
+
+def declare_on(node: BrokerProcess, queue: str, **kwargs: Any) -> None:
+    conn = connect(node)
+    conn.channel().queue_declare(queue, durable=True, **kwargs)
+    conn.close()
+
+
+@pytest.fixture
+def ab(tmp_path: Path, etcd: EtcdServer, cluster: str,
+       nodes: list[BrokerProcess]) -> Iterator[tuple[ClusterNode, ClusterNode]]:
+    a = make_node(tmp_path, etcd.url, cluster, "a", management=True)
+    b = make_node(tmp_path, etcd.url, cluster, "b", management=True)
+    nodes.extend((a.start(), b.start()))
+    wait_until(lambda: "cluster link up" in a.log() and "cluster link up" in b.log())
+    yield a, b
+
+
+def on_a(ab: tuple[ClusterNode, ClusterNode], queue: str, **kwargs: Any) -> None:
+    """Declare `queue` on A and wait until B sees it."""
+    a, b = ab
+    declare_on(a, queue, **kwargs)
+    wait_until(lambda: visible(b, queue), timeout=10)
+
+
+def drain(conn: pika.BlockingConnection, got: list[Any], want: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        conn.process_data_events(0.1)
+
+
+def test_publish_with_confirms_on_b_to_a_queue_on_a_then_consume_on_a_and_on_b(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    on_a(ab, "q.pub")
+    conn = connect(b)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    props = pika.BasicProperties(delivery_mode=2, headers={"k": "v"}, message_id="id-1")
+    ch.exchange_declare("x.pub", "direct")
+    ch.queue_bind("q.pub", "x.pub", "rk")
+    for i in range(100):
+        ch.basic_publish("x.pub", "rk", f"m{i}".encode(), props, mandatory=True)
+    assert counts(a, "q.pub") == (100, 0)
+    assert counts(b, "q.pub") == (100, 0)
+
+    conn_a = connect(a)
+    method, header, body = conn_a.channel().basic_get("q.pub", auto_ack=True)
+    assert (method.exchange, method.routing_key, body) == ("x.pub", "rk", b"m0")
+    assert header.headers == {"k": "v"} and header.message_id == "id-1"
+    assert header.delivery_mode == 2
+    conn_a.close()
+
+    got: list[bytes] = []
+    ch.basic_consume("q.pub", lambda c, m, p, body: got.append(body), auto_ack=True)
+    drain(conn, got, 99)
+    assert got == [f"m{i}".encode() for i in range(1, 100)]
+    conn.close()
+    assert counts(a, "q.pub") == (0, 0)
+
+
+def test_a_consumer_on_b_of_a_queue_on_a_within_prefetch_acks_nacks_rejects_recovers_cancels(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    on_a(ab, "q.cons")
+    pub = connect(a)
+    for i in range(20):
+        pub.channel().basic_publish("", "q.cons", f"m{i}".encode(), PERSISTENT)
+    conn = connect(b)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=5)
+    got: list[tuple[int, bool, bytes]] = []
+    tag = ch.basic_consume("q.cons", lambda c, m, p, body: got.append(
+        (m.delivery_tag, m.redelivered, body)))
+    drain(conn, got, 5)
+    conn.process_data_events(0.5)
+    assert [body for _t, _r, body in got] == [f"m{i}".encode() for i in range(5)]
+    assert [t for t, _r, _b in got] == [1, 2, 3, 4, 5]  # B's own delivery tags
+    assert counts(a, "q.cons") == (15, 1)
+
+    ch.basic_ack(2, multiple=True)  # m0, m1
+    drain(conn, got, 7)
+    assert [body for _t, _r, body in got[5:]] == [b"m5", b"m6"]
+
+    ch.basic_nack(3, requeue=True)  # m2 comes back, redelivered
+    drain(conn, got, 8)
+    assert got[7][1:] == (True, b"m2")
+
+    ch.basic_reject(4, requeue=False)  # m3 is dropped
+    drain(conn, got, 9)
+    conn.process_data_events(0.3)
+    assert len(got) == 9
+
+    ch.basic_recover(requeue=True)  # every unacked one comes back, redelivered
+    drain(conn, got, 14)
+    assert all(redelivered for _t, redelivered, _b in got[9:14])
+
+    ch.basic_cancel(tag)
+    ch.basic_ack(0, multiple=True)
+    conn.process_data_events(0.5)
+    assert len(got) == 14
+    wait_until(lambda: counts(a, "q.cons")[1] == 0, timeout=5)
+    # m0, m1 acked, m3 rejected; what was delivered since is acked with multiple=True
+    delivered = {body for _t, _r, body in got}
+    messages, _ = counts(a, "q.cons")
+    assert messages == 20 - len(delivered)
+    conn.close()
+    pub.close()
+
+
+def test_basic_get_purge_and_delete_from_b_with_the_holders_counts(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    on_a(ab, "q.ops")
+    pub = connect(a)
+    for i in range(10):
+        pub.channel().basic_publish("", "q.ops", f"m{i}".encode(), PERSISTENT)
+    conn = connect(b)
+    ch = conn.channel()
+    method, _props, body = ch.basic_get("q.ops")
+    assert (body, method.message_count, method.delivery_tag) == (b"m0", 9, 1)
+    ch.basic_nack(1, requeue=True)
+    method, _props, body = ch.basic_get("q.ops", auto_ack=True)
+    assert (body, method.redelivered) == (b"m0", True)
+    assert counts(b, "q.ops") == (9, 0)
+    assert ch.queue_purge("q.ops").method.message_count == 9
+    assert ch.basic_get("q.ops") == (None, None, None)
+    pub.channel().basic_publish("", "q.ops", b"last", PERSISTENT)
+    assert ch.queue_delete("q.ops").method.message_count == 1
+    conn.close()
+    pub.close()
+    assert not visible(a, "q.ops")
+    wait_until(lambda: not visible(b, "q.ops"), timeout=5)
+
+
+def test_errors_of_the_holding_node_reach_the_client_on_b_with_their_code_and_text(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    on_a(ab, "q.excl")
+    owner = connect(a)
+    owner.channel().basic_consume("q.excl", lambda *args: None, exclusive=True)
+    conn = connect(b)
+    with pytest.raises(ChannelClosedByBroker) as refused:
+        conn.channel().basic_consume("q.excl", lambda *args: None)
+    assert refused.value.reply_code == 403
+    assert refused.value.reply_text == (
+        "ACCESS_REFUSED - queue 'q.excl' in vhost '/' in exclusive use")
+    on_a(ab, "q.del")
+    ch = conn.channel()
+    owner.channel().basic_publish("", "q.del", b"x")
+    with pytest.raises(ChannelClosedByBroker) as not_empty:
+        ch.queue_delete("q.del", if_empty=True)
+    assert not_empty.value.reply_code == 406
+    assert not_empty.value.reply_text == (
+        "PRECONDITION_FAILED - queue 'q.del' in vhost '/' not empty")
+    owner.close()
+    conn.close()
+
+
+def test_a_stream_on_a_read_from_b_from_an_offset(ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    on_a(ab, "s.read", arguments={"x-queue-type": "stream"})
+    pub = connect(a)
+    ch_a = pub.channel()
+    ch_a.confirm_delivery()
+    for i in range(10):
+        ch_a.basic_publish("", "s.read", f"m{i}".encode())
+    pub.close()
+    conn = connect(b)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=3)
+    got: list[tuple[int, bytes]] = []
+
+    def on_message(c: BlockingChannel, m: Any, p: Any, body: bytes) -> None:
+        got.append((p.headers["x-stream-offset"], body))
+        c.basic_ack(m.delivery_tag)
+
+    ch.basic_consume("s.read", on_message, arguments={"x-stream-offset": 6})
+    drain(conn, got, 4)
+    assert got == [(6, b"m6"), (7, b"m7"), (8, b"m8"), (9, b"m9")]
+    with pytest.raises(ChannelClosedByBroker) as bad:
+        conn.channel().basic_consume("s.read", lambda *args: None,
+                                     arguments={"x-stream-offset": "bogus"})
+    assert bad.value.reply_code == 406  # the holder's own answer, relayed
+    conn.close()
+
+
+def test_each_publishers_order_holds_through_b(ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    on_a(ab, "q.order")
+    publishers = [connect(b), connect(b), connect(a)]
+    channels = [p.channel() for p in publishers]
+    for ch in channels:
+        ch.confirm_delivery()
+    for i in range(300):
+        for n, ch in enumerate(channels):
+            ch.basic_publish("", "q.order", f"{n}:{i}".encode())
+    conn = connect(a)
+    got: list[bytes] = []
+    conn.channel().basic_consume("q.order", lambda c, m, p, body: got.append(body),
+                                 auto_ack=True)
+    drain(conn, got, 900)
+    for n in range(3):
+        mine = [int(body.split(b":")[1]) for body in got if body.startswith(f"{n}:".encode())]
+        assert mine == list(range(300))
+    for p in (conn, *publishers):
+        p.close()
+
+
+def test_aio_pika_and_kombu_clients_on_b(ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    on_a(ab, "q.clients")
+
+    async def aio() -> list[bytes]:
+        connection = await aio_pika.connect(b.url)
+        async with connection:
+            channel = await connection.channel(publisher_confirms=True)
+            for i in range(5):
+                await channel.default_exchange.publish(
+                    aio_pika.Message(f"a{i}".encode()), routing_key="q.clients")
+            queue = await channel.get_queue("q.clients")
+            await channel.set_qos(prefetch_count=2)
+            got: list[bytes] = []
+            async with queue.iterator() as it:
+                async for message in it:
+                    async with message.process():
+                        got.append(message.body)
+                    if len(got) == 5:
+                        break
+            return got
+
+    assert asyncio.run(aio()) == [f"a{i}".encode() for i in range(5)]
+    with kombu.Connection(b.url) as conn:
+        simple = conn.SimpleQueue("q.clients", queue_opts={"durable": True})
+        simple.put(b"k", serializer=None, content_type="application/octet-stream")
+        message = simple.get(timeout=5)
+        assert message.body == b"k"
+        message.ack()
+        simple.close()
+    assert counts(a, "q.clients") == (0, 0)
+
+
+def test_when_a_is_killed_b_answers_as_rabbitmq_and_all_comes_back_with_a(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    on_a(ab, "q.down")
+    conn = connect(b)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(50):
+        ch.basic_publish("", "q.down", f"m{i}".encode(), PERSISTENT)
+    consumer = connect(b)
+    cch = consumer.channel()
+    cch.basic_qos(prefetch_count=10)
+    cancelled: list[Any] = []
+    got: list[bytes] = []
+    cch.add_on_cancel_callback(cancelled.append)
+    cch.basic_consume("q.down", lambda c, m, p, body: got.append(body))
+    drain(consumer, got, 10)
+
+    a.kill()
+    deadline = time.monotonic() + 15
+    while not cancelled and time.monotonic() < deadline:
+        consumer.process_data_events(0.2)
+    assert cancelled, "the consumer on B was not cancelled"
+
+    probe = connect(b)
+    with pytest.raises(ChannelClosedByBroker) as down:
+        probe.channel().queue_declare("q.down", passive=True)
+    assert down.value.reply_code == 404
+    assert down.value.reply_text == ("NOT_FOUND - home node 'a' of durable queue 'q.down' "
+                                     "in vhost '/' is down or inaccessible")
+    with pytest.raises(NackError):
+        ch.basic_publish("", "q.down", b"lost", PERSISTENT)
+    with pytest.raises(ChannelClosedByBroker) as consume_down:
+        probe.channel().basic_consume("q.down", lambda *args: None)
+    assert consume_down.value.reply_code == 404
+    probe.close()
+
+    a.start()
+    wait_until(lambda: visible(b, "q.down"), timeout=30)
+    assert counts(b, "q.down") == (50, 0)  # the confirmed ones, unacked ones requeued
+    got.clear()
+    ch2 = conn.channel()
+    ch2.basic_consume("q.down", lambda c, m, p, body: got.append(body), auto_ack=True)
+    drain(conn, got, 50)
+    assert sorted(got, key=lambda body: int(body[1:])) == [f"m{i}".encode() for i in range(50)]
+    conn.close()
+    consumer.close()
