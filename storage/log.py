@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from leveret.storage import chunk as ck
-from leveret.storage import inspect, layout, recovery, retention, tracking
+from leveret.storage import inspect, layout, recovery, retention, shipping, tracking
 from leveret.storage import segment as seg
 from leveret.storage.cache import ChunkCache
 from leveret.storage.config import LogConfig, check_retention
-from leveret.storage.errors import LogClosedError, LogIOError, LogLockedError, io_error
+from leveret.storage.errors import BadChunk, LogClosedError, LogIOError, LogLockedError, io_error
 from leveret.storage.index import entry_position
 from leveret.storage.locate import OffsetSpec
 from leveret.storage.reader import Reader, ReaderFilter
@@ -46,6 +46,11 @@ class Log:
         self._lock_fd = lock_fd
         self._max_length_bytes = config.max_length_bytes
         self._max_age_ms = config.max_age_ms
+        self._load()
+
+    def _load(self) -> None:
+        """Recover the directory and take its state: at open, and after truncate_from."""
+        directory, config = self._dir, self._config
         found = recovery.recover(directory)
         self._segments = found.segments
         self._tracking = found.tracking
@@ -128,6 +133,12 @@ class Log:
                              f"{self._last_epoch}")
         self._epoch = epoch
 
+    def epoch_end(self, epoch: int) -> int:
+        """The offset after this log's last chunk of `epoch` or an older one: a replica whose
+        last epoch is `epoch` agrees with this log up to there (and truncates after it)."""
+        self._check_open()
+        return shipping.epoch_end(self._dir, epoch, self._next)
+
     @property
     def tail(self) -> tuple[int, int]:
         """(epoch of the last chunk, next offset): how advanced this log is. Of two logs, the
@@ -185,6 +196,60 @@ class Log:
         )
         self._write_chunk(chunk)
         self._tracking.set_consumers(consumers)
+
+    # -- replication ---------------------------------------------------------------------
+
+    def ship_from(self, offset: int) -> shipping.Cursor:
+        """Where shipping starts for a replica whose log ends just before `offset`."""
+        self._check_open()
+        return shipping.cursor_at(self._dir, offset)
+
+    def read_chunks(self, cursor: shipping.Cursor,
+                    max_bytes: int) -> tuple[bytes, shipping.Cursor]:
+        """Whole chunks as they are on disk from `cursor`, for a replica (see
+        shipping.read_chunks); returns them and the cursor after them."""
+        self._check_open()
+        return shipping.read_chunks(self._dir, cursor, max_bytes, self._next)
+
+    def append_chunks(self, data: bytes | bytearray | memoryview) -> int:
+        """A replica's append: whole chunks as the leader wrote them, checked (both CRCs, the
+        offsets following on from this log's, epochs never going back) and written unchanged,
+        their tracking entries applied. Returns the next offset. ValueError (BadChunk) for a
+        chunk that does not fit, before anything of it is written."""
+        self._check_writable()
+        view = memoryview(data)
+        while view:
+            header = ck.decode_header(view)
+            ck.check_body(header, view[header.header_size:header.total_size])
+            if header.first_offset != self._next:
+                raise BadChunk(f"chunk at offset {header.first_offset} does not follow "
+                                  f"this log's next offset {self._next}")
+            if header.epoch < self._last_epoch:
+                raise BadChunk(f"chunk of epoch {header.epoch} after epoch "
+                                  f"{self._last_epoch}")
+            chunk = bytearray(view[:header.total_size])
+            self._write_chunk(chunk)
+            if header.trailer_size:
+                at = header.header_size + header.trailer_start
+                self._tracking.apply(header.chunk_type, bytes(chunk[at:header.total_size]))
+            view = view[header.total_size:]
+        return self._next
+
+    def truncate_from(self, offset: int) -> None:
+        """Remove every chunk whose records start at `offset` or later (a replica's tail that
+        a new leader does not have: never committed). Tracking state is rebuilt."""
+        self._check_writable()
+        if offset >= self._next:
+            return
+        if offset < self.first_offset:
+            raise ValueError(f"cannot truncate below the log's first offset {self.first_offset}")
+        os.close(self._fd)
+        os.close(self._ifd)
+        self._cache.clear()  # its keys (segment, position) are about to name other chunks
+        try:
+            recovery.truncate_from(self._dir, [s.base for s in self._segments], offset)
+        finally:
+            self._load()
 
     def _timestamp(self) -> int:
         self._last_ts = max(self._config.clock(), self._last_ts)

@@ -14,6 +14,7 @@ Threading: runs once in Log.open (or inspect), on the caller's thread, before an
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -125,6 +126,30 @@ def _repair_active(seg_path: Path, idx_path: Path, fd: int, ifd: int, base: int)
     os.ftruncate(ifd, entry_position(kept))
     _reindex_tail(seg_path, fd, ifd, info)
     return info
+
+
+def truncate_from(directory: Path, bases: list[int], offset: int) -> None:
+    """Cut the log so that no chunk's records start at `offset` or later: later segments are
+    deleted (the first one is emptied instead), and the segment holding `offset` is cut, with
+    its index, at its first such chunk. The caller loads the log again afterwards."""
+    keep = [b for b in bases if b < offset] or bases[:1]
+    for base in bases[len(keep):]:
+        _delete_segment(directory, base)
+    base = keep[-1]
+    seg_path, idx_path = layout.segment_path(directory, base), layout.index_path(directory, base)
+    fd = os.open(seg_path, os.O_RDWR)
+    try:
+        entries: Bisectable = seg.memory_index(fd)  # the segment is the truth
+        i = next((k for k, e in enumerate(entries) if e.first_offset >= offset), len(entries))
+        if i < len(entries):
+            os.ftruncate(fd, entries[i].position)
+            os.fsync(fd)
+        with contextlib.suppress(FileNotFoundError):  # recovery rebuilds a missing index
+            os.truncate(idx_path, min(os.path.getsize(idx_path), entry_position(i)))
+    except OSError as exc:
+        raise io_error(seg_path, exc) from exc
+    finally:
+        os.close(fd)
 
 
 def _reset(fd: int, magic: bytes) -> None:

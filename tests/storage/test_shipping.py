@@ -1,0 +1,133 @@
+"""Replication's storage side: a leader's chunks shipped as they are on disk into a replica's
+log (records, offsets, tracking and epochs come out the same), the replica's refusals, and the
+truncation of a tail that a new leader does not have."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from leveret.storage import Log, OffsetSpec
+from leveret.storage.errors import BadChunk
+
+
+def _records(log: Log, spec: OffsetSpec | None = None) -> list[tuple[int, bytes]]:
+    reader = log.reader(spec or OffsetSpec.first())
+    records = [item for view in reader for item in view.items()]
+    reader.close()
+    return records
+
+
+def _ship(leader: Log, replica: Log, max_bytes: int = 1 << 20) -> int:
+    """Everything the replica lacks, in calls of at most `max_bytes`; returns how many calls."""
+    calls = 0
+    cursor = leader.ship_from(replica.next_offset)
+    while True:
+        data, cursor = leader.read_chunks(cursor, max_bytes)
+        if not data:
+            return calls
+        calls += 1
+        assert replica.append_chunks(data) == cursor.offset
+
+
+def _leader(open_log: Callable[..., Log], tmp_path: Path, **config: object) -> Log:
+    leader = open_log(tmp_path / "leader", max_segment_chunks=3, **config)
+    for i in range(10):
+        leader.set_epoch(1 + i // 4)
+        leader.append([b"m%d-%d" % (i, j) for j in range(i % 3 + 1)],
+                      publishers={b"pub": i})
+        if i % 4 == 0:
+            leader.store_offsets({b"reader": i})
+    return leader
+
+
+def test_a_replica_gets_the_same_log(open_log: Callable[..., Log], tmp_path: Path) -> None:
+    leader = _leader(open_log, tmp_path)
+    replica = open_log(tmp_path / "replica", max_segment_chunks=5)
+    calls = _ship(leader, replica, max_bytes=100)  # about one chunk per call
+    assert calls >= 10
+    assert _records(replica) == _records(leader)
+    assert replica.tail == leader.tail == (3, leader.next_offset)
+    assert replica.publisher_id(b"pub") == 9
+    assert replica.consumer_offset(b"reader") == 8
+    replica.close()
+    reopened = open_log(tmp_path / "replica", max_segment_chunks=5)
+    assert (reopened.tail, reopened.publisher_id(b"pub")) == (leader.tail, 9)
+    assert _records(reopened) == _records(leader)
+
+
+def test_a_big_chunk_ships_whole(open_log: Callable[..., Log], tmp_path: Path) -> None:
+    leader = open_log(tmp_path / "leader")
+    leader.append([b"x" * 10_000])
+    data, cursor = leader.read_chunks(leader.ship_from(0), 10)
+    assert cursor.offset == 1 and len(data) > 10_000
+    assert leader.read_chunks(cursor, 10) == (b"", cursor)  # nothing after the writer's tail
+
+
+def test_the_replica_refuses_what_does_not_follow(open_log: Callable[..., Log],
+                                                  tmp_path: Path) -> None:
+    leader = _leader(open_log, tmp_path)
+    replica = open_log(tmp_path / "replica")
+    first, _ = leader.read_chunks(leader.ship_from(0), 1)
+    replica.append_chunks(first)
+    later, _ = leader.read_chunks(leader.ship_from(10), 1)
+    with pytest.raises(BadChunk, match="does not follow this log's next offset"):
+        replica.append_chunks(later)
+    damaged = bytearray(leader.read_chunks(leader.ship_from(replica.next_offset), 1)[0])
+    damaged[-1] ^= 0xFF
+    with pytest.raises(BadChunk, match="chunk CRC mismatch"):
+        replica.append_chunks(damaged)
+    with pytest.raises(BadChunk, match="partial chunk"):
+        replica.append_chunks(bytes(damaged[:-3]))
+    assert _records(replica) == _records(leader)[:1]
+
+
+def test_an_older_epoch_is_refused(open_log: Callable[..., Log], tmp_path: Path) -> None:
+    old = open_log(tmp_path / "old")
+    old.append([b"a"])
+    old.append([b"b"])
+    replica = open_log(tmp_path / "replica")
+    replica.set_epoch(2)
+    replica.append([b"a"])
+    with pytest.raises(BadChunk, match="chunk of epoch 0 after epoch 2"):
+        replica.append_chunks(old.read_chunks(old.ship_from(1), 1)[0])
+
+
+def test_a_divergent_tail_is_truncated_at_the_epoch_end(open_log: Callable[..., Log],
+                                                        tmp_path: Path) -> None:
+    """Both logs hold epoch 1's first chunks; the old leader (now a replica) also wrote two
+    chunks of epoch 1 that the new leader never got, and the new leader wrote epoch 2."""
+    old = open_log(tmp_path / "old", max_segment_chunks=2)
+    new = open_log(tmp_path / "new", max_segment_chunks=3)
+    old.set_epoch(1)
+    for i in range(3):
+        old.append([b"e1-%d" % i], publishers={b"p": i})
+    _ship(old, new)
+    old.append([b"e1-lost-a"], publishers={b"p": 100})
+    old.append([b"e1-lost-b"])
+    new.set_epoch(2)
+    new.append([b"e2-a", b"e2-b"], publishers={b"p": 3})
+    end = new.epoch_end(old.tail[0])
+    assert (end, new.epoch_end(2), new.epoch_end(0)) == (3, 5, 0)
+    old.truncate_from(min(end, old.next_offset))
+    assert old.tail == (1, 3) and old.publisher_id(b"p") == 2
+    _ship(new, old)
+    assert _records(old) == _records(new)
+    assert old.tail == new.tail == (2, 5) and old.publisher_id(b"p") == 3
+    assert [r for _, r in _records(old, OffsetSpec.offset(3))] == [b"e2-a", b"e2-b"]
+
+
+def test_truncating_everything_and_below_the_log(open_log: Callable[..., Log],
+                                                 tmp_path: Path) -> None:
+    log = open_log(max_segment_chunks=2)
+    for i in range(5):
+        log.append([b"%d" % i])
+    log.truncate_from(0)
+    assert (log.next_offset, _records(log)) == (0, [])
+    log.append([b"again"])
+    assert _records(log) == [(0, b"again")]
+    log.truncate_from(7)  # beyond the tail: nothing to do
+    assert log.next_offset == 1
+    log.truncate_before(1)
