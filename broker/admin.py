@@ -21,7 +21,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker import logs
-from leveret.broker.auth import Permission, User
+from leveret.broker.auth import Permission, User, hash_password
 from leveret.broker.model import args as qargs
 from leveret.broker.model.errors import AccessRefused, BrokerError, NotFound
 from leveret.broker.model.policy import APPLY_TO, Policy
@@ -166,24 +166,34 @@ def put_user(
 ) -> bool:
     """Create or replace a user. Without a password or a hash, a new user gets none (it cannot
     log in with a password) and an existing one keeps its own, as RabbitMQ does."""
+    existing = broker.users.users.get(name)
+    new_hash = user_password_hash(existing, name, password, password_hash, hashing_algorithm)
+    user = broker.users.add(name, password_hash=new_hash, tags=parse_tags(tags))
+    algorithm = algorithm_of(user.password_hash) if user.password_hash else SHA256
+    broker.metastore.put_user(name, user.password_hash, algorithm, user.tags)
+    return existing is None
+
+
+def user_password_hash(existing: User | None, name: str, password: str | None,
+                       password_hash: str | None, hashing_algorithm: str | None) -> str:
+    """put_user's checks, and the hash the user ends with: of `password`, `password_hash`, or
+    the existing user's own ("" for a new user given neither)."""
     if not name:
         raise BadRequest("user names cannot be empty")
     if password is not None and password_hash is not None:
         raise BadRequest("only one of password or password_hash can be specified")
     if hashing_algorithm is not None and hashing_algorithm not in HASHING_ALGORITHMS:
         raise BadRequest(f"unknown hashing algorithm '{hashing_algorithm}'")
-    existing = broker.users.users.get(name)
-    if password is None and password_hash is None:
-        password_hash = existing.password_hash if existing is not None else ""
+    if password is not None:
+        return hash_password(password)
+    if password_hash is None:
+        return existing.password_hash if existing is not None else ""
     if password_hash:
         try:
             base64.b64decode(password_hash, validate=True)
         except (binascii.Error, ValueError):
             raise BadRequest(f"password_hash of user '{name}' is not base64") from None
-    user = broker.users.add(name, password, password_hash=password_hash, tags=parse_tags(tags))
-    algorithm = algorithm_of(user.password_hash) if user.password_hash else SHA256
-    broker.metastore.put_user(name, user.password_hash, algorithm, user.tags)
-    return existing is None
+    return password_hash
 
 
 def delete_user(broker: Broker, name: str) -> None:
@@ -201,15 +211,21 @@ def _check_regex(kind: str, pattern: str) -> None:
         ) from None
 
 
-def set_permissions(
-    broker: Broker, user: str, vhost: str, configure: str, write: str, read: str
-) -> bool:
+def check_permissions(broker: Broker, user: str, vhost: str, configure: Any, write: Any,
+                      read: Any) -> None:
+    """set_permissions' checks: the user and vhost exist, and each pattern is a regex."""
     if user not in broker.users.users or vhost not in broker.vhosts:
         raise BadRequest("vhost_or_user_not_found")
     for kind, pattern in (("configure", configure), ("write", write), ("read", read)):
         if not isinstance(pattern, str):
             raise BadRequest(f"{kind} must be a string")
         _check_regex(kind, pattern)
+
+
+def set_permissions(
+    broker: Broker, user: str, vhost: str, configure: str, write: str, read: str
+) -> bool:
+    check_permissions(broker, user, vhost, configure, write, read)
     created = vhost not in broker.users.users[user].permissions
     broker.set_permissions(user, vhost, Permission(configure, write, read))
     return created
@@ -266,6 +282,16 @@ def set_policy(
     apply_to: Any = "all",
 ) -> bool:
     vhost = get_vhost(broker, vhost_name)
+    policy = make_policy(name, pattern=pattern, definition=definition, priority=priority,
+                         apply_to=apply_to)
+    created = name not in vhost.policies
+    vhost.set_policy(policy)
+    return created
+
+
+def make_policy(name: str, *, pattern: Any, definition: Any, priority: Any = 0,
+                apply_to: Any = "all") -> Policy:
+    """set_policy's checks, with RabbitMQ's texts; the policy they give."""
     if not isinstance(pattern, str):
         raise BadRequest("Validation failed\n\npattern must be a string\n")
     _check_regex("pattern", pattern)
@@ -283,9 +309,7 @@ def set_policy(
         text = f"Validation failed\n\npriority must be a number, not {priority!r}\n"
         raise BadRequest(text) from None
     _check_policy_definition(definition)
-    created = name not in vhost.policies
-    vhost.set_policy(Policy(name, pattern, dict(definition), apply_to, priority))
-    return created
+    return Policy(name, pattern, dict(definition), apply_to, priority)
 
 
 def clear_policy(broker: Broker, vhost_name: str, name: str) -> None:

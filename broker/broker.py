@@ -87,7 +87,8 @@ class Broker:
         self.metastore = Metastore(config.data_dir / "metadata.sqlite3")
         self.recorder = MetadataRecorder(self.metastore)
         if self.metastore.fresh:
-            self._first_boot()
+            if not config.etcd:  # a cluster's defaults are made once, in etcd (access_sync)
+                self._first_boot()
         else:
             restore(self, self.metastore)
 
@@ -112,7 +113,7 @@ class Broker:
                 observer=self.recorder,
             )
             self.vhosts[name] = vhost
-            if persist:
+            if persist and not self.config.etcd:  # in cluster mode vhosts live in etcd
                 self.metastore.put_vhost(name)
         return vhost
 
@@ -147,7 +148,8 @@ class Broker:
             "platform": f"Python {platform.python_version()}",
             "copyright": "Leveret contributors",
             "information": "An AMQP 0.9.1 broker in Python; see the README",
-            "cluster_name": f"leveret@{platform.node()}",
+            "cluster_name": self.config.cluster_name if self.config.etcd
+            else self.config.node_name,
             "capabilities": {
                 "publisher_confirms": True,
                 "exchange_exchange_bindings": True,

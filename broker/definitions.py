@@ -10,6 +10,11 @@ md5 too) hashes or plain passwords, tags as "a,b" or a list. What Leveret does n
 with a log line, never an error. The order is RabbitMQ's: users, vhosts, permissions,
 exchanges, policies, queues, bindings.
 
+Writes go through `access_store` (the model and SQLite on a single node, etcd in cluster
+mode, where every change is applied on every node before the import goes on, and queues are
+held by the importing node). etcd unreachable midway raises `TopologyUnavailable`: what was
+imported before stays, each object being one change.
+
 Called on the event loop thread (the API) or before the listeners start (at boot).
 """
 
@@ -20,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker import admin, logs
+from leveret.broker.access_store import AccessStore, TopologyUnavailable, access_store
 from leveret.broker.management.views import jsonable as _json
 from leveret.broker.model.errors import BrokerError
 from leveret.broker.model.exchange import exchange_class
@@ -113,7 +119,7 @@ def _policies(vhost: VHost) -> list[dict[str, Any]]:
 
 
 def export_all(broker: Broker) -> dict[str, Any]:
-    meta = admin.vhost_metadata(broker)
+    meta = access_store(broker).vhost_metadata()
     vhosts = list(broker.vhosts.values())
     users = broker.users.users.values()
     return {
@@ -208,13 +214,12 @@ def _vhost_of(item: dict[str, Any], vhost: str | None) -> str:
     return name
 
 
-def _import_users(broker: Broker, data: dict[str, Any]) -> None:
+async def _import_users(store: AccessStore, data: dict[str, Any]) -> None:
     for user in _items(data, "users"):
         name = user.get("name")
         if not isinstance(name, str) or not name:
             raise DefinitionsError("a user without a name")
-        admin.put_user(
-            broker,
+        await store.put_user(
             name,
             password=user.get("password"),
             password_hash=user.get("password_hash") if "password" not in user else None,
@@ -223,7 +228,7 @@ def _import_users(broker: Broker, data: dict[str, Any]) -> None:
         )
 
 
-def _import_vhosts(broker: Broker, data: dict[str, Any]) -> None:
+async def _import_vhosts(broker: Broker, store: AccessStore, data: dict[str, Any]) -> None:
     for item in _items(data, "vhosts"):
         name = item.get("name")
         if not isinstance(name, str) or not name:
@@ -232,15 +237,15 @@ def _import_vhosts(broker: Broker, data: dict[str, Any]) -> None:
             else {}
         description = item.get("description", metadata.get("description", "")) or ""
         tags = admin.parse_tags(item.get("tags", metadata.get("tags")))
-        admin.add_vhost(broker, name, str(description), tags)
+        await store.put_vhost(name, str(description), tags)
     for item in _items(data, "permissions"):
         user, vhost = item.get("user"), item.get("vhost")
         if user not in broker.users.users or vhost not in broker.vhosts:
             log.warning("definitions: permission for a missing user or vhost skipped",
                         user=user, vhost=vhost)
             continue
-        admin.set_permissions(broker, str(user), str(vhost), item.get("configure", ""),
-                              item.get("write", ""), item.get("read", ""))
+        await store.set_permissions(str(user), str(vhost), item.get("configure", ""),
+                                    item.get("write", ""), item.get("read", ""))
 
 
 def _need_vhost(broker: Broker, name: str) -> None:
@@ -249,7 +254,8 @@ def _need_vhost(broker: Broker, name: str) -> None:
                                "definitions.")
 
 
-def _import_topology(broker: Broker, data: dict[str, Any], vhost: str | None) -> None:
+async def _import_topology(broker: Broker, store: AccessStore, data: dict[str, Any],
+                           vhost: str | None) -> None:
     for item in _items(data, "exchanges"):
         name, vname = str(item.get("name", "")), _vhost_of(item, vhost)
         if not name or name.startswith("amq."):
@@ -260,14 +266,14 @@ def _import_topology(broker: Broker, data: dict[str, Any], vhost: str | None) ->
                         vhost=vname, type=item.get("type"))
             continue
         _need_vhost(broker, vname)
-        admin.declare_exchange(broker, vname, name, item)
+        await store.declare_exchange(vname, name, item)
     for item in _items(data, "policies"):
         vname = _vhost_of(item, vhost)
         _need_vhost(broker, vname)
-        admin.set_policy(broker, vname, str(item.get("name", "")),
-                         pattern=item.get("pattern"), definition=item.get("definition"),
-                         priority=item.get("priority", 0),
-                         apply_to=item.get("apply-to", "all"))
+        await store.set_policy(vname, str(item.get("name", "")),
+                               pattern=item.get("pattern"), definition=item.get("definition"),
+                               priority=item.get("priority", 0),
+                               apply_to=item.get("apply-to", "all"))
     for item in _items(data, "queues"):
         name, vname = str(item.get("name", "")), _vhost_of(item, vhost)
         arguments = item.get("arguments") or {}
@@ -281,7 +287,7 @@ def _import_topology(broker: Broker, data: dict[str, Any], vhost: str | None) ->
                         vhost=vname, queue_type=queue_type)
             continue
         _need_vhost(broker, vname)
-        admin.declare_queue(broker, vname, name, item)
+        await store.declare_queue(vname, name, item)
     for item in _items(data, "bindings"):
         vname = _vhost_of(item, vhost)
         _need_vhost(broker, vname)
@@ -293,22 +299,26 @@ def _import_topology(broker: Broker, data: dict[str, Any], vhost: str | None) ->
             log.warning("definitions: binding to a missing source or destination skipped",
                         source=item.get("source"), destination=destination, vhost=vname)
             continue
-        admin.add_binding(broker, vname, str(item.get("source", "")), kind, destination,
-                          item.get("routing_key", ""), item.get("arguments"))
+        await store.add_binding(vname, str(item.get("source", "")), kind, destination,
+                                item.get("routing_key", ""), item.get("arguments"))
 
 
-def import_definitions(broker: Broker, data: Any, vhost: str | None = None) -> None:
-    """Load a definitions document (the whole-broker form, or one vhost's with `vhost`)."""
+async def import_definitions(broker: Broker, data: Any, vhost: str | None = None) -> None:
+    """Load a definitions document (the whole-broker form, or one vhost's with `vhost`).
+    TopologyUnavailable passes through (the API answers 503)."""
     if not isinstance(data, dict):
         raise DefinitionsError("definitions must be a JSON object")
+    store = access_store(broker)
     try:
         if vhost is None:
             _skip_unsupported(data)
-            _import_users(broker, data)
-            _import_vhosts(broker, data)
+            await _import_users(store, data)
+            await _import_vhosts(broker, store, data)
         else:
             _need_vhost(broker, vhost)
-        _import_topology(broker, data, vhost)
+        await _import_topology(broker, store, data, vhost)
+    except TopologyUnavailable:
+        raise
     except BrokerError as error:
         raise DefinitionsError(error.text) from None
     log.info("definitions imported", vhost=vhost,
@@ -316,7 +326,7 @@ def import_definitions(broker: Broker, data: Any, vhost: str | None = None) -> N
                                                    "bindings", "policies")})
 
 
-def load_file(broker: Broker, path: Path) -> None:
+async def load_file(broker: Broker, path: Path) -> None:
     """`leveret serve --definitions FILE`: load a file at boot; errors name the file."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -327,6 +337,8 @@ def load_file(broker: Broker, path: Path) -> None:
     except json.JSONDecodeError as exc:
         raise DefinitionsError(f"definitions file {path} is not valid JSON: {exc}") from None
     try:
-        import_definitions(broker, data)
+        await import_definitions(broker, data)
+    except TopologyUnavailable as exc:
+        raise DefinitionsError(f"cannot load definitions file {path}: {exc.text}") from None
     except DefinitionsError as exc:
         raise DefinitionsError(f"cannot load definitions file {path}: {exc}") from None

@@ -38,6 +38,7 @@ from leveret.broker.cluster.topology_cache import TopologyCache
 from leveret.broker.cluster.topology_keys import TopologyKeys
 from leveret.broker.config import Config
 from leveret.broker.definitions import DefinitionsError, load_file
+from leveret.broker.management import cluster_views
 from leveret.broker.management.app import ManagementServer
 from leveret.broker.metadata import RestoreError
 from leveret.broker.metastore import MetastoreError
@@ -185,8 +186,8 @@ class Server:
                 [name for name, on in (("memory", alarms.memory), ("disk", alarms.disk)) if on]))
             await self._start_topology(broker)
         if config.definitions is not None:
-            try:
-                load_file(broker, config.definitions)
+            try:  # in cluster mode, through etcd: the cluster's cache is loaded by now
+                await load_file(broker, config.definitions)
             except DefinitionsError as exc:
                 broker.close()
                 raise ServerError(str(exc)) from None
@@ -215,9 +216,11 @@ class Server:
             store=TopologyStore(self.etcd, keys), cache=cache)
         topology_sync.install(broker)
         access_sync.install(broker)
+        cluster_views.install(broker)  # the management API's questions from other nodes
         forwarding.install(broker)
         try:
             await cache.start()
+            await access_sync.first_boot(broker)
         except EtcdException as exc:
             broker.close()
             raise ServerError(f"cannot read the cluster's topology from etcd: {exc}") from None

@@ -1,16 +1,223 @@
 """Applies the cluster's vhosts, users, permissions and policies from the topology cache to
-this node. (Being built.)
+this node, and creates the cluster's defaults on its first boot.
 
-It must not know AMQP or the sessions.
+Role: in cluster mode etcd is the source of truth for access control (`docs/CLUSTER.md`,
+"Access control in etcd"); every node's broker is a copy that the topology cache's callbacks
+keep current, in revision order. A vhost put creates the vhost object here (with its policies
+from the cache); a vhost deleted elsewhere closes this node's connections to it with 320, as
+RabbitMQ does, and drops its queues. Users carry their password hashes and tags; permissions
+and policies follow their records. A record that arrives before the user or vhost it names
+(it cannot in one txn's order, but a reload may report them in any order) is applied when
+that user or vhost arrives, from the cache. Nothing here writes to SQLite: the writes go
+through `TopologyStore`, called by `broker/access_store.py`.
+
+It must not know AMQP, the sessions' classes or the management API: the broker and its
+connections are seen through the small protocols below. Callbacks run in the cache's task
+on the node's one event loop and must not raise.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Set
+from typing import TYPE_CHECKING, Any, Protocol
+
+from leveret.broker import logs
+from leveret.broker.auth import HASHING_ALGORITHM, Permission, Users, hash_password
+from leveret.broker.cluster.etcd_types import Compare, Put, prefix_end
+from leveret.broker.cluster.topology_records import (
+    ExchangeRecord,
+    PermissionRecord,
+    PolicyRecord,
+    Record,
+    UserRecord,
+    VHostRecord,
+    encode,
+)
+from leveret.broker.model.policy import Policy
+from leveret.broker.model.vhost import PREDECLARED, VHost
 
 if TYPE_CHECKING:
-    from leveret.broker.broker import Broker
+    from leveret.broker.cluster.runtime import ClusterRuntime
+    from leveret.broker.config import Config
+
+log = logs.get("leveret.cluster.access")
 
 
-def install(broker: Broker) -> None:
+class Connection(Protocol):
+    @property
+    def vhost(self) -> Any: ...
+
+    def force_close(self, text: str = ...) -> None: ...
+
+
+class Node(Protocol):
+    """What of the broker this module touches."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def users(self) -> Users: ...
+
+    @property
+    def vhosts(self) -> dict[str, VHost]: ...
+
+    @property
+    def connections(self) -> Set[Any]: ...
+
+    @property
+    def cluster(self) -> ClusterRuntime | None: ...
+
+    def add_vhost(self, name: str, persist: bool = True) -> VHost: ...
+
+
+def install(broker: Node) -> None:
     """Register the cache callbacks that keep `broker`'s vhosts, users and policies current."""
+    AccessSync(broker).install()
+
+
+class AccessSync:
+    def __init__(self, broker: Node) -> None:
+        assert broker.cluster is not None
+        self.broker = broker
+        self.cache = broker.cluster.cache
+
+    def install(self) -> None:
+        cache = self.cache
+        cache.on_put("vhosts", _guarded(self.put_vhost))
+        cache.on_delete("vhosts", _guarded(self.delete_vhost))
+        cache.on_put("users", _guarded(self.put_user))
+        cache.on_delete("users", _guarded(self.delete_user))
+        cache.on_put("permissions", _guarded(self.put_permission))
+        cache.on_delete("permissions", _guarded(self.delete_permission))
+        cache.on_put("policies", _guarded(self.put_policy))
+        cache.on_delete("policies", _guarded(self.delete_policy))
+
+    def put_vhost(self, record: Record) -> None:
+        assert isinstance(record, VHostRecord)
+        created = record.name not in self.broker.vhosts
+        vhost = self.broker.add_vhost(record.name, persist=False)
+        if not created:
+            return
+        for policy in self.cache.all("policies"):
+            if isinstance(policy, PolicyRecord) and policy.vhost == record.name:
+                vhost.policies[policy.name] = _policy(policy)
+        _policies_changed(vhost)
+        for permission in self.cache.all("permissions"):
+            if isinstance(permission, PermissionRecord) and permission.vhost == record.name:
+                self.put_permission(permission)
+        log.info("vhost added", vhost=record.name)
+
+    def delete_vhost(self, record: Record) -> None:
+        assert isinstance(record, VHostRecord)
+        drop_vhost(self.broker, record.name)
+
+    def put_user(self, record: Record) -> None:
+        assert isinstance(record, UserRecord)
+        self.broker.users.add(record.name, password_hash=record.password_hash,
+                              tags=list(record.tags))
+        for permission in self.cache.all("permissions"):
+            if isinstance(permission, PermissionRecord) and permission.user == record.name:
+                self.put_permission(permission)
+
+    def delete_user(self, record: Record) -> None:
+        assert isinstance(record, UserRecord)
+        self.broker.users.users.pop(record.name, None)
+
+    def put_permission(self, record: Record) -> None:
+        assert isinstance(record, PermissionRecord)
+        user = self.broker.users.users.get(record.user)
+        if user is not None and record.vhost in self.broker.vhosts:
+            user.permissions[record.vhost] = Permission(record.configure, record.write,
+                                                        record.read)
+
+    def delete_permission(self, record: Record) -> None:
+        assert isinstance(record, PermissionRecord)
+        user = self.broker.users.users.get(record.user)
+        if user is not None:
+            user.permissions.pop(record.vhost, None)
+
+    def put_policy(self, record: Record) -> None:
+        assert isinstance(record, PolicyRecord)
+        vhost = self.broker.vhosts.get(record.vhost)
+        if vhost is not None:
+            vhost.policies[record.name] = _policy(record)
+            _policies_changed(vhost)
+
+    def delete_policy(self, record: Record) -> None:
+        assert isinstance(record, PolicyRecord)
+        vhost = self.broker.vhosts.get(record.vhost)
+        if vhost is not None and vhost.policies.pop(record.name, None) is not None:
+            _policies_changed(vhost)
+
+
+def drop_vhost(broker: Node, name: str) -> None:
+    """A vhost deleted in the cluster: close this node's connections to it (320, as RabbitMQ),
+    delete its queues here, forget its permissions."""
+    vhost = broker.vhosts.pop(name, None)
+    if vhost is None:
+        return
+    for session in list(broker.connections):
+        if session.vhost is vhost:
+            session.force_close(f"vhost '{name}' is deleted")
+    for queue in list(vhost.queues.values()):
+        try:
+            vhost.delete_queue(queue)
+        except Exception:
+            log.exception("deleting a queue of a deleted vhost failed", vhost=name,
+                          queue=queue.name)
+    for user in broker.users.users.values():
+        user.permissions.pop(name, None)
+    log.info("vhost deleted", vhost=name)
+
+
+async def first_boot(broker: Node) -> int | None:
+    """The cluster's first node creates the default vhost (with its `amq.*` exchanges), the
+    default user and its permissions, in one txn that succeeds only while the cluster has no
+    vhost at all: a second node starting, even at the same moment, neither duplicates nor
+    overwrites them. The txn's revision if this node created them, else None."""
+    cluster = broker.cluster
+    assert cluster is not None
+    config = broker.config
+    keys = cluster.store.keys
+    vhost = config.default_vhost
+    ops = [Put(keys.vhost(vhost), encode(VHostRecord(vhost)))]
+    ops += [Put(keys.exchange(vhost, name), encode(ExchangeRecord(vhost, name, type_)))
+            for name, type_ in PREDECLARED if name]
+    if config.default_user:
+        user = UserRecord(config.default_user, hash_password(config.default_pass),
+                          HASHING_ALGORITHM, ("administrator",))
+        ops += [Put(keys.user(user.name), encode(user)),
+                Put(keys.permission(user.name, vhost),
+                    encode(PermissionRecord(user.name, vhost, ".*", ".*", ".*")))]
+    vhosts = keys.kind_prefix("vhosts")
+    result = await cluster.client.txn(
+        [Compare(vhosts, "VERSION", "==", 0, prefix_end(vhosts))], ops, [])
+    if not result.succeeded:
+        return None
+    log.info("created the cluster's default vhost and user", vhost=vhost,
+             user=config.default_user)
+    await cluster.settle(result.revision)
+    return result.revision
+
+
+def _policy(record: PolicyRecord) -> Policy:
+    return Policy(record.name, record.pattern, dict(record.definition), record.apply_to,
+                  record.priority)
+
+
+def _policies_changed(vhost: VHost) -> None:
+    """As VHost.set_policy tells its queues, without its observer (which records to SQLite:
+    in cluster mode policies live in etcd)."""
+    for queue in list(vhost.queues.values()):
+        queue.policy_changed()
+
+
+def _guarded(callback: Any) -> Any:
+    def run(record: Record) -> None:
+        try:
+            callback(record)
+        except Exception:
+            log.exception("applying an access record failed", record=repr(record))
+
+    return run

@@ -1,8 +1,9 @@
 """Vhosts, users and permissions: /api/vhosts, /api/users, /api/permissions.
 
 Listing vhosts shows a management user the vhosts it has permissions in; everything else here
-is for administrators, as in RabbitMQ. Writes go through broker.admin and persist.
-Runs on the event loop.
+is for administrators, as in RabbitMQ. Writes go through `access_store` (SQLite on a single
+node; etcd in cluster mode, applied on every node before the answer, 503 when etcd cannot be
+reached); reads come from this node's copy. Runs on the event loop.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from leveret.broker import admin
+from leveret.broker.access_store import access_store
 from leveret.broker.management import views
 from leveret.broker.management.http import (
     body,
@@ -32,9 +34,12 @@ from leveret.broker.management.http import (
 
 def _vhost_views(request: web.Request, names: list[str] | None = None) -> list[dict[str, Any]]:
     broker = broker_of(request)
-    meta = admin.vhost_metadata(broker)
+    meta = access_store(broker).vhost_metadata()
+    running = {broker.config.node_name: "running"}
+    if broker.cluster is not None:
+        running.update((name, "running") for name in broker.cluster.links.links)
     return [
-        views.vhost_view(vhost, *meta.get(vhost.name, ("", [])))
+        views.vhost_view(vhost, *meta.get(vhost.name, ("", [])), running)
         for vhost in broker.vhosts.values()
         if (names is None or vhost.name in names) and visible(request, vhost.name)
     ]
@@ -58,8 +63,7 @@ async def put_vhost(request: web.Request) -> web.Response:
         metadata = {}
     description = data.get("description", metadata.get("description", "")) or ""
     tags = admin.parse_tags(data.get("tags", metadata.get("tags")))
-    created = admin.add_vhost(
-        broker_of(request),
+    created = await access_store(broker_of(request)).put_vhost(
         request.match_info["vhost"],
         str(description),
         tags,
@@ -73,7 +77,7 @@ async def delete_vhost(request: web.Request) -> web.Response:
     name = request.match_info["vhost"]
     if name not in broker_of(request).vhosts:
         raise not_found()
-    admin.delete_vhost(broker_of(request), name)
+    await access_store(broker_of(request)).delete_vhost(name)
     return no_content()
 
 
@@ -117,8 +121,7 @@ async def get_user(request: web.Request) -> web.Response:
 async def put_user(request: web.Request) -> web.Response:
     require_admin(request)
     data = await body(request)
-    created = admin.put_user(
-        broker_of(request),
+    created = await access_store(broker_of(request)).put_user(
         request.match_info["user"],
         password=data.get("password"),
         password_hash=data.get("password_hash"),
@@ -133,7 +136,7 @@ async def delete_user(request: web.Request) -> web.Response:
     name = request.match_info["user"]
     if name not in broker_of(request).users.users:
         raise not_found()
-    admin.delete_user(broker_of(request), name)
+    await access_store(broker_of(request)).delete_user(name)
     return no_content()
 
 
@@ -173,8 +176,7 @@ async def get_permission(request: web.Request) -> web.Response:
 async def put_permission(request: web.Request) -> web.Response:
     require_admin(request)
     data = await body(request)
-    created = admin.set_permissions(
-        broker_of(request),
+    created = await access_store(broker_of(request)).set_permissions(
         request.match_info["user"],
         request.match_info["vhost"],
         data.get("configure", ""),
@@ -190,7 +192,7 @@ async def delete_permission(request: web.Request) -> web.Response:
     user = broker.users.users.get(request.match_info["user"])
     if user is None or request.match_info["vhost"] not in user.permissions:
         raise not_found()
-    admin.clear_permissions(broker, user.name, request.match_info["vhost"])
+    await access_store(broker).clear_permissions(user.name, request.match_info["vhost"])
     return no_content()
 
 

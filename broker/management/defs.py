@@ -2,7 +2,8 @@
 
 GET exports in RabbitMQ's format (`?download=<file>` adds a Content-Disposition header, as
 RabbitMQ's UI asks); POST imports a document, or a `file` field of a multipart form. Both are
-for administrators. Runs on the event loop.
+for administrators. In cluster mode an import goes through etcd (etcd unreachable: 503).
+Runs on the event loop.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ async def post(request: web.Request) -> web.Response:
         raise not_found()
     document = await _document(request)
     try:
-        definitions.import_definitions(broker_of(request), document, vhost)
+        await definitions.import_definitions(broker_of(request), document, vhost)
     except definitions.DefinitionsError as exc:
         raise bad_request(str(exc)) from None
     return no_content()

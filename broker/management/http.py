@@ -2,8 +2,9 @@
 
 RabbitMQ's conventions: 201 for a PUT that creates, 204 for one that updates and for DELETE,
 404 {"error": "Object Not Found", "reason": "Not Found"}, 400 {"error": "bad_request",
-"reason": ...}, 401 {"error": "not_authorised", ...} with a WWW-Authenticate header. Lists
-honour `columns`, `sort`, `sort_reverse`, `name` (+ `use_regex`) and `page`/`page_size`.
+"reason": ...}, 401 {"error": "not_authorised", ...} with a WWW-Authenticate header, 503
+{"error": "service_unavailable", ...} for a change while etcd is unreachable (cluster mode).
+Lists honour `columns`, `sort`, `sort_reverse`, `name` (+ `use_regex`) and `page`/`page_size`.
 
 Runs on the broker's event loop thread, inside aiohttp handlers.
 """
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from leveret.broker.access_store import TopologyUnavailable
 from leveret.broker.admin import BadRequest, authorizer
 from leveret.broker.model import errors as e
 
@@ -66,7 +68,11 @@ def not_authorised(reason: str) -> ApiError:
 
 
 def from_domain(error: e.BrokerError) -> ApiError:
-    """The model's domain errors as the management API reports them."""
+    """The model's domain errors as the management API reports them; a change the cluster's
+    store (etcd) cannot take now is a 503, as RabbitMQ answers when its metadata store is
+    unavailable."""
+    if isinstance(error, TopologyUnavailable):
+        return ApiError(503, "service_unavailable", error.text)
     if isinstance(error, e.NotFound):
         return ApiError(404, "not_found", error.text)
     if isinstance(error, e.AccessRefused):

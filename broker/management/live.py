@@ -2,7 +2,9 @@
 
 A management user sees its own connections (and their channels and consumers); monitoring
 users and administrators see all of them, as in RabbitMQ. DELETE on a connection closes it
-with 320 CONNECTION_FORCED and RabbitMQ's text, or the `X-Reason` header's.
+with 320 CONNECTION_FORCED and RabbitMQ's text, or the `X-Reason` header's. In cluster mode
+the lists and GETs take in every running node's connections and channels (each with its
+`node`, asked over the node links: `cluster_views`); closing one works on its own node only.
 Runs on the event loop.
 """
 
@@ -12,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from leveret.broker.management import views
+from leveret.broker.management import cluster_views, views
 from leveret.broker.management.http import (
     broker_of,
     is_admin,
@@ -48,6 +50,17 @@ def _connections(request: web.Request, vhost: str | None = None) -> list[dict[st
     return [views.connection_view(s) for s in sessions(request, vhost)]
 
 
+async def _cluster_wide(request: web.Request, kind: str, local: list[dict[str, Any]],
+                        vhost: str | None = None) -> list[dict[str, Any]]:
+    """`local` (this node's items), then every other node's that the user may see."""
+    user = user_of(request)
+    everything = sees_everything(user)
+    remote = await cluster_views.remote_items(broker_of(request), kind)
+    return local + [item for item in remote
+                    if (vhost is None or item.get("vhost") == vhost)
+                    and (everything or item.get("user") == user.name)]
+
+
 def _channels(request: web.Request, vhost: str | None = None,
               session_list: list[Session] | None = None) -> list[dict[str, Any]]:
     chosen = sessions(request, vhost) if session_list is None else session_list
@@ -76,17 +89,26 @@ def find_session(request: web.Request) -> Session:
 
 
 async def list_connections(request: web.Request) -> web.Response:
-    return listing(request, _connections(request))
+    return listing(request, await _cluster_wide(request, cluster_views.CONNECTIONS,
+                                                _connections(request)))
 
 
 async def list_vhost_connections(request: web.Request) -> web.Response:
     name = request.match_info["vhost"]
     vhost_for_read(request, name)
-    return listing(request, _connections(request, name))
+    return listing(request, await _cluster_wide(request, cluster_views.CONNECTIONS,
+                                                _connections(request, name), name))
 
 
 async def get_connection(request: web.Request) -> web.Response:
-    return ok(views.connection_view(find_session(request)))
+    name = request.match_info["name"]
+    for session in sessions(request):
+        if views.connection_name(session) == name:
+            return ok(views.connection_view(session))
+    for item in await _cluster_wide(request, cluster_views.CONNECTIONS, []):
+        if item.get("name") == name:
+            return ok(item)
+    raise not_found()
 
 
 async def delete_connection(request: web.Request) -> web.Response:
@@ -104,18 +126,20 @@ async def connection_channels(request: web.Request) -> web.Response:
 
 
 async def list_channels(request: web.Request) -> web.Response:
-    return listing(request, _channels(request))
+    return listing(request, await _cluster_wide(request, cluster_views.CHANNELS,
+                                                _channels(request)))
 
 
 async def list_vhost_channels(request: web.Request) -> web.Response:
     name = request.match_info["vhost"]
     vhost_for_read(request, name)
-    return listing(request, _channels(request, name))
+    return listing(request, await _cluster_wide(request, cluster_views.CHANNELS,
+                                                _channels(request, name), name))
 
 
 async def get_channel(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    for item in _channels(request):
+    for item in await _cluster_wide(request, cluster_views.CHANNELS, _channels(request)):
         if item["name"] == name:
             return ok(item)
     raise not_found()

@@ -4,7 +4,9 @@ Global counters (`leveret_messages_published_total`, `..._delivered_total`,
 `..._confirmed_total`) add up the per-queue and per-channel counts; so that they never go back
 when a queue or channel goes away, a sampler keeps what each object had counted when it was
 last seen (every scrape, and every few seconds in the background). Per-queue and per-stream
-series carry `vhost` and `queue`/`stream` labels. No login is needed, as with RabbitMQ's
+series carry `vhost` and `queue`/`stream` labels. The figures are this node's only; in cluster
+mode every series also carries a `node` label (`--node-name`), so that one Prometheus can scrape
+every node (a single node's series stay as they were). No login is needed, as with RabbitMQ's
 Prometheus endpoint.
 
 Runs on the event loop; a scrape walks the vhosts, queues and connections once.
@@ -84,6 +86,16 @@ class BrokerCollector:
         self.totals = totals
 
     def collect(self) -> Iterator[Metric]:
+        if self.broker.cluster is None:
+            yield from self._collect()
+            return
+        node = self.broker.config.node_name
+        for metric in self._collect():
+            metric.samples = [s._replace(labels={**s.labels, "node": node})
+                              for s in metric.samples]
+            yield metric
+
+    def _collect(self) -> Iterator[Metric]:
         broker = self.broker
         published, delivered, confirmed = self.totals.sample()
         sessions = list(broker.connections)
@@ -156,8 +168,11 @@ class BrokerCollector:
             "bytes": _gauge("leveret_stream_bytes", "Bytes in segment files", None,
                             stream_labels),
         }
+        here = self.broker.config.node_name
         for vhost in vhosts:
             for queue in vhost.queues.values():
+                if getattr(queue, "node", here) != here:
+                    continue  # held by another node: its own /metrics reports it
                 key = [vhost.name, queue.name, queue.type]
                 unacked = int(getattr(queue, "unacked", 0))
                 families["messages"].add_metric(key, queue.message_count + unacked)

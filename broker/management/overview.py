@@ -69,7 +69,7 @@ def node_view(broker: Broker) -> dict[str, Any]:
     fd_total = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     total_memory = total_memory_bytes()
     return {
-        "name": views.NODE,
+        "name": config.node_name,
         "type": "disc",
         "running": True,
         "being_drained": False,
@@ -112,10 +112,11 @@ async def get_overview(request: web.Request) -> web.Response:
     sessions = [s for s in broker.connections if s.vhost in vhosts]
     channels = [c for s in sessions for c in s.channels.values()]
     config = broker.config
-    listeners = [{"node": views.NODE, "protocol": "amqp", "ip_address": request.app[AMQP_HOST],
+    node = config.node_name
+    listeners = [{"node": node, "protocol": "amqp", "ip_address": request.app[AMQP_HOST],
                   "port": request.app[AMQP_PORT]}]
     if config.management_port:
-        listeners.append({"node": views.NODE, "protocol": "http",
+        listeners.append({"node": node, "protocol": "http",
                           "ip_address": request.app[HTTP_HOST],
                           "port": config.management_port})
     return single(request, {
@@ -126,7 +127,7 @@ async def get_overview(request: web.Request) -> web.Response:
         "product_version": VERSION,
         "rabbitmq_version": RABBITMQ_COMPAT_VERSION,
         "cluster_name": cluster_name(broker),
-        "node": views.NODE,
+        "node": node,
         "disable_stats": False,
         "enable_queue_totals": True,
         "statistics_db_event_queue": 0,
@@ -145,7 +146,7 @@ async def get_overview(request: web.Request) -> web.Response:
             "queues": len(queues),
         },
         "listeners": listeners,
-        "contexts": [{"node": views.NODE, "description": "Leveret Management", "path": "/",
+        "contexts": [{"node": node, "description": "Leveret Management", "path": "/",
                       "port": str(config.management_port)}],
     })
 
@@ -195,7 +196,8 @@ async def cluster_node_views(broker: Broker) -> list[dict[str, Any]]:
 
 
 def cluster_name(broker: Broker) -> str:
-    return broker.config.cluster_name if broker.membership is not None else views.NODE
+    return broker.config.cluster_name if broker.membership is not None \
+        else broker.config.node_name
 
 
 async def get_nodes(request: web.Request) -> web.Response:
@@ -206,7 +208,7 @@ async def get_node(request: web.Request) -> web.Response:
     name = request.match_info["node"]
     broker = broker_of(request)
     if broker.membership is None:
-        if name != views.NODE:
+        if name != broker.config.node_name:
             raise not_found()
         return ok(node_view(broker))
     for node in await cluster_node_views(broker):

@@ -4,7 +4,8 @@ Listing needs visibility of the vhost; setting and clearing need the policymaker
 administrator tag and a permission on the vhost, as in RabbitMQ. A stream re-reads its
 max-age and max-length-bytes when policies change (the vhost tells its queues).
 Runtime parameters, operator policies, vhost limits and topic permissions are not supported:
-their listings are empty. Runs on the event loop.
+their listings are empty. Writes go through `access_store` (etcd in cluster mode).
+Runs on the event loop.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from leveret.broker import admin
+from leveret.broker.access_store import access_store
 from leveret.broker.management import views
 from leveret.broker.management.http import (
     body,
@@ -61,8 +62,7 @@ async def put_policy(request: web.Request) -> web.Response:
     require_policymaker(request)
     vhost, _check = vhost_for_write(request, request.match_info["vhost"])
     data = await body(request)
-    created = admin.set_policy(
-        broker_of(request),
+    created = await access_store(broker_of(request)).set_policy(
         vhost.name,
         request.match_info["name"],
         pattern=data.get("pattern"),
@@ -78,7 +78,7 @@ async def delete_policy(request: web.Request) -> web.Response:
     vhost, _check = vhost_for_write(request, request.match_info["vhost"])
     if request.match_info["name"] not in vhost.policies:
         raise not_found()
-    admin.clear_policy(broker_of(request), vhost.name, request.match_info["name"])
+    await access_store(broker_of(request)).clear_policy(vhost.name, request.match_info["name"])
     return no_content()
 
 

@@ -147,7 +147,7 @@ def super_stream_view(vhost: VHost, exchange: Any) -> dict[str, Any]:
         item: dict[str, Any] = {"name": queue.name, "binding_key": key, "partition_index": index,
                                 "messages": queue.message_count}
         if queue.type == "stream":
-            extras = views.stream_extras(queue)
+            extras = views.stream_extras(queue, "")
             for field in ("first_offset", "last_offset", "committed_offset", "segments", "bytes"):
                 item[field] = extras[field]
         partitions.append(item)
@@ -192,14 +192,14 @@ def tracking_rows(stream: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def status(stream: Any) -> dict[str, Any]:
+def status(stream: Any, node: str) -> dict[str, Any]:
     """stream_status: one row per member (here: the writer), and the tracking rows."""
     summary = stream.log.summary()
     readers = sum(1 for c in stream.consumers if c.state is not None and c.state.reader)
     return {
         "members": [{
             "role": "writer",
-            "node": views.NODE,
+            "node": node,
             "epoch": _EPOCHS.get(stream, 1),
             "offset": summary["last_offset"],
             "committed_offset": summary["committed_offset"],
@@ -212,12 +212,12 @@ def status(stream: Any) -> dict[str, Any]:
     }
 
 
-def restart(stream: Any) -> str:
+def restart(stream: Any, node: str) -> str:
     """restart_stream on one node: store offsets, close the log, reopen it (recovering it as at
     boot), and move every active consumer's reader to just after what it was last given."""
     stream.restart()
     _EPOCHS[stream] = _EPOCHS.get(stream, 1) + 1
-    return views.NODE
+    return node
 
 
 def reset_offset(broker: Broker, vhost_name: str, stream_name: str, reference: str) -> None:

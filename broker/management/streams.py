@@ -126,7 +126,8 @@ async def stream_consumers(request: web.Request) -> web.Response:
             "stream": item["queue"]["name"],
             "vhost": item["queue"]["vhost"],
             "queue": item["queue"],
-            "connection_details": {"name": details["connection_name"], "node": views.NODE,
+            "connection_details": {"name": details["connection_name"],
+                                   "node": details["node"],
                                    "peer_host": details["peer_host"],
                                    "peer_port": details["peer_port"],
                                    "user": details["user"]},
@@ -181,14 +182,15 @@ async def delete_super_stream(request: web.Request) -> web.Response:
 
 
 async def stream_status(request: web.Request) -> web.Response:
-    return ok(streamops.status(_stream(request, "Cannot get stream status of {what}")))
+    return ok(streamops.status(_stream(request, "Cannot get stream status of {what}"),
+                               broker_of(request).config.node_name))
 
 
 async def restart_stream(request: web.Request) -> web.Response:
     _vhost, check = vhost_for_write(request, request.match_info["vhost"])
     stream = _stream(request, "Cannot restart {what}: only streams can be restarted")
     check("configure", "queue", stream.name)
-    return ok({"leader": streamops.restart(stream)})
+    return ok({"leader": streamops.restart(stream, broker_of(request).config.node_name)})
 
 
 async def reset_offset(request: web.Request) -> web.Response:

@@ -19,7 +19,7 @@ from aiohttp import web
 from leveret.amqp.content import Message
 from leveret.amqp.properties import Properties
 from leveret.broker import admin
-from leveret.broker.management import views
+from leveret.broker.management import cluster_views, views
 from leveret.broker.management.http import (
     bad_request,
     body,
@@ -135,16 +135,20 @@ def _consumer_details(request: web.Request, queue: Any) -> list[dict[str, Any]]:
     ]
 
 
-def _queues(vhosts: list[VHost]) -> list[dict[str, Any]]:
-    return [views.queue_view(q) for v in vhosts for q in v.queues.values()]
+async def _queues(request: web.Request, vhosts: list[VHost]) -> list[dict[str, Any]]:
+    """Every queue of `vhosts`, with its `node`: in cluster mode those held elsewhere too, with
+    their holder's counts (cluster_views)."""
+    queues = [q for v in vhosts for q in v.queues.values()]
+    return await cluster_views.queue_views(broker_of(request), queues)
 
 
 async def list_queues(request: web.Request) -> web.Response:
-    return listing(request, _queues(visible_vhosts(request)))
+    return listing(request, await _queues(request, visible_vhosts(request)))
 
 
 async def list_vhost_queues(request: web.Request) -> web.Response:
-    return listing(request, _queues([vhost_for_read(request, request.match_info["vhost"])]))
+    vhost = vhost_for_read(request, request.match_info["vhost"])
+    return listing(request, await _queues(request, [vhost]))
 
 
 async def get_queue(request: web.Request) -> web.Response:
@@ -152,7 +156,9 @@ async def get_queue(request: web.Request) -> web.Response:
     queue = vhost.queues.get(request.match_info["name"])
     if queue is None:
         raise not_found()
-    return ok(views.queue_view(queue, _consumer_details(request, queue)))
+    view = (await cluster_views.queue_views(broker_of(request), [queue]))[0]
+    view["consumer_details"] = _consumer_details(request, queue)
+    return ok(view)
 
 
 async def put_queue(request: web.Request) -> web.Response:

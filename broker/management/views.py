@@ -14,7 +14,6 @@ import base64
 import datetime
 import decimal
 import json
-import platform
 import zlib
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote_plus
@@ -33,7 +32,6 @@ if TYPE_CHECKING:
     from leveret.broker.session.channel import Channel
     from leveret.broker.session.connection import Session
 
-NODE = f"leveret@{platform.node()}"
 RATE = {"rate": 0.0}
 
 
@@ -77,7 +75,8 @@ def queue_totals(queues: list[Queue]) -> dict[str, int]:
     }
 
 
-def vhost_view(vhost: VHost, description: str, tags: list[str]) -> dict[str, Any]:
+def vhost_view(vhost: VHost, description: str, tags: list[str],
+               cluster_state: dict[str, str]) -> dict[str, Any]:
     return {
         "name": vhost.name,
         "description": description,
@@ -85,7 +84,7 @@ def vhost_view(vhost: VHost, description: str, tags: list[str]) -> dict[str, Any
         "default_queue_type": "classic",
         "metadata": {"description": description, "tags": list(tags)},
         "tracing": False,
-        "cluster_state": {NODE: "running"},
+        "cluster_state": cluster_state,
         **with_details(queue_totals(list(vhost.queues.values()))),
     }
 
@@ -142,17 +141,18 @@ def exchange_view(vhost: VHost, exchange: Exchange) -> dict[str, Any]:
     return view
 
 
-def stream_extras(queue: Any) -> dict[str, Any]:
-    """A stream's offsets, segments and bytes (Leveret's additions to RabbitMQ's fields)."""
+def stream_extras(queue: Any, node: str) -> dict[str, Any]:
+    """A stream's offsets, segments and bytes (Leveret's additions to RabbitMQ's fields);
+    `node` holds it."""
     summary = queue.log.summary()
     readers = sum(
         1 for c in queue.consumers if c.state is not None and c.state.reader is not None
     )
     extras: dict[str, Any] = {
-        "leader": NODE,
-        "members": [NODE],
-        "online": [NODE],
-        "readers": {NODE: readers},
+        "leader": node,
+        "members": [node],
+        "online": [node],
+        "readers": {node: readers},
         "first_offset": summary["first_offset"],
         "last_offset": summary["last_offset"],
         "committed_offset": summary["committed_offset"],
@@ -171,7 +171,9 @@ def stream_extras(queue: Any) -> dict[str, Any]:
     return extras
 
 
-def queue_view(queue: Queue, consumers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def queue_view(queue: Queue, node: str,
+               consumers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A queue held on `node` (this one, or a remote queue's holder)."""
     vhost = queue.vhost
     policy = vhost.policy_for("queues", queue.name)
     unacked = int(getattr(queue, "unacked", 0))
@@ -187,7 +189,7 @@ def queue_view(queue: Queue, consumers: list[dict[str, Any]] | None = None) -> d
         "auto_delete": queue.auto_delete,
         "exclusive": queue.exclusive,
         "arguments": jsonable(queue.arguments),
-        "node": NODE,
+        "node": node,
         "state": "running",
         **with_details(
             {
@@ -212,7 +214,7 @@ def queue_view(queue: Queue, consumers: list[dict[str, Any]] | None = None) -> d
         ),
     }
     if queue.type == "stream":
-        view.update(stream_extras(queue))
+        view.update(stream_extras(queue, node))
     if consumers is not None:
         view["consumer_details"] = consumers
     return view
@@ -280,7 +282,7 @@ def connection_view(session: Session) -> dict[str, Any]:
     vhost = session.vhost.name if session.vhost is not None else None
     return {
         "name": connection_name(session),
-        "node": NODE,
+        "node": session.broker.config.node_name,
         "user": session.username,
         "user_who_performed_action": session.username,
         "vhost": vhost,
@@ -314,7 +316,7 @@ def channel_view(session: Session, channel: Channel) -> dict[str, Any]:
     return {
         "name": channel_name(session, channel),
         "number": channel.number,
-        "node": NODE,
+        "node": session.broker.config.node_name,
         "user": session.username,
         "user_who_performed_action": session.username,
         "vhost": channel.vhost.name if channel.vhost is not None else None,
@@ -345,7 +347,7 @@ def channel_details(session: Session, channel: Channel) -> dict[str, Any]:
         "peer_host": session.peer[0],
         "peer_port": session.peer[1],
         "user": session.username,
-        "node": NODE,
+        "node": session.broker.config.node_name,
     }
 
 

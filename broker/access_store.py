@@ -1,0 +1,351 @@
+"""Where administrative writes go: the local metadata store, or the cluster's etcd.
+
+Role: the management API and definitions import call one `AccessStore` for every change of
+vhosts, users, permissions and policies (and, for definitions, exchanges, queues and
+bindings), without knowing which mode the node runs in. `access_store(broker)` gives:
+
+- `LocalAccess` on a single node: `broker.admin`'s operations, as before (the model, then
+  SQLite).
+- `ClusterAccess` in cluster mode: the same checks with the same texts (`broker.admin`), then
+  one `TopologyStore` txn in etcd, then `ClusterRuntime.settle(revision)`, so that the change
+  is applied on every running node (by `cluster.access_sync` and `cluster.topology_sync`)
+  before the caller answers. Nothing is written to SQLite. etcd unreachable, or this node out
+  of the cluster (its lease lost), raises `TopologyUnavailable` (the API's 503): each change is
+  one txn, so nothing is half-written.
+
+Reads (`vhost_metadata`) come from the node's copy: the topology cache in cluster mode.
+
+It must not know HTTP or AMQP. Runs on the broker's event loop.
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from leveret.broker import admin
+from leveret.broker.cluster.etcd import EtcdException, EtcdUnavailable
+from leveret.broker.cluster.topology import Created
+from leveret.broker.cluster.topology_records import (
+    BindingRecord,
+    ExchangeRecord,
+    PermissionRecord,
+    PolicyRecord,
+    QueueRecord,
+    UserRecord,
+    VHostRecord,
+)
+from leveret.broker.model.errors import BrokerError, NotFound
+from leveret.broker.model.exchange import exchange_class
+
+if TYPE_CHECKING:
+    from leveret.broker.broker import Broker
+    from leveret.broker.cluster.runtime import ClusterRuntime
+
+
+class TopologyUnavailable(BrokerError):
+    """The cluster's store (etcd) cannot take a change now; nothing was changed (or, when
+    the text says so, the change may have been applied in full)."""
+
+
+class AccessStore(ABC):
+    """Administrative changes, each one all-or-nothing. Creating calls return True when the
+    object is new (the API's 201 rather than 204)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    @abstractmethod
+    async def put_vhost(self, name: str, description: str = "", tags: list[str] | None = None,
+                        acting_user: str | None = None) -> bool: ...
+
+    @abstractmethod
+    async def delete_vhost(self, name: str) -> None: ...
+
+    @abstractmethod
+    async def put_user(self, name: str, *, password: str | None = None,
+                       password_hash: str | None = None, hashing_algorithm: str | None = None,
+                       tags: Any = None) -> bool: ...
+
+    @abstractmethod
+    async def delete_user(self, name: str) -> None: ...
+
+    @abstractmethod
+    async def set_permissions(self, user: str, vhost: str, configure: Any, write: Any,
+                              read: Any) -> bool: ...
+
+    @abstractmethod
+    async def clear_permissions(self, user: str, vhost: str) -> None: ...
+
+    @abstractmethod
+    async def set_policy(self, vhost: str, name: str, *, pattern: Any, definition: Any,
+                         priority: Any = 0, apply_to: Any = "all") -> bool: ...
+
+    @abstractmethod
+    async def clear_policy(self, vhost: str, name: str) -> None: ...
+
+    @abstractmethod
+    async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any]) -> bool: ...
+
+    @abstractmethod
+    async def declare_queue(self, vhost: str, name: str, body: dict[str, Any]) -> bool: ...
+
+    @abstractmethod
+    async def add_binding(self, vhost: str, source: str, destination_type: str,
+                          destination: str, routing_key: Any = "",
+                          arguments: Any = None) -> None: ...
+
+    @abstractmethod
+    def vhost_metadata(self) -> dict[str, tuple[str, list[str]]]:
+        """Every vhost's description and tags."""
+
+
+class LocalAccess(AccessStore):
+    """A single node: the model and SQLite, through broker.admin."""
+
+    async def put_vhost(self, name: str, description: str = "", tags: list[str] | None = None,
+                        acting_user: str | None = None) -> bool:
+        return admin.add_vhost(self.broker, name, description, tags, acting_user)
+
+    async def delete_vhost(self, name: str) -> None:
+        admin.delete_vhost(self.broker, name)
+
+    async def put_user(self, name: str, *, password: str | None = None,
+                       password_hash: str | None = None, hashing_algorithm: str | None = None,
+                       tags: Any = None) -> bool:
+        return admin.put_user(self.broker, name, password=password, password_hash=password_hash,
+                              hashing_algorithm=hashing_algorithm, tags=tags)
+
+    async def delete_user(self, name: str) -> None:
+        admin.delete_user(self.broker, name)
+
+    async def set_permissions(self, user: str, vhost: str, configure: Any, write: Any,
+                              read: Any) -> bool:
+        return admin.set_permissions(self.broker, user, vhost, configure, write, read)
+
+    async def clear_permissions(self, user: str, vhost: str) -> None:
+        admin.clear_permissions(self.broker, user, vhost)
+
+    async def set_policy(self, vhost: str, name: str, *, pattern: Any, definition: Any,
+                         priority: Any = 0, apply_to: Any = "all") -> bool:
+        return admin.set_policy(self.broker, vhost, name, pattern=pattern, definition=definition,
+                                priority=priority, apply_to=apply_to)
+
+    async def clear_policy(self, vhost: str, name: str) -> None:
+        admin.clear_policy(self.broker, vhost, name)
+
+    async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any]) -> bool:
+        return admin.declare_exchange(self.broker, vhost, name, body)
+
+    async def declare_queue(self, vhost: str, name: str, body: dict[str, Any]) -> bool:
+        return admin.declare_queue(self.broker, vhost, name, body)
+
+    async def add_binding(self, vhost: str, source: str, destination_type: str,
+                          destination: str, routing_key: Any = "",
+                          arguments: Any = None) -> None:
+        admin.add_binding(self.broker, vhost, source, destination_type, destination,
+                          routing_key, arguments)
+
+    def vhost_metadata(self) -> dict[str, tuple[str, list[str]]]:
+        return admin.vhost_metadata(self.broker)
+
+
+class ClusterAccess(AccessStore):
+    """Cluster mode: etcd through the topology store, then settle before answering."""
+
+    def __init__(self, broker: Broker, cluster: ClusterRuntime) -> None:
+        super().__init__(broker)
+        self.cluster = cluster
+
+    @asynccontextmanager
+    async def _writing(self) -> AsyncIterator[None]:
+        """Refuse at once when this node is out of the cluster; turn etcd's failures into
+        TopologyUnavailable with a sentence for the operator."""
+        if not self.cluster.membership.in_cluster:
+            raise TopologyUnavailable(
+                "this node has lost its etcd lease and is not in the cluster; topology "
+                "changes are refused until it rejoins")
+        try:
+            yield
+        except EtcdUnavailable as exc:
+            endpoints = ", ".join(exc.endpoints)
+            outcome = ("the change may or may not have been applied; read it back"
+                       if exc.maybe_applied else "nothing was changed")
+            raise TopologyUnavailable(
+                f"etcd cannot be reached at {endpoints}; topology changes are refused until "
+                f"it is back ({outcome})") from None
+        except EtcdException as exc:
+            raise TopologyUnavailable(f"etcd refused the change: {exc}") from None
+
+    async def _settle(self, revision: int) -> None:
+        try:
+            await self.cluster.settle(revision)
+        except TimeoutError:
+            raise TopologyUnavailable(
+                "the change is stored in etcd but this node's copy did not catch up in time "
+                "(is etcd reachable?)") from None
+
+    # -- vhosts ----------------------------------------------------------------------------------
+
+    async def put_vhost(self, name: str, description: str = "", tags: list[str] | None = None,
+                        acting_user: str | None = None) -> bool:
+        if not name:
+            raise admin.BadRequest("vhost names cannot be empty")
+        store = self.cluster.store
+        created = self.cluster.cache.vhost(name) is None
+        async with self._writing():
+            revision = await store.put_vhost(VHostRecord(name, description or "",
+                                                         tuple(tags or [])))
+            if created and acting_user is not None and acting_user in self.broker.users.users:
+                revision = await store.put_permission(
+                    PermissionRecord(acting_user, name, ".*", ".*", ".*"))
+        await self._settle(revision)
+        return created
+
+    async def delete_vhost(self, name: str) -> None:
+        async with self._writing():
+            revision = await self.cluster.store.delete_vhost(name)
+        if revision is None:
+            raise NotFound(f"no vhost '{name}'")
+        await self._settle(revision)
+
+    # -- users and permissions ---------------------------------------------------------------
+
+    async def put_user(self, name: str, *, password: str | None = None,
+                       password_hash: str | None = None, hashing_algorithm: str | None = None,
+                       tags: Any = None) -> bool:
+        existing = self.broker.users.users.get(name)
+        new_hash = admin.user_password_hash(existing, name, password, password_hash,
+                                            hashing_algorithm)
+        algorithm = admin.algorithm_of(new_hash) if new_hash else admin.SHA256
+        record = UserRecord(name, new_hash, algorithm, tuple(admin.parse_tags(tags)))
+        async with self._writing():
+            revision = await self.cluster.store.put_user(record)
+        await self._settle(revision)
+        return existing is None
+
+    async def delete_user(self, name: str) -> None:
+        async with self._writing():
+            revision = await self.cluster.store.delete_user(name)
+        if revision is None:
+            raise NotFound(f"no user '{name}'")
+        await self._settle(revision)
+
+    async def set_permissions(self, user: str, vhost: str, configure: Any, write: Any,
+                              read: Any) -> bool:
+        admin.check_permissions(self.broker, user, vhost, configure, write, read)
+        created = vhost not in self.broker.users.users[user].permissions
+        async with self._writing():
+            try:
+                revision = await self.cluster.store.put_permission(
+                    PermissionRecord(user, vhost, configure, write, read))
+            except NotFound:  # deleted elsewhere since the check
+                raise admin.BadRequest("vhost_or_user_not_found") from None
+        await self._settle(revision)
+        return created
+
+    async def clear_permissions(self, user: str, vhost: str) -> None:
+        async with self._writing():
+            revision = await self.cluster.store.delete_permission(user, vhost)
+        if revision is None:
+            raise NotFound(f"no permissions for user '{user}' in vhost '{vhost}'")
+        await self._settle(revision)
+
+    # -- policies ----------------------------------------------------------------------------
+
+    async def set_policy(self, vhost: str, name: str, *, pattern: Any, definition: Any,
+                         priority: Any = 0, apply_to: Any = "all") -> bool:
+        model = admin.get_vhost(self.broker, vhost)
+        policy = admin.make_policy(name, pattern=pattern, definition=definition,
+                                   priority=priority, apply_to=apply_to)
+        created = name not in model.policies
+        record = PolicyRecord(vhost, name, policy.pattern, policy.apply_to, policy.priority,
+                              dict(policy.definition))
+        async with self._writing():
+            revision = await self.cluster.store.put_policy(record)
+        await self._settle(revision)
+        return created
+
+    async def clear_policy(self, vhost: str, name: str) -> None:
+        async with self._writing():
+            revision = await self.cluster.store.delete_policy(vhost, name)
+        if revision is None:
+            raise NotFound(f"no policy '{name}' in vhost '{vhost}'")
+        await self._settle(revision)
+
+    # -- exchanges, queues, bindings (definitions) -------------------------------------------
+
+    def _lease(self, leased: bool) -> int:
+        lease = self.cluster.membership.lease
+        return lease.id if leased and lease is not None else 0
+
+    async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any]) -> bool:
+        admin.get_vhost(self.broker, vhost)
+        type_ = body.get("type")
+        if not isinstance(type_, str) or not type_:
+            raise admin.BadRequest("exchange type is missing")
+        if exchange_class(type_) is None:
+            raise admin.BadRequest(f"unknown exchange type '{type_}'")
+        record = ExchangeRecord(
+            vhost, name, type_,
+            durable=admin.parse_bool(body.get("durable"), False),
+            auto_delete=admin.parse_bool(body.get("auto_delete"), False),
+            internal=admin.parse_bool(body.get("internal"), False),
+            arguments=admin.parse_arguments(body.get("arguments")))
+        async with self._writing():
+            result = await self.cluster.store.declare_exchange(
+                record, self._lease(record.auto_delete or not record.durable))
+        await self._settle(result.revision)
+        return isinstance(result, Created)
+
+    async def declare_queue(self, vhost: str, name: str, body: dict[str, Any]) -> bool:
+        admin.get_vhost(self.broker, vhost)
+        if not name:
+            raise admin.BadRequest("queue names cannot be empty")
+        arguments = admin.parse_arguments(body.get("arguments"))
+        queue_type = arguments.get("x-queue-type", "classic")
+        record = QueueRecord(
+            vhost, name, type=str(queue_type),
+            durable=admin.parse_bool(body.get("durable"), False),
+            auto_delete=admin.parse_bool(body.get("auto_delete"), False),
+            arguments=arguments, node=self.cluster.node,
+            storage_id=_storage_id())
+        async with self._writing():
+            result = await self.cluster.store.declare_queue(
+                record, self._lease(record.auto_delete or not record.durable))
+        await self._settle(result.revision)
+        return isinstance(result, Created)
+
+    async def add_binding(self, vhost: str, source: str, destination_type: str,
+                          destination: str, routing_key: Any = "",
+                          arguments: Any = None) -> None:
+        admin.get_vhost(self.broker, vhost)
+        if destination_type not in ("queue", "exchange"):
+            raise admin.BadRequest(f"unknown destination type '{destination_type}'")
+        if not isinstance(routing_key, str):
+            raise admin.BadRequest("routing_key must be a string")
+        record = BindingRecord(vhost, source, "queue" if destination_type == "queue"
+                               else "exchange", destination, routing_key,
+                               admin.parse_arguments(arguments))
+        async with self._writing():
+            result = await self.cluster.store.bind(record)
+        await self._settle(result.revision)
+
+    def vhost_metadata(self) -> dict[str, tuple[str, list[str]]]:
+        return {r.name: (r.description, list(r.tags)) for r in self.cluster.cache.all("vhosts")
+                if isinstance(r, VHostRecord)}
+
+
+def _storage_id() -> str:
+    """A queue's storage folder on its node, fresh for each declaration (as the model's)."""
+    return uuid.uuid4().hex
+
+
+def access_store(broker: Broker) -> AccessStore:
+    """The store for this node's mode."""
+    if broker.cluster is not None:
+        return ClusterAccess(broker, broker.cluster)
+    return LocalAccess(broker)

@@ -1,0 +1,161 @@
+"""The management API's cluster-wide views: what other nodes hold, asked over the node links.
+
+Role: in cluster mode `/api/queues` on any node lists every queue, and `/api/connections`,
+`/api/channels` every node's. Each node answers three link requests about what it holds
+(registered by `install`, before the links start):
+
+- `mgmt.queue_stats` `{"queues": [[vhost, name], ...]}`: the holder's own view of each queue
+  (counts, consumers, state), or null for a queue it does not hold;
+- `mgmt.connections` and `mgmt.channels` `{}`: its connections' or channels' views, each with
+  `node`.
+
+An asking node waits at most `ASK_TIMEOUT_S` per node, all nodes at once. A queue whose node
+cannot answer (down, no link, too slow) shows `state: "down"` without message counts, as
+RabbitMQ shows a queue whose node is down; connections of such a node are left out.
+
+It must not know AMQP frames; it reads the model and the sessions as the other views do.
+Runs on the broker's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from leveret.broker import logs
+from leveret.broker.management import views
+
+if TYPE_CHECKING:
+    from leveret.broker.broker import Broker
+    from leveret.broker.cluster.link import Link
+    from leveret.broker.model.queue import Queue
+    from leveret.broker.session.connection import Session
+
+log = logs.get("leveret.management")
+QUEUE_STATS = "mgmt.queue_stats"
+CONNECTIONS = "mgmt.connections"
+CHANNELS = "mgmt.channels"
+ASK_TIMEOUT_S = 2.0
+DOWN_DROPS = ("messages", "messages_ready", "messages_unacknowledged", "messages_details",
+              "messages_ready_details", "messages_unacknowledged_details", "message_bytes")
+
+
+def node_of(broker: Broker, queue: Queue) -> str:
+    """The node that holds `queue`: a remote queue's holder, else this node."""
+    node = getattr(queue, "node", None)
+    return node if isinstance(node, str) and node else broker.config.node_name
+
+
+def is_remote(broker: Broker, queue: Queue) -> bool:
+    return broker.cluster is not None and node_of(broker, queue) != broker.config.node_name
+
+
+def local_sessions(broker: Broker) -> list[Session]:
+    """This node's client connections, opened in full, in connection order."""
+    return sorted((s for s in broker.connections if s.vhost is not None), key=lambda s: s.id)
+
+
+def install(broker: Broker) -> None:
+    """Answer the other nodes' management requests about what this node holds."""
+    cluster = broker.cluster
+    assert cluster is not None
+    handlers = cluster.links.handlers
+
+    async def queue_stats(_link: Link, body: Any) -> list[dict[str, Any] | None]:
+        wanted = body.get("queues") if isinstance(body, dict) else None
+        if not isinstance(wanted, list):
+            raise ValueError("mgmt.queue_stats takes {'queues': [[vhost, name], ...]}")
+        out: list[dict[str, Any] | None] = []
+        for item in wanted:
+            vhost = broker.vhosts.get(str(item[0])) if isinstance(item, list) and item else None
+            queue = vhost.queues.get(str(item[1])) if vhost is not None and len(item) > 1 \
+                else None
+            if queue is None or is_remote(broker, queue):
+                out.append(None)
+            else:
+                out.append(views.queue_view(queue, broker.config.node_name))
+        return out
+
+    async def connections(_link: Link, _body: Any) -> list[dict[str, Any]]:
+        return [views.connection_view(s) for s in local_sessions(broker)]
+
+    async def channels(_link: Link, _body: Any) -> list[dict[str, Any]]:
+        return [views.channel_view(s, ch) for s in local_sessions(broker)
+                for ch in sorted(s.channels.values(), key=lambda c: c.number)]
+
+    handlers.on_request(QUEUE_STATS, queue_stats)
+    handlers.on_request(CONNECTIONS, connections)
+    handlers.on_request(CHANNELS, channels)
+
+
+async def _ask_all(broker: Broker, ask: Callable[[str, Link], Awaitable[Any]],
+                   nodes: list[str]) -> dict[str, Any]:
+    """Each node's answer (by name), asked all at once; a node without a link or that fails
+    or times out is missing from the result."""
+    cluster = broker.cluster
+    if cluster is None:
+        return {}
+    pending: dict[str, Awaitable[Any]] = {}
+    for node in nodes:
+        link = cluster.links.link_to(node)
+        if link is not None and not link.closed:
+            pending[node] = asyncio.wait_for(ask(node, link), ASK_TIMEOUT_S)
+    results = await asyncio.gather(*pending.values(), return_exceptions=True)
+    answers: dict[str, Any] = {}
+    for node, result in zip(pending, results, strict=True):
+        if isinstance(result, BaseException):
+            log.warning("a node did not answer a management request", node=node,
+                        error=str(result) or type(result).__name__)
+        else:
+            answers[node] = result
+    return answers
+
+
+async def queue_views(broker: Broker, queues: list[Queue]) -> list[dict[str, Any]]:
+    """The views of `queues`: this node's from its model, the others' from their holders."""
+    remote: dict[str, list[Queue]] = {}
+    for queue in queues:
+        if is_remote(broker, queue):
+            remote.setdefault(node_of(broker, queue), []).append(queue)
+
+    async def ask(node: str, link: Link) -> Any:
+        names = [[q.vhost.name, q.name] for q in remote[node]]
+        return await link.call(QUEUE_STATS, {"queues": names})
+
+    answers = await _ask_all(broker, ask, sorted(remote))
+    found: dict[int, dict[str, Any]] = {}
+    for node, held in remote.items():
+        answer = answers.get(node)
+        if isinstance(answer, list) and len(answer) == len(held):
+            for queue, view in zip(held, answer, strict=True):
+                if isinstance(view, dict):
+                    found[id(queue)] = view
+    out = []
+    for queue in queues:
+        node = node_of(broker, queue)
+        if not is_remote(broker, queue):
+            out.append(views.queue_view(queue, node))
+        elif id(queue) in found:
+            out.append(found[id(queue)])
+        else:
+            view = views.queue_view(queue, node)
+            for key in DOWN_DROPS:
+                view.pop(key, None)
+            view["state"] = "down"
+            out.append(view)
+    return out
+
+
+async def remote_items(broker: Broker, kind: str) -> list[dict[str, Any]]:
+    """Every other running node's connections (`mgmt.connections`) or channels."""
+    cluster = broker.cluster
+    if cluster is None:
+        return []
+
+    async def ask(_node: str, link: Link) -> Any:
+        return await link.call(kind, {})
+
+    answers = await _ask_all(broker, ask, sorted(cluster.links.links))
+    return [item for node in sorted(answers) if isinstance(answers[node], list)
+            for item in answers[node] if isinstance(item, dict)]
