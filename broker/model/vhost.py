@@ -74,6 +74,8 @@ class Observer:
     def exchange_deleted(self, exchange: Exchange) -> None: ...
     def queue_declared(self, queue: Queue) -> None: ...
     def queue_deleted(self, queue: Queue) -> None: ...
+    def queue_removed(self, queue: Queue) -> None:
+        """Any queue left the model (durable or not, however it went): the cluster's hook."""
     def binding_added(self, binding: Binding) -> None: ...
     def binding_removed(self, binding: Binding) -> None: ...
     def policy_set(self, vhost: VHost, policy: Policy) -> None: ...
@@ -126,6 +128,35 @@ class VHost:
     ) -> Exchange:
         """RabbitMQ's order: type, default exchange, permission, then reserved names."""
         arguments = arguments or {}
+        existing = self.check_exchange_declaration(
+            name, type_, passive=passive, durable=durable, auto_delete=auto_delete,
+            internal=internal, arguments=arguments, check=check)
+        if existing is not None:
+            return existing
+        exchange = self.create_exchange(name, type_, durable=durable, auto_delete=auto_delete,
+                                        internal=internal, arguments=arguments)
+        if durable:
+            try:
+                self.observer.exchange_declared(exchange)
+            except BrokerError:  # not recorded (a full disk): it does not exist
+                del self.exchanges[name]
+                raise
+        return exchange
+
+    def check_exchange_declaration(
+        self,
+        name: str,
+        type_: str,
+        *,
+        passive: bool = False,
+        durable: bool = True,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any],
+        check: Authorize = allow_all,
+    ) -> Exchange | None:
+        """Every check of a declaration, raising as declare_exchange does; the existing
+        (equivalent) exchange, or None when a new one may be created."""
         if passive:
             if name == "":
                 raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
@@ -138,55 +169,66 @@ class VHost:
             raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
         check("configure", "exchange", name)
         existing = self.exchanges.get(name)
-        if existing is None:
-            if name.startswith("amq."):
-                raise AccessRefused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
-            ae = arguments.get("alternate-exchange")
-            if "alternate-exchange" in arguments and not qargs.is_str(ae):  # void too
-                raise PreconditionFailed(
-                    f"invalid type '{qargs.erlang_type(ae)}' for arg 'alternate-exchange' in "
-                    f"{self.rs('exchange', name)}"
-                )
-            if ae is not None:
-                check("read", "exchange", name)
-                check("write", "exchange", qargs.text(ae))
-            cache = dedup.from_arguments(arguments, self.rs("exchange", name),
-                                         self.scheduler.now_ms)
-            check_exchange_arguments(arguments, self.rs("exchange", name))
-            if type_ == "direct" and is_super_stream(arguments):
-                cls = SuperStreamExchange
-            exchange = cls(
-                self.name,
-                name,
-                durable=durable,
-                auto_delete=auto_delete,
-                internal=internal,
-                arguments=arguments,
+        if existing is not None:
+            equivalence.check_exchange(existing, self.rs("exchange", name), type_, durable,
+                                       auto_delete, internal, arguments)
+            return existing
+        if name.startswith("amq."):
+            raise AccessRefused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        ae = arguments.get("alternate-exchange")
+        if "alternate-exchange" in arguments and not qargs.is_str(ae):  # void too
+            raise PreconditionFailed(
+                f"invalid type '{qargs.erlang_type(ae)}' for arg 'alternate-exchange' in "
+                f"{self.rs('exchange', name)}"
             )
-            exchange.dedup = cache
-            self.exchanges[name] = exchange
-            if durable:
-                try:
-                    self.observer.exchange_declared(exchange)
-                except BrokerError:  # not recorded (a full disk): it does not exist
-                    del self.exchanges[name]
-                    raise
-            return exchange
-        equivalence.check_exchange(existing, self.rs("exchange", name), type_, durable,
-                                   auto_delete, internal, arguments)
-        return existing
+        if ae is not None:
+            check("read", "exchange", name)
+            check("write", "exchange", qargs.text(ae))
+        dedup.from_arguments(arguments, self.rs("exchange", name), self.scheduler.now_ms)
+        check_exchange_arguments(arguments, self.rs("exchange", name))
+        return None
+
+    def create_exchange(self, name: str, type_: str, *, durable: bool, auto_delete: bool,
+                        internal: bool, arguments: dict[str, Any]) -> Exchange:
+        """Add an exchange whose declaration was checked (not recorded: the caller does)."""
+        cls = exchange_class(type_)
+        assert cls is not None
+        if type_ == "direct" and is_super_stream(arguments):
+            cls = SuperStreamExchange
+        exchange = cls(
+            self.name,
+            name,
+            durable=durable,
+            auto_delete=auto_delete,
+            internal=internal,
+            arguments=arguments,
+        )
+        exchange.dedup = dedup.from_arguments(arguments, self.rs("exchange", name),
+                                              self.scheduler.now_ms)
+        self.exchanges[name] = exchange
+        return exchange
 
     def delete_exchange(self, name: str, if_unused: bool = False) -> None:
+        exchange = self.check_exchange_delete(name, if_unused)
+        if exchange is not None:
+            self._remove_exchange(exchange)
+
+    def check_exchange_delete(self, name: str, if_unused: bool = False) -> Exchange | None:
+        """The checks of delete_exchange; the exchange to delete, None if there is none."""
         if name == "":
             raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
         if name.startswith("amq."):
             raise AccessRefused(f"deletion of system {self.rs('exchange', name)} not allowed")
         exchange = self.exchanges.get(name)
-        if exchange is None:
-            return
-        if if_unused and exchange.bindings:
+        if exchange is not None and if_unused and exchange.bindings:
             raise PreconditionFailed(f"{self.rs('exchange', name)} in use")
-        self._remove_exchange(exchange)
+        return exchange
+
+    def remove_exchange(self, name: str) -> None:
+        """Drop an exchange and its bindings, with no checks (the cluster's topology says so)."""
+        exchange = self.exchanges.get(name)
+        if exchange is not None and name != "":
+            self._remove_exchange(exchange)
 
     def _remove_exchange(self, exchange: Exchange) -> None:
         del self.exchanges[exchange.name]
@@ -243,6 +285,38 @@ class VHost:
             self.check_exclusive(queue, owner)
             queue.touch()
             return queue
+        name, queue_type, existing = self.check_queue_declaration(
+            name, owner=owner, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
+            arguments=arguments, check=check)
+        if existing is not None:
+            existing.touch()
+            return existing
+        queue = self.create_queue(name, queue_type, durable=durable and not exclusive,
+                                  exclusive_owner=owner if exclusive else None,
+                                  auto_delete=auto_delete, arguments=arguments)
+        if queue.durable:
+            try:
+                self.observer.queue_declared(queue)
+            except BrokerError:  # not recorded (a full disk): it does not exist, nor its files
+                del self.queues[name]
+                queue.on_delete()
+                raise
+        return queue
+
+    def check_queue_declaration(
+        self,
+        name: str,
+        *,
+        owner: Any,
+        durable: bool = False,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: dict[str, Any],
+        check: Authorize = allow_all,
+    ) -> tuple[str, str, Queue | None]:
+        """Every check of a (not passive) declaration, raising as declare_queue does: the
+        name (generated for ""), the queue type, and the existing (equivalent) queue or None
+        when a new one may be created."""
         rs = self.rs("queue", name or "amq.gen")
         qargs.check_nesting(arguments, rs)
         queue_type = qargs.queue_type_of(arguments, rs)
@@ -261,8 +335,7 @@ class VHost:
         if existing is not None:
             self.check_exclusive(existing, exclusive_owner, strict=True)
             equivalence.check_queue(existing, durable, auto_delete, arguments)
-            existing.touch()
-            return existing
+            return name, queue_type, existing
         rs = self.rs("queue", name)
         # RabbitMQ's channel checks the DLX's type and permissions before the queue type
         # validates its arguments.
@@ -278,12 +351,19 @@ class VHost:
         if queue_type == "stream":
             check_stream_declaration(rs, durable=durable, exclusive=exclusive,
                                      auto_delete=auto_delete, arguments=arguments)
-        cache = dedup.from_arguments(arguments, rs, self.scheduler.now_ms)
-        factory = self.queue_types.get(queue_type)
-        if factory is None:
+        dedup.from_arguments(arguments, rs, self.scheduler.now_ms)
+        if queue_type not in self.queue_types:
             raise PreconditionFailed(
                 f"invalid arg 'x-queue-type' for {rs}: \"unsupported queue type '{queue_type}'\""
             )
+        return name, queue_type, None
+
+    def create_queue(self, name: str, queue_type: str, *, durable: bool, exclusive_owner: Any,
+                     auto_delete: bool, arguments: dict[str, Any],
+                     storage_id: str | None = None) -> Queue:
+        """Add a queue whose declaration was checked (not recorded: the caller does)."""
+        factory = self.queue_types[queue_type]
+        extra = {"storage_id": storage_id} if storage_id else {}
         try:
             queue = factory(
                 self,
@@ -292,18 +372,12 @@ class VHost:
                 exclusive_owner=exclusive_owner,
                 auto_delete=auto_delete,
                 arguments=arguments,
+                **extra,
             )
         except StorageError as exc:  # its files cannot be created (a full disk)
-            raise InternalError(f"cannot create {rs}: {exc}") from None
-        queue.dedup = cache
+            raise InternalError(f"cannot create {self.rs('queue', name)}: {exc}") from None
+        queue.dedup = dedup.from_arguments(arguments, queue.resource, self.scheduler.now_ms)
         self.queues[name] = queue
-        if queue.durable:
-            try:
-                self.observer.queue_declared(queue)
-            except BrokerError:  # not recorded (a full disk): it does not exist, nor its files
-                del self.queues[name]
-                queue.on_delete()
-                raise
         return queue
 
     def restore_queue(self, name: str, queue_type: str, *, auto_delete: bool,
@@ -327,6 +401,7 @@ class VHost:
         queue.on_delete()
         if queue.durable:
             self.observer.queue_deleted(queue)
+        self.observer.queue_removed(queue)
         return count
 
     # -- policies -----------------------------------------------------------------------------
@@ -367,6 +442,27 @@ class VHost:
         arguments: dict[str, Any] | None = None,
         owner: Any = None,
     ) -> None:
+        binding = self.check_bind(source_name, kind, destination_name, routing_key, arguments,
+                                  owner)
+        source = binding.source
+        if source.add(binding) and source.durable and getattr(binding.destination, "durable",
+                                                              False):
+            try:
+                self.observer.binding_added(binding)
+            except BrokerError:  # not recorded (a full disk)
+                source.remove(binding.key)
+                raise
+
+    def check_bind(
+        self,
+        source_name: str,
+        kind: str,
+        destination_name: str,
+        routing_key: str,
+        arguments: dict[str, Any] | None = None,
+        owner: Any = None,
+    ) -> Binding:
+        """The checks of bind, raising as it does; the binding it would add."""
         if source_name == "" or (kind == "exchange" and destination_name == ""):
             raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
         source = self.exchange(source_name)
@@ -376,13 +472,7 @@ class VHost:
         arguments = dict(arguments or {})
         qargs.check_nesting(arguments, self.rs(kind, destination_name))
         source.check_binding(routing_key, arguments)
-        binding = Binding(source, destination, routing_key, arguments)
-        if source.add(binding) and source.durable and getattr(destination, "durable", False):
-            try:
-                self.observer.binding_added(binding)
-            except BrokerError:  # not recorded (a full disk)
-                source.remove(binding.key)
-                raise
+        return Binding(source, destination, routing_key, arguments)
 
     def unbind(
         self,
@@ -395,22 +485,37 @@ class VHost:
     ) -> None:
         """Remove a binding. As RabbitMQ (`absent_errs_only`), a missing source, destination
         or binding is not an error, and exclusivity is checked only for a binding that exists."""
+        binding = self.check_unbind(source_name, kind, destination_name, routing_key, arguments,
+                                    owner)
+        if binding is not None:
+            self._unbind(binding)
+
+    def check_unbind(
+        self,
+        source_name: str,
+        kind: str,
+        destination_name: str,
+        routing_key: str,
+        arguments: dict[str, Any] | None = None,
+        owner: Any = None,
+    ) -> Binding | None:
+        """The checks of unbind; the binding it would remove, or None."""
         if source_name == "" or (kind == "exchange" and destination_name == ""):
             raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
         source = self.exchanges.get(source_name)
         table: dict[str, Any] = self.queues if kind == "queue" else self.exchanges
         destination = table.get(destination_name)
         if source is None or destination is None:
-            return
+            return None
         qargs.check_nesting(arguments or {}, self.rs(kind, destination_name))
         binding = source.bindings.get(
             Binding(source, destination, routing_key, dict(arguments or {})).key
         )
         if binding is None:
-            return
+            return None
         if kind == "queue":
             self.check_exclusive(destination, owner)
-        self._unbind(binding)
+        return binding
 
     # -- routing ------------------------------------------------------------------------------
 

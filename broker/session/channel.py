@@ -35,7 +35,7 @@ from leveret.broker.model.errors import (
 from leveret.broker.model.message import Confirm, QueuedMessage
 from leveret.broker.model.remote_queue import RemoteQueue
 from leveret.broker.model.vhost import server_generated_name
-from leveret.broker.session import backlog, forwarding, queries, topology
+from leveret.broker.session import backlog, cluster_topology, forwarding, queries, topology
 from leveret.broker.session.confirms import Confirms
 from leveret.broker.session.errors import to_amqp
 
@@ -81,7 +81,8 @@ class Channel:
         self.remote: Any = None  # its channels on the nodes that hold queues it used (forwarding)
         self._handlers: dict[type, Callable[[Any], None]] = {
             **{kind: functools.partial(handler, self)
-               for kind, handler in topology.HANDLERS.items()},
+               for kind, handler in (topology.HANDLERS if session.broker.cluster is None
+                                     else cluster_topology.handlers(self)).items()},
             m.Channel.Flow: self._flow,
             m.Basic.Qos: self._qos,
             m.Basic.Consume: self._consume,
