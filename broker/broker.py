@@ -12,6 +12,7 @@ import functools
 import gc
 import platform
 import time
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -26,12 +27,13 @@ from leveret.broker.model.durable import DurableClassicQueue
 from leveret.broker.model.queue import ClassicQueue, Queue
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.stream import StreamQueue
-from leveret.broker.model.vhost import VHost
+from leveret.broker.model.vhost import Observer, VHost
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.membership import Membership
     from leveret.broker.cluster.peers import ClusterLinks
     from leveret.broker.cluster.runtime import ClusterRuntime
+    from leveret.broker.cluster.topology_sync import TopologySync
     from leveret.broker.model.message import InboundMessage
     from leveret.broker.session.connection import Session
 
@@ -75,6 +77,9 @@ class Broker:
         self.membership: Membership | None = None  # this node's cluster, in cluster mode
         self.cluster_links: ClusterLinks | None = None  # its links to the other nodes
         self.cluster: ClusterRuntime | None = None  # all of the above, and the topology
+        self.topology_sync: TopologySync | None = None  # etcd's topology into the model
+        self.instance = uuid.uuid4().hex[:12]  # this process, in cluster-unique session keys
+        self.cluster_sessions: dict[str, Session] = {}  # by cluster_key, in cluster mode
         self.alarms = Alarms(config.data_dir, config.vm_memory_high_watermark,
                              config.disk_free_limit_bytes, self.alarm_changed)
         queues_dir = config.data_dir / "queues"
@@ -85,7 +90,7 @@ class Broker:
         self.queue_env = StorageEnv(queues_dir, encode, decode_record,
                                     _fsync(config.queue_fsync))
         self.metastore = Metastore(config.data_dir / "metadata.sqlite3")
-        self.recorder = MetadataRecorder(self.metastore)
+        self.recorder: Observer = MetadataRecorder(self.metastore)
         if self.metastore.fresh:
             if not config.etcd:  # a cluster's defaults are made once, in etcd (access_sync)
                 self._first_boot()
@@ -164,11 +169,19 @@ class Broker:
             },
         }
 
+    def cluster_key(self, session: Session) -> str:
+        """A connection's name across the cluster (an exclusive queue's owner in etcd)."""
+        return f"{self.config.node_name}/{self.instance}/{session.id}"
+
     def connection_opened(self, session: Session) -> None:
         self.connections.add(session)
+        if self.cluster is not None:
+            self.cluster_sessions[self.cluster_key(session)] = session
 
     def connection_closed(self, session: Session) -> None:
         self.connections.discard(session)
+        if self.cluster is not None:  # its exclusive queues' records go with them (sync)
+            self.cluster_sessions.pop(self.cluster_key(session), None)
         for vhost in self.vhosts.values():
             owned = [q for q in vhost.queues.values() if q.exclusive_owner is session]
             for queue in owned:

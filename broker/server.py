@@ -221,6 +221,7 @@ class Server:
         try:
             await cache.start()
             await access_sync.first_boot(broker)
+            await topology_sync.loaded(broker)
         except EtcdException as exc:
             broker.close()
             raise ServerError(f"cannot read the cluster's topology from etcd: {exc}") from None
