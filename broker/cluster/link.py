@@ -205,6 +205,12 @@ class Link:
             raise ValueError(f"chunk of {len(data)} bytes exceeds the link's frame limit")
         await self._write(frame)
 
+    def post(self, kind: str, body: Any = None) -> None:
+        """A small one-way message queued at once, without waiting for the write buffer to
+        drain (acknowledgements, commit notices). Raises LinkClosed if the link is closed."""
+        self._check_open()
+        self._writer.write(lf.encode_json(FrameType.MESSAGE, {"kind": kind, "body": body}))
+
     def send_tunnel(self, tunnel_id: int, data: bytes | memoryview) -> None:
         """Raw bytes of a tunnel, one-way, queued at once (no waiting: the caller watches
         `buffered_bytes` for backpressure). Raises LinkClosed if the link is closed."""
