@@ -1,0 +1,198 @@
+"""A stream's log replicated from its leader to two replicas over real node-to-node links on
+loopback: the replicas end up with the leader's log, the commit point needs a majority, a replica
+that comes back gets only the delta, a deposed leader's chunks are refused, and a replica's tail
+that the new leader never had is cut."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from leveret.broker.cluster.link import Handlers, Link, LinkConfig, LinkServer, connect
+from leveret.broker.cluster.replication import Replicas, Shipper, committed_offset
+from leveret.storage import Log, LogConfig, OffsetSpec
+
+SECRET = b"replication-test-secret"
+WAIT_S = 10.0
+
+
+class Node:
+    """One node: a link listener, the Replicas that answer leaders, and the links it dialed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.config = LinkConfig(cluster="r", node=name, secret=SECRET)
+        self.handlers = Handlers()
+        self.replicas = Replicas(self.handlers)
+        self.server = LinkServer(self.config, self.handlers, self._accepted)
+        self.links: dict[str, Link] = {}
+
+    async def _accepted(self, link: Link) -> None:
+        self.links[link.peer_node] = link
+
+    async def dial(self, other: Node) -> Link:
+        link = await connect("127.0.0.1", other.server.port, self.config, self.handlers)
+        self.links[other.name] = link
+        return link
+
+    async def stop(self) -> None:
+        for link in self.links.values():
+            await link.close()
+        await self.server.close()
+
+
+@pytest.fixture
+async def start_node() -> AsyncIterator[Callable[[str], asyncio.Future[Node]]]:
+    nodes: list[Node] = []
+
+    async def start(name: str) -> Node:
+        node = Node(name)
+        await node.server.start()
+        nodes.append(node)
+        return node
+
+    yield start  # type: ignore[misc]
+    for node in nodes:
+        await node.stop()
+
+
+def open_log(path: Path) -> Log:
+    return Log.open(path, LogConfig(max_segment_chunks=4))
+
+
+def records(log: Log) -> list[tuple[int, bytes]]:
+    reader = log.reader(OffsetSpec.first())
+    found = [item for view in reader for item in view.items()]
+    reader.close()
+    return found
+
+
+async def until(check: Callable[[], bool]) -> None:
+    async with asyncio.timeout(WAIT_S):
+        while not check():
+            await asyncio.sleep(0.01)
+
+
+def test_the_commit_point_is_the_majority() -> None:
+    assert committed_offset([10, 10, 10], 3) == 9
+    assert committed_offset([10, 7, 3], 3) == 6
+    assert committed_offset([10, 0, 0], 3) == -1
+    assert committed_offset([10], 1) == 9
+    assert committed_offset([10, 4], 2) == 3  # two members: both
+
+
+async def test_replicas_get_the_log_and_commit_follows_the_majority(
+        start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path) -> None:
+    leader_node, b, c = await start_node("a"), await start_node("b"), await start_node("c")
+    leader_log = open_log(tmp_path / "a")
+    logs = {"b": open_log(tmp_path / "b"), "c": open_log(tmp_path / "c")}
+    replica_commits: dict[str, list[int]] = {"b": [], "c": []}
+    for node in (b, c):
+        node.replicas.add("s1", logs[node.name], replica_commits[node.name].append)
+    await leader_node.dial(b)
+    await leader_node.dial(c)
+    commits: list[int] = []
+    shipper = Shipper("s1", leader_log, 1, ["b", "c"], leader_node.links.get, commits.append,
+                      chunk_bytes=200)
+    leader_node.replicas.shippers["s1"] = shipper
+    shipper.start()
+    for i in range(30):
+        leader_log.append([b"m%d-%d" % (i, j) for j in range(3)], publishers={b"p": i})
+        shipper.appended()
+    await until(lambda: shipper.committed == 89)
+    await until(lambda: all(log.next_offset == 90 for log in logs.values()))
+    assert all(records(log) == records(leader_log) for log in logs.values())
+    assert all(log.tail == (1, 90) and log.publisher_id(b"p") == 29 for log in logs.values())
+    assert commits == sorted(commits) and commits[-1] == 89
+    await until(lambda: all(r and r[-1] == 89 for r in replica_commits.values()))
+
+    # c goes away: b and the leader are still a majority
+    await c.stop()
+    logs["c"].close()
+    leader_log.append([b"while-c-is-away"])
+    shipper.appended()
+    await until(lambda: shipper.committed == 90)
+
+    # b goes away too: the leader alone is no majority, nothing more commits
+    await b.stop()
+    leader_log.append([b"alone"])
+    shipper.appended()
+    await asyncio.sleep(0.3)
+    assert shipper.committed == 90
+
+    # c comes back with its log as it was: it is sent only what it lacks, and commits resume
+    c2 = await start_node("c")
+    logs["c"] = open_log(tmp_path / "c")
+    c2.replicas.add("s1", logs["c"])
+    await leader_node.dial(c2)
+    await until(lambda: shipper.committed == 91)
+    assert records(logs["c"]) == records(leader_log)
+    await shipper.close()
+
+
+async def test_a_deposed_leaders_chunks_are_refused(
+        start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path) -> None:
+    old, new, replica = await start_node("old"), await start_node("new"), await start_node("r")
+    replica_log = open_log(tmp_path / "r")
+    replica.replicas.add("s", replica_log)
+    await new.dial(replica)
+    await old.dial(replica)
+    new_log, old_log = open_log(tmp_path / "new"), open_log(tmp_path / "old")
+    new_shipper = Shipper("s", new_log, 2, ["r"], new.links.get)
+    new.replicas.shippers["s"] = new_shipper
+    new_shipper.start()
+    new_log.append([b"from-epoch-2"])
+    new_shipper.appended()
+    await until(lambda: replica_log.next_offset == 1)
+    old_shipper = Shipper("s", old_log, 1, ["r"], old.links.get)
+    old_shipper.start()
+    old_log.append([b"stale-1"])
+    old_log.append([b"stale-2"])
+    old_shipper.appended()
+    await asyncio.sleep(0.5)
+    assert records(replica_log) == [(0, b"from-epoch-2")]
+    assert old_shipper.committed == -1  # no majority ever acknowledged the old epoch
+    await old_shipper.close()
+    await new_shipper.close()
+
+
+async def test_a_replicas_tail_the_new_leader_never_had_is_cut(
+        start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path) -> None:
+    leader, replica = await start_node("l"), await start_node("x")
+    replica_log = open_log(tmp_path / "x")
+    replica_log.set_epoch(1)  # it led epoch 1 and wrote more than anyone else got
+    for i in range(5):
+        replica_log.append([b"e1-%d" % i])
+    leader_log = open_log(tmp_path / "l")
+    leader_log.set_epoch(1)
+    for i in range(3):
+        leader_log.append([b"e1-%d" % i])
+    replica.replicas.add("s", replica_log)
+    await leader.dial(replica)
+    shipper = Shipper("s", leader_log, 2, ["x"], leader.links.get)
+    leader.replicas.shippers["s"] = shipper
+    leader_log.append([b"e2-a", b"e2-b"])
+    shipper.start()
+    await until(lambda: shipper.committed == 4)
+    assert records(replica_log) == records(leader_log)
+    assert [r for _, r in records(replica_log)][3:] == [b"e2-a", b"e2-b"]
+    assert replica_log.tail == (2, 5)
+    await shipper.close()
+
+
+async def test_a_sync_for_a_stream_the_node_does_not_hold_fails(
+        start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path) -> None:
+    leader, replica = await start_node("l"), await start_node("y")
+    await leader.dial(replica)
+    log = open_log(tmp_path / "l")
+    shipper = Shipper("unknown", log, 1, ["y"], leader.links.get)
+    shipper.start()
+    log.append([b"a"])
+    shipper.appended()
+    await asyncio.sleep(0.5)
+    assert shipper.committed == -1 and not shipper.replicas["y"].synced
+    assert not leader.links["y"].closed  # a refused sync closes nothing
+    await shipper.close()
