@@ -38,6 +38,8 @@ class RemoteQueue(Queue):
     # A delivery's handle (`entry`) is a QueuedMessage whose `seq` is the holder's delivery tag
     # and whose `store_ref` is what settles it there; a consumer's `state` is its forwarding.
 
+    publisher: Any = None  # the forwarder's channel for publishes to this queue, once made
+
     @property
     def redelivers(self) -> bool:  # type: ignore[override]
         return self.type != "stream"
@@ -48,11 +50,15 @@ class RemoteQueue(Queue):
         return 0
 
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
+        self.stats_published += 1
+        publisher = self.publisher
+        if publisher is not None and not publisher.closed:  # the hot path
+            publisher.publish(message, confirm)
+            return True
         if self.forwarder is None:
             if confirm is not None:
                 confirm.reject()
             return True
-        self.stats_published += 1
         return bool(self.forwarder.publish(self, message, confirm))
 
     def add_consumer(self, consumer: Consumer) -> None:
@@ -78,15 +84,27 @@ class RemoteQueue(Queue):
     def purge(self) -> int:
         raise NotImplementedError("queue.purge of a RemoteQueue goes through the forwarder")
 
+    # An entry is a QueuedMessage (basic.get) or, for a consumer's delivery, the pair
+    # (holder's tag, what settles it).
+
     def ack(self, entry: Any, consumer: Consumer | None = None) -> None:
-        entry.store_ref.settle(entry.seq, True)
+        if type(entry) is tuple:
+            entry[1].settle(entry[0], True)
+        else:
+            entry.store_ref.settle(entry.seq, True)
 
     def reject(self, entry: Any, consumer: Consumer | None = None) -> None:
-        entry.store_ref.settle(entry.seq, False, False)
+        if type(entry) is tuple:
+            entry[1].settle(entry[0], False, False)
+        else:
+            entry.store_ref.settle(entry.seq, False, False)
 
     def requeue(self, entries: list[Any]) -> None:
         for entry in entries:
-            entry.store_ref.settle(entry.seq, False, True)
+            if type(entry) is tuple:
+                entry[1].settle(entry[0], False, True)
+            else:
+                entry.store_ref.settle(entry.seq, False, True)
 
     def on_delete(self) -> None:
         """The queue is gone from the cluster: its consumers here are cancelled."""

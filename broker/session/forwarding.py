@@ -26,6 +26,7 @@ Asyncio: one event loop.
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -57,8 +58,22 @@ if TYPE_CHECKING:
     from leveret.broker.session.channel import Channel
 
 log = logs.get("leveret.cluster.forwarding")
+_DELIVER_ID = struct.pack(">I", c.BASIC_DELIVER)
+_BODY_SIZE = struct.Struct(">Q")
+_FRAME_HEAD = struct.Struct(">BHI")
+_TAG_BIT = struct.Struct(">QB")
+_END = c.FRAME_END_BYTE
 CONSUME_INDEX = (c.CLASS_BASIC << 16) | 20
 GET_INDEX = (c.CLASS_BASIC << 16) | 70
+
+
+def _unacked() -> Any:
+    from leveret.broker.session.channel import Unacked  # channel.py imports this module
+
+    return Unacked
+
+
+UNACKED: Any = None
 
 
 def node_down(queue: RemoteQueue) -> NotFound:
@@ -81,6 +96,12 @@ class ConsumerShadow(Shadow):
         self.active = False  # consume-ok went to the client: deliveries may follow
         self.cancelled = False
         self.unacked = 0
+        self._raw: list[bytes] | None = None  # the frames of a delivery being passed through
+        self._raw_channel = 0
+        self._raw_left = 0
+        # passed through only if the client's frames may be as large as the peer's
+        frame_max = consumer.sink.session.frame_max  # type: ignore[attr-defined]
+        self.passthrough = not frame_max or frame_max >= tunnel.frame_max
         consumer.state = self
 
     async def start(self, exclusive: bool) -> None:
@@ -91,6 +112,52 @@ class ConsumerShadow(Shadow):
         await self.call(codec.encode_method(number, m.Basic.Consume(
             queue=self.queue.name, consumer_tag=consumer.tag, no_ack=consumer.no_ack,
             exclusive=exclusive, arguments=consumer.arguments)))
+
+    def frame(self, frame_type: int, payload: bytes) -> None:
+        """The hot path: while the client's channel can take deliveries and nothing waits,
+        each delivery's frames go straight to it, with the client channel's number and
+        delivery tag patched in (the consumer tag is the client's own); nothing is decoded."""
+        raw = self._raw
+        if raw is not None:  # the content of a delivery passed through
+            if frame_type == c.FRAME_HEADER:
+                size = _BODY_SIZE.unpack_from(payload, 4)[0]
+                raw.append(_FRAME_HEAD.pack(c.FRAME_HEADER, self._raw_channel, len(payload)))
+                raw.append(payload)
+                raw.append(_END)
+                self._raw_left = size
+            else:
+                raw.append(_FRAME_HEAD.pack(c.FRAME_BODY, self._raw_channel, len(payload)))
+                raw.append(payload)
+                raw.append(_END)
+                self._raw_left -= len(payload)
+            if self._raw_left <= 0:
+                self._raw = None
+                self.consumer.sink.session.write_many(raw)  # type: ignore[attr-defined]
+            return
+        if (frame_type == c.FRAME_METHOD and payload[:4] == _DELIVER_ID and self.active
+                and not self.pending and not self.cancelled and self.passthrough
+                and self.consumer.sink.can_send(self.consumer)):
+            self._deliver_raw(payload)
+            return
+        super().frame(frame_type, payload)
+
+    def _deliver_raw(self, payload: bytes) -> None:
+        consumer = self.consumer
+        channel: Any = consumer.sink
+        tag_at = 5 + payload[4]
+        holder_tag, bits = _TAG_BIT.unpack_from(payload, tag_at)
+        tag = channel.next_tag
+        channel.next_tag = tag + 1
+        if not consumer.no_ack:
+            channel.unacked[tag] = UNACKED((holder_tag, self), self.queue, consumer)
+            consumer.unacked += 1
+            self.unacked += 1
+        self.queue.stats_delivered += 1
+        number = channel.number
+        self._raw_channel = number
+        self._raw_left = 1
+        self._raw = [_FRAME_HEAD.pack(c.FRAME_METHOD, number, len(payload)), payload[:tag_at],
+                     _TAG_BIT.pack(tag, bits), payload[tag_at + 9:], _END]
 
     def on_delivery(self, tag: int, redelivered: bool, exchange: str, routing_key: str,
                     header: bytes, body: bytes) -> None:
@@ -128,6 +195,7 @@ class ConsumerShadow(Shadow):
         self.cancelled = True
         if self.closed:
             return
+        self.send_acks()
         self.write(codec.encode_method(self.number, m.Basic.Cancel(
             consumer_tag=self.consumer.tag, nowait=True)))
         pending, self.pending = self.pending, deque()
@@ -233,7 +301,8 @@ class Forwarder:
             if confirm is not None:
                 confirm.reject()
             return True
-        tunnel.publisher(queue.name).publish(message, confirm)
+        publisher = queue.publisher = tunnel.publisher(queue.name)
+        publisher.publish(message, confirm)
         return True
 
 
@@ -301,6 +370,8 @@ def get(channel: Channel, queue: RemoteQueue, no_ack: bool) -> None:
         (tag, redelivered, exchange, routing_key, count), header, body = answer
         entry = entry_of(tag, redelivered, message_of(exchange, routing_key, header, body),
                          shadow)
+        if no_ack:
+            shadow.taken(tag)
         channel._get_ok(entry, queue, no_ack, count)
 
     backlog.run_step(channel, GET_INDEX, step())
@@ -334,6 +405,8 @@ def forward_queue_method(channel: Channel, queue: RemoteQueue, method: Any) -> N
 def install(broker: Broker) -> None:
     """Register the link handlers with which this node serves queues to the other nodes, and
     set `broker.forwarder`, through which its RemoteQueues reach theirs."""
+    global UNACKED
+    UNACKED = _unacked()
     forwarder = Forwarder(broker)
     broker.forwarder = forwarder  # type: ignore[attr-defined]  # read by getattr (topology)
     cluster = broker.cluster

@@ -47,6 +47,10 @@ _CANCEL = (c.CLASS_BASIC << 16) | 30
 _CHANNEL_CLOSE = (c.CLASS_CHANNEL << 16) | 40
 _CHANNEL_CLOSE_OK = (c.CLASS_CHANNEL << 16) | 41
 _BODY_SIZE = struct.Struct(">Q")
+_FRAME_HEAD = struct.Struct(">BHI")
+_DELIVER_HEAD = struct.Struct(">BHIHH")
+_TAG_BIT = struct.Struct(">QB")
+_END = c.FRAME_END_BYTE
 _GET_OK_HEAD = struct.Struct(">QB")
 _U32 = struct.Struct(">I")
 _ids = itertools.count(1)
@@ -73,6 +77,13 @@ class Shadow:
         self.closing = False
         self.expect: deque[asyncio.Future[Any] | None] = deque()
         self._content: list[Any] | None = None  # [kind, args, header, size, body parts]
+        # Acks gathered in one loop turn leave as few frames as possible: the peer's delivery
+        # tags on this channel run 1, 2, 3...; every tag below `_low` is settled (acked,
+        # nacked, or taken without ack), `_ahead` holds the settled ones above it.
+        self._low = 1
+        self._ahead: set[int] = set()
+        self._acks: list[int] = []
+        self._acked_upto = 0
         self.number = tunnel.allocate(self)
         self.write(codec.encode_method(self.number, m.Channel.Open()), None)
 
@@ -91,19 +102,52 @@ class Shadow:
         return future
 
     def settle(self, tag: int, ok: bool, requeue: bool = False) -> None:
-        """Ack or nack (with requeue) one delivery the peer made on this channel."""
+        """Ack or nack (with requeue) one delivery the peer made on this channel. Acks are
+        sent at the end of the turn, coalesced; a nack at once, after the acks before it."""
         if self.closed:
             return  # the peer requeues what a closed channel held
         if ok:
-            self.tunnel.write(codec.encode_ack(self.number, tag, False))
+            if not self._acks:
+                self.tunnel.before_flush(self.send_acks)
+            self._acks.append(tag)
         else:
+            self.send_acks()
             self.tunnel.write(codec.encode_method(
                 self.number, m.Basic.Nack(delivery_tag=tag, multiple=False, requeue=requeue)))
+        self.taken(tag)
+
+    def taken(self, tag: int) -> None:
+        """The delivery `tag` needs no more settling (settled, or taken without an ack)."""
+        if tag == self._low:
+            low = tag + 1
+            ahead = self._ahead
+            while low in ahead:
+                ahead.remove(low)
+                low += 1
+            self._low = low
+        elif tag > self._low:
+            self._ahead.add(tag)
+
+    def send_acks(self) -> None:
+        """The acks gathered: one multiple ack up to the highest tag below which all is
+        settled (a nacked tag it covers is already gone on the peer), the rest one by one."""
+        acks, self._acks = self._acks, []
+        if not acks or self.closed:
+            return
+        write = self.tunnel.write
+        upto = self._low - 1
+        if upto > self._acked_upto:
+            write(codec.encode_ack(self.number, upto, True))
+            self._acked_upto = upto
+        for tag in acks:
+            if tag > upto:
+                write(codec.encode_ack(self.number, tag, False))
 
     def close(self) -> None:
         """Close the peer's channel (it requeues what it held)."""
         if self.closed or self.closing:
             return
+        self.send_acks()
         self.closing = True
         self.tunnel.write(codec.encode_method(
             self.number, m.Channel.Close(reply_code=200, reply_text="Normal shutdown",
@@ -208,26 +252,36 @@ class PublishShadow(Shadow):
         self.queue = queue
         self.seq = 0
         self.unconfirmed: OrderedDict[int, Confirm | None] = OrderedDict()
-        self._names: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+        self._frames: dict[tuple[str, str], bytes] = {}  # basic.publish frames, by names
         self.write(encode_passive_declare(self.number, queue), None)
         self.write(codec.encode_method(self.number, m.Confirm.Select()), None)
 
     def publish(self, message: Any, confirm: Confirm | None) -> None:
+        """The hot path of a forwarded publish: the method frame is encoded once per
+        (exchange, routing key), the content header and body go as they came."""
         key = (message.exchange, message.routing_key)
-        names = self._names.get(key)
-        if names is None:
-            if len(self._names) > 1024:
-                self._names.clear()
-            names = self._names[key] = (codec.short_str(key[0]), codec.short_str(key[1]))
+        method = self._frames.get(key)
+        if method is None:
+            if len(self._frames) > 1024:
+                self._frames.clear()
+            method = self._frames[key] = codec.encode_publish(
+                self.number, codec.short_str(key[0]), codec.short_str(key[1]))
         self.seq += 1
         if confirm is not None:
             confirm.defer()
         self.unconfirmed[self.seq] = confirm
-        number = self.number
         tunnel = self.tunnel
-        tunnel.write(codec.encode_publish(number, names[0], names[1]))
-        tunnel.write_many(content_frames(number, message.header, message.body,
-                                         tunnel.frame_max))
+        header = message.header
+        body = message.body
+        size = len(body)
+        if 0 < size <= tunnel.frame_max - c.FRAME_OVERHEAD:
+            number = self.number
+            tunnel.write_many([method, _FRAME_HEAD.pack(c.FRAME_HEADER, number, len(header)),
+                               header, _END, _FRAME_HEAD.pack(c.FRAME_BODY, number, size),
+                               body, _END])
+        else:
+            tunnel.write(method)
+            tunnel.write_many(content_frames(self.number, header, body, tunnel.frame_max))
 
     def on_confirm(self, tag: int, multiple: bool, ok: bool) -> None:
         unconfirmed = self.unconfirmed
@@ -270,6 +324,7 @@ class Tunnel:
         self.error: Exception | None = None
         self._buffer = FrameBuffer(0)
         self._out: list[bytes | memoryview] = []
+        self._before_flush: list[Callable[[], None]] = []
         self._flush_scheduled = False
         self._next = 0
         self._on_lost = on_lost
@@ -308,8 +363,19 @@ class Tunnel:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
+    def before_flush(self, callback: Callable[[], None]) -> None:
+        """Run `callback` (which may write) just before this turn's output leaves."""
+        self._before_flush.append(callback)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._before_flush:
+            callbacks, self._before_flush = self._before_flush, []
+            for callback in callbacks:
+                callback()
         if not self.ready or self.closed or not self._out:
             return
         data = b"".join(self._out)
