@@ -6,7 +6,9 @@ bindings), without knowing which mode the node runs in. `access_store(broker)` g
 
 - `LocalAccess` on a single node: `broker.admin`'s operations, as before (the model, then
   SQLite).
-- `ClusterAccess` in cluster mode: the same checks with the same texts (`broker.admin`), then
+- `ClusterAccess` in cluster mode: the same checks with the same texts (`broker.admin`; for
+  exchanges, queues and bindings the permission and reserved-name checks, while argument checks
+  are the model's as each node applies the record), then
   one `TopologyStore` txn in etcd, then `ClusterRuntime.settle(revision)`, so that the change
   is applied on every running node (by `cluster.access_sync` and `cluster.topology_sync`)
   before the caller answers. Nothing is written to SQLite. etcd unreachable, or this node out
@@ -38,8 +40,9 @@ from leveret.broker.cluster.topology_records import (
     UserRecord,
     VHostRecord,
 )
-from leveret.broker.model.errors import BrokerError, NotFound
+from leveret.broker.model.errors import AccessRefused, BrokerError, NotFound
 from leveret.broker.model.exchange import exchange_class
+from leveret.broker.model.vhost import DEFAULT_EXCHANGE_TEXT, Authorize, allow_all
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
@@ -88,15 +91,17 @@ class AccessStore(ABC):
     async def clear_policy(self, vhost: str, name: str) -> None: ...
 
     @abstractmethod
-    async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any]) -> bool: ...
+    async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any],
+                               check: Authorize = allow_all) -> bool: ...
 
     @abstractmethod
-    async def declare_queue(self, vhost: str, name: str, body: dict[str, Any]) -> bool: ...
+    async def declare_queue(self, vhost: str, name: str, body: dict[str, Any],
+                            check: Authorize = allow_all) -> bool: ...
 
     @abstractmethod
     async def add_binding(self, vhost: str, source: str, destination_type: str,
-                          destination: str, routing_key: Any = "",
-                          arguments: Any = None) -> None: ...
+                          destination: str, routing_key: Any = "", arguments: Any = None,
+                          check: Authorize = allow_all) -> None: ...
 
     @abstractmethod
     def vhost_metadata(self) -> dict[str, tuple[str, list[str]]]:
@@ -137,17 +142,19 @@ class LocalAccess(AccessStore):
     async def clear_policy(self, vhost: str, name: str) -> None:
         admin.clear_policy(self.broker, vhost, name)
 
-    async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any]) -> bool:
-        return admin.declare_exchange(self.broker, vhost, name, body)
+    async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any],
+                               check: Authorize = allow_all) -> bool:
+        return admin.declare_exchange(self.broker, vhost, name, body, check)
 
-    async def declare_queue(self, vhost: str, name: str, body: dict[str, Any]) -> bool:
-        return admin.declare_queue(self.broker, vhost, name, body)
+    async def declare_queue(self, vhost: str, name: str, body: dict[str, Any],
+                            check: Authorize = allow_all) -> bool:
+        return admin.declare_queue(self.broker, vhost, name, body, check)
 
     async def add_binding(self, vhost: str, source: str, destination_type: str,
-                          destination: str, routing_key: Any = "",
-                          arguments: Any = None) -> None:
+                          destination: str, routing_key: Any = "", arguments: Any = None,
+                          check: Authorize = allow_all) -> None:
         admin.add_binding(self.broker, vhost, source, destination_type, destination,
-                          routing_key, arguments)
+                          routing_key, arguments, check)
 
     def vhost_metadata(self) -> dict[str, tuple[str, list[str]]]:
         return admin.vhost_metadata(self.broker)
@@ -282,8 +289,14 @@ class ClusterAccess(AccessStore):
         lease = self.cluster.membership.lease
         return lease.id if leased and lease is not None else 0
 
-    async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any]) -> bool:
-        admin.get_vhost(self.broker, vhost)
+    async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any],
+                               check: Authorize = allow_all) -> bool:
+        model = admin.get_vhost(self.broker, vhost)
+        if not name:
+            raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
+        check("configure", "exchange", name)
+        if name.startswith("amq.") and name not in model.exchanges:
+            raise AccessRefused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
         type_ = body.get("type")
         if not isinstance(type_, str) or not type_:
             raise admin.BadRequest("exchange type is missing")
@@ -301,18 +314,22 @@ class ClusterAccess(AccessStore):
         await self._settle(result.revision)
         return isinstance(result, Created)
 
-    async def declare_queue(self, vhost: str, name: str, body: dict[str, Any]) -> bool:
+    async def declare_queue(self, vhost: str, name: str, body: dict[str, Any],
+                            check: Authorize = allow_all) -> bool:
         admin.get_vhost(self.broker, vhost)
         if not name:
             raise admin.BadRequest("queue names cannot be empty")
+        check("configure", "queue", name)
+        if name.startswith("amq."):
+            raise AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         arguments = admin.parse_arguments(body.get("arguments"))
         queue_type = arguments.get("x-queue-type", "classic")
+        durable = admin.parse_bool(body.get("durable"), False)
         record = QueueRecord(
-            vhost, name, type=str(queue_type),
-            durable=admin.parse_bool(body.get("durable"), False),
+            vhost, name, type=str(queue_type), durable=durable,
             auto_delete=admin.parse_bool(body.get("auto_delete"), False),
             arguments=arguments, node=self.cluster.node,
-            storage_id=_storage_id())
+            storage_id=_storage_id() if durable else None)
         async with self._writing():
             result = await self.cluster.store.declare_queue(
                 record, self._lease(record.auto_delete or not record.durable))
@@ -320,13 +337,15 @@ class ClusterAccess(AccessStore):
         return isinstance(result, Created)
 
     async def add_binding(self, vhost: str, source: str, destination_type: str,
-                          destination: str, routing_key: Any = "",
-                          arguments: Any = None) -> None:
+                          destination: str, routing_key: Any = "", arguments: Any = None,
+                          check: Authorize = allow_all) -> None:
         admin.get_vhost(self.broker, vhost)
         if destination_type not in ("queue", "exchange"):
             raise admin.BadRequest(f"unknown destination type '{destination_type}'")
         if not isinstance(routing_key, str):
             raise admin.BadRequest("routing_key must be a string")
+        check("write", destination_type, destination)
+        check("read", "exchange", source)
         record = BindingRecord(vhost, source, "queue" if destination_type == "queue"
                                else "exchange", destination, routing_key,
                                admin.parse_arguments(arguments))

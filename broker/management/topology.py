@@ -3,6 +3,9 @@
 Reads show what the user may see; writes need a permission on the vhost and pass the user's
 configure/write/read patterns to the model as its `check`. Declaring is idempotent with
 RabbitMQ's equivalence rules (an inequivalent redeclare is a 400 with RabbitMQ's text).
+Declarations go through `access_store`: in cluster mode into etcd, visible on every node before
+the answer, a queue held by the node that was asked; deletes, purges and gets act on this
+node's model (a queue held elsewhere: see `session.forwarding`).
 Also: publish to an exchange and get from a queue, as rabbitmqadmin does them.
 Runs on the event loop.
 """
@@ -19,6 +22,7 @@ from aiohttp import web
 from leveret.amqp.content import Message
 from leveret.amqp.properties import Properties
 from leveret.broker import admin
+from leveret.broker.access_store import access_store
 from leveret.broker.management import cluster_views, views
 from leveret.broker.management.http import (
     bad_request,
@@ -70,7 +74,8 @@ async def put_exchange(request: web.Request) -> web.Response:
     vhost, check = vhost_for_write(request, request.match_info["vhost"])
     data = await body(request)
     name = exchange_name(request.match_info["name"])
-    created = admin.declare_exchange(broker_of(request), vhost.name, name, data, check)
+    created = await access_store(broker_of(request)).declare_exchange(vhost.name, name, data,
+                                                                       check)
     return created_or_updated(created)
 
 
@@ -164,8 +169,8 @@ async def get_queue(request: web.Request) -> web.Response:
 async def put_queue(request: web.Request) -> web.Response:
     vhost, check = vhost_for_write(request, request.match_info["vhost"])
     data = await body(request)
-    created = admin.declare_queue(broker_of(request), vhost.name, request.match_info["name"],
-                                  data, check)
+    created = await access_store(broker_of(request)).declare_queue(
+        vhost.name, request.match_info["name"], data, check)
     return created_or_updated(created)
 
 
@@ -297,8 +302,8 @@ async def post_binding(request: web.Request) -> web.Response:
     source, kind = exchange_name(info["source"]), _kind(info["kind"])
     routing_key = data.get("routing_key", "")
     arguments = admin.parse_arguments(data.get("arguments"))
-    admin.add_binding(broker_of(request), vhost.name, source, kind, info["destination"],
-                      routing_key, arguments, check)
+    await access_store(broker_of(request)).add_binding(
+        vhost.name, source, kind, info["destination"], routing_key, arguments, check)
     key = views.properties_key(routing_key if isinstance(routing_key, str) else "", arguments)
     location = request.raw_path.split("?", 1)[0].rstrip("/") + "/" + quote(key, safe="")
     return web.Response(status=201, headers={"Location": location})

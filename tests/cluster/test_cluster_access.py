@@ -5,15 +5,13 @@ with a 503 and keeps serving what the nodes have."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pika
 import pytest
 from pika.exceptions import ProbableAccessDeniedError, ProbableAuthenticationError
 from support.brokers import BrokerProcess
-from support.cluster import ClusterNode, make_node, one_line
+from support.cluster import ClusterNode, make_node
 from support.cluster_api import api, connect, ok
 from support.etcd import EtcdServer
 
@@ -55,3 +53,92 @@ def test_a_user_added_on_one_node_logs_in_on_another(
     assert api(b, "DELETE", "/api/users/alice")[0] == 204
     assert not can_login(a, "alice", "other")
     assert api(a, "DELETE", "/api/users/alice")[0] == 404
+
+
+def test_a_permission_changed_on_one_node_applies_to_a_new_connection_on_another(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    a, b, c = start_nodes(tmp_path, etcd.url, cluster, nodes)
+    ok(a, "PUT", "/api/users/bob", {"password": "pw", "tags": ""})
+    assert not can_login(c, "bob", "pw")  # no permission on "/" yet: access refused
+    ok(b, "PUT", "/api/permissions/%2F/bob", {"configure": "^bob-.*", "write": ".*",
+                                                "read": ".*"})
+    connection = connect(c, "bob", "pw")
+    channel = connection.channel()
+    channel.queue_declare("bob-q")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        channel.queue_declare("other")
+    assert refused.value.reply_code == 403
+    connection.close()
+    assert ok(a, "GET", "/api/permissions/%2F/bob")["configure"] == "^bob-.*"
+    assert api(b, "DELETE", "/api/permissions/%2F/bob")[0] == 204
+    assert not can_login(c, "bob", "pw")
+    assert api(b, "DELETE", "/api/permissions/%2F/bob")[0] == 404
+    status, body = api(a, "PUT", "/api/permissions/nowhere/bob",
+                       {"configure": ".*", "write": ".*", "read": ".*"})
+    assert (status, body["reason"]) == (400, "vhost_or_user_not_found")
+    status, body = api(a, "PUT", "/api/permissions/%2F/bob",
+                       {"configure": "(", "write": ".*", "read": ".*"})
+    assert status == 400 and "configure should be regular expression" in body["reason"]
+
+
+def test_a_vhost_created_on_one_node_is_usable_on_another_and_deleted_everywhere(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    a, b = start_nodes(tmp_path, etcd.url, cluster, nodes, ("a", "b"))
+    assert api(a, "PUT", "/api/vhosts/v1", {"description": "first", "tags": "x,y"})[0] == 201
+    assert api(a, "PUT", "/api/vhosts/v1", {"description": "again"})[0] == 204
+    view = ok(b, "GET", "/api/vhosts/v1")
+    assert (view["description"], view["tags"]) == ("again", [])
+    # the creating user got full permissions on it, as RabbitMQ's put_vhost gives
+    assert ok(b, "GET", "/api/permissions/v1/guest")["configure"] == ".*"
+    connection = connect(b, vhost="v1")
+    channel = connection.channel()
+    channel.queue_declare("jobs")
+    channel.basic_publish("", "jobs", b"hello")
+    _method, _props, body = channel.basic_get("jobs", auto_ack=True)
+    assert body == b"hello"
+    assert {x["name"] for x in ok(a, "GET", "/api/exchanges/v1")} >= {"amq.direct", "amq.topic"}
+
+    assert api(a, "DELETE", "/api/vhosts/v1")[0] == 204  # B closes its connections to it
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        connection.process_data_events(time_limit=5)
+        connection.channel()
+    assert closed.value.reply_code == 320
+    assert api(b, "GET", "/api/vhosts/v1")[0] == 404
+    assert api(a, "DELETE", "/api/vhosts/v1")[0] == 404
+    assert not can_login(b, "guest", "guest", "v1")
+    assert api(a, "PUT", "/api/vhosts/v1", {})[0] == 201  # nothing of the old one is left
+    assert ok(b, "GET", "/api/queues/v1") == []
+
+
+def test_a_policy_set_on_one_node_applies_to_a_queue_on_another(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    """Leveret's policies act on streams (max-age, max-length-bytes); what a user sees of any
+    queue is the policy in force and its definition, from the queue's own node."""
+    a, b = start_nodes(tmp_path, etcd.url, cluster, nodes, ("a", "b"))
+    connection = connect(b)
+    channel = connection.channel()
+    channel.queue_declare("capped-1")
+    status, _ = api(a, "PUT", "/api/policies/%2F/cap", {
+        "pattern": "^capped-", "definition": {"max-length-bytes": 1000000},
+        "apply-to": "queues", "priority": 3})
+    assert status == 201
+    view = ok(b, "GET", "/api/queues/%2F/capped-1")
+    assert (view["node"], view["policy"]) == ("b", "cap")
+    assert view["effective_policy_definition"] == {"max-length-bytes": 1000000}
+    assert ok(b, "GET", "/api/policies/%2F/cap")["priority"] == 3
+    assert api(a, "PUT", "/api/policies/%2F/cap", {
+        "pattern": "^other-", "definition": {"max-age": "1h"}})[0] == 204
+    assert ok(b, "GET", "/api/queues/%2F/capped-1")["policy"] is None
+    assert api(a, "PUT", "/api/policies/%2F/cap", {
+        "pattern": "^capped-", "definition": {"max-age": "1h"}})[0] == 204
+    assert ok(b, "GET", "/api/queues/%2F/capped-1")["policy"] == "cap"
+    assert api(b, "DELETE", "/api/policies/%2F/cap")[0] == 204
+    assert ok(a, "GET", "/api/policies") == []
+    assert ok(b, "GET", "/api/queues/%2F/capped-1")["policy"] is None
+    connection.close()
+    assert api(b, "DELETE", "/api/policies/%2F/cap")[0] == 404
+    status, body = api(a, "PUT", "/api/policies/%2F/bad", {"pattern": ".*", "definition": {}})
+    assert status == 400 and "no policy provided" in body["reason"]
+    status, body = api(a, "PUT", "/api/policies/nowhere/p", {"pattern": ".*",
+                                                             "definition": {"max-age": "1h"}})
+    assert status == 404
