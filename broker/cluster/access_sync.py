@@ -106,7 +106,7 @@ class AccessSync:
         for permission in self.cache.all("permissions"):
             if isinstance(permission, PermissionRecord) and permission.vhost == record.name:
                 self.put_permission(permission)
-        log.info("vhost added", vhost=record.name)
+        log.debug("vhost added", vhost=record.name)
 
     def delete_vhost(self, record: Record) -> None:
         assert isinstance(record, VHostRecord)
@@ -168,7 +168,7 @@ def drop_vhost(broker: Node, name: str) -> None:
                           queue=queue.name)
     for user in broker.users.users.values():
         user.permissions.pop(name, None)
-    log.info("vhost deleted", vhost=name)
+    log.info("vhost deleted: its connections here are closed", vhost=name)
 
 
 async def first_boot(broker: Node) -> int | None:

@@ -5,6 +5,7 @@ with a 503 and keeps serving what the nodes have."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pika
@@ -142,3 +143,101 @@ def test_a_policy_set_on_one_node_applies_to_a_queue_on_another(
     status, body = api(a, "PUT", "/api/policies/nowhere/p", {"pattern": ".*",
                                                              "definition": {"max-age": "1h"}})
     assert status == 404
+
+
+def test_definitions_export_and_import_across_nodes(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    a, b, c = start_nodes(tmp_path, etcd.url, cluster, nodes)
+    ok(a, "PUT", "/api/users/carol", {"password_hash": "", "tags": ["monitoring"]})
+    ok(a, "PUT", "/api/vhosts/shop", {"description": "the shop"})
+    ok(a, "PUT", "/api/exchanges/shop/orders", {"type": "topic", "durable": True})
+    ok(a, "PUT", "/api/queues/shop/eu", {"durable": True, "arguments": {"x-max-length": 10}})
+    ok(a, "POST", "/api/bindings/shop/e/orders/q/eu", {"routing_key": "eu.#"})
+    ok(a, "PUT", "/api/policies/shop/age", {"pattern": "^s", "definition": {"max-age": "1D"}})
+
+    exported = ok(b, "GET", "/api/definitions")
+    assert {"name": "carol", "password_hash": "", "hashing_algorithm":
+            "rabbit_password_hashing_sha256", "tags": ["monitoring"], "limits": {}} in \
+        exported["users"]
+    assert {v["name"]: v["description"] for v in exported["vhosts"]} == \
+        {"/": "", "shop": "the shop"}
+    assert {(q["vhost"], q["name"], q["durable"]) for q in exported["queues"]} == \
+        {("shop", "eu", True)}
+    assert [q["arguments"] for q in exported["queues"]] == [{"x-max-length": 10}]
+    assert {(x["name"], x["type"]) for x in exported["exchanges"]} == {("orders", "topic")}
+    assert [(x["source"], x["destination"], x["routing_key"]) for x in exported["bindings"]] \
+        == [("orders", "eu", "eu.#")]
+    assert [p["name"] for p in exported["policies"]] == ["age"]
+
+    document = {
+        "users": [{"name": "dave", "password": "pw", "tags": "management"}],
+        "vhosts": [{"name": "lab"}],
+        "permissions": [{"user": "dave", "vhost": "lab", "configure": ".*", "write": ".*",
+                         "read": ".*"}],
+        "exchanges": [{"name": "results", "vhost": "lab", "type": "fanout", "durable": True}],
+        "queues": [{"name": "samples", "vhost": "lab", "durable": True, "arguments": {}}],
+        "bindings": [{"source": "results", "vhost": "lab", "destination": "samples",
+                      "destination_type": "queue", "routing_key": "", "arguments": {}}],
+        "policies": [{"vhost": "lab", "name": "p", "pattern": ".*", "apply-to": "all",
+                      "definition": {"max-age": "1h"}, "priority": 0}],
+    }
+    assert api(c, "POST", "/api/definitions", document)[0] == 204
+    queue = ok(a, "GET", "/api/queues/lab/samples")  # held by the importing node
+    assert (queue["node"], queue["durable"], queue["policy"]) == ("c", True, "p")
+    assert [b_["destination"] for b_ in ok(a, "GET", "/api/bindings/lab/e/results/q/samples")] \
+        == ["samples"]
+    assert can_login(a, "dave", "pw", "lab")
+
+    status, body = api(c, "POST", "/api/definitions", {
+        "queues": [{"name": "q", "vhost": "missing", "durable": True}]})
+    assert status == 400
+    assert body["reason"] == 'Please create virtual host "missing" prior to importing definitions.'
+    status, body = api(c, "POST", "/api/definitions/lab", {
+        "exchanges": [{"name": "results", "type": "direct", "durable": True}]})
+    assert status == 400 and "inequivalent arg 'type'" in body["reason"]
+
+
+def write_definitions(path: Path, data: object) -> Path:
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_definitions_file_at_the_boot_of_a_fresh_cluster(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    path = write_definitions(tmp_path / "defs.json", {
+        "users": [{"name": "app", "password": "pw", "tags": ""}],
+        "vhosts": [{"name": "prod"}],
+        "permissions": [{"user": "app", "vhost": "prod", "configure": ".*", "write": ".*",
+                         "read": ".*"}],
+        "queues": [{"name": "work", "vhost": "prod", "durable": True, "arguments": {}}],
+    })
+    (a,) = start_nodes(tmp_path, etcd.url, cluster, nodes, ("a",),
+                       extra=["--definitions", str(path)])
+    (b,) = start_nodes(tmp_path, etcd.url, cluster, nodes, ("b",))
+    assert {v["name"] for v in ok(b, "GET", "/api/vhosts")} == {"/", "prod"}
+    assert [(q["name"], q["node"]) for q in ok(b, "GET", "/api/queues/prod")] == [("work", "a")]
+    assert can_login(b, "app", "pw", "prod")
+    assert can_login(b, "guest", "guest")  # the defaults, made before the file was loaded
+
+    bad = make_node(tmp_path, etcd.url, cluster, "c", management=True, extra=[
+        "--definitions", str(write_definitions(tmp_path / "bad.json", {
+            "queues": [{"name": "q", "vhost": "nowhere", "durable": True}]}))])
+    result = bad.run_to_exit()
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert lines == [f"error: cannot load definitions file {tmp_path / 'bad.json'}: Please "
+                     'create virtual host "nowhere" prior to importing definitions.']
+    assert {n["name"]: n["running"] for n in ok(a, "GET", "/api/nodes")}["c"] is False
+
+
+def test_the_second_node_does_not_duplicate_or_overwrite_the_defaults(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    (a,) = start_nodes(tmp_path, etcd.url, cluster, nodes, ("a",))
+    ok(a, "PUT", "/api/users/guest", {"password": "changed", "tags": "administrator"})
+    (b,) = start_nodes(tmp_path, etcd.url, cluster, nodes, ("b",))
+    assert not can_login(b, "guest", "guest")
+    assert can_login(b, "guest", "changed")
+    defs = ok(b, "GET", "/api/definitions", password="changed")
+    assert [u["name"] for u in defs["users"]] == ["guest"]
+    assert [v["name"] for v in defs["vhosts"]] == ["/"]
+    assert len(defs["permissions"]) == 1
