@@ -6,13 +6,15 @@ with a 503 and keeps serving what the nodes have."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pika
 import pytest
 from pika.exceptions import ProbableAccessDeniedError, ProbableAuthenticationError
 from support.brokers import BrokerProcess
-from support.cluster import ClusterNode, make_node
+from support.cluster import TTL_S, ClusterNode, make_node
 from support.cluster_api import api, connect, ok
 from support.etcd import EtcdServer
 
@@ -241,3 +243,57 @@ def test_the_second_node_does_not_duplicate_or_overwrite_the_defaults(
     assert [u["name"] for u in defs["users"]] == ["guest"]
     assert [v["name"] for v in defs["vhosts"]] == ["/"]
     assert len(defs["permissions"]) == 1
+
+
+def test_etcd_down_refuses_changes_with_503_and_keeps_serving(
+        tmp_path: Path, etcd_factory: Callable[[], EtcdServer], cluster: str,
+        nodes: list[BrokerProcess]) -> None:
+    etcd = etcd_factory()
+    a, b = start_nodes(tmp_path, etcd.url, cluster, nodes, ("a", "b"))
+    ok(a, "PUT", "/api/users/erin", {"password": "pw", "tags": "management"})
+    ok(a, "PUT", "/api/permissions/%2F/erin", {"configure": ".*", "write": ".*", "read": ".*"})
+    etcd.stop()
+
+    refused = [
+        api(a, "PUT", "/api/users/ghost", {"password": "pw"}),
+        api(b, "PUT", "/api/vhosts/ghost", {}),
+        api(a, "DELETE", "/api/users/erin"),
+        api(b, "PUT", "/api/permissions/%2F/erin", {"configure": "", "write": "", "read": ""}),
+        api(a, "PUT", "/api/policies/%2F/ghost", {"pattern": ".*",
+                                                  "definition": {"max-age": "1h"}}),
+        api(b, "POST", "/api/definitions", {"vhosts": [{"name": "ghost"}]}),
+        api(a, "PUT", "/api/queues/%2F/ghost", {"durable": True}),
+    ]
+    for status, body in refused:
+        assert status == 503, (status, body)
+        assert body["error"] == "service_unavailable"
+        assert "refused" in body["reason"] and ("etcd" in body["reason"])
+    # what the nodes have still serves: reads, logins, messaging
+    assert {u["name"] for u in ok(b, "GET", "/api/users")} == {"guest", "erin"}
+    assert [v["name"] for v in ok(a, "GET", "/api/vhosts")] == ["/"]
+    connection = connect(b, "erin", "pw")
+    channel = connection.channel()
+    channel.basic_publish("amq.fanout", "", b"still here")
+    connection.close()
+    time.sleep(TTL_S + 1.5)  # the lease is lost: the node is out of the cluster, and says so
+    status, body = api(a, "PUT", "/api/users/ghost", {"password": "pw"})
+    assert (status, body["error"]) == (503, "service_unavailable")
+    assert body["reason"] == ("this node has lost its etcd lease and is not in the cluster; "
+                              "topology changes are refused until it rejoins")
+    assert can_login(a, "erin", "pw")
+
+    etcd.restart()
+    for node in (a, b):  # nothing of the refused changes was written
+        assert {u["name"] for u in ok(node, "GET", "/api/users")} == {"guest", "erin"}
+        assert [v["name"] for v in ok(node, "GET", "/api/vhosts")] == ["/"]
+        assert ok(node, "GET", "/api/policies") == []
+        assert ok(node, "GET", "/api/permissions/%2F/erin")["configure"] == ".*"
+
+    def accepted() -> bool:  # the nodes rejoin (a new lease) once etcd is back
+        return api(a, "PUT", "/api/users/frank", {"password": "pw"})[0] == 201
+    deadline = time.monotonic() + 20
+    while not accepted():
+        assert time.monotonic() < deadline, "changes still refused after etcd came back"
+        time.sleep(0.5)
+    assert can_login(b, "frank", "pw", "/") is False  # no permissions yet: refused, known
+    assert ok(b, "GET", "/api/users/frank")["name"] == "frank"
