@@ -41,6 +41,7 @@ from leveret.broker.model.errors import (
     InternalError,
     NotFound,
     NotImplementedFeature,
+    PreconditionFailed,
 )
 from leveret.broker.model.policy import effective
 from leveret.broker.model.remote_queue import RemoteQueue
@@ -128,11 +129,21 @@ def _checked(channel: Channel, index: int, check: Callable[[], Any], exchanges: 
             follow = then(check())
             if follow is not None:
                 await follow
+            else:
+                await _started_inside(channel)
         backlog.run_step(channel, index, step())
         return
     follow = then(checked)
     if follow is not None:
         backlog.run_step(channel, index, follow)
+
+
+async def _started_inside(channel: Channel) -> None:
+    """A step started by what this step called (forwarding starts its own): wait for it, so
+    the channel's waiting frames run after it, in order."""
+    running = channel.backlog.task if channel.backlog is not None else None
+    if running is not None and running is not asyncio.current_task():
+        await running
 
 
 def _forward(channel: Channel, queue: Queue, method: Any) -> Step | None:
@@ -405,6 +416,11 @@ def cluster_queue_purge(channel: Channel, method: Any) -> None:
     queue_purge(channel, method)  # held here: purged here, as on one node
 
 
+def _reachable(channel: Channel, queue: RemoteQueue) -> bool:
+    link = _cluster(channel).links.link_to(queue.node)
+    return link is not None and not link.closed
+
+
 def queue_delete(channel: Channel, method: Any) -> None:
     vhost = channel.vhost
     name = queue_name(channel, strip_cr_lf(method.queue))
@@ -413,9 +429,16 @@ def queue_delete(channel: Channel, method: Any) -> None:
     if queue is not None:
         vhost.check_exclusive(queue, channel.session)
         if isinstance(queue, RemoteQueue):
-            _start(channel, method.index, _forward(channel, queue, method))
-            return
-        queue.check_delete(method.if_unused, method.if_empty)
+            if _reachable(channel, queue):
+                _start(channel, method.index, _forward(channel, queue, method))
+                return
+            # its node is down: deleted from the metadata alone, as RabbitMQ force-deletes a
+            # classic queue whose process is gone (but not if_empty: it may hold messages)
+            if method.if_empty:
+                raise PreconditionFailed(f"{queue.resource} not empty")
+            queue = None
+        else:
+            queue.check_delete(method.if_unused, method.if_empty)
     backlog.run_step(channel, method.index, _delete_queue(channel, method, name, queue))
 
 

@@ -1,0 +1,279 @@
+"""The topology across a cluster, with a real etcd, real `leveret serve` nodes and pika: what one
+node declares is there on every node before its -ok, racing declarations get one winner,
+exclusive queues belong to one connection of one node, routing works whichever node declared
+what, and etcd going away refuses changes without stopping the service."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+from pamqp import commands
+from pika.adapters.blocking_connection import BlockingChannel
+from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
+from support.brokers import BrokerProcess
+from support.cluster import ClusterNode, api_nodes, make_node, wait_until
+from support.etcd import EtcdServer
+from support.rawamqp import open_client
+
+Connect = Callable[[ClusterNode], pika.BlockingConnection]
+
+
+@pytest.fixture
+def connect() -> Iterator[Connect]:
+    opened: list[pika.BlockingConnection] = []
+
+    def open_one(node: ClusterNode) -> pika.BlockingConnection:
+        connection = pika.BlockingConnection(pika.URLParameters(node.url))
+        opened.append(connection)
+        return connection
+
+    yield open_one
+    for connection in opened:
+        if connection.is_open:
+            with contextlib.suppress(pika.exceptions.AMQPError):
+                connection.close()
+
+
+def start_nodes(tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+                *names: str) -> list[ClusterNode]:
+    """Nodes linked to each other (a change is settled on every linked node before its -ok)."""
+    started = [make_node(tmp_path, etcd.url, cluster, name, management=True) for name in names]
+    for node in started:
+        nodes.append(node.start())
+    wait_until(lambda: all(linked(node, len(started) - 1) for node in started), timeout=20)
+    return started
+
+
+def linked(node: ClusterNode, peers: int) -> bool:
+    try:
+        local = [n for n in api_nodes(node) if "os_pid" in n]
+    except OSError:  # the management listener opens after the AMQP one
+        return False
+    return len(local) == 1 and sum(1 for link in local[0]["cluster_links"]
+                                   if link["peer_version"]) == peers
+
+
+def channel_of(connect: Connect, node: ClusterNode) -> BlockingChannel:
+    return connect(node).channel()
+
+
+def refused(call: Callable[[], Any]) -> tuple[int, str]:
+    """The channel or connection error a call ends with: (code, text)."""
+    try:
+        call()
+    except (ChannelClosedByBroker, ConnectionClosedByBroker) as exc:
+        return exc.reply_code, exc.reply_text
+    raise AssertionError("the broker accepted it")
+
+
+def passive_queue(channel: BlockingChannel, name: str) -> Any:
+    return channel.queue_declare(name, passive=True)
+
+
+def test_a_declaration_is_on_every_node_before_its_ok(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        connect: Connect) -> None:
+    a, b, c = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b", "c")
+    on_a, on_b, on_c = (channel_of(connect, n) for n in (a, b, c))
+    for i in range(20):
+        on_a.queue_declare(f"q{i}", durable=True)
+        on_a.exchange_declare(f"x{i}", "topic")
+        passive_queue(on_b, f"q{i}")
+        on_c.exchange_declare(f"x{i}", "topic", passive=True)
+    # the same declaration elsewhere is the same queue; a different one is 406 everywhere
+    assert on_b.queue_declare("q0", durable=True).method.queue == "q0"
+    code, text = refused(lambda: on_c.queue_declare("q1", durable=False))
+    assert code == 406
+    assert text == ("PRECONDITION_FAILED - inequivalent arg 'durable' for queue 'q1' in vhost "
+                    "'/': received 'false' but current is 'true'")
+
+
+def race(nodes: list[ClusterNode], name: str) -> dict[str, Any]:
+    """Each node's client declares `name` at the same moment, each with its own TTL: what
+    each got ("ok" or the channel's reply code)."""
+    results: dict[str, Any] = {}
+    barrier = threading.Barrier(len(nodes))
+
+    def declare(node: ClusterNode, ttl: int) -> None:
+        connection = pika.BlockingConnection(pika.URLParameters(node.url))
+        try:
+            channel = connection.channel()
+            barrier.wait()
+            try:
+                channel.queue_declare(name, arguments={"x-message-ttl": ttl})
+                results[node.node_name] = "ok"
+            except ChannelClosedByBroker as exc:
+                results[node.node_name] = exc.reply_code
+        finally:
+            if connection.is_open:
+                connection.close()
+
+    threads = [threading.Thread(target=declare, args=(node, 1000 * (i + 1)))
+               for i, node in enumerate(nodes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+def test_racing_declarations_of_one_queue_get_one_winner(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    a, b = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b")
+    for round_ in range(8):
+        results = race([a, b], f"race{round_}")
+        assert sorted(map(str, results.values())) == ["406", "ok"], results
+
+
+def test_an_exclusive_queue_of_another_node_is_locked(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        connect: Connect) -> None:
+    a, b = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b")
+    on_a = channel_of(connect, a)
+    on_a.queue_declare("mine", exclusive=True)
+    expected = (405, "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue 'mine' "
+                     "in vhost '/'. It could be originally declared on another connection or "
+                     "the exclusive property value does not match that of the original "
+                     "declaration.")
+    assert refused(lambda: passive_queue(channel_of(connect, b), "mine")) == expected
+    assert refused(lambda: channel_of(connect, b).queue_declare("mine", exclusive=True)) \
+        == expected
+    assert refused(lambda: channel_of(connect, b).queue_bind("mine", "amq.fanout")) == expected
+    # another connection on the same node is locked out too
+    assert refused(lambda: passive_queue(channel_of(connect, a), "mine")) == expected
+
+
+def test_routing_through_entities_declared_on_three_nodes(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        connect: Connect) -> None:
+    a, b, c = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b", "c")
+    channel_of(connect, b).exchange_declare("logs", "topic", durable=True)
+    on_a = channel_of(connect, a)
+    on_a.queue_declare("errors", durable=True)
+    channel_of(connect, c).queue_bind("errors", "logs", routing_key="*.error")
+    on_a.basic_publish("logs", "db.error", b"routed on a")
+    on_a.basic_publish("logs", "db.info", b"not routed")
+    wait_until(lambda: passive_queue(on_a, "errors").method.message_count == 1, timeout=5)
+    _method, _props, body = on_a.basic_get("errors", auto_ack=True)
+    assert body == b"routed on a"
+
+
+def test_an_exclusive_queue_goes_everywhere_with_its_connection(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        connect: Connect) -> None:
+    a, b = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b")
+    owner = connect(a)
+    owner.channel().queue_declare("temp", exclusive=True)
+    on_b = channel_of(connect, b)
+    assert refused(lambda: passive_queue(on_b, "temp"))[0] == 405
+    owner.close()
+
+    def gone() -> bool:
+        code, _text = refused(lambda: passive_queue(channel_of(connect, b), "temp"))
+        return code == 404
+    wait_until(gone, timeout=5)
+    # and a new connection may take the name
+    channel_of(connect, b).queue_declare("temp", exclusive=True)
+
+
+def test_a_killed_nodes_exclusive_queues_go_after_the_lease(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        connect: Connect) -> None:
+    a, b = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b")
+    channel_of(connect, a).queue_declare("temp", exclusive=True)
+    channel_of(connect, a).queue_declare("kept", durable=True)
+    a.kill()
+
+    def gone() -> bool:
+        code, _text = refused(lambda: passive_queue(channel_of(connect, b), "temp"))
+        return code == 404
+    wait_until(gone, timeout=15)
+    # a durable queue is not leased: it stays, held by the killed node
+    channel_of(connect, b).queue_declare("kept", durable=True)
+
+
+def test_auto_delete_goes_everywhere_with_the_last_consumer(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        connect: Connect) -> None:
+    a, b = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b")
+    on_a = channel_of(connect, a)
+    on_a.queue_declare("ad", auto_delete=True)
+    tag = on_a.basic_consume("ad", lambda *_: None)
+    passive_queue(channel_of(connect, b), "ad")
+    on_a.basic_cancel(tag)
+
+    def gone() -> bool:
+        code, _text = refused(lambda: passive_queue(channel_of(connect, b), "ad"))
+        return code == 404
+    wait_until(gone, timeout=5)
+
+
+def test_a_pipelined_declare_and_publish_on_one_channel(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    (a,) = start_nodes(tmp_path, etcd, cluster, nodes, "a")
+    with open_client(a.port) as client:
+        client.send_method(1, commands.Exchange.Declare(exchange="px", exchange_type="fanout"))
+        client.send_method(1, commands.Queue.Declare(queue="pq"))
+        client.send_method(1, commands.Queue.Bind(queue="pq", exchange="px"))
+        client.publish(1, b"first", "px", "")
+        client.send_method(1, commands.Basic.Get(queue="pq", no_ack=True))
+        replies = [client.next_method()[1] for _ in range(4)]
+        assert [type(r) for r in replies] == [commands.Exchange.DeclareOk,
+                                              commands.Queue.DeclareOk,
+                                              commands.Queue.BindOk, commands.Basic.GetOk]
+
+
+def test_a_node_restarted_after_its_queue_was_deleted_drops_it(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        connect: Connect) -> None:
+    a, b = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b")
+    on_a = channel_of(connect, a)
+    on_a.queue_declare("held", durable=True)
+    on_a.queue_declare("survivor", durable=True)
+    on_a.basic_publish("", "survivor", b"kept",
+                       pika.BasicProperties(delivery_mode=2))
+    folders = {p.name for p in (a.data_dir / "queues").iterdir()}
+    assert len(folders) == 2
+    a.stop()
+    # deleted elsewhere while its node is down (the holder is not asked)
+    channel_of(connect, b).queue_delete("held")
+    a.start()
+    on_a = channel_of(connect, a)
+    assert refused(lambda: passive_queue(on_a, "held"))[0] == 404
+    assert passive_queue(channel_of(connect, a), "survivor").method.message_count == 1
+    assert len(list((a.data_dir / "queues").iterdir())) == 1
+
+
+def test_etcd_down_refuses_changes_and_serves_on(
+        tmp_path: Path, etcd_factory: Callable[[], EtcdServer], cluster: str,
+        nodes: list[BrokerProcess], connect: Connect) -> None:
+    private = etcd_factory()
+    (a,) = start_nodes(tmp_path, private, cluster, nodes, "a")
+    on_a = channel_of(connect, a)
+    on_a.queue_declare("before", durable=True)
+    private.kill()
+    code, text = refused(lambda: channel_of(connect, a).queue_declare("during", durable=True))
+    assert (code, text) == (541, "INTERNAL_ERROR - failed to declare queue 'during' in vhost "
+                                 "'/' because the metadata store is unavailable")
+    # what exists is served
+    on_a = channel_of(connect, a)
+    on_a.basic_publish("", "before", b"still served")
+    _m, _p, body = on_a.basic_get("before", auto_ack=True)
+    assert body == b"still served"
+    private.restart()  # the same ports and data
+
+    def declared() -> bool:
+        try:
+            channel_of(connect, a).queue_declare("after", durable=True)
+        except ConnectionClosedByBroker:
+            return False
+        return True
+    wait_until(declared, timeout=20)
+    # the refused declaration left nothing behind
+    assert refused(lambda: passive_queue(channel_of(connect, a), "during"))[0] == 404
