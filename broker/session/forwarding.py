@@ -59,7 +59,6 @@ if TYPE_CHECKING:
 
 log = logs.get("leveret.cluster.forwarding")
 _DELIVER_ID = struct.pack(">I", c.BASIC_DELIVER)
-_BODY_SIZE = struct.Struct(">Q")
 _FRAME_HEAD = struct.Struct(">BHI")
 _TAG_BIT = struct.Struct(">QB")
 _END = c.FRAME_END_BYTE
@@ -96,9 +95,6 @@ class ConsumerShadow(Shadow):
         self.active = False  # consume-ok went to the client: deliveries may follow
         self.cancelled = False
         self.unacked = 0
-        self._raw: list[bytes] | None = None  # the frames of a delivery being passed through
-        self._raw_channel = 0
-        self._raw_left = 0
         # passed through only if the client's frames may be as large as the peer's
         frame_max = consumer.sink.session.frame_max  # type: ignore[attr-defined]
         self.passthrough = not frame_max or frame_max >= tunnel.frame_max
@@ -115,31 +111,21 @@ class ConsumerShadow(Shadow):
 
     def frame(self, frame_type: int, payload: bytes) -> None:
         """The hot path: while the client's channel can take deliveries and nothing waits,
-        each delivery's frames go straight to it, with the client channel's number and
-        delivery tag patched in (the consumer tag is the client's own); nothing is decoded."""
-        raw = self._raw
-        if raw is not None:  # the content of a delivery passed through
-            if frame_type == c.FRAME_HEADER:
-                size = _BODY_SIZE.unpack_from(payload, 4)[0]
-                raw.append(_FRAME_HEAD.pack(c.FRAME_HEADER, self._raw_channel, len(payload)))
-                raw.append(payload)
-                raw.append(_END)
-                self._raw_left = size
-            else:
-                raw.append(_FRAME_HEAD.pack(c.FRAME_BODY, self._raw_channel, len(payload)))
-                raw.append(payload)
-                raw.append(_END)
-                self._raw_left -= len(payload)
-            if self._raw_left <= 0:
-                self._raw = None
-                self.consumer.sink.session.write_many(raw)  # type: ignore[attr-defined]
-            return
+        a delivery's frames go straight to it, with the client channel's number and delivery
+        tag patched in (the consumer tag is the client's own); nothing is decoded. The tunnel
+        copies the content frames (`raw_out`)."""
         if (frame_type == c.FRAME_METHOD and payload[:4] == _DELIVER_ID and self.active
                 and not self.pending and not self.cancelled and self.passthrough
                 and self.consumer.sink.can_send(self.consumer)):
             self._deliver_raw(payload)
             return
         super().frame(frame_type, payload)
+
+    def raw_done(self) -> None:
+        raw = self.raw_out
+        self.raw_out = None
+        if raw is not None:
+            self.consumer.sink.session.write_many(raw)  # type: ignore[attr-defined]
 
     def _deliver_raw(self, payload: bytes) -> None:
         consumer = self.consumer
@@ -154,10 +140,10 @@ class ConsumerShadow(Shadow):
             self.unacked += 1
         self.queue.stats_delivered += 1
         number = channel.number
-        self._raw_channel = number
-        self._raw_left = 1
-        self._raw = [_FRAME_HEAD.pack(c.FRAME_METHOD, number, len(payload)), payload[:tag_at],
-                     _TAG_BIT.pack(tag, bits), payload[tag_at + 9:], _END]
+        self.raw_channel = number
+        self.raw_left = 1
+        self.raw_out = [_FRAME_HEAD.pack(c.FRAME_METHOD, number, len(payload)),
+                        payload[:tag_at], _TAG_BIT.pack(tag, bits), payload[tag_at + 9:], _END]
 
     def on_delivery(self, tag: int, redelivered: bool, exchange: str, routing_key: str,
                     header: bytes, body: bytes) -> None:

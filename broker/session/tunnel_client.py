@@ -30,7 +30,6 @@ from leveret.amqp import codec
 from leveret.amqp import constants as c
 from leveret.amqp.content import Message, content_frames
 from leveret.amqp.errors import AMQPError
-from leveret.amqp.frames import FrameBuffer
 from leveret.broker import logs
 from leveret.broker.cluster.link import Link, LinkError
 from leveret.broker.cluster.link_frames import TUNNEL_FROM_OPENER
@@ -84,6 +83,10 @@ class Shadow:
         self._ahead: set[int] = set()
         self._acks: list[int] = []
         self._acked_upto = 0
+        # a delivery whose content frames the tunnel copies to the client as they come
+        self.raw_out: list[bytes] | None = None
+        self.raw_channel = 0
+        self.raw_left = 0
         self.number = tunnel.allocate(self)
         self.write(codec.encode_method(self.number, m.Channel.Open()), None)
 
@@ -222,6 +225,9 @@ class Shadow:
 
     # -- what kinds of shadows do with it
 
+    def raw_done(self) -> None:
+        """The delivery in `raw_out` is whole."""
+
     def on_delivery(self, tag: int, redelivered: bool, exchange: str, routing_key: str,
                     header: bytes, body: bytes) -> None:
         """A basic.deliver on this channel."""
@@ -322,7 +328,7 @@ class Tunnel:
         self.ready = False
         self.closed = False
         self.error: Exception | None = None
-        self._buffer = FrameBuffer(0)
+        self._partial = b""  # the start of a frame whose end has not come yet
         self._out: list[bytes | memoryview] = []
         self._before_flush: list[Callable[[], None]] = []
         self._flush_scheduled = False
@@ -388,16 +394,46 @@ class Tunnel:
     # -- input
 
     def receive(self, data: bytes) -> None:
+        """The peer's bytes: split into frames here (the hot loop of a remote consumer). The
+        content frames of a delivery being passed through (`Shadow.raw_out`) are copied to
+        it with the client channel's number; every other frame goes to its shadow."""
         if not data:
             self.lose(TunnelLost(f"'{self.peer}' closed the tunnel"))
             return
+        if self._partial:
+            data = self._partial + data
+            self._partial = b""
         channels = self.channels
-        for frame_type, number, payload in self._buffer.feed(data):
+        unpack = _FRAME_HEAD.unpack_from
+        pack = _FRAME_HEAD.pack
+        size_of = _BODY_SIZE.unpack_from
+        n = len(data)
+        pos = 0
+        while n - pos >= 8:
+            frame_type, number, size = unpack(data, pos)
+            end = pos + 7 + size
+            if end >= n:
+                break
+            if data[end] != c.FRAME_END:
+                self.lose(TunnelLost(f"bad frame end from '{self.peer}'"))
+                return
             shadow = channels.get(number)
             if shadow is not None:
-                shadow.frame(frame_type, payload)
-        if self._buffer.error is not None:
-            self.lose(TunnelLost(f"bad frame from '{self.peer}': {self._buffer.error}"))
+                out = shadow.raw_out
+                if out is not None and frame_type != c.FRAME_METHOD:
+                    out.append(pack(frame_type, shadow.raw_channel, size))
+                    out.append(data[pos + 7:end + 1])
+                    if frame_type == c.FRAME_HEADER:
+                        shadow.raw_left = size_of(data, pos + 11)[0]
+                    else:
+                        shadow.raw_left -= size
+                    if shadow.raw_left <= 0:
+                        shadow.raw_done()
+                else:
+                    shadow.frame(frame_type, data[pos + 7:end])
+            pos = end + 1
+        if pos < n:
+            self._partial = data[pos:]
 
     # -- channels
 
