@@ -23,10 +23,9 @@ Single-threaded: runs on the event loop thread of its connection.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as m
@@ -36,11 +35,11 @@ from leveret.broker import logs
 from leveret.broker.cluster.etcd import EtcdException, EtcdUnavailable
 from leveret.broker.cluster.topology import Created
 from leveret.broker.cluster.topology_records import BindingRecord, ExchangeRecord, QueueRecord
+from leveret.broker.model import args as qargs
 from leveret.broker.model.errors import (
     AccessRefused,
     InternalError,
     NotFound,
-    NotImplementedFeature,
     PreconditionFailed,
 )
 from leveret.broker.model.policy import effective
@@ -146,23 +145,10 @@ async def _started_inside(channel: Channel) -> None:
         await running
 
 
-def _forward(channel: Channel, queue: Queue, method: Any) -> Step | None:
-    """Hand a method on a queue held by another node to forwarding: what it returns (an
-    awaitable that answers the method) is the step the channel waits for."""
-    forward = getattr(forwarding, "forward_queue_method", None)
-    if forward is None:
-        raise NotImplementedFeature("forwarding to another node")
-    result = forward(channel, queue, method)
-    return _awaiting(result) if inspect.isawaitable(result) else None
-
-
-async def _awaiting(result: Awaitable[Any]) -> None:
-    await result
-
-
-def _start(channel: Channel, index: int, step: Step | None) -> None:
-    if step is not None:
-        backlog.run_step(channel, index, step)
+def _forward(channel: Channel, queue: RemoteQueue, method: Any) -> None:
+    """A method on a queue held by another node: forwarding asks the holder, in a step of
+    its own, and answers with its reply or its error."""
+    forwarding.forward_queue_method(channel, queue, method)
 
 
 # -- exchanges --------------------------------------------------------------------------------
@@ -290,7 +276,7 @@ def place(channel: Channel, queue_type: str, name: str, arguments: dict[str, Any
     locator = policy.definition.get("queue-leader-locator") if policy is not None else None
     if locator is None:
         locator = arguments.get("x-queue-leader-locator", "client-local")
-    if locator == "client-local":
+    if qargs.text(locator) == "client-local":  # the others ask for balanced (RabbitMQ 3.10+)
         return cluster.node
     running = {cluster.node} | {node for node, link in cluster.links.links.items()
                                 if not link.closed}
@@ -325,11 +311,12 @@ def queue_declare(channel: Channel, method: Any) -> None:
     backlog.run_step(channel, method.index, _declare_queue(channel, method, record))
 
 
-def _passive_queue(channel: Channel, method: Any, queue: Queue) -> Step | None:
+def _passive_queue(channel: Channel, method: Any, queue: Queue) -> None:
     channel.vhost.check_exclusive(queue, channel.session)
     channel.last_queue = queue.name
     if isinstance(queue, RemoteQueue):
-        return _forward(channel, queue, method)
+        _forward(channel, queue, method)
+        return None
     queue.touch()
     if not method.nowait:
         channel.session.write(codec.encode_declare_ok(
@@ -411,7 +398,7 @@ def cluster_queue_purge(channel: Channel, method: Any) -> None:
     if isinstance(queue, RemoteQueue):
         channel.check("read", "queue", name)
         channel.vhost.check_exclusive(queue, channel.session)
-        _start(channel, method.index, _forward(channel, queue, method))
+        _forward(channel, queue, method)
         return
     queue_purge(channel, method)  # held here: purged here, as on one node
 
@@ -430,7 +417,7 @@ def queue_delete(channel: Channel, method: Any) -> None:
         vhost.check_exclusive(queue, channel.session)
         if isinstance(queue, RemoteQueue):
             if _reachable(channel, queue):
-                _start(channel, method.index, _forward(channel, queue, method))
+                _forward(channel, queue, method)
                 return
             # its node is down: deleted from the metadata alone, as RabbitMQ force-deletes a
             # classic queue whose process is gone (but not if_empty: it may hold messages)

@@ -5,8 +5,10 @@ what, and etcd going away refuses changes without stopping the service."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,12 @@ from support.brokers import BrokerProcess
 from support.cluster import ClusterNode, api_nodes, make_node, wait_until
 from support.etcd import EtcdServer
 from support.rawamqp import open_client
+
+from leveret.broker.cluster.etcd import EtcdClient
+from leveret.broker.cluster.membership import ClusterKeys
+from leveret.broker.cluster.topology import TopologyStore
+from leveret.broker.cluster.topology_keys import TopologyKeys
+from leveret.broker.cluster.topology_records import ExchangeRecord, QueueRecord
 
 Connect = Callable[[ClusterNode], pika.BlockingConnection]
 
@@ -257,10 +265,26 @@ def test_etcd_down_refuses_changes_and_serves_on(
     (a,) = start_nodes(tmp_path, private, cluster, nodes, "a")
     on_a = channel_of(connect, a)
     on_a.queue_declare("before", durable=True)
+    on_a.exchange_declare("ex", "fanout")
+    on_a.queue_bind("before", "ex")
     private.kill()
-    code, text = refused(lambda: channel_of(connect, a).queue_declare("during", durable=True))
-    assert (code, text) == (541, "INTERNAL_ERROR - failed to declare queue 'during' in vhost "
-                                 "'/' because the metadata store is unavailable")
+    fresh = lambda: channel_of(connect, a)  # noqa: E731 - 541 closes the connection
+    unavailable = " because the metadata store is unavailable"
+    for call, action in [
+        (lambda: fresh().queue_declare("during", durable=True),
+         "declare queue 'during' in vhost '/'"),
+        (lambda: fresh().queue_declare("", exclusive=True), None),
+        (lambda: fresh().exchange_declare("xd", "topic"), "declare exchange 'xd' in vhost '/'"),
+        (lambda: fresh().queue_bind("before", "amq.topic", "k"), "create binding"),
+        (lambda: fresh().queue_unbind("before", "ex"), "delete binding"),
+        (lambda: fresh().exchange_delete("ex"), "delete exchange 'ex' in vhost '/'"),
+        (lambda: fresh().queue_delete("before"), "delete queue 'before' in vhost '/'"),
+    ]:
+        code, text = refused(call)
+        assert code == 541, text
+        assert text.startswith("INTERNAL_ERROR - failed to ") and text.endswith(unavailable)
+        if action is not None:
+            assert text == f"INTERNAL_ERROR - failed to {action}{unavailable}"
     # what exists is served
     on_a = channel_of(connect, a)
     on_a.basic_publish("", "before", b"still served")
@@ -275,5 +299,136 @@ def test_etcd_down_refuses_changes_and_serves_on(
             return False
         return True
     wait_until(declared, timeout=20)
-    # the refused declaration left nothing behind
+    # the refused changes left nothing behind, and changed nothing
     assert refused(lambda: passive_queue(channel_of(connect, a), "during"))[0] == 404
+    assert refused(lambda: fresh().exchange_declare("xd", passive=True))[0] == 404
+    on_a = fresh()
+    on_a.basic_publish("ex", "", b"still bound")
+    assert passive_queue(on_a, "before").method.message_count == 1
+
+
+def test_refusals_are_the_single_nodes(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        connect: Connect) -> None:
+    a, b = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b")
+    on_a = lambda: channel_of(connect, a)  # noqa: E731 - a fresh channel per refusal
+    channel_of(connect, b).queue_declare("q", durable=True)
+    assert refused(lambda: on_a().queue_bind("q", "nope")) == (
+        404, "NOT_FOUND - no exchange 'nope' in vhost '/'")
+    assert refused(lambda: on_a().queue_bind("nope", "amq.direct")) == (
+        404, "NOT_FOUND - no queue 'nope' in vhost '/'")
+    assert refused(lambda: on_a().exchange_declare("nope", passive=True)) == (
+        404, "NOT_FOUND - no exchange 'nope' in vhost '/'")
+    assert refused(lambda: on_a().exchange_bind("amq.fanout", "nope")) == (
+        404, "NOT_FOUND - no exchange 'nope' in vhost '/'")
+    assert refused(lambda: passive_queue(on_a(), "nope")) == (
+        404, "NOT_FOUND - no queue 'nope' in vhost '/'")
+    assert refused(lambda: on_a().exchange_delete("amq.direct")) == (
+        403, "ACCESS_REFUSED - deletion of system exchange 'amq.direct' in vhost '/' not "
+             "allowed")
+    assert refused(lambda: on_a().queue_declare(
+        "loc", arguments={"x-queue-leader-locator": "nearest"})) == (
+        406, "PRECONDITION_FAILED - invalid arg 'x-queue-leader-locator' for queue 'loc' in "
+             "vhost '/': invalid_queue_locator_arg")
+    assert refused(lambda: on_a().exchange_declare("amq.mine", "direct")) == (
+        403, "ACCESS_REFUSED - exchange name 'amq.mine' contains reserved prefix 'amq.*'")
+    # held by b; b down: deleted from the metadata, unless if_empty (it may hold messages)
+    b.kill()
+    wait_until(lambda: not linked(a, 1), timeout=10)
+    assert refused(lambda: on_a().queue_delete("q", if_empty=True)) == (
+        406, "PRECONDITION_FAILED - queue 'q' in vhost '/' not empty")
+    on_a().queue_delete("q")
+    assert refused(lambda: passive_queue(on_a(), "q"))[0] == 404
+
+
+def test_balanced_places_a_queue_on_the_node_holding_fewest(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        connect: Connect) -> None:
+    a, b = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b")
+    on_a = channel_of(connect, a)
+    for i in range(3):
+        on_a.queue_declare(f"local{i}", durable=True)  # client-local, the default
+    on_a.queue_declare("spread", durable=True,
+                       arguments={"x-queue-leader-locator": "balanced"})
+    assert len(list((a.data_dir / "queues").iterdir())) == 3
+    assert len(list((b.data_dir / "queues").iterdir())) == 1
+    # an exclusive queue stays with its connection whatever it asks
+    on_a.queue_declare("excl", exclusive=True,
+                       arguments={"x-queue-leader-locator": "balanced"})
+    assert on_a.queue_declare("excl", passive=True).method.queue == "excl"
+
+
+def test_nowait_declarations_reach_etcd(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        connect: Connect) -> None:
+    a, b = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b")
+    with open_client(a.port) as client:
+        client.send_method(1, commands.Exchange.Declare(exchange="nx", exchange_type="direct",
+                                                        nowait=True))
+        client.send_method(1, commands.Queue.Declare(queue="nq", nowait=True))
+        client.send_method(1, commands.Queue.Bind(queue="nq", exchange="nx", routing_key="k",
+                                                  nowait=True))
+        client.send_method(1, commands.Basic.Qos(prefetch_count=1))
+        client.expect(commands.Basic.QosOk)
+    on_b = channel_of(connect, b)
+    on_b.exchange_declare("nx", passive=True)
+    on_b.queue_unbind("nq", "nx", routing_key="k")  # exists: no error either way
+    with open_client(a.port) as client:  # nq was not exclusive: it outlives its client
+        client.send_method(1, commands.Queue.Declare(queue="nq", passive=True))
+        client.expect(commands.Queue.DeclareOk)
+
+
+def test_unbind_and_exchange_delete_everywhere(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        connect: Connect) -> None:
+    a, b, c = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b", "c")
+    on_a = channel_of(connect, a)
+    on_a.exchange_declare("events", "direct")
+    on_a.queue_declare("inbox")
+    channel_of(connect, b).queue_bind("inbox", "events", routing_key="k")
+    channel_of(connect, c).queue_unbind("inbox", "events", routing_key="k")
+    on_a.basic_publish("events", "k", b"unrouted")
+    assert passive_queue(on_a, "inbox").method.message_count == 0
+    channel_of(connect, b).exchange_delete("events")
+    assert refused(lambda: channel_of(connect, a).exchange_declare("events", passive=True)) \
+        == (404, "NOT_FOUND - no exchange 'events' in vhost '/'")
+    channel_of(connect, c).queue_delete("inbox")
+    assert refused(lambda: passive_queue(channel_of(connect, a), "inbox"))[0] == 404
+
+
+def test_x_expires_is_decided_by_the_holder_and_seen_everywhere(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        connect: Connect) -> None:
+    a, b = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b")
+    channel_of(connect, a).queue_declare("brief", arguments={"x-expires": 300})
+    time.sleep(1.5)  # unused meanwhile (a passive declare, even from b, counts as use)
+    assert refused(lambda: passive_queue(channel_of(connect, b), "brief"))[0] == 404
+    # and it may be declared again, anywhere
+    channel_of(connect, b).queue_declare("brief", arguments={"x-expires": 60000})
+
+
+def test_what_etcd_has_but_the_node_has_not_seen_yet_is_found(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        connect: Connect) -> None:
+    """Records written straight into etcd (no settle): a publish, a bind or a passive declare
+    that arrives before the watch event reads etcd rather than answer 404."""
+    (a,) = start_nodes(tmp_path, etcd, cluster, nodes, "a")
+    on_a = channel_of(connect, a)
+    on_a.queue_declare("sink")
+    for i in range(10):
+        asyncio.run(put_behind_the_nodes_back(etcd.url, cluster, f"fresh{i}", "a"))
+        on_a.queue_bind("sink", f"fresh{i}", routing_key="r")
+        on_a.exchange_declare(f"fresh{i}", passive=True)
+        passive_queue(on_a, f"fresh{i}-q")
+    for i in range(10):
+        asyncio.run(put_behind_the_nodes_back(etcd.url, cluster, f"late{i}", "a"))
+        on_a.basic_publish(f"late{i}", "r", b"published at once")  # no 404: the channel lives
+    assert passive_queue(on_a, "sink").method.message_count == 0
+
+
+async def put_behind_the_nodes_back(url: str, cluster: str, name: str, node: str) -> None:
+    keys = TopologyKeys(ClusterKeys(cluster).root + "topology/")
+    async with EtcdClient([url]) as client:
+        store = TopologyStore(client, keys)
+        await store.declare_exchange(ExchangeRecord("/", name, "direct"))
+        await store.declare_queue(QueueRecord("/", f"{name}-q", node=node))
