@@ -18,6 +18,7 @@ callers' (forwarding.py). Asyncio: one event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import struct
 from collections import OrderedDict, deque
@@ -418,6 +419,9 @@ class Tunnel:
                 self.lose(TunnelLost(f"bad frame end from '{self.peer}'"))
                 return
             shadow = channels.get(number)
+            if number == 0 and frame_type == c.FRAME_METHOD:  # connection.close: shutdown
+                self._connection_method(data[pos + 7:end])
+                return
             if shadow is not None:
                 out = shadow.raw_out
                 if out is not None and frame_type != c.FRAME_METHOD:
@@ -434,6 +438,16 @@ class Tunnel:
             pos = end + 1
         if pos < n:
             self._partial = data[pos:]
+
+    def _connection_method(self, payload: bytes) -> None:
+        """The peer closes the tunnel's connection (it is shutting down): close-ok, and the
+        tunnel is lost with the peer's reason."""
+        method = codec.decode_method(payload)
+        if isinstance(method, m.Connection.Close):
+            with contextlib.suppress(LinkError):
+                self.link.send_tunnel(self.id | TUNNEL_FROM_OPENER, codec.encode_method(
+                    0, m.Connection.CloseOk()))
+            self.lose(TunnelLost(f"'{self.peer}' closed the tunnel: {method.reply_text}"))
 
     # -- channels
 

@@ -120,8 +120,10 @@ def test_a_consumer_on_b_of_a_queue_on_a_within_prefetch_acks_nacks_rejects_reco
     a, b = ab
     on_a(ab, "q.cons")
     pub = connect(a)
+    pub_ch = pub.channel()
+    pub_ch.confirm_delivery()
     for i in range(20):
-        pub.channel().basic_publish("", "q.cons", f"m{i}".encode(), PERSISTENT)
+        pub_ch.basic_publish("", "q.cons", f"m{i}".encode(), PERSISTENT)
     conn = connect(b)
     ch = conn.channel()
     ch.basic_qos(prefetch_count=5)
@@ -169,8 +171,10 @@ def test_basic_get_purge_and_delete_from_b_with_the_holders_counts(
     a, b = ab
     on_a(ab, "q.ops")
     pub = connect(a)
+    pub_ch = pub.channel()
+    pub_ch.confirm_delivery()  # each publish is in the queue before the next line
     for i in range(10):
-        pub.channel().basic_publish("", "q.ops", f"m{i}".encode(), PERSISTENT)
+        pub_ch.basic_publish("", "q.ops", f"m{i}".encode(), PERSISTENT)
     conn = connect(b)
     ch = conn.channel()
     method, _props, body = ch.basic_get("q.ops")
@@ -181,7 +185,7 @@ def test_basic_get_purge_and_delete_from_b_with_the_holders_counts(
     assert counts(b, "q.ops") == (9, 0)
     assert ch.queue_purge("q.ops").method.message_count == 9
     assert ch.basic_get("q.ops") == (None, None, None)
-    pub.channel().basic_publish("", "q.ops", b"last", PERSISTENT)
+    pub_ch.basic_publish("", "q.ops", b"last", PERSISTENT)
     assert ch.queue_delete("q.ops").method.message_count == 1
     conn.close()
     pub.close()
@@ -203,7 +207,9 @@ def test_errors_of_the_holding_node_reach_the_client_on_b_with_their_code_and_te
         "ACCESS_REFUSED - queue 'q.excl' in vhost '/' in exclusive use")
     on_a(ab, "q.del")
     ch = conn.channel()
-    owner.channel().basic_publish("", "q.del", b"x")
+    owner_ch = owner.channel()
+    owner_ch.confirm_delivery()
+    owner_ch.basic_publish("", "q.del", b"x")
     with pytest.raises(ChannelClosedByBroker) as not_empty:
         ch.queue_delete("q.del", if_empty=True)
     assert not_empty.value.reply_code == 406
@@ -341,5 +347,76 @@ def test_when_a_is_killed_b_answers_as_rabbitmq_and_all_comes_back_with_a(
     ch2.basic_consume("q.down", lambda c, m, p, body: got.append(body), auto_ack=True)
     drain(conn, got, 50)
     assert sorted(got, key=lambda body: int(body[1:])) == [f"m{i}".encode() for i in range(50)]
+    conn.close()
+    consumer.close()
+
+
+def test_a_queue_deleted_on_a_cancels_its_consumers_on_b(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    on_a(ab, "q.gone")
+    conn = connect(b)
+    ch = conn.channel()
+    cancelled: list[Any] = []
+    ch.add_on_cancel_callback(cancelled.append)
+    ch.basic_consume("q.gone", lambda *args: None)
+    admin = connect(a)
+    admin.channel().queue_delete("q.gone")
+    admin.close()
+    deadline = time.monotonic() + 10
+    while not cancelled and time.monotonic() < deadline:
+        conn.process_data_events(0.2)
+    assert cancelled, "the consumer on B was not cancelled"
+    assert ch.is_open  # as on one node: the channel stays
+    conn.close()
+
+
+def test_with_a_down_get_purge_and_consume_on_b_get_the_node_down_answer(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    on_a(ab, "q.absent")
+    a.kill()
+    text = ("NOT_FOUND - home node 'a' of durable queue 'q.absent' in vhost '/' is down or "
+            "inaccessible")
+    conn = connect(b)
+    for attempt in (lambda ch: ch.basic_get("q.absent"),
+                    lambda ch: ch.queue_purge("q.absent"),
+                    lambda ch: ch.basic_consume("q.absent", lambda *args: None)):
+        deadline = time.monotonic() + 10
+        while True:  # until B has seen the link go
+            with pytest.raises(ChannelClosedByBroker) as down:
+                attempt(conn.channel())
+            if down.value.reply_text == text or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert (down.value.reply_code, down.value.reply_text) == (404, text)
+    conn.close()
+
+
+def test_a_graceful_stop_of_a_cancels_consumers_on_b_and_nacks_nothing_confirmed(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    on_a(ab, "q.stop")
+    conn = connect(b)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(20):
+        ch.basic_publish("", "q.stop", f"m{i}".encode(), PERSISTENT)
+    consumer = connect(b)
+    cch = consumer.channel()
+    cch.basic_qos(prefetch_count=5)
+    cancelled: list[Any] = []
+    got: list[bytes] = []
+    cch.add_on_cancel_callback(cancelled.append)
+    cch.basic_consume("q.stop", lambda c, m, p, body: got.append(body))
+    drain(consumer, got, 5)
+    a.stop()
+    deadline = time.monotonic() + 15
+    while not cancelled and time.monotonic() < deadline:
+        consumer.process_data_events(0.2)
+    assert cancelled
+    a.start()
+    wait_until(lambda: visible(b, "q.stop"), timeout=30)
+    assert counts(b, "q.stop") == (20, 0)
     conn.close()
     consumer.close()
