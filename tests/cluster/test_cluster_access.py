@@ -15,18 +15,20 @@ import pytest
 from pika.exceptions import ProbableAccessDeniedError, ProbableAuthenticationError
 from support.brokers import BrokerProcess
 from support.cluster import TTL_S, ClusterNode, make_node
-from support.cluster_api import api, connect, ok
+from support.cluster_api import api, connect, ok, wait_linked
 from support.etcd import EtcdServer
 
 
 def start_nodes(tmp_path: Path, etcd_url: str, cluster: str, nodes: list[BrokerProcess],
                 names: tuple[str, ...] = ("a", "b", "c"),
-                extra: list[str] | None = None) -> list[ClusterNode]:
+                extra: list[str] | None = None, password: str = "guest") -> list[ClusterNode]:
     started = []
     for name in names:
         node = make_node(tmp_path, etcd_url, cluster, name, management=True, extra=extra)
         nodes.append(node.start())
         started.append(node)
+    wait_linked([n for n in nodes if isinstance(n, ClusterNode) and n.proc is not None
+                 and n.proc.poll() is None], password=password)
     return started
 
 
@@ -236,7 +238,7 @@ def test_the_second_node_does_not_duplicate_or_overwrite_the_defaults(
         tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
     (a,) = start_nodes(tmp_path, etcd.url, cluster, nodes, ("a",))
     ok(a, "PUT", "/api/users/guest", {"password": "changed", "tags": "administrator"})
-    (b,) = start_nodes(tmp_path, etcd.url, cluster, nodes, ("b",))
+    (b,) = start_nodes(tmp_path, etcd.url, cluster, nodes, ("b",), password="changed")
     assert not can_login(b, "guest", "guest")
     assert can_login(b, "guest", "changed")
     defs = ok(b, "GET", "/api/definitions", password="changed")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from typing import Any
-from urllib.error import HTTPError
+from urllib.error import HTTPError, URLError
 from urllib.request import Request, urlopen
 
 import pika
@@ -44,3 +45,22 @@ def connect(node: BrokerProcess, user: str = "guest", password: str = "guest",
         host="127.0.0.1", port=node.port, virtual_host=vhost,
         credentials=pika.PlainCredentials(user, password), connection_attempts=1,
         blocked_connection_timeout=10, socket_timeout=10))
+
+
+def wait_linked(nodes: list[Any], timeout: float = 20.0, password: str = "guest") -> None:
+    """Wait until every node has its link to every other (each node's own /api/nodes entry
+    lists them in `cluster_links`): from then on a change settles on all of them."""
+    names = {node.node_name for node in nodes}
+    deadline = time.monotonic() + timeout
+    for node in nodes:
+        while True:
+            try:  # the management listener opens just after the AMQP one
+                listed = ok(node, "GET", "/api/nodes", password=password)
+            except URLError:
+                listed = []
+            own = next((n for n in listed if n["name"] == node.node_name), None)
+            if own is not None and \
+                    {link["name"] for link in own["cluster_links"]} == names - {node.node_name}:
+                break
+            assert time.monotonic() < deadline, f"{node.node_name} is not linked to every node"
+            time.sleep(0.1)

@@ -1,0 +1,158 @@
+"""The management API over a cluster, with a real etcd, real `leveret serve` nodes, pika and
+Debian's rabbitmqadmin: any node shows every queue (with its node and its holder's counts, or
+`down`), every connection and channel, its own name from --node-name; /metrics stays per node
+with a `node` label."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.request import urlopen
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support.brokers import BrokerProcess
+from support.cluster import ClusterNode, make_node
+from support.cluster_api import api, connect, ok, wait_linked
+from support.etcd import EtcdServer
+
+RABBITMQADMIN = Path("/usr/lib/rabbitmq/lib/rabbitmq_server-3.10.8/plugins/"
+                     "rabbitmq_management-3.10.8/priv/www/cli/rabbitmqadmin")
+
+
+def start_nodes(tmp_path: Path, etcd_url: str, cluster: str, nodes: list[BrokerProcess],
+                names: tuple[str, ...]) -> list[ClusterNode]:
+    started = []
+    for name in names:
+        node = make_node(tmp_path, etcd_url, cluster, name, management=True)
+        nodes.append(node.start())
+        started.append(node)
+    wait_linked([n for n in nodes if isinstance(n, ClusterNode) and n.proc is not None
+                 and n.proc.poll() is None])
+    return started
+
+
+def fill(node: BrokerProcess, queue: str, count: int) -> None:
+    """Declare `queue` on `node` (which holds it) through the API and publish to it there."""
+    ok(node, "PUT", f"/api/queues/%2F/{queue}", {"durable": True})
+    for i in range(count):
+        assert ok(node, "POST", "/api/exchanges/%2F/amq.default/publish", {
+            "routing_key": queue, "payload": str(i), "payload_encoding": "string",
+            "properties": {"delivery_mode": 2}})["routed"] is True
+
+
+def test_any_node_lists_every_queue_with_its_node_and_counts(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    a, b = start_nodes(tmp_path, etcd.url, cluster, nodes, ("a", "b"))
+    fill(a, "on-a", 3)
+    fill(b, "on-b", 1)
+    for node in (a, b):
+        listed = {q["name"]: q for q in ok(node, "GET", "/api/queues")}
+        assert {name: (q["node"], q["state"], q["messages"], q["messages_ready"])
+                for name, q in listed.items()} == {"on-a": ("a", "running", 3, 3),
+                                                    "on-b": ("b", "running", 1, 1)}
+    one = ok(b, "GET", "/api/queues/%2F/on-a")
+    assert (one["node"], one["messages"], one["durable"]) == ("a", 3, True)
+    assert [q["name"] for q in ok(b, "GET", "/api/queues/%2F?columns=name,node")] == \
+        ["on-a", "on-b"]
+
+    a.kill()  # its durable queue's record stays; B shows it down, as RabbitMQ does
+    deadline = time.monotonic() + 15
+    while True:
+        down = {q["name"]: q for q in ok(b, "GET", "/api/queues")}["on-a"]
+        if down["state"] == "down" or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert (down["node"], down["state"]) == ("a", "down")
+    assert "messages" not in down
+    assert {q["name"]: q["messages"] for q in ok(b, "GET", "/api/queues")
+            if "messages" in q} == {"on-b": 1}
+    a.restart()
+    wait_linked([a, b])
+    assert ok(b, "GET", "/api/queues/%2F/on-a")["messages"] == 3  # durable: kept on A's disk
+
+
+def test_any_node_lists_every_connection_and_channel_with_its_node(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    a, b = start_nodes(tmp_path, etcd.url, cluster, nodes, ("a", "b"))
+    on_b = connect(b)
+    on_b.channel()
+    on_b.channel()
+    on_a = connect(a)
+    for node in (a, b):
+        connections = ok(node, "GET", "/api/connections")
+        assert sorted(c["node"] for c in connections) == ["a", "b"]
+        channels = ok(node, "GET", "/api/channels")
+        assert sorted(c["node"] for c in channels) == ["b", "b"]
+        assert ok(node, "GET", "/api/vhosts/%2F/connections") == connections
+    remote = next(c for c in ok(a, "GET", "/api/connections") if c["node"] == "b")
+    assert remote["user"] == "guest" and remote["channels"] == 2 and remote["vhost"] == "/"
+    name = remote["name"].replace(" ", "%20").replace(">", "%3E")
+    assert ok(a, "GET", f"/api/connections/{name}")["node"] == "b"
+    on_b.close()
+    assert [c["node"] for c in ok(a, "GET", "/api/connections")] == ["a"]
+    on_a.close()
+
+    # a user who may see only its own connections sees only those, on every node
+    ok(a, "PUT", "/api/users/mona", {"password": "pw", "tags": "management"})
+    ok(a, "PUT", "/api/permissions/%2F/mona", {"configure": ".*", "write": ".*", "read": ".*"})
+    mine = connect(b, "mona", "pw")
+    theirs = connect(b)
+    assert [c["user"] for c in ok(a, "GET", "/api/connections", user="mona", password="pw")] \
+        == ["mona"]
+    mine.close()
+    theirs.close()
+
+
+def test_overview_names_and_metrics_per_node(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    a, b = start_nodes(tmp_path, etcd.url, cluster, nodes, ("a", "b"))
+    fill(a, "held-on-a", 2)
+    overview = ok(b, "GET", "/api/overview")
+    assert (overview["cluster_name"], overview["node"]) == (cluster, "b")
+    assert {entry["node"] for entry in overview["listeners"]} == {"b"}
+    assert ok(b, "GET", "/api/vhosts/%2F")["cluster_state"] == {"a": "running", "b": "running"}
+    with urlopen(f"http://127.0.0.1:{a.management_port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    assert samples and all(s.labels.get("node") == "a" for s in samples)
+    queued = {s.labels["queue"]: s.value for s in samples
+              if s.name == "leveret_queue_messages"}
+    assert queued == {"held-on-a": 2}
+    with urlopen(f"http://127.0.0.1:{b.management_port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    on_b = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    assert all(s.labels.get("node") == "b" for s in on_b)
+    assert not [s for s in on_b if s.name == "leveret_queue_messages"]  # held by A: not B's
+
+
+def test_rabbitmqadmin_against_any_node(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    if not RABBITMQADMIN.exists():
+        pytest.skip("Debian's rabbitmq-server (and its rabbitmqadmin) is not installed")
+    a, b = start_nodes(tmp_path, etcd.url, cluster, nodes, ("a", "b"))
+
+    def run(node: ClusterNode, *args: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, str(RABBITMQADMIN), "-H", "127.0.0.1", "-P",
+             str(node.management_port), *args],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "HOME": "/nonexistent"})
+        assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
+        return proc.stdout
+
+    assert "queue declared" in run(a, "declare", "queue", "name=orders", "durable=true")
+    assert "Message published" in run(a, "publish", "routing_key=orders", "payload=hi")
+    assert "user declared" in run(b, "declare", "user", "name=ops", "password=pw",
+                                  "tags=administrator")
+    on_b = connect(b)
+    for node in (a, b):
+        assert run(node, "-f", "tsv", "-q", "list", "queues", "name", "node", "messages") \
+            .splitlines() == ["orders\ta\t1"]
+        assert run(node, "-f", "tsv", "-q", "list", "connections", "node", "user") \
+            .splitlines() == ["b\tguest"]
+        assert "ops" in run(node, "-f", "tsv", "-q", "list", "users", "name")
+    on_b.close()
+    assert api(b, "GET", "/api/users/ops")[0] == 200
