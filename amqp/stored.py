@@ -16,13 +16,23 @@ Record layout (all integers big-endian):
     ...  content header payload (header_len bytes)
     ...  body (the rest)
 
+A second record kind holds a message that arrived as AMQP 1.0 (over the stream protocol):
+
+    u8   0x80         the kind (a 0.9.1 record's first octet is 0 or 1)
+    ...  exchange shortstr, routing-key shortstr (what a 0.9.1 delivery names: "" and the
+         stream's name, as RabbitMQ delivers a stream-protocol message)
+    ...  the AMQP 1.0 message's sections, as they were sent
+
+Its 0.9.1 form for 0.9.1 consumers comes from the converter that the broker registers
+(`set_amqp10_converter`): this layer knows no AMQP 1.0.
+
 Pure functions; no I/O.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from leveret.amqp import constants as c
 from leveret.amqp.content import Message
@@ -36,6 +46,44 @@ _U16 = struct.Struct(">H")
 _TAG_BIT = struct.Struct(">QB")
 _END = c.FRAME_END_BYTE
 _OFFSET_KEY = b"\x0fx-stream-offset"
+
+
+AMQP10 = 0x80  # the first octet of a record that holds an AMQP 1.0 message
+
+
+def _no_converter(record: bytes | memoryview) -> bytes:
+    raise ValueError("no AMQP 1.0 converter is registered")
+
+
+_to_091: Callable[[bytes | memoryview], bytes] = _no_converter
+
+
+def set_amqp10_converter(convert: Callable[[bytes | memoryview], bytes]) -> None:
+    """Register how an AMQP 1.0 record becomes a 0.9.1 record (the broker's stream protocol
+    package does, at start-up)."""
+    global _to_091
+    _to_091 = convert
+
+
+def encode_amqp10_record(exchange: str, routing_key: str, message: bytes) -> bytes:
+    """The stored form of an AMQP 1.0 message (its sections, as sent)."""
+    return b"".join((b"\x80", _names(exchange, routing_key), message))
+
+
+def amqp10_parts(record: bytes | memoryview) -> tuple[str, str, bytes]:
+    """An AMQP 1.0 record's exchange, routing key and message."""
+    pos = 1
+    ex_len = record[pos]
+    exchange = bytes(record[pos + 1 : pos + 1 + ex_len]).decode("utf-8")
+    pos += 1 + ex_len
+    rk_len = record[pos]
+    routing_key = bytes(record[pos + 1 : pos + 1 + rk_len]).decode("utf-8")
+    pos += 1 + rk_len
+    return exchange, routing_key, bytes(record[pos:])
+
+
+def is_amqp10(record: bytes | memoryview) -> bool:
+    return record[0] == AMQP10
 
 
 def _insertion_point(header: bytes) -> tuple[bool, int]:
@@ -89,6 +137,8 @@ def encode_record(message: Message) -> bytes:
 
 def decode_record(record: bytes) -> Message:
     """Back to a Message (for basic.get-style reads, dead-lettering, inspection)."""
+    if record[0] == AMQP10:
+        record = _to_091(record)
     _flags, _insert_at, header_len = _PREFIX.unpack_from(record, 0)
     pos = 7
     ex_len = record[pos]
@@ -112,6 +162,8 @@ def deliver_frames(
 ) -> None:
     """Append to `out` the frames of one basic.deliver of a stored message, with the
     `x-stream-offset` header (a long) set to `offset`."""
+    if record[0] == AMQP10:
+        record = _to_091(record)
     flags, insert_at, header_len = _PREFIX.unpack_from(record, 0)
     names_end = 8 + record[7]
     names_end += 1 + record[names_end]
@@ -194,6 +246,8 @@ def deliver_batch(
     end = _END
     tag = first_tag
     for offset, record in zip(offsets, records, strict=True):
+        if record[0] == AMQP10:
+            record = _to_091(record)
         header_len = unpack_header_len(record, 3)[0]
         names_end = 8 + record[7]
         names_end += 1 + record[names_end]

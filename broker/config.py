@@ -50,6 +50,12 @@ class Config:
     tls_keyfile: Path | None = None
     tls_cacertfile: Path | None = None
     tls_verify_peer: bool = False
+    # RabbitMQ's stream protocol (docs/STREAM-PROTOCOL.md): 0 disables a listener; the TLS one
+    # opens only when tls_certfile and tls_keyfile are set
+    stream_port: int = 5552
+    stream_tls_port: int = 5551
+    stream_advertised_host: str = ""  # "" = the address the client connected to
+    stream_advertised_port: int = 0  # 0 = the port the client connected to
     vm_memory_high_watermark: float = 0.4
     disk_free_limit_bytes: int = 50_000_000
     # cluster mode (docs/CLUSTER.md): none of these matter unless `etcd` names an endpoint

@@ -44,6 +44,8 @@ from leveret.broker.metadata import RestoreError
 from leveret.broker.metastore import MetastoreError
 from leveret.broker.session import forwarding
 from leveret.broker.session.connection import Session
+from leveret.broker.streamproto import server as stream_listeners
+from leveret.broker.streamproto.server import StreamServer
 
 log = logs.get("leveret.server")
 
@@ -102,6 +104,7 @@ class Server:
         self.membership: Membership | None = None
         self.cluster_links: ClusterLinks | None = None
         self.etcd: EtcdClient | None = None
+        self.stream_server: StreamServer | None = None  # RabbitMQ's stream protocol
         # the address the AMQP listeners are bound to, set as they bind: the configured host,
         # or for the default `::` (both families) or `0.0.0.0` (no IPv6 on this host)
         self.host = config.host
@@ -198,6 +201,7 @@ class Server:
             self.listeners.append(tls)
             log.info("listening for amqps", host=self.host,
                      port=tls.sockets[0].getsockname()[1])
+        await stream_listeners.start(self)
         broker.alarms.start()
         if config.management_port:
             await self._start_management(broker)
@@ -279,6 +283,8 @@ class Server:
             listener.close()
         if self.management is not None:
             await self.management.stop()
+        if self.stream_server is not None:
+            await self.stream_server.stop()
         broker = self.broker
         if broker is not None:
             broker.commit_pending()

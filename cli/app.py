@@ -58,6 +58,25 @@ def serve_command(
             "--management-port", help="Management HTTP API port, 0 to disable [default: 15672]"
         ),
     ] = None,
+    stream_port: Annotated[
+        int | None,
+        typer.Option("--stream-port", help="Stream protocol port, 0 to disable [default: 5552]"),
+    ] = None,
+    stream_tls_port: Annotated[
+        int | None,
+        typer.Option("--stream-tls-port", help="Stream protocol TLS port, 0 to disable "
+                     "[default: 5551, opened when tls_certfile and tls_keyfile are set]"),
+    ] = None,
+    stream_advertised_host: Annotated[
+        str | None,
+        typer.Option("--stream-advertised-host", help="Host that stream clients are told to "
+                     "connect to [default: the address they connected to]"),
+    ] = None,
+    stream_advertised_port: Annotated[
+        int | None,
+        typer.Option("--stream-advertised-port", help="Port that stream clients are told to "
+                     "connect to [default: the port they connected to]"),
+    ] = None,
     definitions: Annotated[
         Path | None, typer.Option("--definitions", help="A definitions JSON file to load at boot")
     ] = None,
@@ -102,6 +121,10 @@ def serve_command(
                 "data_dir": data_dir,
                 "management_port": management_port,
                 "definitions": definitions,
+                "stream_port": stream_port,
+                "stream_tls_port": stream_tls_port,
+                "stream_advertised_host": stream_advertised_host,
+                "stream_advertised_port": stream_advertised_port,
                 "loop": loop,
                 "log_format": log_format,
                 "etcd": etcd,

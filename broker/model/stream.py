@@ -185,6 +185,34 @@ class StreamQueue(Queue):
         writer.schedule()
         return True
 
+    def publish_record(self, record: bytes, value: bytes | None, publisher: str | None,
+                       publishing_id: int, confirm: Confirm | None) -> bool:
+        """A message already in its stored form (the stream protocol's publish): deduplicated
+        by publisher name and publishing id through the same tracking as x-stream-publisher-name,
+        and False when it was a duplicate (it is still confirmed)."""
+        writer = self.writer
+        batch = writer.batch
+        if publisher is not None:
+            last = batch.publishers.get(publisher)
+            if last is None:
+                last = self.log.publisher_id(sargs.publisher_key(publisher))
+            if last is not None and publishing_id <= last:
+                self.stats_deduplicated += 1
+                if confirm is not None:
+                    writer.confirm_later(confirm)
+                writer.schedule()
+                return False
+            batch.publishers[publisher] = publishing_id
+        batch.records.append(record)
+        batch.filters.append(value)
+        if value is not None:
+            batch.any_filter = True
+        if confirm is not None:
+            writer.confirm_later(confirm)
+        self.stats_published += 1
+        writer.schedule()
+        return True
+
     def last_publishing_id(self, name: bytes) -> int:
         """The last stored publishing id of a publisher, 0 if unknown (as RabbitMQ answers)."""
         pending = self.writer.batch.publishers.get(sargs.publisher_header(name))
@@ -226,10 +254,11 @@ class StreamQueue(Queue):
 
     def add_consumer(self, consumer: Consumer) -> None:
         arguments = consumer.arguments
-        if "x-stream-offset" in arguments:
-            spec = sargs.parse_offset(
-                arguments["x-stream-offset"], self.vhost.scheduler.now_ms(), self.resource
-            )
+        given = arguments.get("x-stream-offset")
+        if isinstance(given, sargs.StartSpec):  # the stream protocol's subscribe
+            spec = given
+        elif given is not None:
+            spec = sargs.parse_offset(given, self.vhost.scheduler.now_ms(), self.resource)
         else:
             spec = sargs.StartSpec("next")
         cursor = Cursor(

@@ -31,6 +31,7 @@ class InProcessBroker:
 
     def __init__(self, data_dir: Path, **overrides: Any) -> None:
         overrides.setdefault("management_port", 0)
+        overrides.setdefault("stream_port", 0)  # a test that wants it asks for a free port
         overrides.setdefault("host", "127.0.0.1")
         self.config = Config(port=0, data_dir=data_dir, **overrides)
         self.loop = asyncio.new_event_loop()
@@ -135,6 +136,8 @@ class BrokerProcess:
             "--data-dir",
             str(self.data_dir),
             "--management-port",
+            "0",
+            "--stream-port",
             "0",
             *self.args,
         ]

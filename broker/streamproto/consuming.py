@@ -1,0 +1,252 @@
+"""The stream protocol's consuming: Subscribe, Credit, Deliver, Unsubscribe, StoreOffset and
+QueryOffset.
+
+A subscription is a model Consumer of the stream queue, so it shares the queue's readers,
+filters and single-active-consumer groups with AMQP 0.9.1 consumers. Credit counts chunks, not
+messages: the subscription is the consumer's sink, and it turns the queue's "deliver now"
+(`credit()`) into its own pump that reads whole chunks from the cursor's reader, one credit
+each, and writes each run of consecutive offsets as one Deliver (chunk.py). Records become
+AMQP 1.0 messages on the way out (amqp10.to_amqp10). Stored offsets are the log's tracking
+records, the same ones 0.9.1 offset tracking writes.
+Single-threaded, on the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from leveret.broker.model import stream_args as sargs
+from leveret.broker.model.consumer import Consumer
+from leveret.broker.model.errors import BrokerError
+from leveret.broker.model.stream import StreamQueue
+from leveret.broker.streamproto import amqp10, chunk
+from leveret.broker.streamproto import constants as k
+from leveret.broker.streamproto import frames as f
+from leveret.broker.streamproto.streams import stream_of
+from leveret.storage import StorageError
+
+if TYPE_CHECKING:
+    from leveret.broker.streamproto.session import StreamSession
+
+_KINDS = {k.OFFSET_FIRST: "first", k.OFFSET_LAST: "last", k.OFFSET_NEXT: "next"}
+MAX_CHUNKS_PER_TURN = 64
+
+
+class Subscription:
+    """One Subscribe of a connection: the model consumer's sink."""
+
+    def __init__(self, session: StreamSession, sid: int, queue: StreamQueue, credit: int,
+                 properties: dict[str, str]) -> None:
+        self.session = session
+        self.id = sid
+        self.queue = queue
+        self.stream = queue.name
+        self.credit_left = credit
+        self.properties = properties
+        self.consumer: Consumer | None = None
+        self.scheduled = False
+        self.closed = False
+        self.delivered = 0
+
+    # -- the ConsumerSink interface -----------------------------------------------------------
+
+    def can_send(self, consumer: Consumer) -> bool:
+        return False
+
+    def send(self, consumer: Consumer, entry: Any, queue: Any) -> None:
+        raise AssertionError("stream subscriptions take records only")
+
+    def credit(self, consumer: Consumer) -> int:
+        """The queue has something for this consumer: deliver it on this subscription's own
+        terms (whole chunks) at the end of the turn."""
+        self.resume()
+        return 0
+
+    def send_records(self, consumer: Consumer, offsets: Sequence[int],
+                     records: Sequence[bytes]) -> None:
+        raise AssertionError("stream subscriptions read their chunks themselves")
+
+    def server_cancel(self, consumer: Consumer) -> None:
+        """The stream went away (deleted, or its reader failed)."""
+        self.session.subscriptions.pop(self.id, None)
+        self.closed = True
+        self.session.send(metadata_update(self.stream, k.STREAM_NOT_AVAILABLE))
+
+    # -- delivery -----------------------------------------------------------------------------
+
+    def resume(self) -> None:
+        if not self.scheduled and not self.closed:
+            self.scheduled = True
+            self.session.loop.call_soon(self.pump)
+
+    def pump(self) -> None:
+        self.scheduled = False
+        consumer = self.consumer
+        if self.closed or consumer is None:
+            return
+        cursor = consumer.state
+        s = self.session
+        sent = 0
+        while (self.credit_left > 0 and s.writable and cursor is not None and cursor.active
+               and cursor.reader is not None):
+            if sent >= MAX_CHUNKS_PER_TURN:  # let other connections have the loop too
+                self.resume()
+                break
+            try:
+                view = cursor.reader.read()
+            except StorageError:
+                self.queue.remove_consumer(consumer)
+                self.server_cancel(consumer)
+                break
+            if view is None:
+                break
+            records = view.records
+            if not records:
+                continue
+            self.credit_left -= 1
+            sent += 1
+            convert = amqp10.to_amqp10
+            for first, start, end in chunk.runs(view.first_offset, view.offsets, len(records)):
+                s.send(chunk.deliver(self.id, first, view.timestamp_ms,
+                                     [convert(r) for r in records[start:end]],
+                                     version=s.deliver_version,
+                                     committed=self.queue.log.committed_offset))
+                cursor.delivered = first + (end - start) - 1
+                self.delivered += end - start
+        s.flush()
+
+    def cancel(self) -> None:
+        self.closed = True
+        if self.consumer is not None and not self.queue.deleted:
+            self.queue.remove_consumer(self.consumer)
+
+
+def metadata_update(stream: str, code: int) -> bytes:
+    return f.frame(k.METADATA_UPDATE, 1, f.u16(code) + f.enc_string(stream))
+
+
+def subscribe(s: StreamSession, d: f.Decoder, _version: int) -> None:
+    corr = d.u32()
+    sid = d.u8()
+    name = d.string()
+    kind = d.u16()
+    value = 0
+    if kind == k.OFFSET_OFFSET:
+        value = d.u64()
+    elif kind == k.OFFSET_TIMESTAMP:
+        value = d.i64()
+    credit = d.u16()
+    properties = d.map() if d.remaining() else {}
+    d.done()
+    s.send(f.response(k.SUBSCRIBE, corr, _subscribe(s, sid, name, kind, value, credit,
+                                                    properties)))
+    sub = s.subscriptions.get(sid)
+    if sub is not None and sub.consumer is not None and sub.consumer.state.active:
+        sub.resume()
+
+
+def consumer_arguments(kind: int, value: int, properties: dict[str, str]) -> dict[str, Any]:
+    if kind in _KINDS:
+        spec = sargs.StartSpec(_KINDS[kind])
+    elif kind == k.OFFSET_OFFSET:
+        spec = sargs.StartSpec("offset", value)
+    else:
+        spec = sargs.StartSpec("timestamp", value)
+    arguments: dict[str, Any] = {"x-stream-offset": spec,
+                                 "x-stream-automatic-offset-tracking": False}
+    filters = [v for key, v in sorted(properties.items()) if key.startswith("filter.")]
+    if filters:
+        arguments["x-stream-filter"] = filters
+        arguments["x-stream-match-unfiltered"] = properties.get("match-unfiltered") == "true"
+    if properties.get("single-active-consumer") == "true":
+        arguments["x-single-active-consumer"] = True
+    return arguments
+
+
+def _subscribe(s: StreamSession, sid: int, name: str, kind: int, value: int, credit: int,
+               properties: dict[str, str]) -> int:
+    if sid in s.subscriptions:
+        return k.SUBSCRIPTION_ID_ALREADY_EXISTS
+    if not s.allowed("read", name):
+        return k.ACCESS_REFUSED
+    queue = stream_of(s, name)
+    if queue is None:
+        return k.STREAM_DOES_NOT_EXIST
+    if kind not in (*_KINDS, k.OFFSET_OFFSET, k.OFFSET_TIMESTAMP):
+        return k.PRECONDITION_FAILED
+    sac = properties.get("single-active-consumer") == "true"
+    reference = properties.get("name")
+    if sac and not reference:
+        return k.PRECONDITION_FAILED
+    sub = Subscription(s, sid, queue, credit, properties)
+    tag = reference if sac and reference else f"stream.{s.id}.{sid}"
+    consumer = Consumer(tag, queue, sub, prefetch=0,
+                        arguments=consumer_arguments(kind, value, properties))
+    sub.consumer = consumer
+    s.subscriptions[sid] = sub
+    try:
+        queue.add_consumer(consumer)
+    except (BrokerError, StorageError):
+        s.subscriptions.pop(sid, None)
+        return k.INTERNAL_ERROR
+    return k.OK
+
+
+def credit(s: StreamSession, d: f.Decoder, _version: int) -> None:
+    sid = d.u8()
+    amount = d.u16()
+    d.done()
+    sub = s.subscriptions.get(sid)
+    if sub is None:  # only this error is answered (Credit has no correlation id)
+        s.send(f.frame(k.CREDIT | k.RESPONSE, 1,
+                       f.u16(k.SUBSCRIPTION_ID_DOES_NOT_EXIST) + f.u8(sid)))
+        return
+    sub.credit_left += amount
+    sub.resume()
+
+
+def unsubscribe(s: StreamSession, d: f.Decoder, _version: int) -> None:
+    corr = d.u32()
+    sid = d.u8()
+    d.done()
+    sub = s.subscriptions.pop(sid, None)
+    if sub is None:
+        s.send(f.response(k.UNSUBSCRIBE, corr, k.SUBSCRIPTION_ID_DOES_NOT_EXIST))
+        return
+    sub.cancel()
+    s.send(f.response(k.UNSUBSCRIBE, corr, k.OK))
+
+
+def store_offset(s: StreamSession, d: f.Decoder, _version: int) -> None:
+    reference = d.string()
+    name = d.string()
+    offset = d.u64()
+    d.done()
+    queue = stream_of(s, name)
+    ref = reference.encode("utf-8")
+    if queue is None or not ref or len(ref) > 255 or not s.allowed("read", name):
+        return  # no response, as RabbitMQ: errors are only logged
+    try:
+        queue.log.store_offsets({ref: offset})
+    except StorageError:
+        pass
+
+
+def query_offset(s: StreamSession, d: f.Decoder, _version: int) -> None:
+    corr = d.u32()
+    reference = d.string()
+    name = d.string()
+    d.done()
+    queue = stream_of(s, name)
+    if queue is None:
+        s.send(f.response(k.QUERY_OFFSET, corr, k.STREAM_DOES_NOT_EXIST, f.u64(0)))
+        return
+    if not s.allowed("read", name):
+        s.send(f.response(k.QUERY_OFFSET, corr, k.ACCESS_REFUSED, f.u64(0)))
+        return
+    stored = queue.stored_offset(reference.encode("utf-8")) if reference else None
+    if stored is None or stored < 0:
+        s.send(f.response(k.QUERY_OFFSET, corr, k.NO_OFFSET, f.u64(0)))
+        return
+    s.send(f.response(k.QUERY_OFFSET, corr, k.OK, f.u64(stored)))

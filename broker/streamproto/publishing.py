@@ -1,0 +1,165 @@
+"""The stream protocol's publishing: DeclarePublisher, Publish (v1, and v2 with a filter
+value), PublishConfirm and PublishError, QueryPublisherSequence and DeletePublisher.
+
+Each published message is stored as an AMQP 1.0 record (amqp.stored's second record kind)
+through the stream's writer, so it shares the chunk, the commit point and the confirms of
+AMQP 0.9.1 publishes. A publisher with a reference is deduplicated by its publishing ids
+through the same tracking records as 0.9.1's x-stream-publisher-name. Confirms of one turn go
+out as one PublishConfirm per publisher.
+Must not know: AMQP 1.0's sections (records are stored as sent). Single-threaded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from leveret.amqp.stored import encode_amqp10_record
+from leveret.broker.model.message import Confirm
+from leveret.broker.model.stream import StreamQueue
+from leveret.broker.streamproto import compression
+from leveret.broker.streamproto import constants as k
+from leveret.broker.streamproto import frames as f
+from leveret.broker.streamproto.streams import stream_of
+
+if TYPE_CHECKING:
+    from leveret.broker.streamproto.session import StreamSession
+
+
+class Publisher:
+    """One declared publisher of a connection."""
+
+    __slots__ = ("acks", "errors", "id", "queue", "reference", "session", "stream")
+
+    def __init__(self, session: StreamSession, pid: int, reference: str | None,
+                 queue: StreamQueue) -> None:
+        self.session = session
+        self.id = pid
+        self.reference = reference
+        self.queue = queue
+        self.stream = queue.name
+        self.acks: list[int] = []
+        self.errors: list[int] = []
+
+    def settled(self, confirm: Confirm) -> None:
+        first = not self.acks and not self.errors
+        (self.errors if confirm.rejected else self.acks).append(confirm.seq)
+        if first:
+            self.session.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        s = self.session
+        if self.acks:
+            ids, self.acks = self.acks, []
+            s.send(f.frame(k.PUBLISH_CONFIRM, 1, f.u8(self.id) + f.i32(len(ids))
+                           + b"".join(f.u64(i) for i in ids)))
+        if self.errors:
+            ids, self.errors = self.errors, []
+            s.send(publish_error(self.id, ids, k.INTERNAL_ERROR))
+        s.flush()
+
+
+def publish_error(pid: int, ids: list[int], code: int) -> bytes:
+    return f.frame(k.PUBLISH_ERROR, 1, f.u8(pid) + f.i32(len(ids))
+                   + b"".join(f.u64(i) + f.u16(code) for i in ids))
+
+
+def declare_publisher(s: StreamSession, d: f.Decoder, _version: int) -> None:
+    corr = d.u32()
+    pid = d.u8()
+    reference = d.string()
+    name = d.string()
+    d.done()
+    s.send(f.response(k.DECLARE_PUBLISHER, corr, _declare(s, pid, reference, name)))
+
+
+def _declare(s: StreamSession, pid: int, reference: str, name: str) -> int:
+    if len(reference.encode("utf-8")) > 255:
+        return k.PRECONDITION_FAILED
+    if not s.allowed("write", name):
+        return k.ACCESS_REFUSED
+    queue = stream_of(s, name)
+    if queue is None:
+        return k.STREAM_DOES_NOT_EXIST
+    if pid in s.publishers:
+        return k.PRECONDITION_FAILED
+    if reference and any(p.reference == reference and p.stream == name
+                         for p in s.publishers.values()):
+        return k.PRECONDITION_FAILED
+    s.publishers[pid] = Publisher(s, pid, reference or None, queue)
+    return k.OK
+
+
+def delete_publisher(s: StreamSession, d: f.Decoder, _version: int) -> None:
+    corr = d.u32()
+    pid = d.u8()
+    d.done()
+    if s.publishers.pop(pid, None) is None:
+        s.send(f.response(k.DELETE_PUBLISHER, corr, k.PUBLISHER_DOES_NOT_EXIST))
+    else:
+        s.send(f.response(k.DELETE_PUBLISHER, corr, k.OK))
+
+
+def query_publisher_sequence(s: StreamSession, d: f.Decoder, _version: int) -> None:
+    corr = d.u32()
+    reference = d.string()
+    name = d.string()
+    d.done()
+    queue = stream_of(s, name)
+    if queue is None:
+        s.send(f.response(k.QUERY_PUBLISHER_SEQUENCE, corr, k.STREAM_DOES_NOT_EXIST, f.u64(0)))
+        return
+    if not s.allowed("read", name) and not s.allowed("write", name):
+        s.send(f.response(k.QUERY_PUBLISHER_SEQUENCE, corr, k.ACCESS_REFUSED, f.u64(0)))
+        return
+    last = queue.last_publishing_id(reference.encode("utf-8")) if reference else 0
+    s.send(f.response(k.QUERY_PUBLISHER_SEQUENCE, corr, k.OK, f.u64(max(0, last))))
+
+
+def _entries(d: f.Decoder, version: int) -> list[tuple[int, bytes | None, list[bytes]]]:
+    """(publishing id, filter value, messages) of each entry of a Publish; a sub-entry batch
+    is decompressed here, so that a bad one fails the frame before anything is stored."""
+    entries = []
+    for _ in range(d.count()):
+        publishing_id = d.u64()
+        value = d.string().encode("utf-8") if version >= 2 else b""
+        first = d.u8()
+        if first & 0x80:  # a sub-entry batch: 1:1 compression:3 reserved:4 count uncompressed
+            codec = (first >> 4) & 0x7
+            n = d.u16()
+            uncompressed = d.u32()
+            try:
+                messages = compression.unpack(codec, n, uncompressed, d.bytes_())
+            except ValueError as exc:
+                raise f.FrameError(str(exc)) from None
+        else:
+            d.pos -= 1
+            messages = [d.raw(d.u32())]
+        entries.append((publishing_id, value or None, messages))
+    d.done()
+    return entries
+
+
+def publish(s: StreamSession, d: f.Decoder, version: int) -> None:
+    pid = d.u8()
+    entries = _entries(d, version)
+    publisher = s.publishers.get(pid)
+    if publisher is None or publisher.queue.deleted:
+        s.send(publish_error(pid, [e[0] for e in entries], k.PUBLISHER_DOES_NOT_EXIST))
+        return
+    queue = publisher.queue
+    name = queue.name
+    reference = publisher.reference
+    settled = publisher.settled
+    for publishing_id, value, messages in entries:
+        confirm = Confirm(publishing_id, settled)
+        last = len(messages) - 1
+        for i, message in enumerate(messages):
+            # the batch's publishing id deduplicates it at its first message
+            fresh = queue.publish_record(
+                encode_amqp10_record("", name, message), value,
+                reference if i == 0 else None, publishing_id, confirm if i == last else None)
+            if not fresh:  # a duplicate: confirmed all the same, the rest of the batch too
+                if i != last:
+                    queue.writer.confirm_later(confirm)
+                break
+        confirm.seal()

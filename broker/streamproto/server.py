@@ -1,0 +1,194 @@
+"""The stream protocol's listeners (plain on stream_port, TLS on stream_tls_port), the command
+table, and the registry of stream connections.
+
+`start(server)` is the one call the broker's Server makes: it binds the listeners next to the
+AMQP ones (their sockets join `server.listeners`, so they stop accepting with them) and stops
+the connections before the broker closes its queues. The advertised host and port are what
+Open and Metadata announce (settings stream_advertised_host and stream_advertised_port; by
+default the host the client connected to and the port it used).
+Must not know: AMQP 0.9.1. Single-threaded, on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from leveret.broker import listen, logs
+from leveret.broker.streamproto import (
+    amqp10,  # noqa: F401 - registers the record converter
+    consuming,
+    handshake,
+    publishing,
+    streams,
+)
+from leveret.broker.streamproto import constants as k
+from leveret.broker.streamproto.session import StreamSession
+
+if TYPE_CHECKING:
+    from leveret.broker.broker import Broker
+    from leveret.broker.streamproto import frames
+
+log = logs.get("leveret.stream_server")
+DEFAULT_PORT = 5552
+DEFAULT_TLS_PORT = 5551
+Handler = Callable[[StreamSession, "frames.Decoder", int], None]
+
+HANDLERS: dict[int, Handler] = {
+    k.PEER_PROPERTIES: handshake.peer_properties,
+    k.SASL_HANDSHAKE: handshake.sasl_handshake,
+    k.SASL_AUTHENTICATE: handshake.sasl_authenticate,
+    k.TUNE: handshake.tune,
+    k.OPEN: handshake.open_,
+    k.CLOSE: handshake.close,
+    k.HEARTBEAT: handshake.heartbeat,
+    k.EXCHANGE_COMMAND_VERSIONS: handshake.exchange_command_versions,
+    k.DECLARE_PUBLISHER: publishing.declare_publisher,
+    k.PUBLISH: publishing.publish,
+    k.QUERY_PUBLISHER_SEQUENCE: publishing.query_publisher_sequence,
+    k.DELETE_PUBLISHER: publishing.delete_publisher,
+    k.SUBSCRIBE: consuming.subscribe,
+    k.CREDIT: consuming.credit,
+    k.UNSUBSCRIBE: consuming.unsubscribe,
+    k.STORE_OFFSET: consuming.store_offset,
+    k.QUERY_OFFSET: consuming.query_offset,
+    k.CREATE: streams.create,
+    k.DELETE: streams.delete,
+    k.METADATA: streams.metadata,
+    k.ROUTE: streams.route,
+    k.PARTITIONS: streams.partitions,
+    k.STREAM_STATS: streams.stream_stats,
+    k.CREATE_SUPER_STREAM: streams.create_super_stream,
+    k.DELETE_SUPER_STREAM: streams.delete_super_stream,
+}
+PRE_OPEN = frozenset({k.PEER_PROPERTIES, k.SASL_HANDSHAKE, k.SASL_AUTHENTICATE, k.TUNE,
+                      k.OPEN, k.CLOSE, k.HEARTBEAT})
+
+
+@dataclass(frozen=True)
+class Settings:
+    frame_max: int = k.DEFAULT_FRAME_MAX
+    heartbeat_s: int = k.DEFAULT_HEARTBEAT_S
+    advertised_host: str = ""
+    advertised_port: int = 0
+
+
+class StreamServer:
+    """The stream listeners of one broker, and their connections."""
+
+    def __init__(self, broker: Broker, settings: Settings) -> None:
+        self.broker = broker
+        self.settings = settings
+        self.handlers = HANDLERS
+        self.pre_open = PRE_OPEN
+        self.sessions: set[StreamSession] = set()
+        self.listeners: list[asyncio.Server] = []
+        self.port = 0  # as bound (0: no plain listener)
+        self.tls_port = 0
+
+    def advertised(self, session: StreamSession) -> tuple[str, int]:
+        host = self.settings.advertised_host
+        port = self.settings.advertised_port
+        if not host or not port:
+            sock = session.transport.get_extra_info("sockname") if session.transport else None
+            if not host:
+                host = listen.unmapped(sock[0]) if sock else "localhost"
+            if not port:
+                port = sock[1] if sock else 0
+        return host, port
+
+    def forget(self, session: StreamSession) -> None:
+        session._release()
+        self.sessions.discard(session)
+
+    def stream_deleted(self, vhost: str, name: str) -> None:
+        """Another connection's publishers and subscribers of a deleted stream learn it as
+        RabbitMQ tells them: a MetadataUpdate with STREAM_NOT_AVAILABLE."""
+        for session in list(self.sessions):
+            if session.vhost is None or session.vhost.name != vhost:
+                continue
+            gone = [pid for pid, p in session.publishers.items() if p.stream == name]
+            for pid in gone:
+                del session.publishers[pid]
+            if gone:
+                session.send(consuming.metadata_update(name, k.STREAM_NOT_AVAILABLE))
+
+    async def listen(self, host: str, port: int, context: ssl.SSLContext | None) -> int:
+        loop = asyncio.get_running_loop()
+        tls = context is not None
+        sock = listen.socket_for(host, port)
+        if sock is None:
+            listener = await loop.create_server(lambda: StreamSession(self, tls), host, port,
+                                                reuse_address=True, backlog=1024, ssl=context)
+        else:
+            listener = await loop.create_server(lambda: StreamSession(self, tls), sock=sock,
+                                                backlog=1024, ssl=context)
+        self.listeners.append(listener)
+        bound: int = listener.sockets[0].getsockname()[1]
+        log.info("listening for the stream protocol", host=host, port=bound, tls=tls)
+        return bound
+
+    async def stop(self) -> None:
+        for listener in self.listeners:
+            listener.close()
+        for session in list(self.sessions):
+            session.force_close()
+        for _ in range(50):
+            if not self.sessions:
+                break
+            await asyncio.sleep(0.02)
+        for session in list(self.sessions):
+            if session.transport is not None:
+                session.transport.abort()
+
+
+def _tls_context(server: Any) -> ssl.SSLContext | None:
+    config = server.config
+    if not config.stream_tls_port or config.tls_certfile is None or config.tls_keyfile is None:
+        return None
+    from leveret.broker.server import tls_context  # the amqps listener's context, shared
+
+    context: ssl.SSLContext = tls_context(config)
+    return context
+
+
+async def start(server: Any) -> StreamServer | None:
+    """Bind the stream listeners of a starting Server (its broker is up). A listener on its
+    default port that is taken (another broker on this machine) is skipped with a warning; a
+    port that was chosen and is taken stops the start, in one line."""
+    config = server.config
+    context = _tls_context(server)
+    wanted: list[tuple[int, ssl.SSLContext | None, str, int]] = [
+        (config.stream_port, None, "--stream-port", DEFAULT_PORT)]
+    if context is not None:
+        wanted.append((config.stream_tls_port, context, "--stream-tls-port", DEFAULT_TLS_PORT))
+    wanted = [w for w in wanted if w[0]]
+    if not wanted:
+        return None
+    settings = Settings(advertised_host=config.stream_advertised_host,
+                        advertised_port=config.stream_advertised_port)
+    streams_server = StreamServer(server.broker, settings)
+    host = server.host
+    for port, tls, flag, default in wanted:
+        try:
+            bound = await streams_server.listen(host, port, tls)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE and port == default:
+                log.warning("stream protocol port in use; not listening on it", port=port,
+                            setting=flag)
+                continue
+            await streams_server.stop()
+            from leveret.broker.server import ServerError, listen_error
+
+            server.broker.close()
+            raise ServerError(listen_error(exc, host, port, flag)) from None
+        if tls is None:
+            streams_server.port = bound
+        else:
+            streams_server.tls_port = bound
+    server.stream_server = streams_server
+    return streams_server

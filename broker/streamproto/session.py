@@ -1,0 +1,295 @@
+"""One stream-protocol connection: the asyncio protocol, its handshake, dispatch and closing.
+
+StreamSession reads frames (frames.FrameBuffer), walks the handshake (PeerProperties,
+SaslHandshake, SaslAuthenticate, Tune, Open) with users, vhosts and permissions exactly as the
+AMQP session checks them, then hands every command to its handler in `commands.py`, and writes
+what they answer in one socket write per loop turn. Errors are answered as RabbitMQ's stream
+reader answers them: before Open the socket is closed; after it, a frame too large or an
+unknown command or version gets a Close (code 14 or 13) and nothing after it is read.
+
+The only broad `except` of a stream connection sits in `data_received`: an unexpected error
+closes this connection; the broker and other connections carry on.
+Must not know: AMQP 0.9.1 framing. Single-threaded, on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import itertools
+import struct
+import time
+from typing import TYPE_CHECKING, Any, cast
+
+from leveret.amqp import auth as wire_auth
+from leveret.broker import listen, logs
+from leveret.broker.model.errors import AccessRefused
+from leveret.broker.streamproto import constants as k
+from leveret.broker.streamproto import frames as f
+
+if TYPE_CHECKING:
+    from leveret.broker.auth import Permission, User
+    from leveret.broker.broker import Broker
+    from leveret.broker.streamproto.consuming import Subscription
+    from leveret.broker.streamproto.publishing import Publisher
+    from leveret.broker.streamproto.server import StreamServer
+
+log = logs.get("leveret.stream_connection")
+_ids = itertools.count(1)
+_KEY = struct.Struct(">HH")
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+CLOSE_TIMEOUT_S = 3.0
+
+
+class StreamSession(asyncio.Protocol):
+    """One client of the stream protocol."""
+
+    def __init__(self, server: StreamServer, tls: bool = False) -> None:
+        self.server = server
+        self.broker: Broker = server.broker
+        self.id = next(_ids)
+        self.tls = tls
+        self.buffer = f.FrameBuffer(k.INITIAL_FRAME_MAX)
+        self.transport: asyncio.Transport | None = None
+        self.peer: tuple[str, int] = ("", 0)
+        self.step = "peer_properties"  # sasl, tune, open, opened, close_sent, closed
+        self.client_properties: dict[str, str] = {}
+        self.user: User | None = None
+        self.username = ""
+        self.vhost: Any = None
+        self.permission: Permission | None = None
+        self.frame_max = k.DEFAULT_FRAME_MAX
+        self.heartbeat = k.DEFAULT_HEARTBEAT_S
+        self.publishers: dict[int, Publisher] = {}
+        self.subscriptions: dict[int, Subscription] = {}
+        self.deliver_version = 1
+        self.correlation = itertools.count(1)
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._timers: list[asyncio.TimerHandle] = []
+        self.last_received = self.last_sent = time.monotonic()
+        self.closed = False
+        self.writable = True
+        self.loop = asyncio.get_event_loop()
+        self.handlers = server.handlers
+
+    @property
+    def name(self) -> str:
+        return f"{self.peer[0]}:{self.peer[1]} (stream)"
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        self.transport = transport = cast(asyncio.Transport, base)
+        peer = transport.get_extra_info("peername")
+        self.peer = (listen.unmapped(peer[0]), peer[1]) if peer else ("", 0)
+        self.server.sessions.add(self)
+        self._timers.append(self.loop.call_later(
+            self.broker.config.handshake_timeout_s, self._handshake_timeout))
+
+    def data_received(self, data: bytes) -> None:
+        self.last_received = time.monotonic()
+        if self.step in ("closed", "failure"):
+            return
+        try:
+            for raw in self.buffer.feed(data):
+                if self.step in ("closed", "failure"):
+                    return
+                self._frame(raw)
+        except f.FrameTooLarge as exc:
+            log.warning("stream frame too large", connection=self.name, size=exc.size,
+                        frame_max=exc.frame_max)
+            self.fail_or_close(k.FRAME_TOO_LARGE, "frame too large")
+        except Exception:
+            log.exception("stream connection crashed", connection=self.name)
+            self.fail_or_close(k.INTERNAL_ERROR, "internal error")
+        self.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.step = "closed"
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+        self.server.forget(self)
+        if self.user is not None and self.vhost is not None:
+            log.info("stream connection closed", connection=self.name, user=self.username)
+
+    def pause_writing(self) -> None:
+        self.writable = False
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        for sub in list(self.subscriptions.values()):
+            sub.resume()
+
+    # -- output -------------------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._out:
+            return
+        out, self._out = self._out, []
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(out))
+            self.last_sent = time.monotonic()
+
+    # -- frames -------------------------------------------------------------------------------
+
+    def _frame(self, raw: bytes) -> None:
+        if len(raw) < 4:
+            self.fail_or_close(k.UNKNOWN_FRAME, "unknown frame")
+            return
+        key, version = _KEY.unpack_from(raw, 0)
+        decoder = f.Decoder(raw, 4)
+        if self.step == "close_sent":
+            if key == k.CLOSE | k.RESPONSE:
+                self.abort()
+            return
+        handler = self.handlers.get(key)
+        if handler is None or not self._version_ok(key, version):
+            self.fail_or_close(k.UNKNOWN_FRAME, "unknown frame")
+            return
+        if self.step != "opened" and key not in self.server.pre_open:
+            self.fail_or_close(k.UNKNOWN_FRAME, "unknown frame")
+            return
+        try:
+            handler(self, decoder, version)
+        except f.FrameError:
+            self.fail_or_close(k.UNKNOWN_FRAME, "unknown frame")
+
+    def _version_ok(self, key: int, version: int) -> bool:
+        if key & k.RESPONSE:
+            return True
+        span = k.VERSIONS.get(key)
+        return span is not None and span[0] <= version <= span[1]
+
+    def fail_or_close(self, code: int, text: str) -> None:
+        """RabbitMQ's answer to bad input: before Open the socket just closes; after it, a
+        Close request goes out and nothing more is read."""
+        if self.step != "opened":
+            self.step = "failure"
+            self.abort()
+            return
+        self.close(code, text)
+
+    def close(self, code: int, text: str) -> None:
+        """The server closes the connection (Close request, then wait for the answer)."""
+        if self.step in ("close_sent", "closed"):
+            return
+        self.send(f.request(k.CLOSE, next(self.correlation), f.u16(code) + f.enc_string(text)))
+        self.step = "close_sent"
+        self._release()
+        self._timers.append(self.loop.call_later(CLOSE_TIMEOUT_S, self.abort))
+        self.flush()
+
+    def abort(self) -> None:
+        self.flush()
+        self._release()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def _release(self) -> None:
+        """Consumers and publishers go with the connection."""
+        for sub in list(self.subscriptions.values()):
+            sub.cancel()
+        self.subscriptions.clear()
+        self.publishers.clear()
+
+    def force_close(self) -> None:
+        """Broker shutdown."""
+        if self.step == "opened":
+            self.close(k.OK, "broker shutdown")  # RabbitMQ's shutdown close
+        else:
+            self.abort()
+
+    # -- handshake helpers --------------------------------------------------------------------
+
+    def authenticate(self, mechanism: str, opaque: bytes) -> int:
+        """SASL PLAIN (or AMQPLAIN): the response code, and self.user set on success."""
+        try:
+            username, password = wire_auth.parse_response(mechanism, opaque)
+        except wire_auth.BadCredentials:
+            return k.SASL_ERROR
+        self.username = username
+        user = self.broker.users.authenticate(username, password)
+        if user is None:
+            self.broker.login_failed()
+            log.warning("stream login refused", connection=self.name, user=username)
+            return k.AUTHENTICATION_FAILURE
+        if username in self.broker.config.loopback_users and not self.loopback():
+            log.warning("stream login refused: user can only connect via localhost",
+                        connection=self.name, user=username)
+            return k.SASL_AUTHENTICATION_FAILURE_LOOPBACK
+        self.user = user
+        return k.OK
+
+    def open_vhost(self, name: str) -> int:
+        assert self.user is not None
+        vhost = self.broker.vhosts.get(name)
+        permission = self.user.permissions.get(name)
+        if vhost is None or permission is None:
+            log.warning("stream vhost access refused", connection=self.name, vhost=name,
+                        user=self.username)
+            return k.VIRTUAL_HOST_ACCESS_FAILURE
+        self.vhost = vhost
+        self.permission = permission
+        self.step = "opened"
+        self.buffer.frame_max = self.frame_max
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+        if self.heartbeat:
+            self._timers.append(self.loop.call_later(self.heartbeat, self._heartbeat_tick))
+        log.info("stream connection opened", connection=self.name, user=self.username,
+                 vhost=name)
+        return k.OK
+
+    def check_permission(self, kind: str, resource_kind: str, name: str) -> None:
+        assert self.permission is not None
+        if not self.permission.allows(kind, name):
+            raise AccessRefused(
+                f"access to {resource_kind} '{name}' in vhost '{self.vhost.name}' refused for "
+                f"user '{self.username}'")
+
+    def allowed(self, kind: str, name: str) -> bool:
+        return self.permission is not None and self.permission.allows(kind, name)
+
+    def loopback(self) -> bool:
+        host = self.peer[0]
+        if host in LOOPBACK:
+            return True
+        try:
+            address = ipaddress.ip_address(host.split("%", 1)[0])
+        except ValueError:
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            return address.ipv4_mapped.is_loopback
+        return address.is_loopback
+
+    # -- timers -------------------------------------------------------------------------------
+
+    def _handshake_timeout(self) -> None:
+        if self.step != "opened":
+            log.info("stream handshake timeout", connection=self.name)
+            self.abort()
+
+    def _heartbeat_tick(self) -> None:
+        now = time.monotonic()
+        interval = self.heartbeat
+        if now - self.last_received > 2 * interval:
+            log.warning("missed heartbeats from stream client", connection=self.name)
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        if now - self.last_sent >= interval / 2:
+            self.send(f.frame(k.HEARTBEAT, 1, b""))
+        self._timers.append(self.loop.call_later(interval / 2, self._heartbeat_tick))

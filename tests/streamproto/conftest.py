@@ -1,0 +1,50 @@
+"""Fixtures for the stream-protocol tests: a real `leveret serve` with its stream listener on a
+free port (one per module: starting brokers is slow on a shared machine), and a raw client."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from support.brokers import BrokerProcess
+from support.ports import free_port, wait_for_port
+
+from .raw import RawStream
+
+
+@dataclass
+class StreamBroker:
+    process: BrokerProcess
+    stream_port: int
+
+    @property
+    def amqp_port(self) -> int:
+        return self.process.port
+
+    def raw(self, open_: bool = True) -> RawStream:
+        client = RawStream(self.stream_port)
+        if open_:
+            client.handshake()
+        return client
+
+
+def start_stream_broker(data_dir: Path, *args: str) -> StreamBroker:
+    port = free_port()
+    process = BrokerProcess(data_dir, args=["--stream-port", str(port), *args]).start()
+    wait_for_port(port, 30)
+    return StreamBroker(process, port)
+
+
+@pytest.fixture(scope="module")
+def lev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StreamBroker]:
+    broker = start_stream_broker(tmp_path_factory.mktemp("lev") / "data")
+    yield broker
+    broker.process.kill()
+
+
+@pytest.fixture
+def name() -> str:
+    return f"s-{uuid.uuid4().hex[:10]}"
