@@ -1,8 +1,10 @@
 """`leveret cluster-status`: the nodes etcd knows, like `rabbitmqctl cluster_status`.
 
 Presentation only: parse the flags, read the membership keys through `broker.cluster.membership`,
-render a rich table or JSON, and turn every operator mistake (etcd unreachable, a bad URL) into
-one clear line and exit code 1. Runs its own short-lived event loop.
+render a rich table (with the alarms under it) or JSON (rabbitmqctl's keys: running and disk
+nodes, versions, alarms, listeners, partitions, maintenance status, plus Leveret's `nodes`
+rows), and turn every operator mistake (etcd unreachable or silent, a bad URL, no URL) into one
+clear line and exit code 1. Runs its own short-lived event loop.
 """
 
 from __future__ import annotations
@@ -35,6 +37,21 @@ async def _read(endpoints: list[str], cluster: str) -> list[dict[str, Any]]:
         return await cluster_nodes(client, cluster)
 
 
+def listeners(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """A running node's listeners, as `rabbitmqctl cluster_status` lists them."""
+    host = node.get("advertise_host")
+    out = []
+    for protocol, field, purpose in (
+            ("amqp", "amqp_port", "AMQP 0-9-1 and AMQP 1.0"),
+            ("clustering", "cluster_port", "inter-node and CLI tool communication"),
+            ("http", "management_port", "HTTP API")):
+        port = node.get(field)
+        if port:
+            out.append({"interface": host, "port": port, "protocol": protocol,
+                        "purpose": purpose})
+    return out
+
+
 def cluster_status(
     etcd: Annotated[str | None, typer.Option(
         "--etcd", envvar="LEVERET_ETCD", help="etcd URL[,URL...] of the cluster.")] = None,
@@ -61,6 +78,11 @@ def cluster_status(
             "running_nodes": running,
             "versions": {n["name"]: n["version"] for n in nodes if n["name"] in running},
             "alarms": [{"node": n["name"], "alarms": n["alarms"]} for n in nodes if n["alarms"]],
+            "ram_nodes": [],
+            "partitions": {},
+            "listeners": {n["name"]: listeners(n) for n in nodes if n["name"] in running},
+            "maintenance_status": {n["name"]: "not under maintenance" for n in nodes
+                                   if n["name"] in running},
             "nodes": nodes,
         }, indent=2))
         return
@@ -70,3 +92,5 @@ def cluster_status(
     typer.echo(f"Cluster status of cluster '{cluster_name}'")
     rows = [{**n, "alarms": ", ".join(n["alarms"]) or "none"} for n in nodes]
     emit_rows(rows, COLUMNS, formatter)
+    alarms = [f"{n['name']}: {', '.join(n['alarms'])}" for n in nodes if n["alarms"]]
+    typer.echo("Alarms: " + ("; ".join(alarms) if alarms else "(none)"))

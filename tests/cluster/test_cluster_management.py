@@ -9,13 +9,14 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.request import urlopen
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.brokers import BrokerProcess
-from support.cluster import ClusterNode, make_node
+from support.cluster import ClusterNode, leveret, make_node, one_line, status
 from support.cluster_api import api, connect, ok, wait_linked
 from support.etcd import EtcdServer
 
@@ -156,3 +157,43 @@ def test_rabbitmqadmin_against_any_node(
         assert "ops" in run(node, "-f", "tsv", "-q", "list", "users", "name")
     on_b.close()
     assert api(b, "GET", "/api/users/ops")[0] == 200
+
+
+def test_cluster_status_lists_nodes_states_versions_alarms_and_listeners(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    (a,) = start_nodes(tmp_path, etcd.url, cluster, nodes, ("a",))
+    b = make_node(tmp_path, etcd.url, cluster, "b", management=True,
+                  env={"LEVERET_DISK_FREE_LIMIT_BYTES": str(1 << 62)})  # a disk alarm at once
+    nodes.append(b.start())
+    deadline = time.monotonic() + 15
+    while not (data := status(etcd.url, cluster))["alarms"]:
+        assert time.monotonic() < deadline, "b's disk alarm never reached etcd"
+        time.sleep(0.3)
+    assert data["running_nodes"] == ["a", "b"] and data["alarms"] == [
+        {"node": "b", "alarms": ["disk"]}]
+    assert data["versions"] == {"a": "0.1.0", "b": "0.1.0"}
+    assert data["partitions"] == {} and data["ram_nodes"] == []
+    assert {(entry["protocol"], entry["port"]) for entry in data["listeners"]["a"]} == {
+        ("amqp", a.port), ("clustering", a.cluster_port), ("http", a.management_port)}
+    table = leveret("cluster-status", "--etcd", etcd.url, "--cluster-name", cluster)
+    assert table.returncode == 0 and "Alarms: b: disk" in table.stdout
+    assert ok(a, "GET", "/api/nodes/b")["disk_free_alarm"] is True
+
+    assert b.stop() == 0
+    data = status(etcd.url, cluster)
+    assert (data["running_nodes"], data["disk_nodes"], data["alarms"]) == (["a"], ["a", "b"], [])
+    assert {n["name"]: n["state"] for n in data["nodes"]} == {"a": "running", "b": "down"}
+    assert list(data["listeners"]) == ["a"]
+
+
+def test_cluster_status_against_a_silent_etcd_is_one_line(
+        etcd_factory: Callable[[], EtcdServer]) -> None:
+    etcd = etcd_factory()
+    etcd.pause()  # accepts connections, answers nothing
+    try:
+        started = time.monotonic()
+        line = one_line(leveret("cluster-status", "--etcd", etcd.url))
+        assert line.startswith(f"error: cannot reach etcd at {etcd.url}; is it running?")
+        assert time.monotonic() - started < 30
+    finally:
+        etcd.resume()
