@@ -42,6 +42,7 @@ from leveret.broker.cluster.topology_records import (
 from leveret.broker.metastore import Metastore, MetastoreError
 from leveret.broker.model.binding import Binding
 from leveret.broker.model.errors import BrokerError
+from leveret.broker.model.exchange import Exchange
 from leveret.broker.model.queue import Queue
 from leveret.broker.model.remote_queue import RemoteQueue
 from leveret.broker.model.storage_env import StorageEnv
@@ -59,9 +60,11 @@ class NodeRecorder(Observer):
     """The vhosts' observer in cluster mode: the local metastore records this node's durable
     queues only, and every queue the model removes is reported to the sync."""
 
-    def __init__(self, store: Metastore, removed: Callable[[Queue], None]) -> None:
+    def __init__(self, store: Metastore, removed: Callable[[Queue], None],
+                 exchange_removed: Callable[[Exchange], None]) -> None:
         self.store = store
         self.removed = removed
+        self.exchange_removed_ = exchange_removed
 
     def queue_declared(self, queue: Queue) -> None:
         if isinstance(queue, RemoteQueue):
@@ -83,6 +86,9 @@ class NodeRecorder(Observer):
     def queue_removed(self, queue: Queue) -> None:
         self.removed(queue)
 
+    def exchange_removed(self, exchange: Exchange) -> None:
+        self.exchange_removed_(exchange)
+
 
 class Node(Protocol):
     """What of the broker this module touches."""
@@ -101,8 +107,11 @@ class TopologySync:
     def __init__(self, broker: Node, cluster: ClusterRuntime) -> None:
         self.broker = broker
         self.cluster = cluster
-        self.recorder = NodeRecorder(broker.metastore, self._removed_by_model)
+        self.recorder = NodeRecorder(broker.metastore, self._removed_by_model,
+                                     self._exchange_removed_by_model)
         self._applying: Queue | None = None  # a removal etcd asked for: not sent back
+        self._applying_exchange: str | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self.deleting: dict[tuple[str, str], asyncio.Task[None]] = {}  # model -> etcd deletes
         # this node's durable queues as the local metastore had them at boot
         self._boot_rows = [(row["vhost"], row["name"], row["storage_id"])
@@ -157,7 +166,11 @@ class TopologySync:
     def exchange_delete(self, record: ExchangeRecord) -> None:
         vhost = self._vhost(record.vhost)
         if vhost is not None:
-            vhost.remove_exchange(record.name)
+            self._applying_exchange = record.name
+            try:
+                vhost.remove_exchange(record.name)
+            finally:
+                self._applying_exchange = None
 
     # -- queues -----------------------------------------------------------------------------------
 
@@ -287,10 +300,30 @@ class TopologySync:
 
     def binding_delete(self, record: BindingRecord) -> None:
         vhost = self._vhost(record.vhost)
-        ends = self._ends(vhost, record) if vhost is not None else None
-        if ends is not None:
-            ends[0].remove(
-                Binding(ends[0], ends[1], record.routing_key, dict(record.arguments)).key)
+        if vhost is not None:
+            vhost.remove_binding(record.source, record.destination_type, record.destination,
+                                 record.routing_key, dict(record.arguments))
+
+    def _exchange_removed_by_model(self, exchange: Exchange) -> None:
+        """An auto-delete exchange lost its last binding on every node's model alike; the
+        node whose lease it carries (its declaring node) deletes it in etcd."""
+        if exchange.name == self._applying_exchange or not exchange.auto_delete:
+            return
+        record = self.cluster.cache.exchange(exchange.vhost, exchange.name)
+        lease = self.cluster.membership.lease
+        if record is None or lease is None or record.lease != lease.id:
+            return
+        task = asyncio.get_running_loop().create_task(self._delete_exchange_record(record))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _delete_exchange_record(self, record: ExchangeRecord) -> None:
+        try:
+            await self.cluster.store.delete_exchange(record.vhost, record.name,
+                                                     if_revision=record.mod_revision)
+        except (EtcdException, BrokerError) as exc:  # it goes with the lease, at worst
+            log.warning("cannot delete an auto-delete exchange in etcd", exchange=record.name,
+                        vhost=record.vhost, error=str(exc))
 
     def _rebind(self, vhost: VHost) -> None:
         """An entity was replaced: its bindings (keyed by the old object) are added again."""

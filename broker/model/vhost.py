@@ -76,6 +76,9 @@ class Observer:
     def queue_deleted(self, queue: Queue) -> None: ...
     def queue_removed(self, queue: Queue) -> None:
         """Any queue left the model (durable or not, however it went): the cluster's hook."""
+
+    def exchange_removed(self, exchange: Exchange) -> None:
+        """Any exchange left the model (an auto-delete one with its last binding too)."""
     def binding_added(self, binding: Binding) -> None: ...
     def binding_removed(self, binding: Binding) -> None: ...
     def policy_set(self, vhost: VHost, policy: Policy) -> None: ...
@@ -239,11 +242,25 @@ class VHost:
         self._remove_bindings_to(exchange)
         if exchange.durable:
             self.observer.exchange_deleted(exchange)
+        self.observer.exchange_removed(exchange)
 
     def _remove_bindings_to(self, destination: Any) -> None:
         for source in list(self.exchanges.values()):
             for binding in source.bindings_to(destination):
                 self._unbind(binding)
+
+    def remove_binding(self, source_name: str, kind: str, destination_name: str,
+                       routing_key: str, arguments: dict[str, Any]) -> None:
+        """Remove a binding with no checks (the cluster's topology says so); an auto-delete
+        source goes with its last binding, as with unbind."""
+        source = self.exchanges.get(source_name)
+        table: dict[str, Any] = self.queues if kind == "queue" else self.exchanges
+        destination = table.get(destination_name)
+        if source is None or destination is None:
+            return
+        binding = source.bindings.get(Binding(source, destination, routing_key, arguments).key)
+        if binding is not None:
+            self._unbind(binding)
 
     def _unbind(self, binding: Binding) -> None:
         source = binding.source

@@ -433,15 +433,18 @@ async def _delete_queue(channel: Channel, method: Any, name: str, queue: Queue |
     cluster, vhost = _cluster(channel), channel.vhost
     action = f"delete {vhost.rs('queue', name)}"
     record = cluster.cache.queue(vhost.name, name) if queue is not None else None
+    count, later = 0, []
+    if queue is not None:  # the cache may apply the delete before this step resumes
+        count = queue.count_on_delete
+        later = _cancels_after_reply(channel, queue)
     try:
         revision = await cluster.store.delete_queue(
             vhost.name, name, if_revision=record.mod_revision if record else 0)
     except EtcdUnavailable:
+        for owner, consumer in later:  # still consuming: the closing channel cancels them
+            owner.consumers[consumer.tag] = consumer
         raise unavailable(action) from None
-    count = 0
-    later = []
     if revision is not None and queue is not None and vhost.queues.get(name) is queue:
-        later = _cancels_after_reply(channel, queue)
         count = _sync(channel).remove_local(vhost, queue)
     if revision is not None:
         await _settle(cluster, revision, action)

@@ -432,3 +432,26 @@ async def put_behind_the_nodes_back(url: str, cluster: str, name: str, node: str
         store = TopologyStore(client, keys)
         await store.declare_exchange(ExchangeRecord("/", name, "direct"))
         await store.declare_queue(QueueRecord("/", f"{name}-q", node=node))
+
+
+def test_an_auto_delete_exchange_goes_everywhere_with_its_last_binding(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        connect: Connect) -> None:
+    a, b = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b")
+    on_a = channel_of(connect, a)
+    on_a.exchange_declare("fleeting", "direct", auto_delete=True)
+    on_a.queue_declare("q1")
+    on_a.queue_declare("q2")
+    on_a.queue_bind("q1", "fleeting", "k")
+    on_a.queue_bind("q2", "fleeting", "k")
+    channel_of(connect, b).queue_unbind("q1", "fleeting", "k")
+    channel_of(connect, b).exchange_declare("fleeting", passive=True)  # one binding left
+    channel_of(connect, b).queue_delete("q2")  # the last one, with its queue
+
+    def gone() -> bool:
+        code, _text = refused(lambda: channel_of(connect, b).exchange_declare(
+            "fleeting", passive=True))
+        return code == 404
+    wait_until(gone, timeout=5)
+    # gone from etcd too: declared again with other flags, it is a new exchange
+    channel_of(connect, b).exchange_declare("fleeting", "fanout")
