@@ -78,7 +78,7 @@ class RawStream:
         if code != 1:
             return code
         tune = self.next(0x14)
-        frame_max, heartbeat = struct.unpack(">II", tune[4:12])
+        frame_max = struct.unpack(">I", tune[4:8])[0]
         self.send(0x14, 1, struct.pack(">II", frame_max, 0))
         self.request(0x15, s(vhost))
         return self.response(0x15)[1]
