@@ -26,7 +26,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from leveret.broker import admin
 from leveret.broker.cluster.etcd import EtcdException, EtcdUnavailable
@@ -40,7 +40,7 @@ from leveret.broker.cluster.topology_records import (
     UserRecord,
     VHostRecord,
 )
-from leveret.broker.model.errors import AccessRefused, BrokerError, NotFound
+from leveret.broker.model.errors import AccessRefused, BrokerError, NotFound, PreconditionFailed
 from leveret.broker.model.exchange import exchange_class
 from leveret.broker.model.vhost import DEFAULT_EXCHANGE_TEXT, Authorize, allow_all
 
@@ -104,6 +104,22 @@ class AccessStore(ABC):
                           check: Authorize = allow_all) -> None: ...
 
     @abstractmethod
+    async def delete_exchange(self, vhost: str, name: str, if_unused: bool = False,
+                              check: Authorize = allow_all) -> None: ...
+
+    @abstractmethod
+    async def delete_queue(self, vhost: str, name: str, if_unused: bool = False,
+                           if_empty: bool = False, check: Authorize = allow_all) -> None:
+        """Delete a queue. In cluster mode the conditions are checked here for a queue this
+        node holds; the caller checks them for one held elsewhere (it knows its holder's
+        counts)."""
+
+    @abstractmethod
+    async def delete_binding(self, vhost: str, source: str, destination_type: str,
+                             destination: str, routing_key: str, arguments: dict[str, Any],
+                             check: Authorize = allow_all) -> None: ...
+
+    @abstractmethod
     def vhost_metadata(self) -> dict[str, tuple[str, list[str]]]:
         """Every vhost's description and tags."""
 
@@ -155,6 +171,20 @@ class LocalAccess(AccessStore):
                           check: Authorize = allow_all) -> None:
         admin.add_binding(self.broker, vhost, source, destination_type, destination,
                           routing_key, arguments, check)
+
+    async def delete_exchange(self, vhost: str, name: str, if_unused: bool = False,
+                              check: Authorize = allow_all) -> None:
+        admin.delete_exchange(self.broker, vhost, name, if_unused, check)
+
+    async def delete_queue(self, vhost: str, name: str, if_unused: bool = False,
+                           if_empty: bool = False, check: Authorize = allow_all) -> None:
+        admin.delete_queue(self.broker, vhost, name, if_unused, if_empty, check)
+
+    async def delete_binding(self, vhost: str, source: str, destination_type: str,
+                             destination: str, routing_key: str, arguments: dict[str, Any],
+                             check: Authorize = allow_all) -> None:
+        admin.delete_binding(self.broker, vhost, source, destination_type, destination,
+                             routing_key, arguments, check)
 
     def vhost_metadata(self) -> dict[str, tuple[str, list[str]]]:
         return admin.vhost_metadata(self.broker)
@@ -352,6 +382,49 @@ class ClusterAccess(AccessStore):
         async with self._writing():
             result = await self.cluster.store.bind(record)
         await self._settle(result.revision)
+
+    async def delete_exchange(self, vhost: str, name: str, if_unused: bool = False,
+                              check: Authorize = allow_all) -> None:
+        model = admin.get_vhost(self.broker, vhost)
+        if name == "":
+            raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
+        exchange = model.exchange(name)
+        check("configure", "exchange", name)
+        if name.startswith("amq."):
+            raise AccessRefused(f"deletion of system {model.rs('exchange', name)} not allowed")
+        if if_unused and exchange.bindings:
+            raise PreconditionFailed(f"{model.rs('exchange', name)} in use")
+        async with self._writing():
+            revision = await self.cluster.store.delete_exchange(vhost, name)
+        if revision is None:
+            raise NotFound(f"no exchange '{name}' in vhost '{vhost}'")
+        await self._settle(revision)
+
+    async def delete_queue(self, vhost: str, name: str, if_unused: bool = False,
+                           if_empty: bool = False, check: Authorize = allow_all) -> None:
+        queue = admin.get_vhost(self.broker, vhost).queue(name)
+        check("configure", "queue", name)
+        if getattr(queue, "node", self.cluster.node) == self.cluster.node:
+            queue.check_delete(if_unused, if_empty)
+        async with self._writing():
+            revision = await self.cluster.store.delete_queue(vhost, name)
+        if revision is None:
+            raise NotFound(f"no queue '{name}' in vhost '{vhost}'")
+        await self._settle(revision)
+
+    async def delete_binding(self, vhost: str, source: str, destination_type: str,
+                             destination: str, routing_key: str, arguments: dict[str, Any],
+                             check: Authorize = allow_all) -> None:
+        admin.get_vhost(self.broker, vhost)
+        check("write", destination_type, destination)
+        check("read", "exchange", source)
+        kind: Literal["queue", "exchange"] = "queue" if destination_type == "queue" \
+            else "exchange"
+        async with self._writing():
+            revision = await self.cluster.store.unbind(BindingRecord(
+                vhost, source, kind, destination, routing_key, dict(arguments)))
+        if revision is not None:
+            await self._settle(revision)
 
     def vhost_metadata(self) -> dict[str, tuple[str, list[str]]]:
         return {r.name: (r.description, list(r.tags)) for r in self.cluster.cache.all("vhosts")

@@ -3,8 +3,9 @@
 Reads show what the user may see; writes need a permission on the vhost and pass the user's
 configure/write/read patterns to the model as its `check`. Declaring is idempotent with
 RabbitMQ's equivalence rules (an inequivalent redeclare is a 400 with RabbitMQ's text).
-Declarations go through `access_store`: in cluster mode into etcd, visible on every node before
-the answer, a queue held by the node that was asked; deletes, purges and gets act on this
+Declarations and deletes go through `access_store`: in cluster mode into etcd, in force on every
+node before the answer; a queue declared here is held by this node, and one held elsewhere is
+checked for `if-unused`/`if-empty` against its holder's counts. Purges and gets act on this
 node's model (a queue held elsewhere: see `session.forwarding`).
 Also: publish to an exchange and get from a queue, as rabbitmqadmin does them.
 Runs on the event loop.
@@ -25,6 +26,7 @@ from leveret.broker import admin
 from leveret.broker.access_store import access_store
 from leveret.broker.management import cluster_views, views
 from leveret.broker.management.http import (
+    ApiError,
     bad_request,
     body,
     broker_of,
@@ -38,6 +40,7 @@ from leveret.broker.management.http import (
     vhost_for_write,
     visible_vhosts,
 )
+from leveret.broker.model.errors import PreconditionFailed
 
 if TYPE_CHECKING:
     from leveret.broker.model.vhost import VHost
@@ -84,8 +87,8 @@ async def delete_exchange(request: web.Request) -> web.Response:
     name = exchange_name(request.match_info["name"])
     if name not in vhost.exchanges:
         raise not_found()
-    admin.delete_exchange(broker_of(request), vhost.name, name, _flag(request, "if-unused"),
-                          check)
+    await access_store(broker_of(request)).delete_exchange(
+        vhost.name, name, _flag(request, "if-unused"), check)
     return no_content()
 
 
@@ -179,8 +182,19 @@ async def delete_queue(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if name not in vhost.queues:
         raise not_found()
-    admin.delete_queue(broker_of(request), vhost.name, name, _flag(request, "if-unused"),
-                       _flag(request, "if-empty"), check)
+    if_unused, if_empty = _flag(request, "if-unused"), _flag(request, "if-empty")
+    broker = broker_of(request)
+    queue = vhost.queues[name]
+    if cluster_views.is_remote(broker, queue) and (if_unused or if_empty):
+        view = (await cluster_views.queue_views(broker, [queue]))[0]  # its holder's counts
+        if view["state"] == "down":
+            raise ApiError(503, "service_unavailable",
+                           f"{queue.resource}: its node {view['node']} does not answer")
+        if if_unused and view["consumers"]:
+            raise PreconditionFailed(f"{queue.resource} in use")
+        if if_empty and view["messages"]:
+            raise PreconditionFailed(f"{queue.resource} not empty")
+    await access_store(broker).delete_queue(vhost.name, name, if_unused, if_empty, check)
     return no_content()
 
 
@@ -329,9 +343,9 @@ async def delete_binding(request: web.Request) -> web.Response:
     exchange = vhost.exchanges[item["source"]]
     for binding in exchange.bindings.values():
         if views.binding_view(vhost.name, binding) == item:
-            admin.delete_binding(broker_of(request), vhost.name, item["source"],
-                                 item["destination_type"], item["destination"],
-                                 binding.routing_key, binding.arguments, check)
+            await access_store(broker_of(request)).delete_binding(
+                vhost.name, item["source"], item["destination_type"], item["destination"],
+                binding.routing_key, binding.arguments, check)
             return no_content()
     raise not_found()
 

@@ -197,3 +197,40 @@ def test_cluster_status_against_a_silent_etcd_is_one_line(
         assert time.monotonic() - started < 30
     finally:
         etcd.resume()
+
+
+def test_deletes_through_any_node_apply_everywhere(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    a, b = start_nodes(tmp_path, etcd.url, cluster, nodes, ("a", "b"))
+    fill(a, "held", 2)
+    ok(a, "PUT", "/api/exchanges/%2F/events", {"type": "fanout", "durable": True})
+    ok(a, "POST", "/api/bindings/%2F/e/events/q/held", {"routing_key": "k"})
+    binding = ok(b, "GET", "/api/bindings/%2F/e/events/q/held")
+    assert [x["routing_key"] for x in binding] == ["k"]
+
+    status, body = api(b, "DELETE", "/api/queues/%2F/held?if-empty=true")  # A's counts decide
+    assert (status, body["reason"]) == (400, "queue 'held' in vhost '/' not empty")
+    status, body = api(b, "DELETE", "/api/exchanges/%2F/events?if-unused=true")
+    assert (status, body["reason"]) == (400, "exchange 'events' in vhost '/' in use")
+    status, body = api(b, "DELETE", "/api/exchanges/%2F/amq.direct")
+    assert status == 401 and "deletion of system exchange 'amq.direct'" in body["reason"]
+
+    props = binding[0]["properties_key"]
+    assert api(b, "DELETE", f"/api/bindings/%2F/e/events/q/held/{props}")[0] == 204
+    assert ok(a, "GET", "/api/bindings/%2F/e/events/q/held") == []
+    assert api(b, "DELETE", "/api/exchanges/%2F/events?if-unused=true")[0] == 204
+    assert api(a, "GET", "/api/exchanges/%2F/events")[0] == 404
+    assert api(b, "DELETE", "/api/queues/%2F/held")[0] == 204
+    for node in (a, b):
+        assert api(node, "GET", "/api/queues/%2F/held")[0] == 404
+    assert api(b, "DELETE", "/api/queues/%2F/held")[0] == 404
+
+    fill(a, "orphan", 1)
+    a.kill()
+    deadline = time.monotonic() + 15
+    while ok(b, "GET", "/api/queues/%2F/orphan")["state"] != "down":
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    status, body = api(b, "DELETE", "/api/queues/%2F/orphan?if-empty=true")
+    assert (status, body["error"]) == (503, "service_unavailable")
+    assert body["reason"] == "queue 'orphan' in vhost '/': its node a does not answer"
