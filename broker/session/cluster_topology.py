@@ -62,7 +62,8 @@ if TYPE_CHECKING:
 
 log = logs.get("leveret.cluster.topology")
 Step = Coroutine[Any, Any, None]
-UNDO_PAUSE_S = 1.0
+UNDO_PAUSE_S = 0.5
+UNDO_WINDOW_S = 30.0  # how long a refused declaration is watched for once etcd answers
 
 
 def unavailable(action: str) -> InternalError:
@@ -305,7 +306,7 @@ def queue_declare(channel: Channel, method: Any) -> None:
         vhost.name, name, queue_type, durable=durable, auto_delete=method.auto_delete,
         exclusive=method.exclusive, arguments=arguments,
         node=place(channel, queue_type, name, arguments, method.exclusive),
-        storage_id=uuid.uuid4().hex if durable else None,
+        storage_id=uuid.uuid4().hex,  # the declaration's identity; a durable one's folder
         owner_node=cluster.node if method.exclusive else None,
         exclusive_owner=session.broker.cluster_key(session) if method.exclusive else None)
     backlog.run_step(channel, method.index, _declare_queue(channel, method, record))
@@ -352,22 +353,27 @@ async def _declare_queue(channel: Channel, method: Any, record: QueueRecord) -> 
 
 
 def _undo_later(cluster: ClusterRuntime, record: QueueRecord) -> None:
-    """A refused declaration's txn may have been applied: once etcd answers, delete the queue
-    if it is the one this declaration wrote (its storage id, or its exclusive owner)."""
+    """A refused declaration's txn may have been applied, now or later (etcd may still hold
+    the request): read the key until etcd has answered for UNDO_WINDOW_S, and delete the queue
+    if it is the one this declaration wrote (its `storage_id`, fresh for every declaration)."""
     async def undo() -> None:
-        while True:
+        loop = asyncio.get_running_loop()
+        answered_since: float | None = None
+        while answered_since is None or loop.time() - answered_since < UNDO_WINDOW_S:
             try:
                 found = await cluster.store.get_queue(record.vhost, record.name)
-                if found is not None and found.node == record.node and \
-                        (found.storage_id, found.exclusive_owner) == \
-                        (record.storage_id, record.exclusive_owner):
+                if found is not None and found.storage_id == record.storage_id:
                     await cluster.store.delete_queue(record.vhost, record.name,
                                                      if_revision=found.mod_revision)
                     log.info("undid a refused queue declaration", queue=record.name,
                              vhost=record.vhost)
-                return
+                    return
+                if found is not None:  # another declaration holds the name: ours cannot apply
+                    return
+                answered_since = answered_since or loop.time()
             except EtcdException:
-                await asyncio.sleep(UNDO_PAUSE_S)
+                answered_since = None
+            await asyncio.sleep(UNDO_PAUSE_S)
     task = asyncio.get_running_loop().create_task(undo())
     _undoing.add(task)
     task.add_done_callback(_undoing.discard)

@@ -6,12 +6,15 @@ what, and etcd going away refuses changes without stopping the service."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.request import Request, urlopen
 
 import pika
 import pytest
@@ -455,3 +458,62 @@ def test_an_auto_delete_exchange_goes_everywhere_with_its_last_binding(
     wait_until(gone, timeout=5)
     # gone from etcd too: declared again with other flags, it is a new exchange
     channel_of(connect, b).exchange_declare("fleeting", "fanout")
+
+
+def test_the_queue_leader_locator_policy_places_queues(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        connect: Connect) -> None:
+    a, b = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b")
+    on_a = channel_of(connect, a)
+    on_a.queue_declare("local", durable=True)
+    api_put(a, "/api/policies/%2F/spread", {
+        "pattern": "^spread", "apply-to": "queues",
+        "definition": {"queue-leader-locator": "balanced"}})
+    # the policy wins over the argument, as in RabbitMQ
+    on_a.queue_declare("spread.1", durable=True,
+                       arguments={"x-queue-leader-locator": "client-local"})
+    assert len(list((a.data_dir / "queues").iterdir())) == 1
+    assert len(list((b.data_dir / "queues").iterdir())) == 1
+
+
+def api_put(node: ClusterNode, path: str, body: dict[str, Any]) -> None:
+    request = Request(f"http://127.0.0.1:{node.management_port}{path}", method="PUT",
+                      data=json.dumps(body).encode(),
+                      headers={"content-type": "application/json"})
+    request.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urlopen(request, timeout=15) as response:
+        assert response.status in (201, 204)
+
+
+def test_a_declaration_etcd_never_answered_is_refused_and_left_undone(
+        tmp_path: Path, etcd_factory: Callable[[], EtcdServer], cluster: str,
+        nodes: list[BrokerProcess], connect: Connect) -> None:
+    """A paused etcd takes the txn's request and does not answer in time: the declaration may
+    have been applied, so it is refused, read back once etcd answers, and deleted if it was."""
+    private = etcd_factory()
+    (a,) = start_nodes(tmp_path, private, cluster, nodes, "a")
+    channel_of(connect, a).queue_declare("before", durable=True)
+    private.pause()
+    try:
+        code, text = refused(lambda: channel_of(connect, a).queue_declare("during",
+                                                                           durable=True))
+    finally:
+        private.resume()
+    assert (code, text) == (541, "INTERNAL_ERROR - failed to declare queue 'during' in vhost "
+                                 "'/' because the metadata store is unavailable")
+
+    def declared() -> bool:
+        try:
+            channel_of(connect, a).queue_declare("after", durable=True)
+        except ConnectionClosedByBroker:
+            return False
+        return True
+    wait_until(declared, timeout=20)
+
+    def undone() -> bool:  # etcd may apply the request it held once it runs again
+        try:
+            passive_queue(channel_of(connect, a), "during")
+        except ChannelClosedByBroker as exc:
+            return exc.reply_code == 404
+        return False
+    wait_until(undone, timeout=10)
