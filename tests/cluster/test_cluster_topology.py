@@ -497,10 +497,18 @@ def test_a_declaration_etcd_never_answered_is_refused_and_left_undone(
     try:
         code, text = refused(lambda: channel_of(connect, a).queue_declare("during",
                                                                            durable=True))
+        # by now (the client's 5 s timeout) the node has lost its 2 s lease: a declaration
+        # that needs it is refused at once, without asking etcd
+        wait_until(lambda: "lost the etcd lease" in a.log(), timeout=10)
+        started = time.monotonic()
+        leased = refused(lambda: channel_of(connect, a).queue_declare("excl", exclusive=True))
+        assert time.monotonic() - started < 2
     finally:
         private.resume()
     assert (code, text) == (541, "INTERNAL_ERROR - failed to declare queue 'during' in vhost "
                                  "'/' because the metadata store is unavailable")
+    assert leased == (541, "INTERNAL_ERROR - failed to declare queue 'excl' in vhost '/' "
+                           "because the metadata store is unavailable")
 
     def declared() -> bool:
         try:
