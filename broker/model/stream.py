@@ -289,18 +289,31 @@ class StreamQueue(Queue):
         if stored is not None:
             start = OffsetSpec.offset(stored + 1)
             cursor.skip_below = stored + 1
-        elif spec.kind == "offset":
-            start = OffsetSpec.offset(max(0, spec.value))
-            cursor.skip_below = spec.value
-        elif spec.kind == "timestamp":
-            start = OffsetSpec.timestamp(spec.value)
         else:
-            start = getattr(OffsetSpec, spec.kind)()
+            start = self._start_of(cursor, spec)
         self._open_reader(consumer, start)
         position = stored if stored is not None else cursor.reader.position - 1
         cursor.stored = cursor.delivered = position
         cursor.pending.clear()
         cursor.active = True
+
+    @staticmethod
+    def _start_of(cursor: Cursor, spec: sargs.StartSpec) -> OffsetSpec:
+        if spec.kind == "offset":
+            cursor.skip_below = spec.value
+            return OffsetSpec.offset(max(0, spec.value))
+        if spec.kind == "timestamp":
+            return OffsetSpec.timestamp(spec.value)
+        start: OffsetSpec = getattr(OffsetSpec, spec.kind)()
+        return start
+
+    def reposition(self, consumer: Consumer, spec: sargs.StartSpec) -> None:
+        """Restart an active consumer's reader where `spec` says (the offset that the stream
+        protocol's ConsumerUpdate answer chooses for a newly active member)."""
+        cursor: Cursor = consumer.state
+        cursor.skip_below = 0
+        self._open_reader(consumer, self._start_of(cursor, spec))
+        cursor.delivered = cursor.reader.position - 1
 
     def _open_reader(self, consumer: Consumer, start: OffsetSpec) -> None:
         cursor: Cursor = consumer.state
@@ -322,6 +335,9 @@ class StreamQueue(Queue):
             cursor.reader = None
         cursor.records, cursor.offsets, cursor.take = [], (), 0
         cursor.active = False
+        stepped_down = getattr(consumer.sink, "deactivated", None)  # the stream protocol's
+        if stepped_down is not None:
+            stepped_down(consumer)
         if cursor.pending:
             cursor.draining = True
             cursor.drain_timer = self.vhost.scheduler.call_later(

@@ -48,6 +48,11 @@ class Subscription:
         self.scheduled = False
         self.closed = False
         self.delivered = 0
+        # single active consumer: the member told it is active, and the ConsumerUpdate it has
+        # not answered yet (no delivery until it chooses its offset)
+        self.sac = properties.get("single-active-consumer") == "true"
+        self.told_active = False
+        self.awaiting: int | None = None
 
     # -- the ConsumerSink interface -----------------------------------------------------------
 
@@ -73,6 +78,33 @@ class Subscription:
         self.closed = True
         self.session.send(metadata_update(self.stream, k.STREAM_NOT_AVAILABLE))
 
+    def deactivated(self, consumer: Consumer) -> None:
+        """The group made another member active: this one is told (ConsumerUpdate, inactive)."""
+        if self.sac and self.told_active and not self.closed:
+            self.told_active = False
+            self.awaiting = None
+            self._consumer_update(False)
+
+    # -- single active consumer ---------------------------------------------------------------
+
+    def _consumer_update(self, active: bool) -> int:
+        s = self.session
+        corr = next(s.correlation)
+        s.consumer_updates[corr] = self.id
+        s.send(f.request(k.CONSUMER_UPDATE, corr, f.u8(self.id) + f.u8(1 if active else 0)))
+        s.flush()
+        return corr
+
+    def update_answered(self, corr: int, spec: sargs.StartSpec | None) -> None:
+        """The client chose where the newly active member starts (or kept its subscription's
+        offset, when it sent none)."""
+        if corr != self.awaiting or self.consumer is None or self.closed:
+            return
+        self.awaiting = None
+        if spec is not None and self.consumer.state.active:
+            self.queue.reposition(self.consumer, spec)
+        self.resume()
+
     # -- delivery -----------------------------------------------------------------------------
 
     def resume(self) -> None:
@@ -87,6 +119,15 @@ class Subscription:
             return
         cursor = consumer.state
         s = self.session
+        if self.sac:
+            if cursor is None or not cursor.active:
+                return
+            if not self.told_active:  # newly active: the client chooses its offset first
+                self.told_active = True
+                self.awaiting = self._consumer_update(True)
+                return
+            if self.awaiting is not None:
+                return
         sent = 0
         while (self.credit_left > 0 and s.writable and cursor is not None and cursor.active
                and cursor.reader is not None):
@@ -120,6 +161,26 @@ class Subscription:
         self.closed = True
         if self.consumer is not None and not self.queue.deleted:
             self.queue.remove_consumer(self.consumer)
+
+
+def consumer_update_response(s: StreamSession, d: f.Decoder, _version: int) -> None:
+    """The client's answer to ConsumerUpdate: the offset where the active member starts."""
+    corr = d.u32()
+    d.u16()  # response code; RabbitMQ only logs one that is not OK
+    spec = None
+    if d.remaining() >= 2:
+        kind = d.i16()
+        value = d.i64() if d.remaining() >= 8 else 0
+        if kind in _KINDS:
+            spec = sargs.StartSpec(_KINDS[kind])
+        elif kind == k.OFFSET_OFFSET:
+            spec = sargs.StartSpec("offset", max(0, value))
+        elif kind == k.OFFSET_TIMESTAMP:
+            spec = sargs.StartSpec("timestamp", value)
+    sid = s.consumer_updates.pop(corr, None)
+    sub = s.subscriptions.get(sid) if sid is not None else None
+    if sub is not None:
+        sub.update_answered(corr, spec)
 
 
 def metadata_update(stream: str, code: int) -> bytes:

@@ -56,6 +56,7 @@ HANDLERS: dict[int, Handler] = {
     k.UNSUBSCRIBE: consuming.unsubscribe,
     k.STORE_OFFSET: consuming.store_offset,
     k.QUERY_OFFSET: consuming.query_offset,
+    k.CONSUMER_UPDATE | k.RESPONSE: consuming.consumer_update_response,
     k.CREATE: streams.create,
     k.DELETE: streams.delete,
     k.METADATA: streams.metadata,

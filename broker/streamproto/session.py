@@ -63,6 +63,7 @@ class StreamSession(asyncio.Protocol):
         self.publishers: dict[int, Publisher] = {}
         self.subscriptions: dict[int, Subscription] = {}
         self.deliver_version = 1
+        self.consumer_updates: dict[int, int] = {}  # ConsumerUpdate correlation id -> sub id
         self.correlation = itertools.count(1)
         self._out: list[bytes] = []
         self._flush_scheduled = False

@@ -279,3 +279,50 @@ async def test_metadata_and_stats(lev: StreamBroker, name: str) -> None:
 
 async def run(coroutine: Awaitable[Any]) -> Any:
     return await coroutine
+
+
+async def test_single_active_consumer_with_consumer_update(lev: StreamBroker, name: str) -> None:
+    """One member of a group receives; the next one takes over when it leaves, told by
+    ConsumerUpdate, and starts where its listener says (here: after the stored offset)."""
+    from rstream import OffsetSpecification
+
+    async with producer(lev) as p:
+        await p.create_stream(name)
+        await p.send_batch(name, [AMQPMessage(body=b"%d" % i) for i in range(4)])
+        await asyncio.sleep(0.3)
+    received: dict[str, list[int]] = {"a": [], "b": []}
+    updates: list[tuple[str, bool]] = []
+
+    def listener(member: str) -> Any:
+        async def on_update(active: bool, context: Any) -> OffsetSpecification:
+            updates.append((member, active))
+            try:
+                stored = await context.consumer.query_offset(name, "group-1")
+            except OffsetNotFound:
+                return OffsetSpecification(OffsetType.FIRST, 0)
+            return OffsetSpecification(OffsetType.OFFSET, stored + 1)
+        return on_update
+
+    def on(member: str) -> Any:
+        async def handle(message: AMQPMessage, context: MessageContext) -> None:
+            received[member].append(context.offset)
+        return handle
+
+    properties = {"single-active-consumer": "true", "name": "group-1"}
+    first, second = consumer(lev), consumer(lev)
+    await first.start()
+    await second.start()
+    await first.subscribe(name, on("a"), decoder=amqp_decoder, properties=properties,
+                          subscriber_name="group-1", consumer_update_listener=listener("a"))
+    await second.subscribe(name, on("b"), decoder=amqp_decoder, properties=properties,
+                           subscriber_name="group-1", consumer_update_listener=listener("b"))
+    await wait_for(lambda: len(received["a"]) >= 4)
+    await asyncio.sleep(0.3)
+    assert received == {"a": [0, 1, 2, 3], "b": []}
+    await first.store_offset(name, "group-1", 1)
+    await asyncio.sleep(0.2)
+    await first.close()
+    await wait_for(lambda: len(received["b"]) >= 2)
+    assert received["b"] == [2, 3]
+    assert updates == [("a", True), ("b", True)]
+    await second.close()
