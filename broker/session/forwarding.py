@@ -39,7 +39,7 @@ from leveret.broker import logs
 from leveret.broker.cluster.link import Link
 from leveret.broker.cluster.link_frames import TUNNEL_FROM_OPENER
 from leveret.broker.model.errors import NotFound
-from leveret.broker.model.message import Confirm, QueuedMessage
+from leveret.broker.model.message import Confirm
 from leveret.broker.session import backlog
 from leveret.broker.session.tunnel_client import (
     OPEN,
@@ -73,6 +73,14 @@ def _unacked() -> Any:
 
 
 UNACKED: Any = None
+# A stream consumer's channel on the holder may run this many prefetches ahead of the client,
+# so the extra hop's latency does not throttle it; the client still gets at most its prefetch.
+STREAM_READ_AHEAD = 2
+
+
+def _holder_tag(method: bytes) -> int:
+    """The delivery tag of a basic.deliver frame's payload."""
+    return int(_TAG_BIT.unpack_from(method, 5 + method[4])[0])
 
 
 def node_down(queue: RemoteQueue) -> NotFound:
@@ -91,7 +99,9 @@ class ConsumerShadow(Shadow):
         super().__init__(tunnel)
         self.queue = queue
         self.consumer = consumer
-        self.pending: deque[QueuedMessage] = deque()
+        # deliveries the client's channel cannot take yet: decoded, or (method, content frames)
+        self.pending: deque[Any] = deque()
+        self._raw_method = b""
         self.active = False  # consume-ok went to the client: deliveries may follow
         self.cancelled = False
         self.unacked = 0
@@ -103,47 +113,58 @@ class ConsumerShadow(Shadow):
     async def start(self, exclusive: bool) -> None:
         consumer = self.consumer
         number = self.number
-        self.write(codec.encode_method(number, m.Basic.Qos(prefetch_count=consumer.prefetch)),
-                   None)
+        prefetch = consumer.prefetch
+        if self.queue.type == "stream":  # no other consumer waits for what is held here
+            prefetch *= STREAM_READ_AHEAD
+        self.write(codec.encode_method(number, m.Basic.Qos(prefetch_count=prefetch)), None)
         await self.call(codec.encode_method(number, m.Basic.Consume(
             queue=self.queue.name, consumer_tag=consumer.tag, no_ack=consumer.no_ack,
             exclusive=exclusive, arguments=consumer.arguments)))
 
     def frame(self, frame_type: int, payload: bytes) -> None:
-        """The hot path: while the client's channel can take deliveries and nothing waits,
-        a delivery's frames go straight to it, with the client channel's number and delivery
-        tag patched in (the consumer tag is the client's own); nothing is decoded. The tunnel
-        copies the content frames (`raw_out`)."""
-        if (frame_type == c.FRAME_METHOD and payload[:4] == _DELIVER_ID and self.active
-                and not self.pending and not self.cancelled and self.passthrough
-                and self.consumer.sink.can_send(self.consumer)):
-            self._deliver_raw(payload)
+        """The hot path: a delivery's frames are not decoded. The tunnel copies its content
+        frames, with the client channel's number, into `raw_out`; once whole, it goes to the
+        client with the client channel's delivery tag patched in (the consumer tag is the
+        client's own), at once if the channel can take it, else when it can."""
+        if (frame_type == c.FRAME_METHOD and payload[:4] == _DELIVER_ID and self.passthrough
+                and not self.cancelled):
+            self._raw_method = payload
+            self.raw_channel = self.consumer.sink.number  # type: ignore[attr-defined]
+            self.raw_left = 1
+            self.raw_out = []
             return
         super().frame(frame_type, payload)
 
     def raw_done(self) -> None:
-        raw = self.raw_out
+        parts = self.raw_out
         self.raw_out = None
-        if raw is not None:
-            self.consumer.sink.session.write_many(raw)  # type: ignore[attr-defined]
+        if parts is None:
+            return
+        method = self._raw_method
+        consumer = self.consumer
+        if not consumer.no_ack:
+            self.unacked += 1
+        if self.cancelled:
+            self.settle(_holder_tag(method), False, True)
+        elif self.active and not self.pending and consumer.sink.can_send(consumer):
+            self._send_raw(method, parts)
+        else:
+            self.pending.append((method, parts))
 
-    def _deliver_raw(self, payload: bytes) -> None:
+    def _send_raw(self, method: bytes, parts: list[bytes]) -> None:
         consumer = self.consumer
         channel: Any = consumer.sink
-        tag_at = 5 + payload[4]
-        holder_tag, bits = _TAG_BIT.unpack_from(payload, tag_at)
+        tag_at = 5 + method[4]
+        holder_tag, bits = _TAG_BIT.unpack_from(method, tag_at)
         tag = channel.next_tag
         channel.next_tag = tag + 1
         if not consumer.no_ack:
             channel.unacked[tag] = UNACKED((holder_tag, self), self.queue, consumer)
             consumer.unacked += 1
-            self.unacked += 1
         self.queue.stats_delivered += 1
-        number = channel.number
-        self.raw_channel = number
-        self.raw_left = 1
-        self.raw_out = [_FRAME_HEAD.pack(c.FRAME_METHOD, number, len(payload)),
-                        payload[:tag_at], _TAG_BIT.pack(tag, bits), payload[tag_at + 9:], _END]
+        channel.session.write_many([
+            _FRAME_HEAD.pack(c.FRAME_METHOD, channel.number, len(method)), method[:tag_at],
+            _TAG_BIT.pack(tag, bits), method[tag_at + 9:], _END, *parts])
 
     def on_delivery(self, tag: int, redelivered: bool, exchange: str, routing_key: str,
                     header: bytes, body: bytes) -> None:
@@ -158,13 +179,18 @@ class ConsumerShadow(Shadow):
             self.drain()
 
     def drain(self) -> None:
+        """Deliver what waits, while the client's channel can take it."""
         pending = self.pending
         consumer = self.consumer
         sink = consumer.sink
         queue = self.queue
         while pending and sink.can_send(consumer):
-            sink.send(consumer, pending.popleft(), queue)
-            queue.stats_delivered += 1
+            item = pending.popleft()
+            if type(item) is tuple:
+                self._send_raw(*item)
+            else:
+                sink.send(consumer, item, queue)
+                queue.stats_delivered += 1
 
     def settle(self, tag: int, ok: bool, requeue: bool = False) -> None:
         super().settle(tag, ok, requeue)
@@ -188,7 +214,8 @@ class ConsumerShadow(Shadow):
         if self.consumer.no_ack:
             self.unacked = 0
         for entry in pending:
-            self.settle(entry.seq, False, True)
+            self.settle(_holder_tag(entry[0]) if type(entry) is tuple else entry.seq, False,
+                        True)
         if self.unacked <= 0:
             self.close()
 

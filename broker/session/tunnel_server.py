@@ -162,6 +162,7 @@ class TunnelServer:
         session.client_product = "leveret-node"
         wire = session.wire
         wire.state = State.OPEN
+        wire.channel_max = 0  # one channel per remote consumer: the other node bounds them
         session.frame_max = self.broker.config.frame_max
         wire.buffer.set_frame_max(session.frame_max)
 
