@@ -76,7 +76,7 @@ class Subscription:
         """The stream went away (deleted, or its reader failed)."""
         self.session.subscriptions.pop(self.id, None)
         self.closed = True
-        self.session.send(metadata_update(self.stream, k.STREAM_NOT_AVAILABLE))
+        self.session.stream_unavailable(self.stream)
 
     def deactivated(self, consumer: Consumer) -> None:
         """The group made another member active: this one is told (ConsumerUpdate, inactive)."""
@@ -181,10 +181,6 @@ def consumer_update_response(s: StreamSession, d: f.Decoder, _version: int) -> N
     sub = s.subscriptions.get(sid) if sid is not None else None
     if sub is not None:
         sub.update_answered(corr, spec)
-
-
-def metadata_update(stream: str, code: int) -> bytes:
-    return f.frame(k.METADATA_UPDATE, 1, f.u16(code) + f.enc_string(stream))
 
 
 def subscribe(s: StreamSession, d: f.Decoder, _version: int) -> None:

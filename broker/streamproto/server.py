@@ -116,7 +116,7 @@ class StreamServer:
             for pid in gone:
                 del session.publishers[pid]
             if gone:
-                session.send(consuming.metadata_update(name, k.STREAM_NOT_AVAILABLE))
+                session.stream_unavailable(name)
 
     async def listen(self, host: str, port: int, context: ssl.SSLContext | None) -> int:
         loop = asyncio.get_running_loop()

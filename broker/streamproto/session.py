@@ -68,6 +68,7 @@ class StreamSession(asyncio.Protocol):
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._timers: list[asyncio.TimerHandle] = []
+        self._unavailable: set[str] = set()
         self.last_received = self.last_sent = time.monotonic()
         self.closed = False
         self.writable = True
@@ -134,8 +135,18 @@ class StreamSession(asyncio.Protocol):
             self._flush_scheduled = True
             self.loop.call_soon(self.flush)
 
+    def stream_unavailable(self, stream: str) -> None:
+        """MetadataUpdate STREAM_NOT_AVAILABLE, once per stream and turn (a connection with
+        publishers and subscribers of a deleted stream hears it once)."""
+        if stream in self._unavailable:
+            return
+        self._unavailable.add(stream)
+        self.send(f.frame(k.METADATA_UPDATE, 1, f.u16(k.STREAM_NOT_AVAILABLE)
+                          + f.enc_string(stream)))
+
     def flush(self) -> None:
         self._flush_scheduled = False
+        self._unavailable.clear()
         if not self._out:
             return
         out, self._out = self._out, []

@@ -104,3 +104,22 @@ def test_heartbeat_and_client_close(lev: StreamBroker) -> None:
     corr = client.request(0x16, struct.pack(">H", 1) + s("bye"))
     assert client.response(0x16)[:2] == (corr, 1)
     assert client.closed_by_server()
+
+
+def test_deleting_a_stream_tells_its_publishers_and_subscribers(lev: StreamBroker,
+                                                                name: str) -> None:
+    client = lev.raw()
+    create_and_declare(client, name)
+    subscribe(client, name)
+    other = lev.raw()
+    other.request(0x0E, s(name))
+    assert other.response(0x0E)[1] == 1
+    frame = client.next(0x10)
+    assert struct.unpack(">H", frame[4:6])[0] == 6 and frame[8:] == name.encode()
+    client.request(0x0F, struct.pack(">i", 1) + s(name))  # only one update came
+    frame = client.read_frame()
+    assert struct.unpack(">H", frame[:2])[0] == 0x800F
+    message = b"late"  # the publisher went with its stream
+    client.send(0x02, 1, struct.pack(">BiQI", 1, 1, 5, len(message)) + message)
+    frame = client.next(0x04)
+    assert struct.unpack(">BiQH", frame[4:19]) == (1, 1, 5, 18)
