@@ -22,6 +22,7 @@ class RawStream:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         self.buf = b""
         self.corr = 0
+        self.open_properties: dict[str, str] = {}
 
     def close(self) -> None:
         self.sock.close()
@@ -81,4 +82,15 @@ class RawStream:
         frame_max = struct.unpack(">I", tune[4:8])[0]
         self.send(0x14, 1, struct.pack(">II", frame_max, 0))
         self.request(0x15, s(vhost))
-        return self.response(0x15)[1]
+        _, code, rest = self.response(0x15)
+        self.open_properties = {}
+        if code == 1:
+            pos, count = 4, struct.unpack(">i", rest[:4])[0]
+            for _ in range(count):
+                values = []
+                for _ in range(2):
+                    size = struct.unpack(">h", rest[pos : pos + 2])[0]
+                    values.append(rest[pos + 2 : pos + 2 + size].decode())
+                    pos += 2 + size
+                self.open_properties[values[0]] = values[1]
+        return code
