@@ -107,6 +107,12 @@ def test_any_node_lists_every_connection_and_channel_with_its_node(
     mine.close()
     theirs.close()
 
+    on_b = connect(b)  # a node that does not answer: its connections are left out
+    assert sorted(c["node"] for c in ok(a, "GET", "/api/connections")) == ["b"]
+    b.kill()
+    assert ok(a, "GET", "/api/connections") == []
+    assert ok(a, "GET", "/api/channels") == []
+
 
 def test_overview_names_and_metrics_per_node(
         tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
@@ -234,3 +240,33 @@ def test_deletes_through_any_node_apply_everywhere(
     status, body = api(b, "DELETE", "/api/queues/%2F/orphan?if-empty=true")
     assert (status, body["error"]) == (503, "service_unavailable")
     assert body["reason"] == "queue 'orphan' in vhost '/': its node a does not answer"
+
+
+def test_declarations_through_the_api_are_refused_as_on_a_single_node(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    a, b = start_nodes(tmp_path, etcd.url, cluster, nodes, ("a", "b"))
+    ok(a, "PUT", "/api/users/lim", {"password": "pw", "tags": "management"})
+    ok(a, "PUT", "/api/permissions/%2F/lim", {"configure": "^lim-", "write": ".*", "read": ".*"})
+    cases = [
+        (("PUT", "/api/exchanges/%2F/x", {"type": "nonsense"}), "guest",
+         (400, "unknown exchange type 'nonsense'")),
+        (("PUT", "/api/exchanges/%2F/x", {}), "guest", (400, "exchange type is missing")),
+        (("PUT", "/api/exchanges/%2F/amq.mine", {"type": "direct"}), "guest",
+         (401, "exchange name 'amq.mine' contains reserved prefix 'amq.*'")),
+        (("PUT", "/api/queues/%2F/amq.mine", {}), "guest",
+         (401, "queue name 'amq.mine' contains reserved prefix 'amq.*'")),
+        (("PUT", "/api/queues/%2F/other", {}), "lim",
+         (401, "access to queue 'other' in vhost '/' refused for user 'lim'")),
+        (("POST", "/api/bindings/%2F/e/amq.direct/q/nowhere", {"routing_key": "k"}), "guest",
+         (404, "no queue 'nowhere' in vhost '/'")),
+    ]
+    for (method, path, body), user, expected in cases:
+        status, answer = api(b, method, path, body, user=user,
+                             password="pw" if user == "lim" else "guest")
+        assert (status, answer["reason"]) == expected, (method, path)
+    assert api(b, "PUT", "/api/queues/%2F/lim-q", {}, user="lim", password="pw")[0] == 201
+    assert api(a, "PUT", "/api/queues/%2F/lim-q", {"durable": False})[0] == 204  # the same
+    status, answer = api(a, "PUT", "/api/queues/%2F/lim-q", {"durable": True})
+    assert status == 400 and "inequivalent arg 'durable'" in answer["reason"]
+    assert [q["node"] for q in ok(a, "GET", "/api/queues")] == ["b"]
+    assert [x["name"] for x in ok(a, "GET", "/api/exchanges/%2F") if x["name"] == "x"] == []
