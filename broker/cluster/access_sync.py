@@ -171,13 +171,42 @@ def drop_vhost(broker: Node, name: str) -> None:
     log.info("vhost deleted: its connections here are closed", vhost=name)
 
 
-async def first_boot(broker: Node) -> int | None:
-    """The cluster's first node creates the default vhost (with its `amq.*` exchanges), the
-    default user and its permissions, in one txn that succeeds only while the cluster has no
-    vhost at all: a second node starting, even at the same moment, neither duplicates nor
-    overwrites them. The txn's revision if this node created them, else None."""
+def reconcile(broker: Node) -> None:
+    """After the cache's first load: what this node holds that the cluster does not (a data
+    directory that ran as a single node restores SQLite's users and vhosts) is dropped from
+    the model, with a warning; a vhost's files stay on disk."""
     cluster = broker.cluster
     assert cluster is not None
+    cache = cluster.cache
+    users = {r.name for r in cache.all("users") if isinstance(r, UserRecord)}
+    for name in [u for u in broker.users.users if u not in users]:
+        log.warning("a user this node restored is not in the cluster: ignored", user=name)
+        del broker.users.users[name]
+    for name in [v for v in broker.vhosts if cache.vhost(v) is None]:
+        log.warning("a vhost this node restored is not in the cluster: ignored (its files stay "
+                    "on disk)", vhost=name)
+        for queue in broker.vhosts.pop(name).queues.values():
+            queue.close()
+    wanted = {(r.user, r.vhost) for r in cache.all("permissions")
+              if isinstance(r, PermissionRecord)}
+    for user in broker.users.users.values():
+        for gone in [v for v in user.permissions if (user.name, v) not in wanted]:
+            del user.permissions[gone]
+    policies = {(r.vhost, r.name) for r in cache.all("policies") if isinstance(r, PolicyRecord)}
+    for model in broker.vhosts.values():
+        for name in [p for p in model.policies if (model.name, p) not in policies]:
+            del model.policies[name]
+
+
+async def first_boot(broker: Node) -> int | None:
+    """After the cache's first load (and `reconcile`): the cluster's first node creates the
+    default vhost (with its `amq.*` exchanges), the default user and its permissions, in one
+    txn that succeeds only while the cluster has no vhost at all: a second node starting, even
+    at the same moment, neither duplicates nor overwrites them. The txn's revision if this node
+    created them, else None."""
+    cluster = broker.cluster
+    assert cluster is not None
+    reconcile(broker)
     config = broker.config
     keys = cluster.store.keys
     vhost = config.default_vhost

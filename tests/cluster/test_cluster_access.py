@@ -17,6 +17,7 @@ from support.brokers import BrokerProcess
 from support.cluster import TTL_S, ClusterNode, make_node
 from support.cluster_api import api, connect, ok, wait_linked
 from support.etcd import EtcdServer
+from support.ports import free_port
 
 
 def start_nodes(tmp_path: Path, etcd_url: str, cluster: str, nodes: list[BrokerProcess],
@@ -299,3 +300,27 @@ def test_etcd_down_refuses_changes_with_503_and_keeps_serving(
         time.sleep(0.5)
     assert can_login(b, "frank", "pw", "/") is False  # no permissions yet: refused, known
     assert ok(b, "GET", "/api/users/frank")["name"] == "frank"
+
+
+def test_a_single_node_data_directory_joining_a_cluster_serves_the_clusters_access(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    (a,) = start_nodes(tmp_path, etcd.url, cluster, nodes, ("a",))
+    ok(a, "PUT", "/api/users/guest", {"password": "cluster-pw", "tags": "administrator"})
+    single = ClusterNode(tmp_path / "b")  # no --etcd: a single node, with its own API
+    single.management_port = free_port()
+    single.args = ["--management-port", str(single.management_port)]
+    single.start()
+    ok(single, "PUT", "/api/users/local-only", {"password": "pw", "tags": "management"})
+    ok(single, "PUT", "/api/vhosts/local-vhost", {})
+    ok(single, "PUT", "/api/permissions/local-vhost/local-only",
+       {"configure": ".*", "write": ".*", "read": ".*"})
+    assert single.stop() == 0
+
+    b = make_node(tmp_path, etcd.url, cluster, "b", management=True)  # the same data dir
+    nodes.append(b.start())
+    wait_linked([a, b], password="cluster-pw")
+    assert {u["name"] for u in ok(b, "GET", "/api/users", password="cluster-pw")} == {"guest"}
+    assert [v["name"] for v in ok(b, "GET", "/api/vhosts", password="cluster-pw")] == ["/"]
+    assert not can_login(b, "local-only", "pw", "local-vhost")
+    assert not can_login(b, "guest", "guest") and can_login(b, "guest", "cluster-pw")
+    assert "a user this node restored is not in the cluster" in b.log()
