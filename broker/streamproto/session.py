@@ -197,7 +197,8 @@ class StreamSession(asyncio.Protocol):
         """The server closes the connection (Close request, then wait for the answer)."""
         if self.step in ("close_sent", "closed"):
             return
-        self.send(f.request(k.CLOSE, next(self.correlation), f.u16(code) + f.enc_string(text)))
+        # correlation id 1, as RabbitMQ's reader sends its Close
+        self.send(f.request(k.CLOSE, 1, f.u16(code) + f.enc_string(text)))
         self.step = "close_sent"
         self._release()
         self._timers.append(self.loop.call_later(CLOSE_TIMEOUT_S, self.abort))

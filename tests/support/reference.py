@@ -31,6 +31,7 @@ class Reference:
     stop: Any = None
     version: str = ""
     ctl_env: dict[str, str] | None = None  # set for a local rabbitmq-server: rabbitmqctl works
+    stream_port: int = 0  # the stream protocol's listener (start_stream_reference)
 
     def ctl(self, *args: str) -> str:
         """Run rabbitmqctl against this node; skips the test when that is not possible."""
@@ -92,11 +93,11 @@ def _start_container() -> Reference:
     return Reference(f"amqp://guest:guest@{host}:{port}/", "testcontainers", container.stop)
 
 
-def _start_local() -> Reference:
+def _start_local(plugins: tuple[str, ...] = (), conf: str = "") -> Reference:
     base = Path(tempfile.mkdtemp(prefix="leveret-rabbitmq-"))
     port, dist_port = free_port(), free_port()
-    (base / "enabled_plugins").write_text("[].\n")
-    (base / "rabbitmq.conf").write_text("loopback_users = none\n")
+    (base / "enabled_plugins").write_text(f"[{','.join(plugins)}].\n")
+    (base / "rabbitmq.conf").write_text("loopback_users = none\n" + conf)
     env = {
         **os.environ,
         "HOME": str(base),
@@ -156,3 +157,15 @@ def start_reference() -> Reference | str:
         "no reference RabbitMQ: set LEVERET_REFERENCE_URL, start a Docker engine, or "
         "install Debian's rabbitmq-server (apt-get install rabbitmq-server)"
     )
+
+
+def start_stream_reference() -> Reference | str:
+    """A local rabbitmq-server with its stream plugin on a free port (stream_port), or the
+    reason there is none."""
+    if not RABBITMQ_SERVER.exists():
+        return "no local rabbitmq-server for the stream protocol (apt-get install rabbitmq-server)"
+    stream_port = free_port()
+    reference = _start_local(("rabbitmq_stream",), f"stream.listeners.tcp.1 = {stream_port}\n"
+                             "stream.advertised_host = localhost\n")
+    reference.stream_port = stream_port
+    return reference
