@@ -223,7 +223,7 @@ def test_published_messages_come_back_in_chunks(ports: Ports) -> None:
     got = []
     while len(got) < 3:
         frame = client.next(0x08)
-        magic, kind, entries, records = struct.unpack_from(">BBHI", frame, 5)
+        magic, kind, entries, _records = struct.unpack_from(">BBHI", frame, 5)
         first = struct.unpack_from(">Q", frame, 5 + 24)[0]
         assert (magic, kind) == (0x50, 0)
         data = frame[5 + 48 :]
