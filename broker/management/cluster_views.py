@@ -7,7 +7,9 @@ Role: in cluster mode `/api/queues` on any node lists every queue, and `/api/con
 - `mgmt.queue_stats` `{"queues": [[vhost, name], ...]}`: the holder's own view of each queue
   (counts, consumers, state), or null for a queue it does not hold;
 - `mgmt.connections` and `mgmt.channels` `{}`: its connections' or channels' views, each with
-  `node`.
+  `node`;
+- `mgmt.purge` and `mgmt.get` `{"vhost", "name", ...}`: the API's purge and get of a queue it
+  holds (the asking node has checked the user's permissions), through `on_holder`.
 
 An asking node waits at most `ASK_TIMEOUT_S` per node, all nodes at once. A queue whose node
 cannot answer (down, no link, too slow) shows `state: "down"` without message counts, as
@@ -24,7 +26,10 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker import logs
-from leveret.broker.management import views
+from leveret.broker.cluster.link import LinkError, RemoteError
+from leveret.broker.management import messages, views
+from leveret.broker.management.http import ApiError
+from leveret.broker.model.errors import InternalError, NotFound
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
@@ -36,6 +41,8 @@ log = logs.get("leveret.management")
 QUEUE_STATS = "mgmt.queue_stats"
 CONNECTIONS = "mgmt.connections"
 CHANNELS = "mgmt.channels"
+PURGE = "mgmt.purge"
+GET = "mgmt.get"
 ASK_TIMEOUT_S = 2.0
 DOWN_DROPS = ("messages", "messages_ready", "messages_unacknowledged", "messages_details",
               "messages_ready_details", "messages_unacknowledged_details", "message_bytes")
@@ -84,6 +91,22 @@ def install(broker: Broker) -> None:
         return [views.channel_view(s, ch) for s in local_sessions(broker)
                 for ch in sorted(s.channels.values(), key=lambda c: c.number)]
 
+    def held(body: Any) -> Queue:
+        vhost = broker.vhosts.get(str(body.get("vhost"))) if isinstance(body, dict) else None
+        queue = vhost.queues.get(str(body.get("name"))) if vhost is not None else None
+        if queue is None or is_remote(broker, queue):
+            raise NotFound(f"no queue '{body.get('name')}' in vhost '{body.get('vhost')}'")
+        return queue
+
+    async def purge(_link: Link, body: Any) -> int:
+        return held(body).purge()
+
+    async def get(_link: Link, body: Any) -> list[dict[str, Any]]:
+        return messages.take(held(body), int(body["count"]), str(body["ackmode"]),
+                             str(body["encoding"]))
+
+    handlers.on_request(PURGE, purge)
+    handlers.on_request(GET, get)
     handlers.on_request(QUEUE_STATS, queue_stats)
     handlers.on_request(CONNECTIONS, connections)
     handlers.on_request(CHANNELS, channels)
@@ -145,6 +168,26 @@ async def queue_views(broker: Broker, queues: list[Queue]) -> list[dict[str, Any
             view["state"] = "down"
             out.append(view)
     return out
+
+
+async def on_holder(broker: Broker, queue: Queue, kind: str, body: dict[str, Any]) -> Any:
+    """Run `kind` (PURGE, GET) on the node that holds `queue`: its answer, 404 if it no longer
+    has the queue, 503 if it cannot be asked."""
+    node = node_of(broker, queue)
+    link = broker.cluster.links.link_to(node) if broker.cluster is not None else None
+    if link is None or link.closed:
+        raise ApiError(503, "service_unavailable",
+                       f"{queue.resource}: its node {node} does not answer")
+    try:
+        return await link.call(kind, {**body, "vhost": queue.vhost.name, "name": queue.name},
+                               timeout=ASK_TIMEOUT_S)
+    except RemoteError as exc:
+        if exc.error_type == "NotFound":
+            raise NotFound(exc.remote_message) from None
+        raise InternalError(f"{node}: {exc.remote_message}") from None
+    except LinkError:
+        raise ApiError(503, "service_unavailable",
+                       f"{queue.resource}: its node {node} does not answer") from None
 
 
 async def remote_items(broker: Broker, kind: str) -> list[dict[str, Any]]:

@@ -5,8 +5,8 @@ configure/write/read patterns to the model as its `check`. Declaring is idempote
 RabbitMQ's equivalence rules (an inequivalent redeclare is a 400 with RabbitMQ's text).
 Declarations and deletes go through `access_store`: in cluster mode into etcd, in force on every
 node before the answer; a queue declared here is held by this node, and one held elsewhere is
-checked for `if-unused`/`if-empty` against its holder's counts. Purges and gets act on this
-node's model (a queue held elsewhere: see `session.forwarding`).
+checked for `if-unused`/`if-empty` against its holder's counts. Purges and gets of such a
+queue run on its holder (asked over the node link, `cluster_views`).
 Also: publish to an exchange and get from a queue, as rabbitmqadmin does them.
 Runs on the event loop.
 """
@@ -24,7 +24,7 @@ from leveret.amqp.content import Message
 from leveret.amqp.properties import Properties
 from leveret.broker import admin
 from leveret.broker.access_store import access_store
-from leveret.broker.management import cluster_views, views
+from leveret.broker.management import cluster_views, messages, views
 from leveret.broker.management.http import (
     ApiError,
     bad_request,
@@ -203,7 +203,13 @@ async def purge_queue(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if name not in vhost.queues:
         raise not_found()
-    admin.purge_queue(broker_of(request), vhost.name, name, check)
+    broker = broker_of(request)
+    queue = vhost.queues[name]
+    if cluster_views.is_remote(broker, queue):
+        check("read", "queue", name)
+        await cluster_views.on_holder(broker, queue, cluster_views.PURGE, {})
+    else:
+        admin.purge_queue(broker, vhost.name, name, check)
     return no_content()
 
 
@@ -216,59 +222,26 @@ async def queue_bindings(request: web.Request) -> web.Response:
                              if b["destination_type"] == "queue" and b["destination"] == name])
 
 
-ACK_MODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true",
-             "reject_requeue_false")
-
-
 async def get_messages(request: web.Request) -> web.Response:
-    """POST /api/queues/{vhost}/{name}/get: count, ackmode, encoding (auto or base64)."""
+    """POST /api/queues/{vhost}/{name}/get: count, ackmode, encoding (auto or base64); a queue
+    held by another node is asked of its holder."""
     vhost, check = vhost_for_write(request, request.match_info["vhost"])
     data = await body(request)
     queue = vhost.queue(request.match_info["name"])
     check("read", "queue", queue.name)
     ackmode = data.get("ackmode", "ack_requeue_true")
-    if ackmode not in ACK_MODES:
-        raise bad_request(f"ackmode must be one of {', '.join(ACK_MODES)}")
+    if ackmode not in messages.ACK_MODES:
+        raise bad_request(f"ackmode must be one of {', '.join(messages.ACK_MODES)}")
     try:
         count = int(data.get("count", 1))
     except (TypeError, ValueError):
         raise bad_request("count must be a number") from None
-    taken = []
-    for _ in range(max(0, count)):
-        entry = queue.get(no_ack=False)
-        if entry is None:
-            break
-        taken.append(entry)
-    out = [_message_view(entry, queue, data.get("encoding", "auto")) for entry in taken]
-    for i, item in enumerate(out):
-        item["message_count"] = queue.message_count + len(taken) - i - 1
-    if ackmode.endswith("requeue_true"):
-        queue.requeue(taken)
-    else:
-        for entry in taken:
-            (queue.ack if ackmode.startswith("ack") else queue.reject)(entry)
-    return ok(out)
-
-
-def _message_view(entry: Any, queue: Any, encoding: str) -> dict[str, Any]:
-    message = entry.message
-    payload: bytes = bytes(message.body)
-    try:
-        if encoding == "base64":
-            raise UnicodeDecodeError("utf-8", b"", 0, 1, "base64 asked for")
-        text, kind = payload.decode("utf-8"), "string"
-    except UnicodeDecodeError:
-        text, kind = base64.b64encode(payload).decode(), "base64"
-    props = {k: views.jsonable(v) for k, v in dict(message.properties).items() if v is not None}
-    return {
-        "payload_bytes": len(payload),
-        "redelivered": bool(entry.redelivered),
-        "exchange": message.exchange,
-        "routing_key": message.routing_key,
-        "properties": props,
-        "payload": text,
-        "payload_encoding": kind,
-    }
+    encoding = str(data.get("encoding", "auto"))
+    broker = broker_of(request)
+    if cluster_views.is_remote(broker, queue):
+        return ok(await cluster_views.on_holder(broker, queue, cluster_views.GET, {
+            "count": count, "ackmode": ackmode, "encoding": encoding}))
+    return ok(messages.take(queue, count, ackmode, encoding))
 
 
 # -- bindings ---------------------------------------------------------------------------------

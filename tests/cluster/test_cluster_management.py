@@ -270,3 +270,30 @@ def test_declarations_through_the_api_are_refused_as_on_a_single_node(
     assert status == 400 and "inequivalent arg 'durable'" in answer["reason"]
     assert [q["node"] for q in ok(a, "GET", "/api/queues")] == ["b"]
     assert [x["name"] for x in ok(a, "GET", "/api/exchanges/%2F") if x["name"] == "x"] == []
+
+
+def test_get_and_purge_through_a_node_that_does_not_hold_the_queue(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    a, b = start_nodes(tmp_path, etcd.url, cluster, nodes, ("a", "b"))
+    fill(a, "remote", 3)
+    got = ok(b, "POST", "/api/queues/%2F/remote/get", {"count": 2, "ackmode":
+                                                       "ack_requeue_false", "encoding": "auto"})
+    assert [(m["payload"], m["message_count"]) for m in got] == [("0", 2), ("1", 1)]
+    peek = ok(b, "POST", "/api/queues/%2F/remote/get", {"count": 5,
+                                                        "ackmode": "ack_requeue_true"})
+    assert [m["payload"] for m in peek] == ["2"]
+    assert ok(a, "GET", "/api/queues/%2F/remote")["messages"] == 1
+    status, body = api(b, "POST", "/api/queues/%2F/remote/get", {"ackmode": "nonsense"})
+    assert status == 400 and body["reason"].startswith("ackmode must be one of")
+    assert api(b, "DELETE", "/api/queues/%2F/remote/contents")[0] == 204
+    assert ok(a, "GET", "/api/queues/%2F/remote")["messages"] == 0
+
+    a.kill()
+    deadline = time.monotonic() + 15
+    while (status_body := api(b, "DELETE", "/api/queues/%2F/remote/contents"))[0] != 503:
+        assert time.monotonic() < deadline, status_body
+        time.sleep(0.3)
+    assert status_body[1] == {"error": "service_unavailable",
+                              "reason": "queue 'remote' in vhost '/': its node a does not answer"}
+    status, body = api(b, "POST", "/api/queues/%2F/remote/get", {"count": 1})
+    assert (status, body["error"]) == (503, "service_unavailable")
