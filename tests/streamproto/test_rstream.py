@@ -326,3 +326,45 @@ async def test_single_active_consumer_with_consumer_update(lev: StreamBroker, na
     assert received["b"] == [2, 3]
     assert updates == [("a", True), ("b", True)]
     await second.close()
+
+
+async def test_super_stream_consumer_group(lev: StreamBroker, name: str) -> None:
+    """Two members of a single-active-consumer group on a super stream of two partitions
+    share it: one partition each, as RabbitMQ spreads them (by partition index). Each newly
+    active member starts where rstream's default ConsumerUpdate answer says: next."""
+    async def key_of(message: AMQPMessage) -> str:
+        return str(message.application_properties["id"])
+
+    producer_ = SuperStreamProducer(
+        "127.0.0.1", port=lev.stream_port, username="guest", password="guest",
+        super_stream=name, routing=RouteType.Hash, routing_extractor=key_of,
+        super_stream_creation_option=SuperStreamCreationOption(2))
+    await producer_.start()
+    got: dict[str, set[str]] = {"a": set(), "b": set()}
+    count = {"a": 0, "b": 0}
+
+    def on(member: str) -> Any:
+        async def handle(message: AMQPMessage, context: MessageContext) -> None:
+            got[member].add(context.stream)
+            count[member] += 1
+        return handle
+
+    properties = {"single-active-consumer": "true", "name": "group-g", "super-stream": name}
+    members = []
+    for member in ("a", "b"):
+        c = SuperStreamConsumer("127.0.0.1", port=lev.stream_port, username="guest",
+                                password="guest", super_stream=name)
+        await c.start()
+        await c.subscribe(on(member), decoder=amqp_decoder, properties=properties,
+                          subscriber_name="group-g")
+        members.append(c)
+    await asyncio.sleep(0.5)
+    for i in range(20):
+        await producer_.send(AMQPMessage(body=b"%d" % i, application_properties={"id": str(i)}))
+    await wait_for(lambda: count["a"] + count["b"] >= 20)
+    await asyncio.sleep(0.3)
+    assert count["a"] + count["b"] == 20
+    assert got == {"a": {f"{name}-0"}, "b": {f"{name}-1"}}
+    await producer_.close()
+    for c in members:
+        await c.close()
