@@ -111,6 +111,7 @@ class TopologySync:
                                      self._exchange_removed_by_model)
         self._applying: Queue | None = None  # a removal etcd asked for: not sent back
         self._applying_exchange: str | None = None
+        self._replacing = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.deleting: dict[tuple[str, str], asyncio.Task[None]] = {}  # model -> etcd deletes
         # this node's durable queues as the local metastore had them at boot
@@ -156,12 +157,21 @@ class TopologySync:
                     existing.arguments) == (record.type, record.durable, record.auto_delete,
                                             record.internal, record.arguments):
                 return
-            vhost.remove_exchange(record.name)
+            self._replace(lambda: vhost.remove_exchange(record.name))
         vhost.create_exchange(record.name, record.type, durable=record.durable,
                               auto_delete=record.auto_delete, internal=record.internal,
                               arguments=dict(record.arguments))
         if existing is not None:
             self._rebind(vhost)
+
+    def _replace(self, remove: Callable[[], object]) -> None:
+        """Remove what a changed record replaces: what the model drops with it (an auto-delete
+        exchange that loses its bindings) is put back by the rebind, not deleted in etcd."""
+        self._replacing = True
+        try:
+            remove()
+        finally:
+            self._replacing = False
 
     def exchange_delete(self, record: ExchangeRecord) -> None:
         vhost = self._vhost(record.vhost)
@@ -185,7 +195,7 @@ class TopologySync:
         if existing is not None:
             if self._same(existing, record):
                 return
-            self._remove(vhost, existing)
+            self._replace(lambda: self._remove(vhost, existing))
         if self.is_local(record):
             queue = self._create_local(vhost, record)
         else:
@@ -307,7 +317,8 @@ class TopologySync:
     def _exchange_removed_by_model(self, exchange: Exchange) -> None:
         """An auto-delete exchange lost its last binding on every node's model alike; the
         node whose lease it carries (its declaring node) deletes it in etcd."""
-        if exchange.name == self._applying_exchange or not exchange.auto_delete:
+        if self._replacing or exchange.name == self._applying_exchange or \
+                not exchange.auto_delete:
             return
         record = self.cluster.cache.exchange(exchange.vhost, exchange.name)
         lease = self.cluster.membership.lease

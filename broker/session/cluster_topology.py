@@ -33,6 +33,7 @@ from pamqp import commands as m
 from leveret.amqp import codec
 from leveret.broker import logs
 from leveret.broker.cluster.etcd import EtcdException, EtcdUnavailable
+from leveret.broker.cluster.runtime import SETTLE_TIMEOUT_S
 from leveret.broker.cluster.topology import Created
 from leveret.broker.cluster.topology_records import BindingRecord, ExchangeRecord, QueueRecord
 from leveret.broker.model import args as qargs
@@ -115,7 +116,11 @@ async def _known(channel: Channel, exchanges: Sequence[str] = (),
     except EtcdException:
         return  # the model's answer stands
     if revision:
-        await _settle(cluster, revision, "read the topology")
+        try:
+            await cluster.cache.wait_for(revision, SETTLE_TIMEOUT_S)
+        except TimeoutError:
+            raise InternalError("failed to read the topology: this node did not see a change "
+                                "in time") from None
 
 
 def _checked(channel: Channel, index: int, check: Callable[[], Any], exchanges: list[str],
@@ -182,7 +187,7 @@ async def _declare_exchange(channel: Channel, method: Any, record: ExchangeRecor
     except EtcdUnavailable:
         raise unavailable(action) from None
     await _settle(cluster, result.revision, action)
-    await _answer(channel, method, m.Exchange.DeclareOk())
+    _reply(channel, method, m.Exchange.DeclareOk())
 
 
 def exchange_delete(channel: Channel, method: Any) -> None:
@@ -200,7 +205,7 @@ def exchange_delete(channel: Channel, method: Any) -> None:
             raise unavailable(action) from None
         if revision is not None:
             await _settle(cluster, revision, action)
-        await _answer(channel, method, m.Exchange.DeleteOk())
+        _reply(channel, method, m.Exchange.DeleteOk())
     backlog.run_step(channel, method.index, step())
 
 
@@ -239,7 +244,7 @@ async def _store_bind(channel: Channel, method: Any, record: BindingRecord, ok: 
     except EtcdUnavailable:
         raise unavailable("create binding") from None
     await _settle(cluster, result.revision, "create binding")
-    await _answer(channel, method, ok)
+    _reply(channel, method, ok)
 
 
 def _unbind(channel: Channel, method: Any, source: str, kind: str, destination: str, key: str,
@@ -258,7 +263,7 @@ def _unbind(channel: Channel, method: Any, source: str, kind: str, destination: 
             raise unavailable("delete binding") from None
         if revision is not None:
             await _settle(cluster, revision, "delete binding")
-        await _answer(channel, method, ok)
+        _reply(channel, method, ok)
     backlog.run_step(channel, method.index, step())
 
 
@@ -470,10 +475,6 @@ def _reply(channel: Channel, method: Any, ok: Any) -> None:
     closed while its step ran."""
     if not getattr(method, "nowait", False) and not channel.closed:
         channel.reply(ok)
-
-
-async def _answer(channel: Channel, method: Any, ok: Any) -> None:
-    _reply(channel, method, ok)
 
 
 def _publish_with_lookup(channel: Channel) -> Callable[..., None]:
