@@ -6,8 +6,10 @@ Role: in cluster mode `/api/queues` on any node lists every queue, and `/api/con
 
 - `mgmt.queue_stats` `{"queues": [[vhost, name], ...]}`: the holder's own view of each queue
   (counts, consumers, state), or null for a queue it does not hold;
-- `mgmt.connections` and `mgmt.channels` `{}`: its connections' or channels' views, each with
-  `node`;
+- `mgmt.connections`, `mgmt.channels` and `mgmt.consumers` `{}`: its connections', channels'
+  or consumers' views, each with its node;
+- `mgmt.close_connection` `{"name", "reason"}`: close one of its connections with 320 (the
+  asking node has checked that the user may);
 - `mgmt.purge` and `mgmt.get` `{"vhost", "name", ...}`: the API's purge and get of a queue it
   holds (the asking node has checked the user's permissions), through `on_holder`.
 
@@ -41,6 +43,8 @@ log = logs.get("leveret.management")
 QUEUE_STATS = "mgmt.queue_stats"
 CONNECTIONS = "mgmt.connections"
 CHANNELS = "mgmt.channels"
+CONSUMERS = "mgmt.consumers"
+CLOSE = "mgmt.close_connection"
 PURGE = "mgmt.purge"
 GET = "mgmt.get"
 ASK_TIMEOUT_S = 2.0
@@ -105,6 +109,21 @@ def install(broker: Broker) -> None:
         return messages.take(held(body), int(body["count"]), str(body["ackmode"]),
                              str(body["encoding"]))
 
+    async def consumers(_link: Link, _body: Any) -> list[dict[str, Any]]:
+        return [views.consumer_view(s, ch, consumer) for s in local_sessions(broker)
+                for ch in sorted(s.channels.values(), key=lambda c: c.number)
+                for consumer in ch.consumers.values()]
+
+    async def close(_link: Link, body: Any) -> bool:
+        name = body.get("name") if isinstance(body, dict) else None
+        for session in local_sessions(broker):
+            if views.connection_name(session) == name:
+                session.force_close(str(body.get("reason") or "Closed via management plugin"))
+                return True
+        raise NotFound(f"no connection '{name}'")
+
+    handlers.on_request(CONSUMERS, consumers)
+    handlers.on_request(CLOSE, close)
     handlers.on_request(PURGE, purge)
     handlers.on_request(GET, get)
     handlers.on_request(QUEUE_STATS, queue_stats)
@@ -190,8 +209,25 @@ async def on_holder(broker: Broker, queue: Queue, kind: str, body: dict[str, Any
                        f"{queue.resource}: its node {node} does not answer") from None
 
 
+async def close_remote(broker: Broker, node: str, name: str, reason: str) -> None:
+    """Close a connection another node holds: 404 if it has no such connection any more,
+    503 if it cannot be asked."""
+    link = broker.cluster.links.link_to(node) if broker.cluster is not None else None
+    try:
+        if link is None or link.closed:
+            raise LinkError(f"no link to {node}")
+        await link.call(CLOSE, {"name": name, "reason": reason}, timeout=ASK_TIMEOUT_S)
+    except RemoteError as exc:
+        if exc.error_type == "NotFound":
+            raise NotFound(exc.remote_message) from None
+        raise InternalError(f"{node}: {exc.remote_message}") from None
+    except LinkError:
+        raise ApiError(503, "service_unavailable",
+                       f"connection '{name}': its node {node} does not answer") from None
+
+
 async def remote_items(broker: Broker, kind: str) -> list[dict[str, Any]]:
-    """Every other running node's connections (`mgmt.connections`) or channels."""
+    """Every other running node's connections (`mgmt.connections`), channels or consumers."""
     cluster = broker.cluster
     if cluster is None:
         return []

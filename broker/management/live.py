@@ -4,7 +4,8 @@ A management user sees its own connections (and their channels and consumers); m
 users and administrators see all of them, as in RabbitMQ. DELETE on a connection closes it
 with 320 CONNECTION_FORCED and RabbitMQ's text, or the `X-Reason` header's. In cluster mode
 the lists and GETs take in every running node's connections and channels (each with its
-`node`, asked over the node links: `cluster_views`); closing one works on its own node only.
+`node`, asked over the node links: `cluster_views`), and so do the consumers; closing another
+node's connection asks that node to close it.
 Runs on the event loop.
 """
 
@@ -112,13 +113,23 @@ async def get_connection(request: web.Request) -> web.Response:
 
 
 async def delete_connection(request: web.Request) -> web.Response:
-    session = find_session(request)
+    name = request.match_info["name"]
     user = user_of(request)
-    if not is_admin(user) and session.username != user.name:
-        raise not_authorised("Not administrator user")
     reason = request.headers.get("X-Reason", "Closed via management plugin")
-    session.force_close(reason)
-    return no_content()
+    for session in sessions(request):
+        if views.connection_name(session) == name:
+            if not is_admin(user) and session.username != user.name:
+                raise not_authorised("Not administrator user")
+            session.force_close(reason)
+            return no_content()
+    for item in await _cluster_wide(request, cluster_views.CONNECTIONS, []):
+        if item.get("name") == name:  # another node's: it closes it
+            if not is_admin(user) and item.get("user") != user.name:
+                raise not_authorised("Not administrator user")
+            await cluster_views.close_remote(broker_of(request), str(item["node"]), name,
+                                             reason)
+            return no_content()
+    raise not_found()
 
 
 async def connection_channels(request: web.Request) -> web.Response:
@@ -145,14 +156,24 @@ async def get_channel(request: web.Request) -> web.Response:
     raise not_found()
 
 
+async def _all_consumers(request: web.Request, vhost: str | None = None) -> list[dict[str, Any]]:
+    user = user_of(request)
+    everything = sees_everything(user)
+    remote = await cluster_views.remote_items(broker_of(request), cluster_views.CONSUMERS)
+    return consumers(request, vhost) + [
+        c for c in remote
+        if (vhost is None or c.get("queue", {}).get("vhost") == vhost)
+        and (everything or c.get("channel_details", {}).get("user") == user.name)]
+
+
 async def list_consumers(request: web.Request) -> web.Response:
-    return listing(request, consumers(request))
+    return listing(request, await _all_consumers(request))
 
 
 async def list_vhost_consumers(request: web.Request) -> web.Response:
     name = request.match_info["vhost"]
     vhost_for_read(request, name)
-    return listing(request, consumers(request, name))
+    return listing(request, await _all_consumers(request, name))
 
 
 def setup(app: web.Application) -> None:

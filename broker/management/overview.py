@@ -4,7 +4,8 @@ The node is this one process: memory from /proc, free disk from the data directo
 from the broker's resource monitor when it has one. In cluster mode /api/nodes lists every node
 etcd knows (`cluster.membership`): this one in full, with its `cluster_links` (`cluster.peers`),
 the others from their records (running or not, alarms, uptime); if etcd does not answer, this
-node alone. Read-only; runs on the event loop.
+node alone. In cluster mode the overview's queue and object totals take in every node's queues,
+connections and channels (`cluster_views`). Read-only; runs on the event loop.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from leveret.broker import logs
 from leveret.broker.alarms import resident_memory_bytes, total_memory_bytes
 from leveret.broker.broker import VERSION
 from leveret.broker.cluster.etcd import EtcdException
-from leveret.broker.management import views
+from leveret.broker.management import cluster_views, views
 from leveret.broker.management.http import (
     AMQP_HOST,
     AMQP_PORT,
@@ -119,6 +120,20 @@ async def get_overview(request: web.Request) -> web.Response:
         listeners.append({"node": node, "protocol": "http",
                           "ip_address": request.app[HTTP_HOST],
                           "port": config.management_port})
+    totals = views.queue_totals(queues)
+    objects = {"connections": len(sessions), "channels": len(channels),
+               "consumers": sum(len(c.consumers) for c in channels)}
+    if broker.cluster is not None:  # every node's queues, connections and channels
+        names = {v.name for v in vhosts}
+        queue_views = await cluster_views.queue_views(broker, queues)
+        totals = {key: sum(int(q.get(key, 0)) for q in queue_views) for key in totals}
+        remote = [c for c in await cluster_views.remote_items(broker, cluster_views.CHANNELS)
+                  if c.get("vhost") in names]
+        objects["channels"] += len(remote)
+        objects["consumers"] += sum(int(c.get("consumer_count", 0)) for c in remote)
+        objects["connections"] += len(
+            [c for c in await cluster_views.remote_items(broker, cluster_views.CONNECTIONS)
+             if c.get("vhost") in names])
     return single(request, {
         "management_version": VERSION,
         "rates_mode": "none",
@@ -137,11 +152,9 @@ async def get_overview(request: web.Request) -> web.Response:
             "deliver": sum(q.stats_delivered for q in queues),
             "confirm": sum(c.confirms.confirmed for c in channels if c.confirms is not None),
         }),
-        "queue_totals": views.with_details(views.queue_totals(queues)),
+        "queue_totals": views.with_details(totals),
         "object_totals": {
-            "connections": len(sessions),
-            "channels": len(channels),
-            "consumers": sum(len(c.consumers) for c in channels),
+            **objects,
             "exchanges": sum(len(v.exchanges) for v in vhosts),
             "queues": len(queues),
         },

@@ -5,14 +5,16 @@ with a `node` label."""
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from urllib.request import urlopen
+from urllib.request import Request, urlopen
 
+import pika
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.brokers import BrokerProcess
@@ -297,3 +299,52 @@ def test_get_and_purge_through_a_node_that_does_not_hold_the_queue(
                               "reason": "queue 'remote' in vhost '/': its node a does not answer"}
     status, body = api(b, "POST", "/api/queues/%2F/remote/get", {"count": 1})
     assert (status, body["error"]) == (503, "service_unavailable")
+
+
+def test_consumers_overview_totals_and_closing_another_nodes_connection(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    a, b = start_nodes(tmp_path, etcd.url, cluster, nodes, ("a", "b"))
+    fill(a, "totals-a", 2)
+    fill(b, "totals-b", 3)
+    on_b = connect(b)
+    channel = on_b.channel()
+    channel.basic_consume("totals-b", lambda *args: None, consumer_tag="tag-on-b")
+    on_b.process_data_events(time_limit=0.3)
+    listed = ok(a, "GET", "/api/consumers")
+    assert [(c["consumer_tag"], c["channel_details"]["node"], c["queue"]["name"])
+            for c in listed] == [("tag-on-b", "b", "totals-b")]
+    assert ok(a, "GET", "/api/consumers/%2F") == listed
+    overview = ok(a, "GET", "/api/overview")
+    assert overview["object_totals"]["connections"] == 1
+    assert overview["object_totals"]["channels"] == 1
+    assert overview["object_totals"]["consumers"] == 1
+    assert overview["object_totals"]["queues"] == 2
+    assert overview["queue_totals"]["messages"] == 5  # A's 2 and B's 3 (unacked included)
+
+    name = next(c["name"] for c in ok(a, "GET", "/api/connections"))
+    quoted = name.replace(" ", "%20").replace(">", "%3E")
+    ok(a, "PUT", "/api/users/nosy", {"password": "pw", "tags": "management"})
+    ok(a, "PUT", "/api/permissions/%2F/nosy", {"configure": ".*", "write": ".*", "read": ".*"})
+    status, _ = api(a, "DELETE", f"/api/connections/{quoted}", user="nosy", password="pw")
+    assert status == 404  # a management user does not see another user's connection
+    ok(a, "PUT", "/api/users/watcher", {"password": "pw", "tags": "monitoring"})
+    status, body = api(a, "DELETE", f"/api/connections/{quoted}", user="watcher", password="pw")
+    assert (status, body["reason"]) == (401, "Not administrator user")  # sees it, may not close
+    request_reason = {"X-Reason": "go away"}
+    status, _ = api_with_headers(a, "DELETE", f"/api/connections/{quoted}", request_reason)
+    assert status == 204
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        on_b.process_data_events(time_limit=5)
+    assert (closed.value.reply_code, closed.value.reply_text) == \
+        (320, "CONNECTION_FORCED - go away")
+    assert api(a, "DELETE", f"/api/connections/{quoted}")[0] == 404
+
+
+def api_with_headers(node: ClusterNode, method: str, path: str,
+                     headers: dict[str, str]) -> tuple[int, object]:
+    request = Request(f"http://127.0.0.1:{node.management_port}{path}", method=method)
+    request.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    for key, value in headers.items():
+        request.add_header(key, value)
+    with urlopen(request, timeout=15) as response:
+        return response.status, None
