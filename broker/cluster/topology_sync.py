@@ -222,6 +222,8 @@ class TopologySync:
         if record.exclusive:
             owner = self.broker.cluster_sessions.get(record.exclusive_owner or "")
             if owner is None:  # its connection closed before the record came back
+                log.info("deleting an exclusive queue whose connection has closed",
+                         queue=record.name, vhost=record.vhost)
                 self._delete_in_etcd(record)
                 return None
         queue = vhost.create_queue(

@@ -415,7 +415,7 @@ def test_what_etcd_has_but_the_node_has_not_seen_yet_is_found(
         connect: Connect) -> None:
     """Records written straight into etcd (no settle): a publish, a bind or a passive declare
     that arrives before the watch event reads etcd rather than answer 404."""
-    (a,) = start_nodes(tmp_path, etcd, cluster, nodes, "a")
+    a, _b = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b")
     on_a = channel_of(connect, a)
     on_a.queue_declare("sink")
     for i in range(10):
@@ -423,6 +423,9 @@ def test_what_etcd_has_but_the_node_has_not_seen_yet_is_found(
         on_a.queue_bind("sink", f"fresh{i}", routing_key="r")
         on_a.exchange_declare(f"fresh{i}", passive=True)
         passive_queue(on_a, f"fresh{i}-q")
+    for i in range(5):  # held by b: found, then asked of b
+        asyncio.run(put_behind_the_nodes_back(etcd.url, cluster, f"far{i}", "b"))
+        assert passive_queue(on_a, f"far{i}-q").method.message_count == 0
     for i in range(10):
         asyncio.run(put_behind_the_nodes_back(etcd.url, cluster, f"late{i}", "a"))
         on_a.basic_publish(f"late{i}", "r", b"published at once")  # no 404: the channel lives
@@ -525,3 +528,31 @@ def test_a_declaration_etcd_never_answered_is_refused_and_left_undone(
             return exc.reply_code == 404
         return False
     wait_until(undone, timeout=10)
+
+
+def test_an_exclusive_queue_whose_connection_closes_at_once_goes_everywhere(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        connect: Connect) -> None:
+    """The connection goes while its declaration is in etcd's hands (or just after): the
+    record is deleted either way, by the model's hook or by the sync finding no owner."""
+    a, b = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b")
+    for i in range(5):
+        client = open_client(a.port)
+        client.send_method(1, commands.Queue.Declare(queue=f"brief{i}", exclusive=True))
+        if i % 2:
+            client.expect(commands.Queue.DeclareOk)
+        client.close()
+
+    def all_gone() -> bool:
+        for i in range(5):
+            try:
+                passive_queue(channel_of(connect, b), f"brief{i}")
+            except ChannelClosedByBroker as exc:
+                assert exc.reply_code in (404, 405)
+                if exc.reply_code == 405:
+                    return False
+            else:
+                return False
+        return True
+    wait_until(all_gone, timeout=10)
+    channel_of(connect, b).queue_declare("brief0", exclusive=True)  # the name is free
