@@ -11,7 +11,9 @@ arrives before its ends, and a delete before a redeclare.
 
 The model's own deletions of a queue held here (auto-delete, x-expires, the exclusive owner's
 connection gone) reach `queue_removed`; they are carried to etcd with
-`delete_queue(if_revision=...)`, so a queue declared again meanwhile is spared.
+`delete_queue(if_revision=...)`, so a queue declared again meanwhile is spared. An auto-delete
+exchange that loses its last binding leaves every node's model; the node whose lease it carries
+deletes it in etcd.
 
 In cluster mode etcd is the source of truth for topology. The local SQLite metastore keeps only
 this node's durable queues (vhost, name, type, arguments and `storage_id`): that is how a node
