@@ -6,10 +6,9 @@ bindings), without knowing which mode the node runs in. `access_store(broker)` g
 
 - `LocalAccess` on a single node: `broker.admin`'s operations, as before (the model, then
   SQLite).
-- `ClusterAccess` in cluster mode: the same checks with the same texts (`broker.admin`; for
-  exchanges, queues and bindings the permission and reserved-name checks, while argument checks
-  are the model's as each node applies the record), then
-  one `TopologyStore` txn in etcd, then `ClusterRuntime.settle(revision)`, so that the change
+- `ClusterAccess` in cluster mode: the same checks with the same texts (`broker.admin`, and
+  for exchanges and queues the model's own declaration checks), then one `TopologyStore` txn
+  in etcd, then `ClusterRuntime.settle(revision)`, so that the change
   is applied on every running node (by `cluster.access_sync` and `cluster.topology_sync`)
   before the caller answers. Nothing is written to SQLite. etcd unreachable, or this node out
   of the cluster (its lease lost), raises `TopologyUnavailable` (the API's 503): each change is
@@ -41,7 +40,6 @@ from leveret.broker.cluster.topology_records import (
     VHostRecord,
 )
 from leveret.broker.model.errors import AccessRefused, BrokerError, NotFound, PreconditionFailed
-from leveret.broker.model.exchange import exchange_class
 from leveret.broker.model.vhost import DEFAULT_EXCHANGE_TEXT, Authorize, allow_all
 
 if TYPE_CHECKING:
@@ -322,22 +320,18 @@ class ClusterAccess(AccessStore):
     async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any],
                                check: Authorize = allow_all) -> bool:
         model = admin.get_vhost(self.broker, vhost)
-        if not name:
-            raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
-        check("configure", "exchange", name)
-        if name.startswith("amq.") and name not in model.exchanges:
-            raise AccessRefused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
         type_ = body.get("type")
         if not isinstance(type_, str) or not type_:
             raise admin.BadRequest("exchange type is missing")
-        if exchange_class(type_) is None:
-            raise admin.BadRequest(f"unknown exchange type '{type_}'")
         record = ExchangeRecord(
             vhost, name, type_,
             durable=admin.parse_bool(body.get("durable"), False),
             auto_delete=admin.parse_bool(body.get("auto_delete"), False),
             internal=admin.parse_bool(body.get("internal"), False),
             arguments=admin.parse_arguments(body.get("arguments")))
+        model.check_exchange_declaration(  # the model's checks and texts, in its order
+            name, type_, durable=record.durable, auto_delete=record.auto_delete,
+            internal=record.internal, arguments=record.arguments, check=check)
         async with self._writing():
             result = await self.cluster.store.declare_exchange(
                 record, self._lease(record.auto_delete or not record.durable))
@@ -346,18 +340,17 @@ class ClusterAccess(AccessStore):
 
     async def declare_queue(self, vhost: str, name: str, body: dict[str, Any],
                             check: Authorize = allow_all) -> bool:
-        admin.get_vhost(self.broker, vhost)
+        model = admin.get_vhost(self.broker, vhost)
         if not name:
             raise admin.BadRequest("queue names cannot be empty")
-        check("configure", "queue", name)
-        if name.startswith("amq."):
-            raise AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
-        arguments = admin.parse_arguments(body.get("arguments"))
-        queue_type = arguments.get("x-queue-type", "classic")
         durable = admin.parse_bool(body.get("durable"), False)
+        auto_delete = admin.parse_bool(body.get("auto_delete"), False)
+        arguments = admin.parse_arguments(body.get("arguments"))
+        _name, queue_type, _existing = model.check_queue_declaration(
+            name, owner=None, durable=durable, auto_delete=auto_delete, arguments=arguments,
+            check=check)
         record = QueueRecord(
-            vhost, name, type=str(queue_type), durable=durable,
-            auto_delete=admin.parse_bool(body.get("auto_delete"), False),
+            vhost, name, type=queue_type, durable=durable, auto_delete=auto_delete,
             arguments=arguments, node=self.cluster.node,
             storage_id=_storage_id() if durable else None)
         async with self._writing():

@@ -261,6 +261,12 @@ def test_declarations_through_the_api_are_refused_as_on_a_single_node(
          (401, "access to queue 'other' in vhost '/' refused for user 'lim'")),
         (("POST", "/api/bindings/%2F/e/amq.direct/q/nowhere", {"routing_key": "k"}), "guest",
          (404, "no queue 'nowhere' in vhost '/'")),
+        (("PUT", "/api/queues/%2F/bad-args", {"arguments": {"x-max-length": "ten"}}), "guest",
+         (400, "invalid arg 'x-max-length' for queue 'bad-args' in vhost '/': "
+               '"expected integer, got longstr"')),
+        (("PUT", "/api/queues/%2F/bad-type", {"arguments": {"x-queue-type": "quorum"}}), "guest",
+         (400, "invalid arg 'x-queue-type' for queue 'bad-type' in vhost '/': "
+               "\"unsupported queue type 'quorum'\"")),
     ]
     for (method, path, body), user, expected in cases:
         status, answer = api(b, method, path, body, user=user,
@@ -270,7 +276,7 @@ def test_declarations_through_the_api_are_refused_as_on_a_single_node(
     assert api(a, "PUT", "/api/queues/%2F/lim-q", {"durable": False})[0] == 204  # the same
     status, answer = api(a, "PUT", "/api/queues/%2F/lim-q", {"durable": True})
     assert status == 400 and "inequivalent arg 'durable'" in answer["reason"]
-    assert [q["node"] for q in ok(a, "GET", "/api/queues")] == ["b"]
+    assert [q["node"] for q in ok(a, "GET", "/api/queues")] == ["b"]  # nothing refused is there
     assert [x["name"] for x in ok(a, "GET", "/api/exchanges/%2F") if x["name"] == "x"] == []
 
 
