@@ -39,7 +39,13 @@ from leveret.broker.cluster.topology_records import (
     UserRecord,
     VHostRecord,
 )
-from leveret.broker.model.errors import AccessRefused, BrokerError, NotFound, PreconditionFailed
+from leveret.broker.model.errors import (
+    AccessRefused,
+    BrokerError,
+    InternalError,
+    NotFound,
+    PreconditionFailed,
+)
 from leveret.broker.model.vhost import DEFAULT_EXCHANGE_TEXT, Authorize, allow_all
 
 if TYPE_CHECKING:
@@ -212,8 +218,8 @@ class ClusterAccess(AccessStore):
             raise TopologyUnavailable(
                 f"etcd cannot be reached at {endpoints}; topology changes are refused until "
                 f"it is back ({outcome})") from None
-        except EtcdException as exc:
-            raise TopologyUnavailable(f"etcd refused the change: {exc}") from None
+        except EtcdException as exc:  # not unavailable: it answered no (a value too large)
+            raise InternalError(f"etcd refused the change: {exc}") from None
 
     async def _settle(self, revision: int) -> None:
         try:

@@ -324,3 +324,13 @@ def test_a_single_node_data_directory_joining_a_cluster_serves_the_clusters_acce
     assert not can_login(b, "local-only", "pw", "local-vhost")
     assert not can_login(b, "guest", "guest") and can_login(b, "guest", "cluster-pw")
     assert "a user this node restored is not in the cluster" in b.log()
+
+
+def test_a_change_etcd_refuses_is_a_500_with_etcds_reason(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    a, b = start_nodes(tmp_path, etcd.url, cluster, nodes, ("a", "b"))
+    status, body = api(a, "PUT", "/api/vhosts/huge", {"description": "x" * 2_000_000})
+    assert (status, body["error"]) == (500, "internal_server_error")
+    assert body["reason"].startswith("etcd refused the change:")
+    assert "larger than max" in body["reason"]
+    assert api(b, "GET", "/api/vhosts/huge")[0] == 404
