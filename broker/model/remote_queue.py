@@ -89,7 +89,7 @@ class RemoteQueue(Queue):
 
     def ack(self, entry: Any, consumer: Consumer | None = None) -> None:
         if type(entry) is tuple:
-            entry[1].settle(entry[0], True)
+            entry[1].ack(entry[0])
         else:
             entry.store_ref.settle(entry.seq, True)
 

@@ -199,6 +199,21 @@ class ConsumerShadow(Shadow):
         if self.cancelled and self.unacked <= 0:
             self.close()
 
+    def ack(self, tag: int) -> None:
+        """settle(tag, True), inlined: the hot path of a consumer's acks."""
+        if self.closed or self.cancelled:
+            self.settle(tag, True)
+            return
+        acks = self._acks
+        if not acks:
+            self.tunnel.before_flush(self.send_acks)
+        acks.append(tag)
+        if tag == self._low and not self._ahead:
+            self._low = tag + 1
+        else:
+            self.taken(tag)
+        self.unacked -= 1
+
     def cancel(self) -> None:
         """The client cancelled (or its channel closed): what waited goes back to the peer;
         the channel stays open until the client has settled what it was given."""
