@@ -96,7 +96,7 @@ class ConsumerShadow(Shadow):
     `pending` until the client's channel can take them."""
 
     def __init__(self, tunnel: Tunnel, queue: RemoteQueue, consumer: Consumer) -> None:
-        super().__init__(tunnel)
+        super().__init__(tunnel, consumer.sink.number)  # type: ignore[attr-defined]
         self.queue = queue
         self.consumer = consumer
         # deliveries the client's channel cannot take yet: decoded, or (method, content frames)

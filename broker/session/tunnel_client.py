@@ -71,7 +71,7 @@ class Shadow:
     """One channel of a tunnel. Replies to synchronous methods resolve `expect`'s futures in
     order (None: a reply nobody waits for)."""
 
-    def __init__(self, tunnel: Tunnel) -> None:
+    def __init__(self, tunnel: Tunnel, prefer: int = 0) -> None:
         self.tunnel = tunnel
         self.closed = False
         self.closing = False
@@ -88,7 +88,7 @@ class Shadow:
         self.raw_out: list[bytes] | None = None
         self.raw_channel = 0
         self.raw_left = 0
-        self.number = tunnel.allocate(self)
+        self.number = tunnel.allocate(self, prefer)
         self.write(codec.encode_method(self.number, m.Channel.Open()), None)
 
     def write(self, data: bytes, reply: asyncio.Future[Any] | bool | None = False) -> None:
@@ -333,7 +333,7 @@ class Tunnel:
         self._out: list[bytes | memoryview] = []
         self._before_flush: list[Callable[[], None]] = []
         self._flush_scheduled = False
-        self._next = 0
+        self._next = MAX_CHANNELS + 1  # counts down
         self._on_lost = on_lost
         self._loop = asyncio.get_running_loop()
         self.opened: asyncio.Future[None] = self._loop.create_future()
@@ -425,8 +425,11 @@ class Tunnel:
             if shadow is not None:
                 out = shadow.raw_out
                 if out is not None and frame_type != c.FRAME_METHOD:
-                    out.append(pack(frame_type, shadow.raw_channel, size))
-                    out.append(data[pos + 7:end + 1])
+                    if shadow.raw_channel == number:  # the frame as it is
+                        out.append(data[pos:end + 1])
+                    else:
+                        out.append(pack(frame_type, shadow.raw_channel, size))
+                        out.append(data[pos + 7:end + 1])
                     if frame_type == c.FRAME_HEADER:
                         shadow.raw_left = size_of(data, pos + 11)[0]
                     else:
@@ -451,11 +454,17 @@ class Tunnel:
 
     # -- channels
 
-    def allocate(self, shadow: Shadow) -> int:
+    def allocate(self, shadow: Shadow, prefer: int = 0) -> int:
+        """A free channel number: `prefer` if it is free (a consumer's is its client
+        channel's, so that its content frames pass as they are), else counting down from the
+        top, which leaves the low numbers clients use to their consumers."""
+        if prefer and prefer not in self.channels:
+            self.channels[prefer] = shadow
+            return prefer
         if len(self.channels) >= MAX_CHANNELS:
             raise AMQPError(c.RESOURCE_ERROR, f"too many channels to node '{self.peer}'")
         while True:
-            self._next = self._next % MAX_CHANNELS + 1
+            self._next = (self._next - 2) % MAX_CHANNELS + 1  # MAX, MAX - 1, ..., 1, MAX
             if self._next not in self.channels:
                 self.channels[self._next] = shadow
                 return self._next

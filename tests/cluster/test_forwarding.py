@@ -435,3 +435,29 @@ def test_a_graceful_stop_of_a_cancels_consumers_on_b_and_nacks_nothing_confirmed
     assert counts(b, "q.stop") == (20, 0)
     conn.close()
     consumer.close()
+
+
+def test_two_clients_of_b_consume_one_queue_on_a_each_message_once(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    on_a(ab, "q.two")
+    first, second = connect(b), connect(b)  # both consume on their channel 1
+    got: list[bytes] = []
+    for conn in (first, second):
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=10)
+        ch.basic_consume("q.two", lambda c, m, p, body: (got.append(body),
+                                                         c.basic_ack(m.delivery_tag)))
+    pub = connect(a)
+    pub_ch = pub.channel()
+    pub_ch.confirm_delivery()
+    sent = [f"m{i}".encode() * 50 for i in range(200)]
+    for body in sent:
+        pub_ch.basic_publish("", "q.two", body)
+    deadline = time.monotonic() + 15
+    while len(got) < 200 and time.monotonic() < deadline:
+        first.process_data_events(0.05)
+        second.process_data_events(0.05)
+    assert sorted(got) == sorted(sent)
+    for conn in (first, second, pub):
+        conn.close()
