@@ -461,3 +461,38 @@ def test_two_clients_of_b_consume_one_queue_on_a_each_message_once(
     assert sorted(got) == sorted(sent)
     for conn in (first, second, pub):
         conn.close()
+
+
+def test_a_publish_routed_to_queues_on_both_nodes_reaches_both_once_confirmed(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    on_a(ab, "q.fan.a")
+    declare_on(b, "q.fan.b")  # held by b
+    conn = connect(b)
+    ch = conn.channel()
+    ch.exchange_declare("x.fan", "fanout")
+    ch.queue_bind("q.fan.a", "x.fan")
+    ch.queue_bind("q.fan.b", "x.fan")
+    ch.confirm_delivery()
+    for i in range(50):
+        ch.basic_publish("x.fan", "", f"m{i}".encode(), PERSISTENT)
+    assert counts(a, "q.fan.a") == (50, 0)
+    assert counts(b, "q.fan.b") == (50, 0)
+    conn.close()
+
+
+def test_a_transaction_on_b_publishes_to_a_queue_on_a_at_commit_only(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    on_a(ab, "q.tx")
+    conn = connect(b)
+    ch = conn.channel()
+    ch.tx_select()
+    ch.basic_publish("", "q.tx", b"dropped")
+    ch.tx_rollback()
+    ch.basic_publish("", "q.tx", b"kept")
+    ch.tx_commit()
+    wait_until(lambda: counts(a, "q.tx") == (1, 0), timeout=5)
+    _method, _props, body = connect(a).channel().basic_get("q.tx", auto_ack=True)
+    assert body == b"kept"
+    conn.close()
