@@ -101,13 +101,14 @@ class ConsumerShadow(Shadow):
         self.consumer = consumer
         # deliveries the client's channel cannot take yet: decoded, or (method, content frames)
         self.pending: deque[Any] = deque()
-        self._raw_method = b""
         self.active = False  # consume-ok went to the client: deliveries may follow
         self.cancelled = False
         self.unacked = 0
         # passed through only if the client's frames may be as large as the peer's
         frame_max = consumer.sink.session.frame_max  # type: ignore[attr-defined]
         self.passthrough = not frame_max or frame_max >= tunnel.frame_max
+        # a delivery that came whole goes to the client as it is, but for the method frame
+        self.whole_deliveries = self.passthrough and self.number == consumer.sink.number  # type: ignore[attr-defined]
         consumer.state = self
 
     async def start(self, exclusive: bool) -> None:

@@ -88,6 +88,8 @@ class Shadow:
         self.raw_out: list[bytes] | None = None
         self.raw_channel = 0
         self.raw_left = 0
+        self._raw_method = b""
+        self.whole_deliveries = False  # deliver_whole takes a delivery that came in one read
         self.number = tunnel.allocate(self, prefer)
         self.write(codec.encode_method(self.number, m.Channel.Open()), None)
 
@@ -228,6 +230,13 @@ class Shadow:
 
     def raw_done(self) -> None:
         """The delivery in `raw_out` is whole."""
+
+    def deliver_whole(self, method: bytes, content: bytes) -> None:
+        """A delivery (its basic.deliver payload, then its header and body frames as they
+        are) that came whole: only for shadows with `whole_deliveries`."""
+        self._raw_method = method
+        self.raw_out = [content]
+        self.raw_done()
 
     def on_delivery(self, tag: int, redelivered: bool, exchange: str, routing_key: str,
                     header: bytes, body: bytes) -> None:
@@ -422,6 +431,13 @@ class Tunnel:
             if number == 0 and frame_type == c.FRAME_METHOD:  # connection.close: shutdown
                 self._connection_method(data[pos + 7:end])
                 return
+            if (shadow is not None and shadow.whole_deliveries and frame_type == c.FRAME_METHOD
+                    and data[pos + 7:pos + 11] == _DELIVER_ID):
+                after = _content_end(data, end + 1, number, n)
+                if after:  # the delivery's header and body frames are here: in one piece
+                    shadow.deliver_whole(data[pos + 7:end], data[end + 1:after])
+                    pos = after
+                    continue
             if shadow is not None:
                 out = shadow.raw_out
                 if out is not None and frame_type != c.FRAME_METHOD:
@@ -498,6 +514,34 @@ class Tunnel:
         if not self.closed and self.ready and not self.link.closed:
             self.link.send_tunnel(self.id | TUNNEL_FROM_OPENER, b"")
         self.lose(TunnelLost("closed"))
+
+
+_DELIVER_ID = struct.pack(">I", c.BASIC_DELIVER)
+
+
+def _content_end(data: bytes, at: int, number: int, n: int) -> int:
+    """Where the content of a delivery on channel `number` ends, if its header frame and one
+    body frame holding the whole body (or none, for an empty body) start at `at` and are all
+    in `data`; else 0."""
+    if n - at < 8:
+        return 0
+    frame_type, channel, size = _FRAME_HEAD.unpack_from(data, at)
+    end: int = at + 7 + size
+    if frame_type != c.FRAME_HEADER or channel != number or end >= n or size < 12:
+        return 0
+    if data[end] != c.FRAME_END:
+        return 0
+    body = int(_BODY_SIZE.unpack_from(data, at + 11)[0])
+    if not body:
+        return end + 1
+    at = end + 1
+    if n - at < 8:
+        return 0
+    frame_type, channel, size = _FRAME_HEAD.unpack_from(data, at)
+    end = at + 7 + size
+    if frame_type != c.FRAME_BODY or channel != number or size != body or end >= n:
+        return 0
+    return end + 1 if data[end] == c.FRAME_END else 0
 
 
 def _short(payload: bytes, pos: int) -> tuple[str, int]:
