@@ -31,8 +31,13 @@ async function main() {
   for (let i = 0; i < 50 && stored === null; i++) {
     try { stored = Number(await consumer.queryOffset()) } catch (e) { await new Promise((r) => setTimeout(r, 50)) }
   }
-  await client.deleteStream({ stream })
   await client.close()
+  // the stream is deleted on a fresh connection, once the publisher and consumers are closed
+  const admin = await rabbit.connect({
+    hostname: "127.0.0.1", port, username: "guest", password: "guest", vhost: "/",
+  })
+  await admin.deleteStream({ stream })
+  await admin.close()
   console.log(JSON.stringify({ sequence, received, stored }))
 }
 
