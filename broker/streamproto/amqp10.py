@@ -51,7 +51,11 @@ def to_amqp10(record: bytes) -> bytes:
     if record[0] == stored.AMQP10:
         pos = 2 + record[1]
         return bytes(record[pos + 1 + record[pos] :])
-    return from_091(stored.decode_record(record), _headers_of(record))
+    message = stored.decode_record(record)
+    try:
+        return from_091(message, _headers_of(record))
+    except Exception:  # noqa: BLE001 - properties that do not decode: the body alone
+        return _section(DATA, ("binary", message.body))
 
 
 def _headers_of(record: bytes) -> list[table091.Entry]:

@@ -159,3 +159,9 @@ def test_091_record_converts_to_amqp10_with_its_types() -> None:
     sections, body = amqp10.sections(amqp10.to_amqp10(record))
     assert sections[amqp10.APPLICATION_PROPERTIES] == ("map", [(("utf8", "n"), ("int", -3))])
     assert body[0][1] == ("binary", b"hi")
+
+
+def test_a_091_record_whose_headers_do_not_decode_goes_out_as_its_body() -> None:
+    header = encode_values(1, None, headers=b"\x01aZ")  # field type Z does not exist
+    record = stored.encode_record(Message("e", "k", header, b"B"))
+    assert amqp10.to_amqp10(record) == b"\x00\x53\x75\xa0\x01B"
