@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from leveret.broker import logs
 from leveret.broker.model import stream_args as sargs
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.errors import BrokerError
@@ -29,6 +30,7 @@ from leveret.storage import StorageError
 if TYPE_CHECKING:
     from leveret.broker.streamproto.session import StreamSession
 
+log = logs.get("leveret.stream_connection")
 _KINDS = {k.OFFSET_FIRST: "first", k.OFFSET_LAST: "last", k.OFFSET_NEXT: "next"}
 MAX_CHUNKS_PER_TURN = 64
 
@@ -113,7 +115,16 @@ class Subscription:
             self.session.loop.call_soon(self.pump)
 
     def pump(self) -> None:
+        """Deliver what the credit allows; an unexpected error closes this connection only."""
         self.scheduled = False
+        try:
+            self._pump()
+        except Exception:
+            log.exception("stream delivery failed", connection=self.session.name,
+                          stream=self.stream)
+            self.session.fail_or_close(k.INTERNAL_ERROR, "internal error")
+
+    def _pump(self) -> None:
         consumer = self.consumer
         if self.closed or consumer is None:
             return
