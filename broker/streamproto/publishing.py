@@ -163,3 +163,5 @@ def publish(s: StreamSession, d: f.Decoder, version: int) -> None:
                     queue.writer.confirm_later(confirm)
                 break
         confirm.seal()
+    if s.broker.alarm is not None:
+        s.block()

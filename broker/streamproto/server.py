@@ -102,6 +102,12 @@ class StreamServer:
                 port = sock[1] if sock else 0
         return host, port
 
+    def alarm_changed(self) -> None:
+        """A resource alarm cleared: blocked publishers are read again."""
+        if self.broker.alarm is None:
+            for session in list(self.sessions):
+                session.unblock()
+
     def forget(self, session: StreamSession) -> None:
         session._release()
         self.sessions.discard(session)
@@ -191,5 +197,6 @@ async def start(server: Any) -> StreamServer | None:
             streams_server.port = bound
         else:
             streams_server.tls_port = bound
+    server.broker.alarm_listeners.append(streams_server.alarm_changed)
     server.stream_server = streams_server
     return streams_server

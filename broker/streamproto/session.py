@@ -72,6 +72,7 @@ class StreamSession(asyncio.Protocol):
         self.last_received = self.last_sent = time.monotonic()
         self.closed = False
         self.writable = True
+        self.blocked = False  # a publisher during a resource alarm: its socket is not read
         self.loop = asyncio.get_event_loop()
         self.handlers = server.handlers
 
@@ -126,6 +127,24 @@ class StreamSession(asyncio.Protocol):
         self.writable = True
         for sub in list(self.subscriptions.values()):
             sub.resume()
+
+    # -- resource alarms ----------------------------------------------------------------------
+
+    def block(self) -> None:
+        """A publish during a resource alarm: stop reading this socket until it clears, as the
+        AMQP session does (RabbitMQ's stream reader blocks publishers the same way)."""
+        if not self.blocked and self.transport is not None:
+            self.blocked = True
+            self.transport.pause_reading()
+            log.info("stream connection blocked", connection=self.name, reason=self.broker.alarm)
+
+    def unblock(self) -> None:
+        if self.blocked:
+            self.blocked = False
+            self.last_received = time.monotonic()
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
+            log.info("stream connection unblocked", connection=self.name)
 
     # -- output -------------------------------------------------------------------------------
 
@@ -298,6 +317,8 @@ class StreamSession(asyncio.Protocol):
     def _heartbeat_tick(self) -> None:
         now = time.monotonic()
         interval = self.heartbeat
+        if self.blocked:  # we stopped reading: the client's heartbeats wait in the socket
+            self.last_received = now
         if now - self.last_received > 2 * interval:
             log.warning("missed heartbeats from stream client", connection=self.name)
             if self.transport is not None:
