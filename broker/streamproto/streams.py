@@ -16,6 +16,7 @@ from leveret.broker.model.errors import BrokerError, NotFound, PreconditionFaile
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto import frames as f
+from leveret.storage import OffsetSpec
 
 if TYPE_CHECKING:
     from leveret.broker.streamproto.session import StreamSession
@@ -169,9 +170,14 @@ def stream_stats(s: StreamSession, d: f.Decoder, _version: int) -> None:
         return
     log = queue.log
     empty = log.committed_offset < log.first_offset
+    last_chunk = -1
+    if not empty:  # the first offset of the last committed chunk, as osiris names chunks
+        reader = log.reader(OffsetSpec.last())
+        last_chunk = reader.position
+        reader.close()
     stats = {
         "first_chunk_id": -1 if empty else log.first_offset,
-        "committed_chunk_id": -1 if empty else log.committed_offset,
+        "committed_chunk_id": last_chunk,
     }
     body = f.i32(len(stats)) + b"".join(
         f.enc_string(key) + f.i64(value) for key, value in stats.items())

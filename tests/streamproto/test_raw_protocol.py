@@ -123,3 +123,28 @@ def test_deleting_a_stream_tells_its_publishers_and_subscribers(lev: StreamBroke
     client.send(0x02, 1, struct.pack(">BiQI", 1, 1, 5, len(message)) + message)
     frame = client.next(0x04)
     assert struct.unpack(">BiQH", frame[4:19]) == (1, 1, 5, 18)
+
+
+def test_stream_stats(lev: StreamBroker, name: str) -> None:
+    client = lev.raw()
+    create_and_declare(client, name)
+
+    def stats() -> dict[str, int]:
+        client.request(0x1C, s(name))
+        _, code, body = client.response(0x1C)
+        assert code == 1
+        out, pos = {}, 4
+        for _ in range(struct.unpack(">i", body[:4])[0]):
+            size = struct.unpack(">h", body[pos : pos + 2])[0]
+            key = body[pos + 2 : pos + 2 + size].decode()
+            out[key] = struct.unpack(">q", body[pos + 2 + size : pos + 10 + size])[0]
+            pos += 10 + size
+        return out
+
+    assert stats() == {"first_chunk_id": -1, "committed_chunk_id": -1}
+    client.send(0x02, 1, struct.pack(">Bi", 1, 3) + b"".join(
+        struct.pack(">QI", i, 1) + b"x" for i in (1, 2, 3)))
+    assert confirms(client) == [1, 2, 3]
+    client.send(0x02, 1, struct.pack(">BiQI", 1, 1, 4, 1) + b"y")
+    assert confirms(client) == [4]
+    assert stats() == {"first_chunk_id": 0, "committed_chunk_id": 3}
