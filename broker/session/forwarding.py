@@ -26,6 +26,7 @@ Asyncio: one event loop.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,7 @@ from leveret.broker.model.errors import NotFound
 from leveret.broker.model.message import Confirm
 from leveret.broker.session import backlog
 from leveret.broker.session.tunnel_client import (
+    LOW_WATER,
     OPEN,
     Shadow,
     Tunnel,
@@ -76,6 +78,7 @@ UNACKED: Any = None
 # A stream consumer's channel on the holder may run this many prefetches ahead of the client,
 # so the extra hop's latency does not throttle it; the client still gets at most its prefetch.
 STREAM_READ_AHEAD = 2
+THROTTLE_POLL_S = 0.005
 
 
 def _holder_tag(method: bytes) -> int:
@@ -288,6 +291,7 @@ class Forwarder:
         self.server = TunnelServer(broker)
         self.tunnels: dict[tuple[str, str], Tunnel] = {}
         self.by_id: dict[int, Tunnel] = {}
+        self._throttled: set[int] = set()  # ids of links whose peer is behind
 
     def link_to(self, node: str) -> Link | None:
         cluster = self.broker.cluster
@@ -302,9 +306,39 @@ class Forwarder:
         if link is None:
             return None
         tunnel = Tunnel(link, node, vhost, self._lost)
+        tunnel.on_full = self._full
         self.tunnels[(node, vhost)] = tunnel
         self.by_id[tunnel.id] = tunnel
         return tunnel
+
+    def _full(self, link: Link) -> None:
+        """The peer is behind (its link holds more than HIGH_WATER unsent): stop reading from
+        this node's clients until it has caught up, as RabbitMQ's credit flow holds publishers
+        back; a node's memory never holds more than that for a slow peer."""
+        if id(link) in self._throttled:
+            return
+        self._throttled.add(id(link))
+        paused: list[Any] = [
+            session for session in self.broker.connections
+            if session.transport is not None and not session.closed
+            and getattr(session.transport, "link", None) is None]  # not a tunnel's
+        for session in paused:
+            session.transport.pause_reading()
+        log.info("a node is behind: reading from clients paused", peer_node=link.peer_node,
+                 buffered=link.buffered_bytes)
+        asyncio.get_running_loop().call_later(THROTTLE_POLL_S, self._caught_up, link, paused)
+
+    def _caught_up(self, link: Link, paused: list[Any]) -> None:
+        if not link.closed and link.buffered_bytes > LOW_WATER:
+            asyncio.get_running_loop().call_later(THROTTLE_POLL_S, self._caught_up, link,
+                                                  paused)
+            return
+        self._throttled.discard(id(link))
+        for session in paused:  # not those an alarm blocks: the alarm's end resumes them
+            transport = session.transport
+            if not session.closed and not session.blocked and not transport.is_closing():
+                transport.resume_reading()
+        log.info("a node caught up: reading from clients resumed", peer_node=link.peer_node)
 
     def _lost(self, tunnel: Tunnel) -> None:
         if self.tunnels.get((tunnel.peer, tunnel.vhost)) is tunnel:

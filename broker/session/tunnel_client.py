@@ -39,6 +39,8 @@ from leveret.broker.model.message import Confirm, QueuedMessage
 log = logs.get("leveret.cluster.tunnel")
 OPEN = "tunnel.open"  # request: {id, vhost}; the peer serves the tunnel (tunnel_server.py)
 OPEN_TIMEOUT_S = 10.0
+HIGH_WATER = 8 * 1024 * 1024  # bytes unsent on the link before this node's clients wait
+LOW_WATER = 2 * 1024 * 1024
 MAX_CHANNELS = 65535
 _GET_OK = (c.CLASS_BASIC << 16) | 71
 _GET_EMPTY = (c.CLASS_BASIC << 16) | 72
@@ -344,6 +346,7 @@ class Tunnel:
         self._flush_scheduled = False
         self._next = MAX_CHANNELS + 1  # counts down
         self._on_lost = on_lost
+        self.on_full: Callable[[Link], None] | None = None  # the link holds too much unsent
         self._loop = asyncio.get_running_loop()
         self.opened: asyncio.Future[None] = self._loop.create_future()
         self._task = self._loop.create_task(self._open())
@@ -400,6 +403,9 @@ class Tunnel:
             self.link.send_tunnel(self.id | TUNNEL_FROM_OPENER, data)
         except LinkError as exc:
             self.lose(TunnelLost(str(exc)))
+            return
+        if self.link.buffered_bytes > HIGH_WATER and self.on_full is not None:
+            self.on_full(self.link)
 
     # -- input
 

@@ -7,6 +7,9 @@ killed B's clients get RabbitMQ's answers, then everything works again once A is
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +24,7 @@ from pika.exceptions import ChannelClosedByBroker, NackError
 from support.brokers import BrokerProcess
 from support.cluster import ClusterNode, make_node, wait_until
 from support.etcd import EtcdServer
+from support.procstat import rss_mb
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
@@ -495,4 +499,37 @@ def test_a_transaction_on_b_publishes_to_a_queue_on_a_at_commit_only(
     wait_until(lambda: counts(a, "q.tx") == (1, 0), timeout=5)
     _method, _props, body = connect(a).channel().basic_get("q.tx", auto_ack=True)
     assert body == b"kept"
+    conn.close()
+
+
+def test_publishers_on_b_wait_while_a_is_behind_and_b_holds_little(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    """A stopped (SIGSTOP) while a client of B publishes 100 MB to a queue on A: B stops
+    reading from its clients once the link holds 8 MB, instead of holding it all; once A
+    runs again every message arrives. (A stops for less than its 2 s etcd lease.)"""
+    a, b = ab
+    on_a(ab, "q.slow")
+    conn = connect(b)
+    ch = conn.channel()
+    body = b"x" * 100_000
+    before = rss_mb(b.pid)
+    os.kill(a.pid, signal.SIGSTOP)
+    done = threading.Event()
+
+    def publish() -> None:
+        for _ in range(1000):
+            ch.basic_publish("", "q.slow", body)
+        done.set()
+
+    publisher = threading.Thread(target=publish, daemon=True)
+    try:
+        publisher.start()
+        time.sleep(1.0)
+        assert not done.is_set(), "B took all 100 MB while A was stopped"
+        assert rss_mb(b.pid) - before < 60
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    publisher.join(60)
+    assert done.is_set()
+    wait_until(lambda: counts(a, "q.slow")[0] == 1000, timeout=60)
     conn.close()
