@@ -51,11 +51,35 @@ def to_amqp10(record: bytes) -> bytes:
     if record[0] == stored.AMQP10:
         pos = 2 + record[1]
         return bytes(record[pos + 1 + record[pos] :])
+    header_len = int.from_bytes(record[3:7], "big")
+    names_end = 8 + record[7]
+    names_end += 1 + record[names_end]
+    if header_len == 14 and not record[names_end + 12] and not record[names_end + 13]:
+        return _bare(record, names_end)  # no properties: the common case, from a template
     message = stored.decode_record(record)
     try:
         return from_091(message, _headers_of(record))
     except Exception:  # noqa: BLE001 - properties that do not decode: the body alone
         return _section(DATA, ("binary", message.body))
+
+
+_TEMPLATES: dict[bytes, bytes] = {}
+_TEMPLATES_MAX = 4096
+
+
+def _bare(record: bytes, names_end: int) -> bytes:
+    """A 0.9.1 message without properties: the sections before the body depend only on its
+    exchange and routing key, and are built once per pair."""
+    names = bytes(record[7:names_end])
+    head = _TEMPLATES.get(names)
+    if head is None:
+        if len(_TEMPLATES) >= _TEMPLATES_MAX:
+            _TEMPLATES.clear()
+        empty = stored.decode_record(bytes(record[: names_end + 14]))
+        full = from_091(empty, [])
+        head = _TEMPLATES[names] = full[: len(full) - len(_section(DATA, ("binary", b"")))]
+    body = bytes(record[names_end + 14 :])
+    return head + _section(DATA, ("binary", body))
 
 
 def _headers_of(record: bytes) -> list[table091.Entry]:

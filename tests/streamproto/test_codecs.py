@@ -165,3 +165,11 @@ def test_a_091_record_whose_headers_do_not_decode_goes_out_as_its_body() -> None
     header = encode_values(1, None, headers=b"\x01aZ")  # field type Z does not exist
     record = stored.encode_record(Message("e", "k", header, b"B"))
     assert amqp10.to_amqp10(record) == b"\x00\x53\x75\xa0\x01B"
+
+
+@pytest.mark.parametrize("size", [0, 100, 300, 70000])
+def test_a_message_without_properties_converts_from_its_template(size: int) -> None:
+    for exchange, key in (("", "s"), ("ex", "rk")):
+        record = stored.encode_record(Message(exchange, key, encode_values(size, None),
+                                              b"x" * size))
+        assert amqp10.to_amqp10(record) == amqp10.from_091(stored.decode_record(record), [])
