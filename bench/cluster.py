@@ -15,8 +15,6 @@ generator, which imports nothing from Leveret), each run on a fresh stream held 
 Every stream is declared on a first, and b is waited for until it sees it. Local and forwarded
 runs alternate, for --rounds rounds; it prints the medians in msgs/s and forwarded / local, the
 issue's target being at least 0.70 for both, and writes the runs to bench/results/.
-`--stub-remote` is for a checkout whose topology applier has not landed: b is given the
-streams as remote queues at its start (bench/cluster_stub/), instead of learning them from etcd.
 """
 
 from __future__ import annotations
@@ -48,8 +46,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--body", type=int, default=100)
     p.add_argument("--duration", type=float, default=10.0, help="seconds per publish run")
     p.add_argument("--messages", type=int, default=300_000, help="messages per consume run")
-    p.add_argument("--stub-remote", action="store_true",
-                   help="b learns the streams at its start (before the topology applier)")
     return p.parse_args()
 
 
@@ -114,12 +110,7 @@ def main() -> int:
     etcd = EtcdServer(tmp / "etcd").start()
     cluster = f"bench{os.getpid()}"
     a = make_node(tmp, etcd.url, cluster, "a")
-    env: dict[str, str] = {}
-    if args.stub_remote:
-        env = {"PYTHONPATH": str(HERE / "cluster_stub") + os.pathsep
-               + os.environ.get("PYTHONPATH", ""),
-               "LEVERET_DEV_REMOTE": ",".join(f"a:{name}:stream:1" for name in names.values())}
-    b = make_node(tmp, etcd.url, cluster, "b", env=env)
+    b = make_node(tmp, etcd.url, cluster, "b")
     runs: list[dict[str, Any]] = []
     try:
         a.start()
