@@ -352,9 +352,25 @@ def to_091(message: bytes) -> tuple[bytes, bytes]:
     return encode_values(len(body), values, headers=table), body
 
 
+def _only_data(message: bytes) -> bytes | None:
+    """The body of a message that is a single data section, else None."""
+    if message[:3] != b"\x00\x53\x75" or len(message) < 5:
+        return None
+    if message[3] == 0xA0 and len(message) == 5 + message[4]:
+        return message[5:]
+    if message[3] == 0xB0 and len(message) >= 8 and len(message) == 8 + int.from_bytes(
+            message[4:8], "big"):
+        return message[8:]
+    return None
+
+
 def to_091_record(record: bytes | memoryview) -> bytes:
     """An AMQP 1.0 record as a 0.9.1 record (the converter amqp.stored calls)."""
     exchange, routing_key, message = stored.amqp10_parts(record)
+    body = _only_data(message)
+    if body is not None:  # one data section and nothing else: no properties to convert
+        return stored.encode_record(Message(exchange, routing_key,
+                                            encode_values(len(body), None), body))
     try:
         header, body = to_091(message)
     except (ValueError, IndexError, TypeError):  # not a valid AMQP 1.0 message: the bytes as-is

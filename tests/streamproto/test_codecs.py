@@ -173,3 +173,12 @@ def test_a_message_without_properties_converts_from_its_template(size: int) -> N
         record = stored.encode_record(Message(exchange, key, encode_values(size, None),
                                               b"x" * size))
         assert amqp10.to_amqp10(record) == amqp10.from_091(stored.decode_record(record), [])
+
+
+@pytest.mark.parametrize("size", [0, 100, 300])
+def test_a_lone_data_section_converts_directly(size: int) -> None:
+    message = t.encode(("described", ("ulong", 0x75), ("binary", b"y" * size)))
+    record = stored.encode_amqp10_record("", "s", b"\x00\x53\x75" + message[3:])
+    header, body = amqp10.to_091(stored.amqp10_parts(record)[2])
+    fast = stored.decode_record(record)
+    assert (fast.header, fast.body, fast.routing_key) == (header, body, "s")
