@@ -148,3 +148,16 @@ def test_stream_stats(lev: StreamBroker, name: str) -> None:
     client.send(0x02, 1, struct.pack(">BiQI", 1, 1, 4, 1) + b"y")
     assert confirms(client) == [4]
     assert stats() == {"first_chunk_id": 0, "committed_chunk_id": 3}
+
+
+def test_match_unfiltered(lev: StreamBroker, name: str) -> None:
+    client = lev.raw()
+    create_and_declare(client, name)
+    client.send(0x02, 2, struct.pack(">Bi", 1, 2) + b"".join(
+        struct.pack(">Q", i) + s(v) + struct.pack(">I", 1) + b for i, (v, b) in
+        enumerate([("a", b"1"), ("b", b"2")], 1)))
+    assert confirms(client) == [1, 2]
+    client.send(0x02, 1, struct.pack(">BiQI", 1, 1, 3, 1) + b"3")  # v1: no filter value
+    assert confirms(client) == [3]
+    subscribe(client, name, {"filter.0": "a", "match-unfiltered": "true"})
+    assert [m for _, m in deliveries(client, 2)] == [b"1", b"3"]
