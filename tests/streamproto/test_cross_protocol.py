@@ -171,3 +171,60 @@ async def test_publisher_sequence_is_shared(lev: StreamBroker, name: str) -> Non
     got = await stream_read(lev, name, 2, ConsumerOffsetSpecification(OffsetType.FIRST))
     await asyncio.sleep(0.3)
     assert [bytes(m.body) for _, m in got] == [b"a", b"b"]
+
+
+async def test_single_active_consumer_spans_the_protocols(lev: StreamBroker, name: str) -> None:
+    """An AMQP 0.9.1 consumer (tag = group name, x-single-active-consumer) and a stream
+    subscriber (name, single-active-consumer) are one group: the stream member takes over,
+    told by ConsumerUpdate, when the 0.9.1 member leaves."""
+    from rstream import OffsetSpecification
+
+    ch = channel(lev)
+    ch.queue_declare(name, durable=True, arguments=STREAM)
+    ch.basic_qos(prefetch_count=10)
+    first: list[bytes] = []
+
+    def on(channel_: Any, method: Any, properties: Any, body: bytes) -> None:
+        first.append(body)
+        channel_.basic_ack(method.delivery_tag)
+
+    tag = ch.basic_consume(name, on, consumer_tag="group-x",
+                           arguments={"x-single-active-consumer": True,
+                                      "x-stream-offset": "first"})
+    ch.basic_publish("", name, b"one")
+    deadline = time.monotonic() + 5
+    while not first and time.monotonic() < deadline:
+        ch.connection.process_data_events(0.05)
+    assert first == [b"one"]
+    got: list[bytes] = []
+    updates: list[bool] = []
+
+    async def on_update(active: bool, context: Any) -> OffsetSpecification:
+        updates.append(active)
+        return OffsetSpecification(OffsetType.NEXT, 0)
+
+    async def handle(message: AMQPMessage, context: MessageContext) -> None:
+        got.append(bytes(message.body))
+
+    async with Consumer("127.0.0.1", port=lev.stream_port, username="guest",
+                        password="guest") as c:
+        await c.subscribe(name, handle, decoder=amqp_decoder, subscriber_name="group-x",
+                          properties={"single-active-consumer": "true", "name": "group-x"},
+                          consumer_update_listener=on_update)
+        await asyncio.sleep(0.3)
+        assert updates == []  # the 0.9.1 member is still the active one
+        ch.basic_cancel(tag)
+        ch.connection.process_data_events(0.2)
+        for _ in range(50):
+            if updates:
+                break
+            await asyncio.sleep(0.05)
+        assert updates == [True]
+        ch.basic_publish("", name, b"two")
+        ch.connection.process_data_events(0.1)
+        for _ in range(100):
+            if got:
+                break
+            await asyncio.sleep(0.05)
+    assert got == [b"two"]
+    ch.connection.close()
