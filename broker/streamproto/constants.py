@@ -80,6 +80,7 @@ VERSIONS: dict[int, tuple[int, int]] = {
     SASL_AUTHENTICATE: (1, 1), TUNE: (1, 1), OPEN: (1, 1), CLOSE: (1, 1), HEARTBEAT: (1, 1),
     ROUTE: (1, 1), PARTITIONS: (1, 1), EXCHANGE_COMMAND_VERSIONS: (1, 1),
     STREAM_STATS: (1, 1), CREATE_SUPER_STREAM: (1, 1), DELETE_SUPER_STREAM: (1, 1),
+    RESOLVE_OFFSET_SPEC: (1, 1),
 }
 # what ExchangeCommandVersions answers, in RabbitMQ's order (rabbit_stream_utils:
 # command_versions/0; rstream finds Publish at index 1); Deliver v2 is used when a client
@@ -87,4 +88,4 @@ VERSIONS: dict[int, tuple[int, int]] = {
 ADVERTISED = (DECLARE_PUBLISHER, PUBLISH, QUERY_PUBLISHER_SEQUENCE, DELETE_PUBLISHER, SUBSCRIBE,
               CREDIT, STORE_OFFSET, QUERY_OFFSET, UNSUBSCRIBE, CREATE, DELETE, METADATA, CLOSE,
               HEARTBEAT, ROUTE, PARTITIONS, STREAM_STATS, CREATE_SUPER_STREAM,
-              DELETE_SUPER_STREAM)
+              DELETE_SUPER_STREAM, RESOLVE_OFFSET_SPEC)

@@ -25,7 +25,7 @@ from leveret.broker.streamproto import amqp10, chunk
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto import frames as f
 from leveret.broker.streamproto.streams import stream_of
-from leveret.storage import StorageError
+from leveret.storage import OffsetSpec, StorageError
 
 if TYPE_CHECKING:
     from leveret.broker.streamproto.session import StreamSession
@@ -318,3 +318,51 @@ def query_offset(s: StreamSession, d: f.Decoder, _version: int) -> None:
         s.send(f.response(k.QUERY_OFFSET, corr, k.NO_OFFSET, f.u64(0)))
         return
     s.send(f.response(k.QUERY_OFFSET, corr, k.OK, f.u64(stored)))
+
+
+def resolve_offset_spec(s: StreamSession, d: f.Decoder, _version: int) -> None:
+    """The offset where a subscriber with this offset spec would start (RabbitMQ answers
+    with osiris's resolution: type OFFSET and the offset; NO_OFFSET when there is none)."""
+    corr = d.u32()
+    name = d.string()
+    kind = d.i16()
+    value = 0
+    if kind == k.OFFSET_OFFSET:
+        value = d.u64()
+    elif kind == k.OFFSET_TIMESTAMP:
+        value = d.i64()
+    if d.remaining():
+        d.map()  # properties (chunk_selector): every chunk Leveret delivers is user data
+    d.done()
+    code, offset = _resolve(s, name, kind, value)
+    s.send(f.response(k.RESOLVE_OFFSET_SPEC, corr, code, f.u16(k.OFFSET_OFFSET) + f.u64(offset)))
+
+
+def _resolve(s: StreamSession, name: str, kind: int, value: int) -> tuple[int, int]:
+    if not s.allowed("read", name):
+        return k.ACCESS_REFUSED, 0
+    queue = stream_of(s, name)
+    if queue is None:
+        return k.STREAM_DOES_NOT_EXIST, 0
+    log_ = queue.log
+    if kind in (k.OFFSET_FIRST, k.OFFSET_LAST) and log_.committed_offset < log_.first_offset:
+        return k.NO_OFFSET, 0
+    if kind == k.OFFSET_FIRST:
+        start = OffsetSpec.first()
+    elif kind == k.OFFSET_LAST:
+        start = OffsetSpec.last()
+    elif kind == k.OFFSET_NEXT:
+        start = OffsetSpec.next()
+    elif kind == k.OFFSET_OFFSET:
+        start = OffsetSpec.offset(value)
+    elif kind == k.OFFSET_TIMESTAMP:
+        start = OffsetSpec.timestamp(value)
+    else:
+        return k.PRECONDITION_FAILED, 0
+    try:
+        reader = log_.reader(start)
+    except StorageError:
+        return k.NO_OFFSET, 0
+    position = reader.position
+    reader.close()
+    return k.OK, position

@@ -161,3 +161,27 @@ def test_match_unfiltered(lev: StreamBroker, name: str) -> None:
     assert confirms(client) == [3]
     subscribe(client, name, {"filter.0": "a", "match-unfiltered": "true"})
     assert [m for _, m in deliveries(client, 2)] == [b"1", b"3"]
+
+
+def test_resolve_offset_spec(lev: StreamBroker, name: str) -> None:
+    client = lev.raw()
+    create_and_declare(client, name)
+
+    def resolve(kind: int, value: bytes = b"") -> tuple[int, int]:
+        client.request(0x1F, s(name) + struct.pack(">h", kind) + value + strmap({}))
+        _, code, body = client.response(0x1F)
+        offset_type, offset = struct.unpack(">HQ", body)
+        assert offset_type == 4
+        return code, offset
+
+    assert resolve(1) == (19, 0)  # first, on an empty stream: no offset
+    client.send(0x02, 1, struct.pack(">Bi", 1, 3) + b"".join(
+        struct.pack(">QI", i, 1) + b"x" for i in (1, 2, 3)))
+    assert confirms(client) == [1, 2, 3]
+    client.send(0x02, 1, struct.pack(">BiQI", 1, 1, 4, 1) + b"y")
+    assert confirms(client) == [4]
+    assert resolve(1) == (1, 0)
+    assert resolve(2) == (1, 3)  # last: the last chunk
+    assert resolve(3) == (1, 4)  # next
+    client.request(0x1F, s("missing-" + name) + struct.pack(">h", 1) + strmap({}))
+    assert client.response(0x1F)[1] == 2
