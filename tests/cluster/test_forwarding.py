@@ -196,9 +196,6 @@ def test_basic_get_purge_and_delete_from_b_with_the_holders_counts(
     wait_until(lambda: not visible(b, "q.ops"), timeout=5)
 
 
-@pytest.mark.xfail(strict=False, reason="the holder's cluster queue.delete takes its count "
-                   "after the etcd txn, when the watch may have removed the queue already "
-                   "(a delete straight on the holder answers 0 too, about 1 in 3)")
 def test_delete_from_b_reports_the_holders_count(ab: tuple[ClusterNode, ClusterNode]) -> None:
     a, b = ab
     on_a(ab, "q.count")
