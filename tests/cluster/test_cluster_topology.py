@@ -9,6 +9,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +23,7 @@ from pamqp import commands
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 from support.brokers import BrokerProcess
-from support.cluster import ClusterNode, api_nodes, make_node, wait_until
+from support.cluster import ClusterNode, api_nodes, make_node, states, wait_until
 from support.etcd import EtcdServer
 from support.rawamqp import open_client
 
@@ -556,3 +557,31 @@ def test_an_exclusive_queue_whose_connection_closes_at_once_goes_everywhere(
         return True
     wait_until(all_gone, timeout=10)
     channel_of(connect, b).queue_declare("brief0", exclusive=True)  # the name is free
+
+
+def test_a_paused_node_is_down_for_the_others_then_rejoins_without_its_leased_queues(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        connect: Connect) -> None:
+    """SIGSTOP past the lease: the others see it down and its exclusive queue gone; woken, it
+    notices the lost lease, leaves, drops the queue etcd no longer has, and rejoins."""
+    a, b = start_nodes(tmp_path, etcd, cluster, nodes, "a", "b")
+    owner = connect(a)
+    owner.channel().queue_declare("paused.excl", exclusive=True)
+    channel_of(connect, a).queue_declare("paused.kept", durable=True)
+    assert a.proc is not None
+    a.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: states(etcd.url, cluster).get("a") == "down", timeout=15)
+        wait_until(lambda: refused(
+            lambda: passive_queue(channel_of(connect, b), "paused.excl"))[0] == 404, timeout=15)
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: "lost the etcd lease" in a.log(), timeout=15)
+    wait_until(lambda: states(etcd.url, cluster).get("a") == "running", timeout=30)
+    wait_until(lambda: linked(a, 1) and linked(b, 1), timeout=30)
+    # on a itself the exclusive queue went with the lease, though its connection lived on
+    code, _text = refused(lambda: passive_queue(channel_of(connect, a), "paused.excl"))
+    assert code == 404
+    # the durable queue was never leased: both nodes still have it, and b can use it
+    assert passive_queue(channel_of(connect, b), "paused.kept").method.message_count == 0
+    channel_of(connect, b).queue_declare("paused.excl", exclusive=True)  # the name is free
