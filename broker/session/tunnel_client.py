@@ -233,6 +233,17 @@ class Shadow:
     def raw_done(self) -> None:
         """The delivery in `raw_out` is whole."""
 
+    def deliver_run(self, data: bytes, pos: int, n: int) -> int:
+        """Pass on the whole deliveries that follow one another from `data[pos:]` on this
+        channel, as many as the client may take now; return where they end (`pos` if none
+        was taken): only for shadows with `whole_deliveries`. Here, the first one alone."""
+        end = pos + 7 + _U32.unpack_from(data, pos + 3)[0]
+        after = content_end(data, end + 1, self.number, n)
+        if after:
+            self.deliver_whole(data[pos + 7:end], data[end + 1:after])
+            return after
+        return pos
+
     def deliver_whole(self, method: bytes, content: bytes) -> None:
         """A delivery (its basic.deliver payload, then its header and body frames as they
         are) that came whole: only for shadows with `whole_deliveries`."""
@@ -439,9 +450,8 @@ class Tunnel:
                 return
             if (shadow is not None and shadow.whole_deliveries and frame_type == c.FRAME_METHOD
                     and data[pos + 7:pos + 11] == _DELIVER_ID):
-                after = _content_end(data, end + 1, number, n)
-                if after:  # the delivery's header and body frames are here: in one piece
-                    shadow.deliver_whole(data[pos + 7:end], data[end + 1:after])
+                after = shadow.deliver_run(data, pos, n)
+                if after > pos:  # whole deliveries, their header and body frames all here
                     pos = after
                     continue
             if shadow is not None:
@@ -525,7 +535,7 @@ class Tunnel:
 _DELIVER_ID = struct.pack(">I", c.BASIC_DELIVER)
 
 
-def _content_end(data: bytes, at: int, number: int, n: int) -> int:
+def content_end(data: bytes, at: int, number: int, n: int) -> int:
     """Where the content of a delivery on channel `number` ends, if its header frame and one
     body frame holding the whole body (or none, for an empty body) start at `at` and are all
     in `data`; else 0."""
