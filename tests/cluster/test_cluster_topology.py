@@ -23,7 +23,7 @@ from pamqp import commands
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 from support.brokers import BrokerProcess
-from support.cluster import ClusterNode, api_nodes, make_node, states, wait_until
+from support.cluster import ClusterNode, linked, make_node, states, wait_until
 from support.etcd import EtcdServer
 from support.rawamqp import open_client
 
@@ -60,15 +60,6 @@ def start_nodes(tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[Brok
         nodes.append(node.start())
     wait_until(lambda: all(linked(node, len(started) - 1) for node in started), timeout=20)
     return started
-
-
-def linked(node: ClusterNode, peers: int) -> bool:
-    try:
-        local = [n for n in api_nodes(node) if "os_pid" in n]
-    except OSError:  # the management listener opens after the AMQP one
-        return False
-    return len(local) == 1 and sum(1 for link in local[0]["cluster_links"]
-                                   if link["peer_version"]) == peers
 
 
 def channel_of(connect: Connect, node: ClusterNode) -> BlockingChannel:

@@ -88,3 +88,14 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
     assert len(lines) == 1, lines
     assert "Traceback" not in lines[0]
     return lines[0]
+
+
+def linked(node: ClusterNode, peers: int) -> bool:
+    """`node` (started with management) has a link to `peers` other nodes, each answering its
+    ping: a change it makes is settled on all of them before its -ok."""
+    try:
+        local = [n for n in api_nodes(node) if "os_pid" in n]
+    except OSError:  # the management listener opens after the AMQP one
+        return False
+    return len(local) == 1 and sum(1 for link in local[0]["cluster_links"]
+                                   if link["peer_version"]) == peers
