@@ -73,8 +73,9 @@ class Start:
     skip_below: int | None = None  # skip records with offsets below this
 
 
-class _Index:
-    """The index of one segment, opened for a lookup: the file, or the segment walked."""
+class SegmentIndex:
+    """The index of one segment, opened for a lookup: the file, or the segment walked.
+    Also what shipping.py reads a segment's chunks with."""
 
     def __init__(self, directory: Path, base: int):
         self.fd = os.open(layout.segment_path(directory, base), os.O_RDONLY)
@@ -129,9 +130,9 @@ def locate(
 
 
 def _with_index(
-    directory: Path, base: int, lookup: Callable[[_Index], Start | None]
+    directory: Path, base: int, lookup: Callable[[SegmentIndex], Start | None]
 ) -> Start | None:
-    index = _Index(directory, base)
+    index = SegmentIndex(directory, base)
     try:
         try:
             return lookup(index)
@@ -146,7 +147,7 @@ def _with_index(
 def _at_offset(directory: Path, bases: list[int], offset: int) -> Start:
     base = bases[max(0, bisect.bisect_right(bases, offset) - 1)]
 
-    def lookup(index: _Index) -> Start:
+    def lookup(index: SegmentIndex) -> Start:
         i = min(index.entries.find_offset(offset), len(index.entries) - 1)
         position = index.checked(i).position if i >= 0 else seg.FIRST_CHUNK_POSITION
         return Start(base, position, offset, skip_below=offset)
@@ -162,7 +163,7 @@ def _at_timestamp(directory: Path, bases: list[int], timestamp_ms: int, next_off
     k = bisect.bisect_left(bases, timestamp_ms, key=lambda b: _last_timestamp(directory, b))
     base = bases[min(k, len(bases) - 1)]
 
-    def lookup(index: _Index) -> Start:
+    def lookup(index: SegmentIndex) -> Start:
         i = index.entries.find_timestamp(timestamp_ms)
         if i < len(index.entries):
             entry = index.checked(i)
@@ -178,7 +179,7 @@ def _at_timestamp(directory: Path, bases: list[int], timestamp_ms: int, next_off
 
 def _last_timestamp(directory: Path, base: int) -> int:
     """The timestamp of a segment's last chunk (the largest int64 when it has none)."""
-    index = _Index(directory, base)
+    index = SegmentIndex(directory, base)
     try:
         entries = index.entries
         return entries[-1].timestamp_ms if len(entries) else _LATEST
@@ -198,7 +199,7 @@ def _at_last(
 
     for base in reversed(bases):
 
-        def lookup(index: _Index, base: int = base) -> Start | None:
+        def lookup(index: SegmentIndex, base: int = base) -> Start | None:
             i = index.entries.find_last(wanted)
             if i is None:
                 return None

@@ -23,30 +23,21 @@ from leveret.storage import chunk as ck
 from leveret.storage import layout
 from leveret.storage import segment as seg
 from leveret.storage.errors import BadChunk, CorruptLogError
-from leveret.storage.index import Bisectable, IndexView
+from leveret.storage.locate import SegmentIndex
 
 
-class _Segment:
-    """One segment opened for a lookup: its file and its index (or its chunks walked)."""
+class _Segment(SegmentIndex):
+    """One segment opened for a lookup (locate's), as a context manager, with chunk epochs."""
 
     def __init__(self, directory: Path, base: int) -> None:
         self.path = layout.segment_path(directory, base)
-        self.fd = os.open(self.path, os.O_RDONLY)
-        self.ifd: int | None = None
-        self.entries: Bisectable
-        try:
-            self.ifd = os.open(layout.index_path(directory, base), os.O_RDONLY)
-            self.entries = IndexView(self.ifd)
-        except FileNotFoundError:
-            self.entries = seg.memory_index(self.fd)
+        super().__init__(directory, base)
 
     def __enter__(self) -> _Segment:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)
-        if self.ifd is not None:
-            os.close(self.ifd)
+        self.close()
 
     def epoch(self, i: int) -> int:
         position = self.entries[i].position
