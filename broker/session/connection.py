@@ -55,6 +55,8 @@ class _Detached:
 
 
 class Session(asyncio.Protocol):
+    flush_early_bytes = FLUSH_EARLY_BYTES  # a tunnel's session leaves sooner (tunnel_server)
+
     def __init__(self, broker: Broker, tls: bool = False) -> None:
         self.broker = broker
         self.id = next(_ids)
@@ -183,7 +185,7 @@ class Session(asyncio.Protocol):
     def write_many(self, parts: list[bytes | memoryview]) -> None:
         self._out += parts
         self._out_bytes += sum(map(len, parts))
-        if self._out_bytes > FLUSH_EARLY_BYTES:
+        if self._out_bytes > self.flush_early_bytes:
             # A consumer without a prefetch limit (or no_ack) on a long queue: write now, so
             # that a peer that reads slowly pauses the transport (and so the deliveries)
             # instead of the whole queue piling up here in one turn.

@@ -48,7 +48,6 @@ from leveret.broker.session.tunnel_client import (
     Shadow,
     Tunnel,
     TunnelLost,
-    content_end,
     encode_passive_declare,
     entry_of,
     message_of,
@@ -65,6 +64,8 @@ _DELIVER_ID = struct.pack(">I", c.BASIC_DELIVER)
 _FRAME_HEAD = struct.Struct(">BHI")
 _TAG_BIT = struct.Struct(">QB")
 _U64 = struct.Struct(">Q")
+_METHOD_HEAD = struct.Struct(">BHII")  # frame type, channel, size; class and method ids
+_CONTENT_HEAD = struct.Struct(">BHI4xQ")  # frame type, channel, size; the body size
 _END = c.FRAME_END_BYTE
 CONSUME_INDEX = (c.CLASS_BASIC << 16) | 20
 GET_INDEX = (c.CLASS_BASIC << 16) | 70
@@ -153,22 +154,36 @@ class ConsumerShadow(Shadow):
             return super().deliver_run(data, pos, n)
         credit = consumer.prefetch - consumer.unacked
         number = self.number
-        unpack = _FRAME_HEAD.unpack_from
+        method_head = _METHOD_HEAD.unpack_from
+        content_head = _CONTENT_HEAD.unpack_from
+        frame_head = _FRAME_HEAD.unpack_from
         holder_tag = _U64.unpack_from
         unacked = channel.unacked
         queue = self.queue
         first = tag = channel.next_tag
         start = pos
         at: list[int] = []  # where each delivery tag is, from `start`
-        while credit > 0 and n - pos >= 8:
-            frame_type, chan, size = unpack(data, pos)
+        while credit > 0 and n - pos >= 11:  # content_end, inlined: the frames of one delivery
+            kind, chan, size, index = method_head(data, pos)
             end = pos + 7 + size
-            if (frame_type != c.FRAME_METHOD or chan != number or end >= n
-                    or data[end] != c.FRAME_END or data[pos + 7:pos + 11] != _DELIVER_ID):
+            if (kind != c.FRAME_METHOD or chan != number or index != c.BASIC_DELIVER
+                    or end >= n or data[end] != c.FRAME_END or n - end < 20):
                 break
-            after = content_end(data, end + 1, number, n)
-            if not after:
+            kind, chan, size, body = content_head(data, end + 1)
+            after = end + 8 + size
+            if (kind != c.FRAME_HEADER or chan != number or size < 12 or after >= n
+                    or data[after] != c.FRAME_END):
                 break
+            after += 1
+            if body:
+                if n - after < 8:
+                    break
+                kind, chan, size = frame_head(data, after)
+                after += 7 + size
+                if (kind != c.FRAME_BODY or chan != number or size != body or after >= n
+                        or data[after] != c.FRAME_END):
+                    break
+                after += 1
             tag_at = pos + 12 + data[pos + 11]
             unacked[tag] = UNACKED((holder_tag(data, tag_at)[0], self), queue, consumer)
             at.append(tag_at - start)
@@ -235,6 +250,8 @@ class ConsumerShadow(Shadow):
     def drain(self) -> None:
         """Deliver what waits, while the client's channel can take it."""
         pending = self.pending
+        if pending and type(pending[0]) is tuple:
+            self._drain_raw()
         consumer = self.consumer
         sink = consumer.sink
         queue = self.queue
@@ -245,6 +262,41 @@ class ConsumerShadow(Shadow):
             else:
                 sink.send(consumer, item, queue)
                 queue.stats_delivered += 1
+
+    def _drain_raw(self) -> None:
+        """drain's hot path: the undecoded deliveries at the head of `pending`, as many as the
+        client's prefetch lets it take, written at once (as deliver_run does)."""
+        consumer = self.consumer
+        channel: Any = consumer.sink
+        if (consumer.no_ack or not consumer.prefetch or channel.global_prefetch
+                or channel.closed or not channel.session.writable):
+            return
+        credit = consumer.prefetch - consumer.unacked
+        pending = self.pending
+        unacked = channel.unacked
+        queue = self.queue
+        number = channel.number
+        head = _FRAME_HEAD.pack
+        tag_bit = _TAG_BIT.unpack_from
+        pack_tag = _TAG_BIT.pack
+        first = tag = channel.next_tag
+        out: list[Any] = []
+        while credit > 0 and pending and type(pending[0]) is tuple:
+            method, parts = pending.popleft()
+            tag_at = 5 + method[4]
+            holder_tag, bits = tag_bit(method, tag_at)
+            unacked[tag] = UNACKED((holder_tag, self), queue, consumer)
+            out += (head(c.FRAME_METHOD, number, len(method)), method[:tag_at],
+                    pack_tag(tag, bits), method[tag_at + 9:], _END)
+            out += parts
+            tag += 1
+            credit -= 1
+        count = tag - first
+        channel.next_tag = tag
+        consumer.unacked += count
+        queue.stats_delivered += count
+        if out:
+            channel.session.write_many(out)
 
     def settle(self, tag: int, ok: bool, requeue: bool = False) -> None:
         super().settle(tag, ok, requeue)
@@ -258,13 +310,13 @@ class ConsumerShadow(Shadow):
         if self.closed or self.cancelled:
             self.settle(tag, True)
             return
-        acks = self._acks
-        if not acks:
+        if not self._ack_due:
+            self._ack_due = True
             self.tunnel.before_flush(self.send_acks)
-        acks.append(tag)
-        if tag == self._low and not self._ahead:
+        if tag == self._low and not self._ahead:  # the multiple ack of send_acks covers it
             self._low = tag + 1
         else:
+            self._acks.append(tag)
             self.taken(tag)
         self.unacked -= 1
 
