@@ -9,7 +9,8 @@ arguments), or one client channel's basic.get and queue methods. What the peer s
 parsed with the wire layer's frame buffer and hot-frame codecs; a delivery's content header and
 body are passed on as bytes, never decoded.
 
-Output is gathered during one loop turn and leaves as one TUNNEL frame.
+Output is gathered during one loop turn and leaves as one TUNNEL frame, or sooner, in pieces
+of FLUSH_EARLY_BYTES, while a turn forwards many publishes.
 
 It knows AMQP frames and the link's tunnel frames; the queues and channels it serves are the
 callers' (forwarding.py). Asyncio: one event loop.
