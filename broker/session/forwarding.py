@@ -82,6 +82,10 @@ UNACKED: Any = None
 # so the extra hop's latency does not throttle it; the client still gets at most its prefetch.
 STREAM_READ_AHEAD = 2
 THROTTLE_POLL_S = 0.005
+# A client session with a remote consumer writes what it gathered once it holds this many
+# bytes, not only at the end of the turn: the link's reader may run a long turn, and the client
+# can work on the first deliveries meanwhile.
+CLIENT_FLUSH_BYTES = 64 * 1024
 
 
 def _holder_tag(method: bytes) -> int:
@@ -110,8 +114,10 @@ class ConsumerShadow(Shadow):
         self.active = False  # consume-ok went to the client: deliveries may follow
         self.cancelled = False
         self.unacked = 0
+        session = consumer.sink.session  # type: ignore[attr-defined]
+        session.flush_early_bytes = min(session.flush_early_bytes, CLIENT_FLUSH_BYTES)
         # passed through only if the client's frames may be as large as the peer's
-        frame_max = consumer.sink.session.frame_max  # type: ignore[attr-defined]
+        frame_max = session.frame_max
         self.passthrough = not frame_max or frame_max >= tunnel.frame_max
         # a delivery that came whole goes to the client as it is, but for the method frame
         self.whole_deliveries = self.passthrough and self.number == consumer.sink.number  # type: ignore[attr-defined]
