@@ -151,14 +151,16 @@ class ConsumerShadow(Shadow):
     def deliver_run(self, data: bytes, pos: int, n: int) -> int:
         """The hot path of a remote consumer: the whole deliveries that follow one another on
         this channel (numbered as the client's) go to the client as one copy of their bytes,
-        with only each delivery tag patched, as many as its prefetch lets it take now."""
+        with only each delivery tag patched, as many as its prefetch lets it take now; the
+        rest wait in `pending`, undecoded, behind them."""
         consumer = self.consumer
         channel: Any = consumer.sink
-        if (self.cancelled or not self.active or self.pending or consumer.no_ack
-                or not consumer.prefetch or channel.global_prefetch or channel.closed
-                or not channel.session.writable):
+        if (self.cancelled or not self.active or consumer.no_ack or not consumer.prefetch
+                or channel.global_prefetch):
             return super().deliver_run(data, pos, n)
-        credit = consumer.prefetch - consumer.unacked
+        pending = self.pending
+        credit = (0 if pending or channel.closed or not channel.session.writable
+                  else consumer.prefetch - consumer.unacked)
         number = self.number
         method_head = _METHOD_HEAD.unpack_from
         content_head = _CONTENT_HEAD.unpack_from
@@ -168,8 +170,10 @@ class ConsumerShadow(Shadow):
         queue = self.queue
         first = tag = channel.next_tag
         start = pos
+        run_end = -1  # where the deliveries passed on end, once one has to wait
+        waiting = 0
         at: list[int] = []  # where each delivery tag is, from `start`
-        while credit > 0 and n - pos >= 11:  # content_end, inlined: the frames of one delivery
+        while n - pos >= 11:  # content_end, inlined: the frames of one delivery
             kind, chan, size, index = method_head(data, pos)
             end = pos + 7 + size
             if (kind != c.FRAME_METHOD or chan != number or index != c.BASIC_DELIVER
@@ -190,24 +194,31 @@ class ConsumerShadow(Shadow):
                         or data[after] != c.FRAME_END):
                     break
                 after += 1
-            tag_at = pos + 12 + data[pos + 11]
-            unacked[tag] = UNACKED((holder_tag(data, tag_at)[0], self), queue, consumer)
-            at.append(tag_at - start)
-            tag += 1
-            credit -= 1
+            if credit > 0:
+                tag_at = pos + 12 + data[pos + 11]
+                unacked[tag] = UNACKED((holder_tag(data, tag_at)[0], self), queue, consumer)
+                at.append(tag_at - start)
+                tag += 1
+                credit -= 1
+            else:  # as raw_done keeps it: its method's payload, its content frames
+                if run_end < 0:
+                    run_end = pos
+                pending.append((data[pos + 7:end], [data[end + 1:after]]))
+                waiting += 1
             pos = after
         if pos == start:
             return super().deliver_run(data, pos, n)
-        run = bytearray(memoryview(data)[start:pos])
-        patch = _U64.pack_into
-        for client_tag, offset in enumerate(at, first):
-            patch(run, offset, client_tag)
         count = tag - first
-        channel.next_tag = tag
-        consumer.unacked += count
-        self.unacked += count
-        queue.stats_delivered += count
-        channel.session.write_many([run])
+        self.unacked += count + waiting
+        if count:
+            run = bytearray(memoryview(data)[start:run_end if run_end >= 0 else pos])
+            patch = _U64.pack_into
+            for client_tag, offset in enumerate(at, first):
+                patch(run, offset, client_tag)
+            channel.next_tag = tag
+            consumer.unacked += count
+            queue.stats_delivered += count
+            channel.session.write_many([run])
         return pos
 
     def raw_done(self) -> None:
