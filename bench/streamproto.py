@@ -86,7 +86,7 @@ def _wait_stream(port: int, timeout: float) -> None:
         try:
             StreamConnection("127.0.0.1", port, timeout=10).close()
             return
-        except Exception:  # noqa: BLE001 - not ready yet
+        except Exception:  # not ready yet
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
