@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from leveret.cli import streams_inspect, streams_lists
+from leveret.cli import streams_inspect, streams_lists, usage
 from leveret.cli.streams_api import (
     Api,
     Fmt,
@@ -313,4 +313,4 @@ streams_inspect.register(app)
 
 
 def main() -> None:
-    app()
+    usage.run(app)  # a usage mistake is one line and exit 1 too

@@ -2,9 +2,11 @@
 groups and their members, and a stream's tracking. Columns can be chosen as in RabbitMQ
 (`list_stream_consumers stream offset`); an empty list prints nothing. Presentation only.
 
-Over AMQP 0.9.1 a "stream connection" is a connection with a consumer on a stream, a consumer
-is identified by its consumer tag, and a publisher is a named publisher
-(x-stream-publisher-name) with its last publishing id.
+The columns and defaults are those of RabbitMQ's `rabbitmq-streams` (its info items), plus a few
+of Leveret's. Stream-protocol connections, publishers and consumers come first; then, over
+AMQP 0.9.1, a "stream connection" is a connection with a consumer on a stream, a consumer is
+identified by its consumer tag, and a publisher is a named publisher (x-stream-publisher-name)
+with its last publishing id.
 """
 
 from __future__ import annotations
@@ -31,15 +33,23 @@ from leveret.cli.streams_api import (
     q,
 )
 
-CONNECTION_COLUMNS = ["auth_mechanism", "client_properties", "conn_name", "connected_at",
-                      "connection_state", "frame_max", "heartbeat", "host", "node", "peer_host",
-                      "peer_port", "port", "ssl", "subscriptions", "user", "vhost"]
-CONSUMER_COLUMNS = ["subscription_id", "stream", "reference", "offset", "stored_offset",
-                    "offset_lag", "credits", "active", "activity_status", "properties",
-                    "connection_name", "channel", "node", "vhost"]
-CONSUMER_DEFAULT = ["subscription_id", "stream", "offset", "stored_offset", "offset_lag",
+# RabbitMQ's info items (rabbit_stream.hrl), and Leveret's few extras at the end
+CONNECTION_COLUMNS = ["conn_name", "pid", "node", "port", "peer_port", "host",
+                      "peer_cert_issuer", "peer_cert_subject", "peer_cert_serial_number",
+                      "peer_cert_validity", "peer_host", "user", "vhost", "subscriptions", "ssl",
+                      "ssl_cipher", "ssl_hash", "ssl_key_exchange", "ssl_protocol",
+                      "connection_state", "auth_mechanism", "heartbeat", "frame_max",
+                      "client_properties", "connected_at", "protocol"]
+CONSUMER_COLUMNS = ["connection_pid", "node", "subscription_id", "stream", "messages_consumed",
+                    "offset", "offset_lag", "credits", "active", "activity_status", "properties",
+                    "reference", "stored_offset", "connection_name", "channel", "vhost"]
+CONSUMER_DEFAULT = ["subscription_id", "stream", "messages_consumed", "offset", "offset_lag",
                     "credits", "active", "activity_status", "properties"]
-PUBLISHER_COLUMNS = ["stream", "reference", "last_publishing_id", "vhost"]
+PUBLISHER_COLUMNS = ["connection_pid", "node", "publisher_id", "stream", "reference",
+                     "messages_published", "messages_confirmed", "messages_errored",
+                     "last_publishing_id", "connection_name", "vhost"]
+PUBLISHER_DEFAULT = ["publisher_id", "stream", "reference", "messages_published",
+                     "messages_confirmed", "messages_errored"]
 GROUP_COLUMNS = ["stream", "reference", "partition_index", "consumers", "vhost"]
 MEMBER_COLUMNS = ["subscription_id", "connection_name", "channel", "state"]
 TRACKING_COLUMNS = ["type", "name", "tracking_value"]
@@ -56,33 +66,40 @@ def _get(api: Api, path: str, missing: str | None = None,
 
 
 def _connection_row(item: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "auth_mechanism": item.get("auth_mechanism", "PLAIN"),
-        "client_properties": item.get("client_properties"),
+    """A stream-protocol connection carries RabbitMQ's items; an AMQP 0.9.1 one is mapped."""
+    row = {c: item.get(c) for c in CONNECTION_COLUMNS}
+    row.update({
         "conn_name": item.get("name"),
-        "connected_at": item.get("connected_at"),
-        "connection_state": item.get("state"),
-        "frame_max": item.get("frame_max"),
-        "heartbeat": item.get("timeout"),
-        "host": item.get("host"),
-        "node": item.get("node"),
-        "peer_host": item.get("peer_host"),
-        "peer_port": item.get("peer_port"),
-        "port": item.get("port"),
-        "ssl": item.get("ssl"),
-        "subscriptions": item.get("subscriptions"),
-        "user": item.get("user"),
-        "vhost": item.get("vhost"),
-    }
+        "pid": None,
+        "auth_mechanism": item.get("auth_mechanism") or "PLAIN",
+        "connection_state": item.get("connection_state", item.get("state")),
+        "heartbeat": item.get("heartbeat", item.get("timeout")),
+    })
+    return row
 
 
 def _consumer_row(item: dict[str, Any]) -> dict[str, Any]:
-    details = item.get("channel_details", {})
+    details = item.get("channel_details") or item.get("connection_details") or {}
     return {
         **{k: item.get(k) for k in CONSUMER_COLUMNS},
-        "connection_name": details.get("connection_name"),
+        "connection_pid": None,
+        "messages_consumed": item.get("consumed"),
+        "connection_name": details.get("connection_name", details.get("name")),
         "channel": details.get("number"),
         "node": details.get("node"),
+    }
+
+
+def _publisher_row(item: dict[str, Any]) -> dict[str, Any]:
+    details = item.get("connection_details") or {}
+    return {
+        **{k: item.get(k) for k in PUBLISHER_COLUMNS},
+        "connection_pid": None,
+        "node": details.get("node"),
+        "connection_name": details.get("name"),
+        "messages_published": item.get("published"),
+        "messages_confirmed": item.get("confirmed"),
+        "messages_errored": item.get("errored"),
     }
 
 
@@ -91,7 +108,8 @@ def list_stream_connections(
     url: Url = None, host: Host = None, port: Port = None, username: User = None,
     password: Password = None,
 ) -> None:
-    """List the connections that consume from a stream (default columns: node, conn_name).
+    """List stream-protocol connections, and AMQP 0.9.1 connections that consume from a stream
+    (default columns: node, conn_name).
 
     Example: leveret-streams list_stream_connections conn_name user subscriptions
     """
@@ -122,15 +140,15 @@ def list_stream_publishers(
     url: Url = None, host: Host = None, port: Port = None, username: User = None,
     password: Password = None,
 ) -> None:
-    """List the named publishers of each stream with their last publishing id.
+    """List stream-protocol publishers, and the named publishers (x-stream-publisher-name) of
+    each stream, with their last publishing id.
 
     Example: leveret-streams list_stream_publishers stream reference last_publishing_id
     """
-    chosen = pick_columns(columns, ["stream", "reference", "last_publishing_id"],
-                          PUBLISHER_COLUMNS)
+    chosen = pick_columns(columns, PUBLISHER_DEFAULT, PUBLISHER_COLUMNS)
     api = Api(url, host, port, username, password)
     items = _get(api, f"/api/stream/publishers/{q(vhost)}", f"vhost '{vhost}' does not exist")
-    emit_rows(items, chosen, formatter)
+    emit_rows([_publisher_row(i) for i in items], chosen, formatter)
 
 
 def list_stream_consumer_groups(

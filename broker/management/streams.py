@@ -1,11 +1,8 @@
 """Streams over HTTP: RabbitMQ's stream management paths and Leveret's /api/leveret extras.
 
 RabbitMQ's (rabbitmq_stream_management): PUT /api/stream/super-streams/{vhost}/{name}
-({"partitions": N} or {"binding-keys": "a,b"}, plus "arguments"), GET /api/stream/connections,
-/api/stream/consumers and /api/stream/publishers (with [/{vhost}[/{stream}]]). Over AMQP
-0.9.1 a stream "connection" is a connection with a consumer on a stream, a consumer carries
-its reference and offsets, and a publisher is a named publisher (x-stream-publisher-name)
-with its last publishing id.
+({"partitions": N} or {"binding-keys": "a,b"}, plus "arguments"); the stream connections,
+publishers and consumers are `stream_protocol`'s.
 
 Leveret's (what `leveret-streams` needs and RabbitMQ's API lacks), under /api/leveret:
   GET    /super-streams[/{vhost}[/{name}]]               super streams and their partitions
@@ -26,7 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from leveret.broker.admin import BadRequest
-from leveret.broker.management import streamops, views
+from leveret.broker.management import stream_protocol, streamops
 from leveret.broker.management.http import (
     ApiError,
     bad_request,
@@ -40,8 +37,6 @@ from leveret.broker.management.http import (
     vhost_for_write,
     visible_vhosts,
 )
-from leveret.broker.management.live import consumers as all_consumers
-from leveret.broker.management.live import sessions
 from leveret.broker.model.errors import NotFound
 
 
@@ -93,66 +88,6 @@ async def put_super_stream(request: web.Request) -> web.Response:
     streamops.add_super_stream(broker_of(request), vhost.name, name, partitions=partitions,
                                binding_keys=keys, arguments=arguments)
     return web.Response(status=201)
-
-
-async def stream_connections(request: web.Request) -> web.Response:
-    vhost = request.match_info.get("vhost")
-    if vhost is not None:
-        vhost_for_read(request, vhost)
-    items = []
-    for session in sessions(request, vhost):
-        if any(c.queue.type == "stream" for ch in session.channels.values()
-               for c in ch.consumers.values()):
-            view = views.connection_view(session)
-            view["conn_name"] = view["name"]
-            view["subscriptions"] = sum(1 for ch in session.channels.values()
-                                        for c in ch.consumers.values()
-                                        if c.queue.type == "stream")
-            items.append(view)
-    return listing(request, items)
-
-
-async def stream_consumers(request: web.Request) -> web.Response:
-    vhost = request.match_info.get("vhost")
-    if vhost is not None:
-        vhost_for_read(request, vhost)
-    items = []
-    for item in all_consumers(request, vhost):
-        if "stream" not in item:
-            continue
-        details = item["channel_details"]
-        items.append({
-            "subscription_id": item["consumer_tag"],
-            "stream": item["queue"]["name"],
-            "vhost": item["queue"]["vhost"],
-            "queue": item["queue"],
-            "connection_details": {"name": details["connection_name"],
-                                   "node": details["node"],
-                                   "peer_host": details["peer_host"],
-                                   "peer_port": details["peer_port"],
-                                   "user": details["user"]},
-            "channel_details": details,
-            "active": item["active"],
-            "activity_status": item["activity_status"],
-            "properties": item["arguments"],
-            **item["stream"],
-        })
-    return listing(request, items)
-
-
-async def stream_publishers(request: web.Request) -> web.Response:
-    name = request.match_info.get("name")
-    items = [
-        p
-        for vhost in _vhosts(request)
-        for stream in streamops.streams(vhost)
-        if name is None or stream.name == name
-        for p in streamops.publishers(stream)
-    ]
-    if name is not None and not any(s.name == name for v in _vhosts(request)
-                                     for s in streamops.streams(v)):
-        raise not_found()
-    return listing(request, items)
 
 
 # -- Leveret's extras ---------------------------------------------------------------------------
@@ -234,13 +169,7 @@ async def consumer_group(request: web.Request) -> web.Response:
 def setup(app: web.Application) -> None:
     r = app.router
     r.add_put("/api/stream/super-streams/{vhost}/{name}", put_super_stream)
-    for prefix in ("/api/stream/connections", "/api/stream/consumers"):
-        handler = stream_connections if prefix.endswith("connections") else stream_consumers
-        r.add_get(prefix, handler)
-        r.add_get(prefix + "/{vhost}", handler)
-    r.add_get("/api/stream/publishers", stream_publishers)
-    r.add_get("/api/stream/publishers/{vhost}", stream_publishers)
-    r.add_get("/api/stream/publishers/{vhost}/{name}", stream_publishers)
+    stream_protocol.setup(app)  # connections, publishers, consumers
     base = "/api/leveret"
     r.add_get(base + "/super-streams", list_super_streams)
     r.add_get(base + "/super-streams/{vhost}", list_super_streams)

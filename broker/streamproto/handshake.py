@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 # what PeerProperties announces: clients (the Go one) read `version` to enable features, so it
 # is the RabbitMQ release whose stream protocol this serves
 SERVER_VERSION = "3.13.7"
-MECHANISMS = ("PLAIN", "AMQPLAIN")
 
 
 def peer_properties(s: StreamSession, d: f.Decoder, _version: int) -> None:
@@ -42,7 +41,7 @@ def peer_properties(s: StreamSession, d: f.Decoder, _version: int) -> None:
 def sasl_handshake(s: StreamSession, d: f.Decoder, _version: int) -> None:
     corr = d.u32()
     d.done()
-    s.send(f.response(k.SASL_HANDSHAKE, corr, k.OK, f.enc_strings(MECHANISMS)))
+    s.send(f.response(k.SASL_HANDSHAKE, corr, k.OK, f.enc_strings(s.mechanisms())))
 
 
 def sasl_authenticate(s: StreamSession, d: f.Decoder, _version: int) -> None:
@@ -53,7 +52,7 @@ def sasl_authenticate(s: StreamSession, d: f.Decoder, _version: int) -> None:
     if s.user is not None:  # already authenticated: RabbitMQ ignores a second one too
         s.send(f.response(k.SASL_AUTHENTICATE, corr, k.SASL_ERROR))
         return
-    if mechanism not in MECHANISMS:
+    if mechanism not in s.mechanisms():
         s.send(f.response(k.SASL_AUTHENTICATE, corr, k.SASL_MECHANISM_NOT_SUPPORTED))
         return
     code = s.authenticate(mechanism, opaque)
@@ -82,7 +81,7 @@ def tune(s: StreamSession, d: f.Decoder, _version: int) -> None:
     d.done()
     cfg = s.server.settings
     s.frame_max = _negotiate(frame_max, cfg.frame_max)
-    s.heartbeat = _negotiate(heartbeat, cfg.heartbeat_s)
+    s.heartbeat = heartbeat  # RabbitMQ's reader takes the client's: 0 turns heartbeats off
     if s.user is not None:
         s.step = "open"
 

@@ -24,6 +24,7 @@ from leveret.broker.streamproto import (
     consuming,
     handshake,
     publishing,
+    registry,
     streams,
 )
 from leveret.broker.streamproto import constants as k
@@ -200,4 +201,5 @@ async def start(server: Any) -> StreamServer | None:
             streams_server.tls_port = bound
     server.broker.alarm_listeners.append(streams_server.alarm_changed)
     server.stream_server = streams_server
+    registry.register(server.broker, streams_server)
     return streams_server

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 from leveret.amqp import auth as wire_auth
 from leveret.broker import listen, logs
 from leveret.broker.model.errors import AccessRefused
+from leveret.broker.streamproto import certlogin
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto import frames as f
 
@@ -70,6 +71,11 @@ class StreamSession(asyncio.Protocol):
         self._timers: list[asyncio.TimerHandle] = []
         self._unavailable: set[str] = set()
         self.last_received = self.last_sent = time.monotonic()
+        self.connected_at = time.time()
+        self.auth_mechanism = ""  # the SASL mechanism that logged in (management views)
+        self.peer_cert: dict[str, Any] | None = None  # a TLS client certificate's items
+        self._cert: dict[str, Any] | None = None  # as getpeercert() gives it
+        self.bytes_received = self.bytes_sent = 0
         self.closed = False
         self.writable = True
         self.blocked = False  # a publisher during a resource alarm: its socket is not read
@@ -86,12 +92,16 @@ class StreamSession(asyncio.Protocol):
         self.transport = transport = cast(asyncio.Transport, base)
         peer = transport.get_extra_info("peername")
         self.peer = (listen.unmapped(peer[0]), peer[1]) if peer else ("", 0)
+        if self.tls:  # a client certificate, verified when tls_verify_peer is set
+            self._cert = transport.get_extra_info("peercert") or None
+            self.peer_cert = certlogin.cert_info(self._cert)
         self.server.sessions.add(self)
         self._timers.append(self.loop.call_later(
             self.broker.config.handshake_timeout_s, self._handshake_timeout))
 
     def data_received(self, data: bytes) -> None:
         self.last_received = time.monotonic()
+        self.bytes_received += len(data)
         if self.step in ("closed", "failure"):
             return
         try:
@@ -170,7 +180,9 @@ class StreamSession(asyncio.Protocol):
             return
         out, self._out = self._out, []
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(out))
+            data = b"".join(out)
+            self.transport.write(data)
+            self.bytes_sent += len(data)
             self.last_sent = time.monotonic()
 
     # -- frames -------------------------------------------------------------------------------
@@ -245,23 +257,40 @@ class StreamSession(asyncio.Protocol):
 
     # -- handshake helpers --------------------------------------------------------------------
 
+    def mechanisms(self) -> tuple[str, ...]:
+        """What SaslHandshake offers: EXTERNAL on TLS connections, as RabbitMQ offers it (and
+        refuses it at SaslAuthenticate when no verified certificate came)."""
+        return ("PLAIN", "AMQPLAIN", "EXTERNAL") if self.tls else ("PLAIN", "AMQPLAIN")
+
     def authenticate(self, mechanism: str, opaque: bytes) -> int:
-        """SASL PLAIN (or AMQPLAIN): the response code, and self.user set on success."""
-        try:
-            username, password = wire_auth.parse_response(mechanism, opaque)
-        except wire_auth.BadCredentials:
-            return k.SASL_ERROR
+        """SASL PLAIN, AMQPLAIN or EXTERNAL: the response code, and self.user set on success."""
+        if mechanism == "EXTERNAL":
+            try:
+                username = certlogin.login_name(self._cert, self.broker.config.tls_verify_peer)
+            except certlogin.Refused as refused:
+                self.broker.login_failed()
+                log.warning("stream login refused", connection=self.name, mechanism=mechanism,
+                            reason=str(refused))
+                return k.AUTHENTICATION_FAILURE
+            user = self.broker.users.users.get(username)
+        else:
+            try:
+                username, password = wire_auth.parse_response(mechanism, opaque)
+            except wire_auth.BadCredentials:
+                return k.SASL_ERROR
+            user = self.broker.users.authenticate(username, password)
         self.username = username
-        user = self.broker.users.authenticate(username, password)
         if user is None:
             self.broker.login_failed()
-            log.warning("stream login refused", connection=self.name, user=username)
+            log.warning("stream login refused", connection=self.name, user=username,
+                        mechanism=mechanism)
             return k.AUTHENTICATION_FAILURE
         if username in self.broker.config.loopback_users and not self.loopback():
             log.warning("stream login refused: user can only connect via localhost",
                         connection=self.name, user=username)
             return k.SASL_AUTHENTICATION_FAILURE_LOOPBACK
         self.user = user
+        self.auth_mechanism = mechanism
         return k.OK
 
     def open_vhost(self, name: str) -> int:

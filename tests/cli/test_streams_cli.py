@@ -292,7 +292,7 @@ def test_lists_with_consumers_and_publishers(managed_broker: InProcessBroker, cl
     assert consumer["properties"] == {"x-stream-offset": "first"}
     table = cli("list_stream_consumers", "subscription_id", "stream").stdout
     assert "subscription_id" in table and "tail" in table
-    assert cli.json("list_stream_publishers") == [
+    assert cli.json("list_stream_publishers", "stream", "reference", "last_publishing_id") == [
         {"stream": "s", "reference": "orders-app", "last_publishing_id": 3}]
     assert cli.json("list_stream_tracking", "s", "--writer") == [
         {"type": "writer", "name": "orders-app", "tracking_value": 3}]
