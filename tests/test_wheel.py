@@ -13,9 +13,11 @@ import sys
 import venv
 import zipfile
 from pathlib import Path
+from urllib.request import urlopen
 
 import pika
 from support.brokers import BrokerProcess
+from support.ports import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ["amqp", "storage", "broker", "cli", "spark"]
@@ -49,6 +51,12 @@ def test_wheel_holds_every_package_folder(tmp_path: Path) -> None:
         for init in (ROOT / part).rglob("__init__.py"):
             if "__pycache__" not in init.parts:
                 assert f"leveret/{init.relative_to(ROOT).as_posix()}" in names
+    # the web UI's files (package data, not modules): every one the repository tracks
+    static = subprocess.run(["git", "ls-files", "broker/management/ui/static"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert "broker/management/ui/static/vendor/uplot-1.6.32/LICENSE" in static
+    for name in static:
+        assert f"leveret/{name}" in names
 
 
 def test_wheel_in_fresh_venv_serves_pika(tmp_path: Path) -> None:
@@ -59,7 +67,9 @@ def test_wheel_in_fresh_venv_serves_pika(tmp_path: Path) -> None:
 
     data_dir = tmp_path / "data"
     data_dir.mkdir()
-    broker = BrokerProcess(data_dir, program=[str(env_dir / "bin" / "leveret")]).start()
+    http_port = free_port()
+    broker = BrokerProcess(data_dir, program=[str(env_dir / "bin" / "leveret")],
+                           args=["--management-port", str(http_port)]).start()
     try:
         connection = pika.BlockingConnection(pika.URLParameters(broker.url))
         channel = connection.channel()
@@ -70,6 +80,10 @@ def test_wheel_in_fresh_venv_serves_pika(tmp_path: Path) -> None:
         method, _props, body = channel.basic_get("from-the-wheel", auto_ack=True)
         connection.close()
         assert method is not None and body == b"installed"
+        wait_for_port(http_port, 30, "127.0.0.1")
+        for path in ("/", "/ui/app.js", "/ui/vendor/preact-11.2.0/preact.mjs"):  # the web UI
+            with urlopen(f"http://127.0.0.1:{http_port}{path}", timeout=30) as response:
+                assert response.status == 200 and response.read()
         assert broker.stop() == 0
     finally:
         broker.kill()

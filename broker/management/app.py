@@ -3,7 +3,8 @@
 `create_app(broker)` builds the application: basic authentication (users tagged
 administrator, monitoring, policymaker or management may log in, as in RabbitMQ; the loopback
 users only from localhost), RabbitMQ's error bodies, and the routes of every resource module.
-`/metrics` (Prometheus) needs no login. `ManagementServer` starts and stops the listener: on
+`/metrics` (Prometheus) and the web UI's static pages (`ui`, at `/` and `/ui/`) need no
+login; `csrf` refuses the state changes a cross-site page could send. `ManagementServer` starts and stops the listener: on
 the default host `::`, one socket for IPv4 and IPv6, as the AMQP listener (see `listen`).
 
 Every handler runs on the broker's event loop thread and calls the model directly: no locks,
@@ -25,13 +26,16 @@ from leveret.broker import listen, logs
 from leveret.broker.admin import MANAGEMENT_TAGS
 from leveret.broker.management import (
     access,
+    csrf,
     defs,
     live,
     metrics,
     overview,
     policies,
+    stream_messages,
     streams,
     topology,
+    ui,
 )
 from leveret.broker.management.http import (
     AMQP_HOST,
@@ -112,21 +116,23 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.path not in PUBLIC_PATHS:
+    if request.path not in PUBLIC_PATHS and not ui.is_public(request.path):
         CURRENT_USER.set(authenticate(request.app[BROKER], request))
     return await handler(request)
 
 
 def create_app(broker: Broker, amqp_port: int | None = None, amqp_host: str | None = None,
                http_host: str | None = None) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware, auth_middleware],
+    app = web.Application(middlewares=[ui.quiet_401, errors_middleware, csrf.guard,
+                                       auth_middleware],
                           client_max_size=64 * 1024 * 1024)
     config = broker.config
     app[BROKER] = broker
     app[AMQP_PORT] = amqp_port if amqp_port is not None else config.port
     app[AMQP_HOST] = amqp_host if amqp_host is not None else config.host
     app[HTTP_HOST] = http_host if http_host is not None else config.management_host or config.host
-    for module in (overview, access, policies, topology, live, defs, streams, metrics):
+    for module in (overview, access, policies, topology, live, defs, streams, stream_messages,
+                   metrics, ui):
         module.setup(app)
     return app
 

@@ -1,0 +1,219 @@
+"""The web UI in headless Chromium against a real `leveret serve`: log in, the overview moving
+while a pika client publishes, declaring and deleting a queue, getting and purging, reading a
+stream at an offset, definitions export and import, and markup in names shown as text."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+from support.management import q
+
+from .conftest import UiBroker, log_in
+
+pytest.importorskip("playwright", reason="Playwright for Python is not installed")
+from playwright.sync_api import expect
+
+expect.set_options(timeout=30_000)  # a loaded 2-core machine: wait, never race
+
+
+def channel_of(ui_broker: UiBroker) -> tuple[Any, Any]:
+    connection = pika.BlockingConnection(pika.URLParameters(ui_broker.amqp_url))
+    return connection, connection.channel()
+
+
+def test_login_refuses_a_wrong_password_then_lets_the_user_in(page: Any) -> None:
+    log_in(page, "guest", "wrong")
+    expect(page.get_by_role("alert")).to_have_text("Not allowed: Login failed")
+    log_in(page)
+    expect(page.get_by_role("heading", name="Overview")).to_be_visible()
+    expect(page.locator(".me")).to_contain_text("guest (administrator)")
+    page.click("text=Log out")
+    expect(page.locator("form[aria-label=login]")).to_be_visible()
+
+
+def test_a_user_without_a_management_tag_is_told_why(page: Any, ui_broker: UiBroker) -> None:
+    assert ui_broker.http.put("/api/users/plain", {"password": "p", "tags": ""}).status in (
+        201, 204)
+    log_in(page, "plain", "p")
+    expect(page.get_by_role("alert")).to_have_text("Not allowed: Not management user")
+
+
+@pytest.fixture
+def publisher(ui_broker: UiBroker) -> Iterator[threading.Event]:
+    """A pika client publishing to queue `ui-load` until the test ends."""
+    stop = threading.Event()
+    ready = threading.Event()
+
+    def run() -> None:
+        connection, channel = channel_of(ui_broker)
+        channel.queue_declare("ui-load")
+        ready.set()
+        while not stop.is_set():
+            for _ in range(20):
+                channel.basic_publish("", "ui-load", b"load")
+            connection.sleep(0.05)
+        channel.queue_purge("ui-load")
+        connection.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    yield stop
+    stop.set()
+    thread.join(30)
+
+
+def test_overview_counters_and_rate_chart_move_while_a_client_publishes(
+        page: Any, publisher: threading.Event) -> None:
+    log_in(page)
+    expect(page.locator(".chart canvas")).to_have_count(1)
+    # the rate is derived from the API's cumulative publish counter, sampled every 2 s
+    publish_rate = page.locator("[data-rate=publish] b")
+    expect(publish_rate).not_to_have_text("0", timeout=60_000)
+    messages = page.locator("[data-total=messages] .value")
+    expect(messages).not_to_have_text("0")
+    first = int(messages.inner_text().replace(",", ""))
+    page.wait_for_function(
+        "n => Number(document.querySelector('[data-total=messages] .value')"
+        ".textContent.replace(/,/g, '')) > n", arg=first, timeout=60_000)
+    expect(page.locator("[data-total=queues] .value")).not_to_have_text("0")
+    expect(page.get_by_test_id("alarms")).to_have_text("No alarm.")
+
+
+def test_declare_get_purge_and_delete_a_queue(page: Any, ui_broker: UiBroker) -> None:
+    http = ui_broker.http
+    log_in(page)
+    page.click("nav >> text=Queues and streams")
+    form = page.locator("form[aria-label='declare queue']")
+    form.locator("input[name=name]").fill("ui-orders")
+    form.locator("input[name=arguments]").fill("{not json")
+    form.locator("button[type=submit]").click()
+    expect(form.get_by_role("alert")).to_contain_text("The arguments are not valid JSON")
+    form.locator("input[name=arguments]").fill('{"x-max-length": 100}')
+    form.locator("button[type=submit]").click()
+    expect(form.get_by_role("status")).to_have_text("Queue ui-orders declared.")
+    assert http.get("/api/queues/%2F/ui-orders").body["arguments"]["x-max-length"] == 100
+
+    connection, channel = channel_of(ui_broker)
+    for body in (b"first", b"second"):
+        channel.basic_publish("", "ui-orders", body)
+    connection.close()
+
+    page.locator("[data-testid=queues] input[name=filter]").fill("ui-orders")
+    page.click("[data-testid=queues] >> text=ui-orders")
+    expect(page.get_by_test_id("queue-name")).to_have_text("ui-orders")
+    get_form = page.locator("form[aria-label='get messages']")
+    get_form.locator("input[name=count]").fill("2")
+    get_form.locator("button[type=submit]").click()
+    expect(page.locator("[data-testid=message] .payload")).to_have_text(["first", "second"])
+
+    page.click("button:has-text('Purge')")
+    page.click("button:has-text('Yes, purge')")
+    expect(page.get_by_test_id("properties")).to_contain_text("Messages0")
+    assert http.get("/api/queues/%2F/ui-orders").body["messages"] == 0
+
+    page.click("section.actions button:has-text('Delete')")
+    page.click("button:has-text('Yes, delete')")
+    expect(page.get_by_role("status")).to_contain_text("Deleted ui-orders.")
+    assert http.get("/api/queues/%2F/ui-orders").status == 404
+
+
+def test_an_api_refusal_is_shown_in_plain_words(page: Any) -> None:
+    log_in(page)
+    page.click("nav >> text=Queues and streams")
+    form = page.locator("form[aria-label='declare queue']")
+    form.locator("input[name=name]").fill("ui-transient-stream")
+    form.locator("select[name=type]").select_option("stream")
+    form.locator("input[type=checkbox]").uncheck()
+    form.locator("button[type=submit]").click()
+    expect(form.get_by_role("alert")).to_have_text(
+        "The broker refused the request: invalid property 'non-durable' for queue "
+        "'ui-transient-stream' in vhost '/'")
+
+
+def test_read_a_stream_at_an_offset(page: Any, ui_broker: UiBroker) -> None:
+    connection, channel = channel_of(ui_broker)
+    channel.queue_declare("ui-events", durable=True, arguments={"x-queue-type": "stream"})
+    channel.confirm_delivery()
+    for i in range(20):
+        channel.basic_publish("", "ui-events", f"event {i}".encode())
+    connection.close()
+    log_in(page)
+    page.goto(page.url.split("#")[0] + "#/queues/%2F/ui-events")
+    expect(page.get_by_test_id("queue-name")).to_have_text("ui-events")
+    expect(page.get_by_test_id("properties")).to_contain_text("Committed offset19")
+    form = page.locator("form[aria-label='read stream']")
+    form.locator("input[name=offset]").fill("5")
+    form.locator("input[name=count]").fill("3")
+    form.locator("button[type=submit]").click()
+    messages = page.get_by_test_id("message")
+    expect(messages.locator(".payload")).to_have_text(["event 5", "event 6", "event 7"])
+    expect(messages.first.locator(".meta")).to_contain_text("offset 5")
+
+    form.locator("input[name=offset]").fill("100")
+    form.locator("button[type=submit]").click()
+    expect(form.get_by_role("status")).to_have_text("Nothing committed at offset 100 yet.")
+    form.locator("input[name=count]").fill("1000")
+    form.locator("button[type=submit]").click()
+    expect(form.get_by_role("alert")).to_have_text(
+        "The broker refused the request: count must be between 1 and 100")
+
+
+def test_export_and_import_definitions(page: Any, ui_broker: UiBroker, tmp_path: Path) -> None:
+    http = ui_broker.http
+    assert http.put("/api/queues/%2F/ui-exported", {"durable": True}).status in (201, 204)
+    log_in(page)
+    page.click("nav >> text=Definitions")
+    page.click("text=Export definitions")
+    expect(page.get_by_test_id("exported")).to_contain_text('"name": "ui-exported"')
+    with page.expect_download() as download:
+        page.click("[data-testid=download]")
+    saved = tmp_path / "defs.json"
+    download.value.save_as(saved)
+    exported = json.loads(saved.read_text())
+    assert "ui-exported" in {queue["name"] for queue in exported["queues"]}
+
+    form = page.locator("form[aria-label='import definitions']")
+    form.locator("textarea").fill("{broken")
+    form.locator("button[type=submit]").click()
+    expect(form.get_by_role("alert")).to_contain_text("The definitions are not valid JSON")
+    form.locator("textarea").fill(json.dumps({"vhosts": [{"name": "ui-imported"}]}))
+    form.locator("button[type=submit]").click()
+    expect(form.get_by_role("status")).to_have_text("Definitions imported.")
+    assert http.get("/api/vhosts/ui-imported").status == 200
+
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+def test_markup_in_a_queue_name_and_a_header_is_shown_as_text(
+        page: Any, ui_broker: UiBroker) -> None:
+    connection, channel = channel_of(ui_broker)
+    channel.queue_declare(HOSTILE)
+    channel.basic_publish("", HOSTILE, b"<script>alert(2)</script>",
+                          pika.BasicProperties(headers={"note": "<b>bold</b>"}))
+    connection.close()
+    log_in(page)
+    page.click("nav >> text=Queues and streams")
+    page.locator("[data-testid=queues] input[name=filter]").fill("onerror")
+    link = page.locator("[data-testid=queues] a")
+    expect(link).to_have_text(HOSTILE)
+    link.click()
+    expect(page.get_by_test_id("queue-name")).to_have_text(HOSTILE)
+    page.locator("form[aria-label='get messages'] button[type=submit]").click()
+    message = page.get_by_test_id("message")
+    expect(message.locator(".payload")).to_have_text("<script>alert(2)</script>")
+    expect(message.locator(".props")).to_contain_text('"note":"<b>bold</b>"')
+    assert page.locator("main img, main b:text('bold'), main script").count() == 0
+    assert http_gone(ui_broker)
+
+
+def http_gone(ui_broker: UiBroker) -> bool:
+    """Clean up the hostile queue through the API (its name quoted in the URL)."""
+    return ui_broker.http.delete(f"/api/queues/%2F/{q(HOSTILE)}").status == 204
