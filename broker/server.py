@@ -160,7 +160,10 @@ class Server:
                                            "--cluster-port")) from None
         record = {"version": VERSION, "advertise_host": config.advertise_host,
                   "amqp_port": config.port, "cluster_port": links.port,
-                  "management_port": config.management_port}
+                  "management_port": config.management_port,
+                  # where stream clients reach this node (Metadata on other nodes names it)
+                  "stream_host": config.stream_advertised_host,
+                  "stream_port": config.stream_advertised_port or config.stream_port}
         membership = Membership(client, config.cluster_name, config.node_name,
                                 secret, config.cluster_lease_ttl_s, record)
         membership.listeners.append(links.set_in_cluster)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from leveret.broker import listen, logs
 from leveret.broker.streamproto import (
     amqp10,  # noqa: F401 - registers the record converter
+    cluster,
     consuming,
     handshake,
     publishing,
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 log = logs.get("leveret.stream_server")
 DEFAULT_PORT = 5552
 DEFAULT_TLS_PORT = 5551
+SWEEP_S = 0.5  # how often publishers of deleted streams are looked for
 Handler = Callable[[StreamSession, "frames.Decoder", int], None]
 
 HANDLERS: dict[int, Handler] = {
@@ -48,11 +50,11 @@ HANDLERS: dict[int, Handler] = {
     k.CLOSE: handshake.close,
     k.HEARTBEAT: handshake.heartbeat,
     k.EXCHANGE_COMMAND_VERSIONS: handshake.exchange_command_versions,
-    k.DECLARE_PUBLISHER: publishing.declare_publisher,
+    k.DECLARE_PUBLISHER: cluster.declare_publisher,  # publishing's, or a stream held elsewhere
     k.PUBLISH: publishing.publish,
     k.QUERY_PUBLISHER_SEQUENCE: publishing.query_publisher_sequence,
     k.DELETE_PUBLISHER: publishing.delete_publisher,
-    k.SUBSCRIBE: consuming.subscribe,
+    k.SUBSCRIBE: cluster.subscribe,  # consuming's, or a stream held elsewhere
     k.CREDIT: consuming.credit,
     k.UNSUBSCRIBE: consuming.unsubscribe,
     k.STORE_OFFSET: consuming.store_offset,
@@ -60,7 +62,7 @@ HANDLERS: dict[int, Handler] = {
     k.CONSUMER_UPDATE | k.RESPONSE: consuming.consumer_update_response,
     k.CREATE: streams.create,
     k.DELETE: streams.delete,
-    k.METADATA: streams.metadata,
+    k.METADATA: cluster.metadata,
     k.ROUTE: streams.route,
     k.PARTITIONS: streams.partitions,
     k.STREAM_STATS: streams.stream_stats,
@@ -92,6 +94,7 @@ class StreamServer:
         self.listeners: list[asyncio.Server] = []
         self.port = 0  # as bound (0: no plain listener)
         self.tls_port = 0
+        self._sweep: asyncio.TimerHandle | None = None
 
     def advertised(self, session: StreamSession) -> tuple[str, int]:
         host = self.settings.advertised_host
@@ -113,6 +116,23 @@ class StreamServer:
     def forget(self, session: StreamSession) -> None:
         session._release()
         self.sessions.discard(session)
+
+    def start_sweeping(self) -> None:
+        self._sweep = asyncio.get_running_loop().call_later(SWEEP_S, self.sweep)
+
+    def sweep(self) -> None:
+        """Publishers of a stream deleted by other means than this protocol's Delete (AMQP
+        queue.delete, the management API, another node of the cluster) learn it as
+        RabbitMQ tells them: MetadataUpdate STREAM_NOT_AVAILABLE. (Subscribers learn it at
+        once, through their consumer's cancel.)"""
+        for session in list(self.sessions):
+            gone = [pid for pid, p in session.publishers.items() if p.queue.deleted]
+            streams = {session.publishers.pop(pid).stream for pid in gone}
+            for stream in streams:
+                session.stream_unavailable(stream)
+            if streams:
+                session.flush()
+        self.start_sweeping()
 
     def stream_deleted(self, vhost: str, name: str) -> None:
         """Another connection's publishers and subscribers of a deleted stream learn it as
@@ -142,6 +162,8 @@ class StreamServer:
         return bound
 
     async def stop(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
         for listener in self.listeners:
             listener.close()
         for session in list(self.sessions):
@@ -202,4 +224,5 @@ async def start(server: Any) -> StreamServer | None:
     server.broker.alarm_listeners.append(streams_server.alarm_changed)
     server.stream_server = streams_server
     registry.register(server.broker, streams_server)
+    streams_server.start_sweeping()
     return streams_server

@@ -1,4 +1,4 @@
-"""The stream protocol's stream management: Create, Delete, Metadata, Route, Partitions,
+"""The stream protocol's stream management: Create, Delete, Route, Partitions,
 StreamStats, CreateSuperStream and DeleteSuperStream.
 
 Streams are the model's stream queues, declared and deleted through the vhost with the same
@@ -105,25 +105,6 @@ def delete(s: StreamSession, d: f.Decoder, _version: int) -> None:
     s.vhost.delete_queue(queue)
     s.send(f.response(k.DELETE, corr, k.OK))
     s.server.stream_deleted(s.vhost.name, name)
-
-
-def metadata(s: StreamSession, d: f.Decoder, _version: int) -> None:
-    corr = d.u32()
-    names = d.strings()
-    d.done()
-    host, port = s.server.advertised(s)
-    brokers = f.i32(1) + f.u16(0) + f.enc_string(host) + f.u32(port)
-    entries = []
-    for name in dict.fromkeys(names):
-        if not (s.allowed("read", name) or s.allowed("write", name)):
-            code, leader = k.ACCESS_REFUSED, 0xFFFF
-        elif stream_of(s, name) is None:
-            code, leader = k.STREAM_DOES_NOT_EXIST, 0xFFFF
-        else:
-            code, leader = k.OK, 0
-        entries.append(f.enc_string(name) + f.u16(code) + f.u16(leader) + f.i32(0))
-    body = f.u32(corr) + brokers + f.i32(len(entries)) + b"".join(entries)
-    s.send(f.frame(k.METADATA | k.RESPONSE, 1, body))
 
 
 def route(s: StreamSession, d: f.Decoder, _version: int) -> None:

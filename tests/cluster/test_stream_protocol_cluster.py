@@ -1,0 +1,158 @@
+"""The stream protocol in a cluster, with a real etcd and real `leveret serve` nodes: Metadata on
+any node names the node that holds the stream, with that node's advertised stream host and
+port; a node that does not hold it answers Subscribe and DeclarePublisher with
+STREAM_NOT_AVAILABLE (clients then connect to the leader); a stream deleted through another node
+sends MetadataUpdate to the holder's publishers and subscribers; a stream whose node is down is
+STREAM_NOT_AVAILABLE with no leader."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+from pika.exceptions import ChannelClosedByBroker
+from streamproto.raw import RawStream, s
+from support.brokers import BrokerProcess
+from support.cluster import ClusterNode, make_node, wait_until
+from support.etcd import EtcdServer
+from support.ports import free_port, wait_for_port
+
+OK, NOT_AVAILABLE = 0x01, 0x06
+STREAM = {"x-queue-type": "stream", "x-queue-leader-locator": "client-local"}
+
+
+def node_with_streams(tmp_path: Path, etcd: EtcdServer, cluster: str, name: str) -> ClusterNode:
+    node = make_node(tmp_path, etcd.url, cluster, name)
+    node.stream_port = free_port()  # type: ignore[attr-defined]
+    node.args += ["--stream-port", str(node.stream_port),  # type: ignore[attr-defined]
+                  "--stream-advertised-host", "127.0.0.1"]
+    return node
+
+
+@pytest.fixture
+def ab(tmp_path: Path, etcd: EtcdServer, cluster: str,
+       nodes: list[BrokerProcess]) -> Iterator[tuple[ClusterNode, ClusterNode]]:
+    a = node_with_streams(tmp_path, etcd, cluster, "a")
+    b = node_with_streams(tmp_path, etcd, cluster, "b")
+    nodes.extend((a.start(), b.start()))
+    for node in (a, b):
+        wait_for_port(node.stream_port, 30)  # type: ignore[attr-defined]
+    wait_until(lambda: "cluster link up" in a.log() and "cluster link up" in b.log())
+    yield a, b
+
+
+def raw(node: ClusterNode) -> RawStream:
+    client = RawStream(node.stream_port)  # type: ignore[attr-defined]
+    assert client.handshake() == 1
+    return client
+
+
+def declare_stream(node: BrokerProcess, name: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(node.url))
+    conn.channel().queue_declare(name, durable=True, arguments=STREAM)
+    conn.close()
+
+
+def visible(node: BrokerProcess, name: str) -> bool:
+    conn = pika.BlockingConnection(pika.URLParameters(node.url))
+    try:
+        conn.channel().queue_declare(name, passive=True)
+        return True
+    except ChannelClosedByBroker:
+        return False
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def metadata(client: RawStream, *names: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """(brokers as (host, port), {stream: (code, leader (host, port) or None)})."""
+    client.request(0x0F, struct.pack(">i", len(names)) + b"".join(s(n) for n in names))
+    frame = client.next(0x800F)
+    pos = 8  # key, version, correlation id
+
+    def string() -> str:
+        nonlocal pos
+        size = struct.unpack_from(">h", frame, pos)[0]
+        pos += 2 + size
+        return frame[pos - size:pos].decode()
+
+    brokers: dict[int, tuple[str, int]] = {}
+    count = struct.unpack_from(">i", frame, pos)[0]
+    pos += 4
+    for _ in range(count):
+        ref = struct.unpack_from(">H", frame, pos)[0]
+        pos += 2
+        host = string()
+        brokers[ref] = (host, struct.unpack_from(">I", frame, pos)[0])
+        pos += 4
+    streams = {}
+    count = struct.unpack_from(">i", frame, pos)[0]
+    pos += 4
+    for _ in range(count):
+        name = string()
+        code, leader = struct.unpack_from(">HH", frame, pos)
+        replicas = struct.unpack_from(">i", frame, pos + 4)[0]
+        pos += 8 + 2 * replicas
+        streams[name] = (code, brokers.get(leader) if leader != 0xFFFF else None)
+    return list(brokers.values()), streams
+
+
+def test_metadata_names_the_holder_and_other_nodes_refuse_politely(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    declare_stream(a, "held-by-a")
+    wait_until(lambda: visible(b, "held-by-a"), timeout=10)
+    a_endpoint = ("127.0.0.1", a.stream_port)  # type: ignore[attr-defined]
+    on_a, on_b = raw(a), raw(b)
+    for client in (on_a, on_b):
+        brokers, streams = metadata(client, "held-by-a", "nowhere")
+        assert brokers == [a_endpoint]
+        assert streams == {"held-by-a": (OK, a_endpoint), "nowhere": (0x02, None)}
+
+    # B holds no member of the stream: RabbitMQ's STREAM_NOT_AVAILABLE, nothing crashes
+    on_b.request(0x07, struct.pack(">B", 1) + s("held-by-a") + struct.pack(">HH", 1, 10)
+                 + struct.pack(">i", 0))
+    assert on_b.response(0x07)[1] == NOT_AVAILABLE
+    on_b.request(0x01, struct.pack(">B", 1) + s("p") + s("held-by-a"))
+    assert on_b.response(0x01)[1] == NOT_AVAILABLE
+    on_b.request(0x0F, struct.pack(">i", 0))  # the connection still serves
+    assert on_b.next(0x800F)
+
+    # the holder serves them
+    on_a.request(0x07, struct.pack(">B", 1) + s("held-by-a") + struct.pack(">HH", 1, 10)
+                 + struct.pack(">i", 0))
+    assert on_a.response(0x07)[1] == OK
+    publisher = raw(a)
+    publisher.request(0x01, struct.pack(">B", 7) + s("ref") + s("held-by-a"))
+    assert publisher.response(0x01)[1] == OK
+
+    # deleted through B (AMQP queue.delete, carried out by the cluster): the holder's
+    # subscriber and publisher hear MetadataUpdate STREAM_NOT_AVAILABLE
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    conn.channel().queue_delete("held-by-a")
+    conn.close()
+    for client in (on_a, publisher):
+        update = client.next(0x0010)
+        assert struct.unpack_from(">H", update, 4)[0] == NOT_AVAILABLE
+        assert update[8:] == b"held-by-a"
+    wait_until(lambda: metadata(on_b, "held-by-a")[1]["held-by-a"][0] == 0x02, timeout=10)
+    for client in (on_a, on_b, publisher):
+        client.close()
+
+
+def test_a_stream_whose_node_is_down_has_no_leader(ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    declare_stream(a, "orphan")
+    wait_until(lambda: visible(b, "orphan"), timeout=10)
+    on_b = raw(b)
+    assert metadata(on_b, "orphan")[1]["orphan"][0] == OK
+    a.kill()
+    wait_until(lambda: metadata(on_b, "orphan")[1]["orphan"] == (NOT_AVAILABLE, None),
+               timeout=20)
+    assert metadata(on_b, "orphan")[0] == []
+    on_b.close()
