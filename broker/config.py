@@ -67,6 +67,9 @@ class Config:
     cluster_secret: str = ""  # better given as LEVERET_CLUSTER_SECRET or cluster_secret_file
     cluster_secret_file: Path | None = None
     cluster_lease_ttl_s: int = 10
+    # where a new queue's leader goes when neither the x-queue-leader-locator argument nor the
+    # queue-leader-locator policy key says (client-local | balanced), as RabbitMQ's setting
+    queue_leader_locator: str = "client-local"
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
@@ -131,4 +134,8 @@ def load(
     for name, value in (overrides or {}).items():
         if value is not None:
             values[name] = _coerce(name, value)
+    locator = values.get("queue_leader_locator", "client-local")
+    if locator not in ("client-local", "balanced", "random", "least-leaders", "min-masters"):
+        raise ConfigError(f"invalid value '{locator}' for setting 'queue_leader_locator': "
+                          "client-local or balanced")
     return Config(**values)

@@ -17,7 +17,7 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -426,12 +426,17 @@ class Log:
         spec: OffsetSpec,
         filter: ReaderFilter | None = None,
         chunk_types: Iterable[int] = (ck.ChunkType.USER,),
+        limit: Callable[[], int] | None = None,
     ) -> Reader:
-        """A reader of this log that never reads past its committed offset. Readers of one Log
-        share a cache of the chunks they have read."""
+        """A reader of this log that never reads past its committed offset, nor past `limit()`
+        when given (a replicated stream's commit point: what a majority holds). Readers of one
+        Log share a cache of the chunks they have read."""
         self._check_open()
-        return Reader.open(self._dir, spec, self._committed_now, filter, chunk_types,
-                           self._cache)
+        committed = self._committed_now
+        if limit is not None:
+            def committed() -> int:
+                return min(self._committed, limit())
+        return Reader.open(self._dir, spec, committed, filter, chunk_types, self._cache)
 
     def _committed_now(self) -> int:
         return self._committed

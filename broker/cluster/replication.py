@@ -146,6 +146,10 @@ class Shipper:
                 next_offset = int(answer["next_offset"])
         state.next_offset, state.synced = next_offset, True
         self._advance()
+        if self.committed >= 0:  # a replica that came back learns the commit point at once
+            with contextlib.suppress(LinkError):
+                link.post(COMMIT, {"stream": self.stream, "epoch": self.epoch,
+                                   "committed": self.committed})
         cursor = self.log.ship_from(next_offset)
         while not link.closed:
             data, cursor = self.log.read_chunks(cursor, self.chunk_bytes)
@@ -164,8 +168,16 @@ class ReplicaLog:
     log: Log
     epoch: int = -1  # the epoch of the last sync: chunks of any other epoch are refused
     leader: str = ""
-    committed: int = -1
+    committed: int = -1  # what this replica's readers may read: announced and held here
+    announced: int = -1  # the leader's last commit point
     on_commit: Callable[[int], None] = lambda _offset: None
+
+    def advance(self) -> None:
+        """The commit point here: the leader's, as far as this log holds it."""
+        committed = min(self.announced, self.log.next_offset - 1)
+        if committed > self.committed:
+            self.committed = committed
+            self.on_commit(committed)
 
 
 class Replicas:
@@ -216,6 +228,7 @@ class Replicas:
         with contextlib.suppress(LinkError):
             link.post(ACK, {"stream": chunk.stream, "epoch": chunk.epoch,
                             "next_offset": next_offset})
+        replica.advance()
 
     async def _ack(self, link: Link, body: Any) -> None:
         shipper = self.shippers.get(str(body.get("stream")))
@@ -226,10 +239,8 @@ class Replicas:
         replica = self.logs.get(str(body.get("stream")))
         if replica is None or _int(body, "epoch") != replica.epoch:
             return
-        committed = min(_int(body, "committed"), replica.log.next_offset - 1)
-        if committed > replica.committed:
-            replica.committed = committed
-            replica.on_commit(committed)
+        replica.announced = max(replica.announced, _int(body, "committed"))
+        replica.advance()
 
     def _replica(self, body: Any) -> ReplicaLog:
         stream = body.get("stream") if isinstance(body, dict) else None

@@ -84,6 +84,17 @@ class StreamLeaderships:
                                        [Get(key)])
         return self._written(result, record)
 
+    def vhost_prefix(self, vhost: str) -> bytes:
+        return f"{self.root}{escape(vhost)}/".encode()
+
+    def create_op(self, vhost: str, name: str, members: list[str]) -> Put:
+        """The put of a new stream's first leadership (members[0], epoch 1), for the txn that
+        declares the stream's queue record (TopologyStore.declare_queue)."""
+        if not members:
+            raise ValueError("a stream has at least one member")
+        record = StreamLeadership(vhost, name, tuple(members), members[0], 1)
+        return Put(self.key(vhost, name), _encode(record))
+
     async def get(self, vhost: str, name: str) -> StreamLeadership | None:
         found = await self.client.range(self.key(vhost, name))
         return _decode(vhost, name, found.kvs[0]) if found.kvs else None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Generic, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar
 
 from leveret.broker.cluster.etcd import EtcdClient
 from leveret.broker.cluster.etcd_types import (
@@ -50,6 +50,9 @@ from leveret.broker.cluster.topology_records import (
 from leveret.broker.model import equivalence
 from leveret.broker.model.errors import InternalError, NotFound
 from leveret.broker.model.vhost import PREDECLARED
+
+if TYPE_CHECKING:
+    from leveret.broker.cluster.stream_leadership import StreamLeaderships
 
 R = TypeVar("R")
 MAX_ATTEMPTS = 32  # a txn lost to concurrent changes of the same keys is tried again
@@ -99,6 +102,9 @@ class TopologyStore:
     def __init__(self, client: EtcdClient, keys: TopologyKeys) -> None:
         self.client = client
         self.keys = keys
+        # replicated streams' leadership keys: created with the queue's record, in its txn,
+        # and deleted with it (set by broker/cluster/stream_replication.py)
+        self.streams: StreamLeaderships | None = None
 
     async def _txn(self, compare: Iterable[Compare], success: Iterable[TxnOp] = (),
                    failure: Iterable[TxnOp] = ()) -> TxnResult:
@@ -131,7 +137,9 @@ class TopologyStore:
                 [Compare.version(key, ">", 0),
                  Compare.none_created_since(permissions, listing.revision)],
                 [_delete(key), *(_delete(scope, prefix=True) for scope in scopes),
-                 *(_delete(k) for k in mine)],
+                 *(_delete(k) for k in mine),
+                 *([_delete(self.streams.vhost_prefix(name), prefix=True)]
+                   if self.streams is not None else [])],
                 [Get(key)])
             if result.succeeded:
                 return result.revision
@@ -201,11 +209,15 @@ class TopologyStore:
     async def declare_queue(self, record: QueueRecord, lease: int = 0) -> QueueResult:
         """Create the queue, or check it against the one that exists: 405 if it is exclusive to
         another owner (or the exclusive flags differ), 406 with RabbitMQ's text if it differs.
-        Exclusive, auto-delete and transient queues are put with `lease`."""
+        Exclusive, auto-delete and transient queues are put with `lease`. A replicated stream
+        (`members`) gets its leadership key (the first leader, epoch 1) in the same txn."""
         record = replace(record, durable=record.durable and not record.exclusive)
         key = self.keys.queue(record.vhost, record.name)
         use = lease if _leased(record.durable, record.auto_delete, record.exclusive) else 0
-        revision, found = await self._declare(key, record, use)
+        also: list[TxnOp] = []
+        if record.members and self.streams is not None:
+            also.append(self.streams.create_op(record.vhost, record.name, list(record.members)))
+        revision, found = await self._declare(key, record, use, also)
         if found is None:
             return Created(replace(record, mod_revision=revision, lease=use), revision)
         existing = decode("queues", found)
@@ -217,13 +229,13 @@ class TopologyStore:
         return Existing(existing, existing.mod_revision)
 
     async def _declare(self, key: bytes, record: ExchangeRecord | QueueRecord,
-                       lease: int) -> tuple[int, KeyValue | None]:
+                       lease: int, also: Iterable[TxnOp] = ()) -> tuple[int, KeyValue | None]:
         """One txn: put the record if the key is absent (and its vhost exists), else read it
         at the same revision. The txn's revision, and the key found (None: created)."""
         vhost = self.keys.vhost(record.vhost)
         result = await self._txn(
             [Compare.version(key, "==", 0), Compare.version(vhost, ">", 0)],
-            [Put(key, encode(record), lease)],
+            [Put(key, encode(record), lease), *also],
             [Get(key), Get(vhost)])
         if result.succeeded:
             return result.revision, None
@@ -255,6 +267,8 @@ class TopologyStore:
             ops: list[TxnOp] = [_delete(key), *(_delete(k) for k in into)]
             if kind == "exchange":
                 ops.append(_delete(self.keys.bindings_from(vhost, name), prefix=True))
+            elif self.streams is not None:  # a replicated stream's leadership goes with it
+                ops.append(_delete(self.streams.key(vhost, name)))
             result = await self._txn(
                 [check, Compare.none_created_since(scope, listing.revision)], ops, [Get(key)])
             if result.succeeded:

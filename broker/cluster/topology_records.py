@@ -88,7 +88,9 @@ class ExchangeRecord:
 @dataclass(frozen=True)
 class QueueRecord:
     """A queue: `node` holds it; `storage_id` names its storage folder there; an exclusive
-    queue has its owning connection's id (`exclusive_owner`, opaque) and node (`owner_node`)."""
+    queue has its owning connection's id (`exclusive_owner`, opaque) and node (`owner_node`).
+    A replicated stream names its members (the leader, `node`, first); `()` for every other
+    queue, and left out of the value then (records written before it read the same)."""
 
     vhost: str
     name: str
@@ -101,6 +103,7 @@ class QueueRecord:
     storage_id: str | None = None
     owner_node: str | None = None
     exclusive_owner: str | None = None
+    members: tuple[str, ...] = ()
     mod_revision: int = field(default=0, compare=False)
     lease: int = field(default=0, compare=False)
 
@@ -137,6 +140,8 @@ def encode(record: Record) -> bytes:
         if item.name in _META:
             continue
         value = getattr(record, item.name)
+        if item.name == "members" and not value:
+            continue  # only replicated streams carry it
         if item.name in _TABLES:
             value = {k: encode_value(v) for k, v in value.items()}
         elif isinstance(value, tuple):
@@ -153,7 +158,8 @@ def decode(kind: Kind, kv: KeyValue) -> Record:
     for name in _TABLES:
         if name in body:
             body[name] = {k: decode_value(v) for k, v in body[name].items()}
-    if "tags" in body:
-        body["tags"] = tuple(body["tags"])
+    for name in ("tags", "members"):
+        if name in body:
+            body[name] = tuple(body[name])
     record: Record = cls(**body, mod_revision=kv.mod_revision, lease=kv.lease)
     return record

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from leveret.broker import logs
+from leveret.broker.cluster import stream_replication
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.cluster.topology_records import (
     BindingRecord,
@@ -115,6 +116,7 @@ class TopologySync:
         self._applying_exchange: str | None = None
         self._replacing = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self.replication: Any = None  # replicated streams (cluster/stream_replication.py)
         self.deleting: dict[tuple[str, str], asyncio.Task[None]] = {}  # model -> etcd deletes
         # this node's durable queues as the local metastore had them at boot
         self._boot_rows = [(row["vhost"], row["name"], row["storage_id"])
@@ -189,6 +191,12 @@ class TopologySync:
     def is_local(self, record: QueueRecord) -> bool:
         return record.node == self.cluster.node
 
+    def holds(self, record: QueueRecord) -> bool:
+        """A real queue here: this node holds it, or is a member of a replicated stream."""
+        if self.replication is not None:
+            return bool(self.replication.holds(record))
+        return self.is_local(record)
+
     def queue_put(self, record: QueueRecord) -> None:
         vhost = self._vhost(record.vhost)
         if vhost is None:
@@ -196,10 +204,14 @@ class TopologySync:
         existing = vhost.queues.get(record.name)
         if existing is not None:
             if self._same(existing, record):
+                if self.replication is not None:  # restored from the local metastore at boot
+                    self.replication.attach(existing, record)
                 return
             self._replace(lambda: self._remove(vhost, existing))
-        if self.is_local(record):
+        if self.holds(record):
             queue = self._create_local(vhost, record)
+            if queue is not None and self.replication is not None:
+                self.replication.attach(queue, record)
         else:
             queue = RemoteQueue(
                 vhost, record.name, queue_type=record.type, node=record.node,
@@ -216,7 +228,9 @@ class TopologySync:
             return False
         if isinstance(queue, RemoteQueue):
             return queue.node == record.node and queue.exclusive == record.exclusive
-        return self.is_local(record) and (
+        if getattr(queue, "role", "") and tuple(getattr(queue, "members", ())) != record.members:
+            return False
+        return self.holds(record) and (
             not record.durable or getattr(queue, "storage_id", None) == record.storage_id)
 
     def _create_local(self, vhost: VHost, record: QueueRecord) -> Queue | None:
@@ -247,6 +261,8 @@ class TopologySync:
     def _remove(self, vhost: VHost, queue: Queue) -> int:
         """Remove a queue as etcd says (a local one with its storage and consumers)."""
         self._applying = queue
+        if self.replication is not None:
+            self.replication.detach(queue)
         try:
             return vhost.delete_queue(queue)
         finally:
@@ -387,6 +403,7 @@ def install(broker: Node) -> None:
     sync = TopologySync(broker, broker.cluster)
     broker.topology_sync = sync
     sync.install()
+    stream_replication.install(broker)  # replicated streams: attached to what the sync makes
 
 
 async def loaded(broker: Node) -> None:

@@ -3,9 +3,10 @@
 The writer (`writer.py`) appends a turn's batch; what must follow the append lives here. The
 confirms of an append wait for the last offset written so far, and are settled, in the order the
 appends came, when the commit point covers it. The commit point moves through one method,
-`committed_up_to(offset)`: today the committer calls it itself with the log's committed offset
-(`local`), right after an append or an fsync; a replicated log will instead call it when a
-majority holds the chunk. The storage engine commits according to the fsync policy:
+`committed_up_to(offset)`: a local log's committer calls it itself with the log's committed
+offset (`local`), right after an append or an fsync; a replicated stream's leader has it called
+when a majority holds the chunk (broker/cluster/stream_replication.py). The storage engine
+commits according to the fsync policy:
 
 - `never`: at the write, with no fsync; the confirms go at once.
 - `always`: at the write, after the fsync of every chunk; the confirms go at once.

@@ -56,6 +56,14 @@ class _Batch:
 
 class StreamQueue(Queue):
     type = "stream"
+    # A replicated stream (docs/REPLICATION.md) is set up by broker/cluster/stream_replication:
+    # `role` "leader" or "replica"; `commit_bound` the commit point its readers and counts stop
+    # at (what a majority holds; None: the log's own committed offset); on a replica,
+    # `forward_to` is the leader's queue as a RemoteQueue, to which publishes go.
+    role = ""
+    members: tuple[str, ...] = ()
+    commit_bound: int | None = None
+    forward_to: Any = None
 
     def __init__(
         self,
@@ -135,7 +143,14 @@ class StreamQueue(Queue):
 
     @property
     def message_count(self) -> int:
-        return max(0, self.log.committed_offset + 1 - self.log.first_offset)
+        committed = self.log.committed_offset
+        if self.commit_bound is not None:
+            committed = min(committed, self.commit_bound)
+        return max(0, committed + 1 - self.log.first_offset)
+
+    def _commit_limit(self) -> int:
+        bound = self.commit_bound
+        return bound if bound is not None else self.log.committed_offset
 
     @property
     def consumer_count(self) -> int:
@@ -148,6 +163,8 @@ class StreamQueue(Queue):
     # -- publishing ---------------------------------------------------------------------------
 
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
+        if self.forward_to is not None:  # a replica: the leader writes, and confirms
+            return bool(self.forward_to.publish(message, confirm))
         writer = self.writer
         batch = writer.batch
         headers = message.headers
@@ -189,7 +206,12 @@ class StreamQueue(Queue):
                        publishing_id: int, confirm: Confirm | None) -> bool:
         """A message already in its stored form (the stream protocol's publish): deduplicated
         by publisher name and publishing id through the same tracking as x-stream-publisher-name,
-        and False when it was a duplicate (it is still confirmed)."""
+        and False when it was a duplicate (it is still confirmed). A replica writes nothing
+        itself: the publish is nack'ed (stream protocol clients publish to the leader)."""
+        if self.forward_to is not None:
+            if confirm is not None:
+                confirm.settle(False)
+            return True
         writer = self.writer
         batch = writer.batch
         if publisher is not None:
@@ -322,7 +344,9 @@ class StreamQueue(Queue):
                          if wanted is not None else None)
         if cursor.reader is not None:
             cursor.reader.close()
-        cursor.reader = self.log.reader(start, filter=reader_filter)
+        cursor.reader = self.log.reader(
+            start, filter=reader_filter,
+            limit=self._commit_limit if self.commit_bound is not None else None)
         cursor.records, cursor.offsets, cursor.take = [], (), 0
 
     def deactivate(self, consumer: Consumer) -> None:
@@ -510,7 +534,7 @@ class StreamQueue(Queue):
         dirty = {c.name: c.stored for c in cursors if c.tracking and c.dirty and c.stored >= 0}
         for cursor in cursors:
             cursor.dirty = False
-        if dirty and not self.deleted:
+        if dirty and not self.deleted and self.role != "replica":  # only the leader writes
             try:
                 self.log.store_offsets(dirty)
             except StorageError as error:

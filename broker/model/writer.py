@@ -9,9 +9,11 @@ a factory of empty batches, an `append` that writes one (raising StorageError), 
 that cleans up after a failed append and says whether the batch's writes still count (True: ack).
 
 The commit point and the confirms are the committer's (`committer.py`), the writer's part: its
-`committed_up_to(offset)` is the seam where replication plugs in. Today the committer calls it
-right after the local append or fsync; a replicated stream will call it when a majority holds
-the chunk, and the confirms of the batch go out then, never before.
+`committed_up_to(offset)` is the seam where replication plugs in. A local log's committer calls
+it right after the append or fsync; a replicated stream's leader (`local` off) has it called by
+its Shipper when a majority holds the chunk (broker/cluster/stream_replication.py), and the
+confirms of the batch go out then, never before. `on_append` is told after each append that
+wrote, so that the Shipper ships it.
 
 Must not know: AMQP, what the records hold, the queue types. It sees a storage Log through the
 committer, the model's Scheduler and Confirm objects.
@@ -49,6 +51,8 @@ class Writer(Generic[B]):
         self.scheduled = False
         self.deleted = False
         self.committer = Committer(scheduler, policy, log_of, on_commit, name, local)
+        # called after each append that wrote (a replicated stream's leader ships it)
+        self.on_append: Callable[[], None] | None = None
 
     @property
     def timer_armed(self) -> bool:
@@ -82,6 +86,8 @@ class Writer(Generic[B]):
             self.committer.appended(confirms, ok=self._failed(batch, error))
             return
         self.committer.appended(confirms)
+        if self.on_append is not None:
+            self.on_append()
 
     def committed_up_to(self, offset: int) -> None:
         """The commit point: see Committer.committed_up_to."""

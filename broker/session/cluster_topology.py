@@ -32,6 +32,7 @@ from pamqp import commands as m
 
 from leveret.amqp import codec
 from leveret.broker import logs
+from leveret.broker.cluster import stream_placement
 from leveret.broker.cluster.etcd import EtcdException, EtcdUnavailable
 from leveret.broker.cluster.runtime import SETTLE_TIMEOUT_S
 from leveret.broker.cluster.topology import Created
@@ -270,6 +271,34 @@ def _unbind(channel: Channel, method: Any, source: str, kind: str, destination: 
 # -- queues -----------------------------------------------------------------------------------
 
 
+def _locator(channel: Channel, queue_type: str, name: str, arguments: dict[str, Any]) -> str:
+    """The `queue-leader-locator` policy key, else the `x-queue-leader-locator` argument, else
+    the node's `queue_leader_locator` setting (`client-local` by default), as in RabbitMQ."""
+    policy = effective(channel.vhost.policies, "queues", queue_type, name)
+    locator = policy.definition.get("queue-leader-locator") if policy is not None else None
+    if locator is None:
+        locator = arguments.get("x-queue-leader-locator")
+    if locator is None:
+        locator = getattr(channel.session.broker.config, "queue_leader_locator", "client-local")
+    found = qargs.text(locator)
+    return found if found in qargs.LEADER_LOCATORS else "client-local"
+
+
+def _running(cluster: ClusterRuntime) -> set[str]:
+    return {cluster.node} | {node for node, link in cluster.links.links.items()
+                             if not link.closed}
+
+
+def place_stream(channel: Channel, name: str, arguments: dict[str, Any]) -> tuple[str,
+                                                                                   tuple[str, ...]]:
+    """A new stream's leader and members (docs/REPLICATION.md, "Membership")."""
+    cluster = _cluster(channel)
+    records = [r for r in cluster.cache.all("queues") if isinstance(r, QueueRecord)]
+    return stream_placement.place_stream(
+        cluster.node, _running(cluster), records, arguments.get("x-initial-cluster-size"),
+        _locator(channel, "stream", name, arguments))
+
+
 def place(channel: Channel, queue_type: str, name: str, arguments: dict[str, Any],
           exclusive: bool) -> str:
     """The node that will hold a new queue: this one (`client-local`, and always for an
@@ -278,14 +307,9 @@ def place(channel: Channel, queue_type: str, name: str, arguments: dict[str, Any
     cluster = _cluster(channel)
     if exclusive:
         return cluster.node
-    policy = effective(channel.vhost.policies, "queues", queue_type, name)
-    locator = policy.definition.get("queue-leader-locator") if policy is not None else None
-    if locator is None:
-        locator = arguments.get("x-queue-leader-locator", "client-local")
-    if qargs.text(locator) == "client-local":  # the others ask for balanced (RabbitMQ 3.10+)
-        return cluster.node
-    running = {cluster.node} | {node for node, link in cluster.links.links.items()
-                                if not link.closed}
+    if _locator(channel, queue_type, name, arguments) == "client-local":
+        return cluster.node  # the others ask for balanced (RabbitMQ 3.10+)
+    running = _running(cluster)
     held = dict.fromkeys(running, 0)
     for record in cluster.cache.all("queues"):
         if isinstance(record, QueueRecord) and record.node in held:
@@ -307,13 +331,20 @@ def queue_declare(channel: Channel, method: Any) -> None:
         check=channel.check)
     durable = method.durable and not method.exclusive
     cluster = _cluster(channel)
+    members: tuple[str, ...] = ()
+    if queue_type == "stream" and _existing is None:
+        node, members = place_stream(channel, name, arguments)
+        if len(members) == 1:
+            members = ()  # one member: a stream as on one node, nothing to replicate
+    else:
+        node = place(channel, queue_type, name, arguments, method.exclusive)
     record = QueueRecord(
         vhost.name, name, queue_type, durable=durable, auto_delete=method.auto_delete,
-        exclusive=method.exclusive, arguments=arguments,
-        node=place(channel, queue_type, name, arguments, method.exclusive),
+        exclusive=method.exclusive, arguments=arguments, node=node,
         storage_id=uuid.uuid4().hex,  # the declaration's identity; a durable one's folder
         owner_node=cluster.node if method.exclusive else None,
-        exclusive_owner=session.broker.cluster_key(session) if method.exclusive else None)
+        exclusive_owner=session.broker.cluster_key(session) if method.exclusive else None,
+        members=members)
     backlog.run_step(channel, method.index, _declare_queue(channel, method, record))
 
 

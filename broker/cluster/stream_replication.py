@@ -1,0 +1,197 @@
+"""Replicated streams in the broker: the leader's writer ships and commits at a quorum, and the
+other members hold replicas that serve their node's consumers.
+
+A stream whose queue record names several `members` (docs/REPLICATION.md) is a real
+`StreamQueue` on every member node (the topology's sync makes it; `attach` is then called):
+
+- On the leader (`record.node`), the writer is not `local`: after each append the `Shipper`
+  (broker/cluster/replication.py) ships the chunks to the replicas, and its `on_commit` moves
+  the writer's commit point (`writer.committed_up_to`), so the publisher confirms of a batch go
+  out once a majority of members hold it, never before. The stream's readers stop at that
+  commit point too (`StreamQueue.commit_bound`). The epoch is the one the stream's leadership
+  key in etcd holds (broker/cluster/stream_leadership.py), read before shipping starts.
+- On every other member, the log is a replica (`Replicas.add`): it appends the leader's chunks
+  as they are, and its readers (this node's AMQP 0-9-1 consumers read it, not the leader)
+  stop at the commit point the leader announces. A publish that reaches the stream on this node
+  goes to the leader through forwarding (a `RemoteQueue` for the leader, not in the model), and
+  is confirmed when the leader confirms it.
+
+No failover yet: the leader named at declaration stays the leader. With fewer than a quorum of
+members running, the leader appends but confirms nothing, and its readers see nothing new; the
+stream resumes when a quorum is back (a returning replica is synced from its own tail).
+
+It knows the model's StreamQueue and RemoteQueue, the cluster runtime and the replication core;
+nothing of AMQP frames or sessions. Asyncio: one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from leveret.broker import logs
+from leveret.broker.cluster.etcd import EtcdException
+from leveret.broker.cluster.replication import Replicas, Shipper
+from leveret.broker.cluster.stream_leadership import StreamLeaderships
+from leveret.broker.cluster.topology_records import QueueRecord
+from leveret.broker.model.remote_queue import RemoteQueue
+from leveret.broker.model.stream import StreamQueue
+
+if TYPE_CHECKING:
+    from leveret.broker.cluster.runtime import ClusterRuntime
+
+log = logs.get("leveret.cluster.streams")
+RETRY_S = 1.0
+
+
+@dataclass
+class Led:
+    """A stream this node leads."""
+
+    queue: StreamQueue
+    key: str
+    shipper: Shipper | None = None
+    task: asyncio.Task[None] | None = None
+    closed: bool = field(default=False)
+
+
+class StreamReplication:
+    def __init__(self, broker: Any, cluster: ClusterRuntime) -> None:
+        self.broker = broker
+        self.cluster = cluster
+        self.replicas = Replicas(cluster.links.handlers)
+        self.leaderships = StreamLeaderships(cluster.client, cluster.cluster)
+        cluster.store.streams = self.leaderships
+        self.led: dict[str, Led] = {}
+
+    @staticmethod
+    def replicated(record: QueueRecord) -> bool:
+        return record.type == "stream" and len(record.members) > 1
+
+    def holds(self, record: QueueRecord) -> bool:
+        """This node holds the queue: its leader, or a member of a replicated stream."""
+        return record.node == self.cluster.node or (
+            self.replicated(record) and self.cluster.node in record.members)
+
+    def attach(self, queue: Any, record: QueueRecord) -> None:
+        """The sync made (or found) `queue` for `record` on this node: make it a leader or a
+        replica if the record is a replicated stream this node is a member of."""
+        if not isinstance(queue, StreamQueue) or queue.role or not self.replicated(record):
+            return
+        if self.cluster.node not in record.members:
+            return
+        queue.members = tuple(record.members)
+        key = record.storage_id or f"{record.vhost}/{record.name}"
+        if record.node == self.cluster.node:
+            self._lead(queue, record, key)
+        else:
+            self._replicate(queue, record, key)
+
+    def detach(self, queue: Any) -> None:
+        """The queue leaves this node's model (deleted, replaced): stop shipping or replicating
+        before its log closes."""
+        if not isinstance(queue, StreamQueue) or not queue.role:
+            return
+        for key, led in list(self.led.items()):
+            if led.queue is queue:
+                self._stop(key, led)
+        for key, replica in list(self.replicas.logs.items()):
+            if replica.log is queue.log:
+                self.replicas.remove(key)
+        queue.forward_to = None
+
+    # -- the leader
+
+    def _lead(self, queue: StreamQueue, record: QueueRecord, key: str) -> None:
+        queue.role = "leader"
+        queue.commit_bound = -1  # nothing is readable until a majority holds it
+        committer = queue.writer.committer
+        committer.local = False
+        committer.committed = -1
+        led = self.led[key] = Led(queue, key)
+        led.task = asyncio.get_running_loop().create_task(self._start_shipping(led, record))
+        log.info("leading a replicated stream", stream=record.name, vhost=record.vhost,
+                 members=list(record.members))
+
+    async def _start_shipping(self, led: Led, record: QueueRecord) -> None:
+        """Read the stream's epoch from its leadership key, then ship."""
+        epoch = None
+        while epoch is None and not led.closed:
+            try:
+                found = await self.leaderships.get(record.vhost, record.name)
+                epoch = found.epoch if found is not None else 1
+            except EtcdException as exc:
+                log.warning("cannot read a stream's leadership yet; retrying",
+                            stream=record.name, error=str(exc))
+                await asyncio.sleep(RETRY_S)
+        if led.closed or epoch is None:
+            return
+        queue = led.queue
+        replicas = [m for m in record.members if m != record.node]
+
+        def committed(offset: int) -> None:
+            queue.commit_bound = offset
+            queue.writer.committed_up_to(offset)
+
+        shipper = Shipper(led.key, queue.log, epoch, replicas, self.cluster.links.link_to,
+                          on_commit=committed)
+        led.shipper = shipper
+        self.replicas.shippers[led.key] = shipper
+        queue.writer.on_append = shipper.appended
+        shipper.start()
+
+    def _stop(self, key: str, led: Led) -> None:
+        led.closed = True
+        del self.led[key]
+        if led.task is not None:
+            led.task.cancel()
+        led.queue.writer.on_append = None
+        shipper = led.shipper
+        if shipper is not None:
+            self.replicas.shippers.pop(key, None)
+            closing = asyncio.get_running_loop().create_task(shipper.close())
+            _closing.add(closing)
+            closing.add_done_callback(_closing.discard)
+
+    # -- a replica
+
+    def _replicate(self, queue: StreamQueue, record: QueueRecord, key: str) -> None:
+        queue.role = "replica"
+        queue.commit_bound = -1
+
+        def committed(offset: int) -> None:
+            queue.commit_bound = offset
+            queue.dispatch()
+
+        self.replicas.add(key, queue.log, on_commit=committed)
+        queue.forward_to = RemoteQueue(
+            queue.vhost, queue.name, queue_type="stream", node=record.node,
+            durable=record.durable, auto_delete=record.auto_delete,
+            arguments=dict(record.arguments), exclusive_elsewhere=False,
+            forwarder=getattr(self.broker, "forwarder", None))
+        log.info("replicating a stream", stream=record.name, vhost=record.vhost,
+                 leader=record.node)
+
+
+_closing: set[asyncio.Task[None]] = set()
+
+
+def install(broker: Any) -> None:
+    """Register the replication kinds on the links and let the topology's sync attach the
+    replicated streams it makes (before the cache's first load)."""
+    cluster = broker.cluster
+    assert cluster is not None
+    replication = StreamReplication(broker, cluster)
+    broker.stream_replication = replication
+    sync = getattr(broker, "topology_sync", None)
+    if sync is not None:
+        sync.replication = replication
+
+
+def replication_of(broker: Any) -> StreamReplication | None:
+    found = getattr(broker, "stream_replication", None)
+    return found if isinstance(found, StreamReplication) else None
+
+
+__all__ = ["StreamReplication", "install", "replication_of"]

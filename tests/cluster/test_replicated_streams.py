@@ -1,0 +1,221 @@
+"""Replicated streams in a real cluster (real etcd, three real `leveret serve` nodes, pika and
+aio-pika): a stream's members and leader at declaration (x-initial-cluster-size,
+x-queue-leader-locator), its record and leadership key in etcd; confirmed publishes (on the
+leader and forwarded from a replica's node) are on every member's log, byte for byte; a
+consumer on a replica's node reads them from its local replica; with two of three members
+killed (kill -9) a publish is not confirmed, and once one is back it is."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pika
+import pytest
+from support.brokers import BrokerProcess
+from support.cluster import ClusterNode, linked, make_node, wait_until
+from support.etcd import EtcdServer
+
+from leveret.broker.cluster.etcd import EtcdClient
+from leveret.broker.cluster.membership import ClusterKeys
+from leveret.broker.cluster.stream_leadership import StreamLeadership, StreamLeaderships
+from leveret.broker.cluster.topology_keys import TopologyKeys
+from leveret.broker.cluster.topology_records import QueueRecord, decode
+
+STREAM = {"x-queue-type": "stream"}
+
+
+@pytest.fixture
+def abc(tmp_path: Path, etcd: EtcdServer, cluster: str,
+        nodes: list[BrokerProcess]) -> Iterator[tuple[ClusterNode, ClusterNode, ClusterNode]]:
+    three = [make_node(tmp_path, etcd.url, cluster, name, management=True)
+             for name in ("a", "b", "c")]
+    for node in three:
+        nodes.append(node.start())
+    wait_until(lambda: all(linked(node, 2) for node in three), timeout=60)
+    yield three[0], three[1], three[2]
+
+
+def connect(node: BrokerProcess) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(node.url))
+
+
+def declare(node: BrokerProcess, name: str, **arguments: Any) -> None:
+    conn = connect(node)
+    conn.channel().queue_declare(name, durable=True, arguments={**STREAM, **arguments})
+    conn.close()
+
+
+def in_etcd(etcd: EtcdServer, cluster: str,
+            name: str) -> tuple[QueueRecord | None, StreamLeadership | None]:
+    """The stream's queue record and its leadership key, read straight from etcd."""
+    async def read() -> tuple[QueueRecord | None, StreamLeadership | None]:
+        async with EtcdClient([etcd.url], timeout_s=5.0) as client:
+            keys = TopologyKeys(ClusterKeys(cluster).root + "topology/")
+            kv = await client.get(keys.queue("/", name))
+            record = decode("queues", kv) if kv is not None else None
+            assert record is None or isinstance(record, QueueRecord)
+            return record, await StreamLeaderships(client, cluster).get("/", name)
+    return asyncio.run(read())
+
+
+def segments(node: ClusterNode, storage_id: str) -> dict[str, bytes]:
+    folder = node.data_dir / "queues" / storage_id
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.segment"))}
+
+
+def same_logs(nodes: tuple[ClusterNode, ...], storage_id: str) -> bool:
+    found = [segments(node, storage_id) for node in nodes]
+    return bool(found[0]) and all(f == found[0] for f in found[1:])
+
+
+def consume(node: BrokerProcess, name: str, want: int, timeout: float = 60) -> list[bytes]:
+    """Read `want` messages of stream `name` from its first offset, through `node`."""
+    conn = connect(node)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=500)
+    got: list[bytes] = []
+
+    def on_message(channel: Any, method: Any, _props: Any, body: bytes) -> None:
+        got.append(body)
+        channel.basic_ack(method.delivery_tag)
+
+    ch.basic_consume(name, on_message, arguments={"x-stream-offset": "first"})
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        conn.process_data_events(0.2)
+    conn.close()
+    return got
+
+
+def publish_confirmed(node: BrokerProcess, name: str, bodies: list[bytes]) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for body in bodies:
+        ch.basic_publish("", name, body)  # raises if nacked; returns once acked
+    conn.close()
+
+
+def test_members_and_leader_at_declaration(
+        abc: tuple[ClusterNode, ClusterNode, ClusterNode], etcd: EtcdServer,
+        cluster: str) -> None:
+    a, b, c = abc
+    declare(a, "s.all")
+    record, leadership = in_etcd(etcd, cluster, "s.all")
+    assert record is not None and leadership is not None
+    assert record.node == "a" and record.members[0] == "a"
+    assert sorted(record.members) == ["a", "b", "c"]
+    assert (leadership.leader, leadership.members, leadership.epoch) == ("a", record.members, 1)
+
+    declare(b, "s.two", **{"x-initial-cluster-size": 2})
+    record, leadership = in_etcd(etcd, cluster, "s.two")
+    assert record is not None and leadership is not None
+    assert record.node == "b" and len(record.members) == 2 and record.members[0] == "b"
+    assert leadership.members == record.members
+
+    declare(c, "s.capped", **{"x-initial-cluster-size": 7})
+    record, _ = in_etcd(etcd, cluster, "s.capped")
+    assert record is not None and len(record.members) == 3 and record.node == "c"
+
+    # a, b and c lead one stream each: balanced picks the lowest name among the fewest
+    declare(c, "s.balanced", **{"x-queue-leader-locator": "balanced"})
+    record, _ = in_etcd(etcd, cluster, "s.balanced")
+    assert record is not None and record.node == "a"
+    declare(c, "s.balanced2", **{"x-queue-leader-locator": "balanced"})
+    record, _ = in_etcd(etcd, cluster, "s.balanced2")
+    assert record is not None and record.node == "b"
+
+    # one member: a stream as on one node, no leadership key
+    declare(a, "s.one", **{"x-initial-cluster-size": 1})
+    record, leadership = in_etcd(etcd, cluster, "s.one")
+    assert record is not None and record.members == () and leadership is None
+    assert record.node == "a"
+
+    # a bad size or locator is refused with RabbitMQ's text, as on one node
+    conn = connect(b)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        conn.channel().queue_declare("s.bad", durable=True,
+                                     arguments={**STREAM, "x-initial-cluster-size": 0})
+    assert refused.value.reply_code == 406
+    conn.close()
+
+    # deleting the stream deletes its leadership key in the same txn
+    conn = connect(b)
+    conn.channel().queue_delete("s.all")
+    conn.close()
+    assert in_etcd(etcd, cluster, "s.all") == (None, None)
+
+
+def test_confirmed_publishes_are_on_every_member_and_a_replica_serves_consumers(
+        abc: tuple[ClusterNode, ClusterNode, ClusterNode], etcd: EtcdServer,
+        cluster: str) -> None:
+    a, b, c = abc
+    declare(a, "s.rep")
+    record, _ = in_etcd(etcd, cluster, "s.rep")
+    assert record is not None and record.storage_id is not None and record.node == "a"
+    publish_confirmed(a, "s.rep", [f"a{i}".encode() for i in range(300)])
+    publish_confirmed(b, "s.rep", [f"b{i}".encode() for i in range(200)])  # forwarded to a
+
+    # every member holds the same chunks, byte for byte
+    wait_until(lambda: same_logs((a, b, c), record.storage_id or ""), timeout=60)
+
+    expected = [f"a{i}".encode() for i in range(300)] + [f"b{i}".encode() for i in range(200)]
+    assert consume(c, "s.rep", 500) == expected  # a replica's node reads its own copy
+    assert consume(b, "s.rep", 500) == expected
+    assert consume(a, "s.rep", 500) == expected
+
+    # a consumer on a replica's node that waits for new data gets it once it is committed
+    conn = connect(c)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=100)
+    got: list[bytes] = []
+    ch.basic_consume("s.rep", lambda chan, m, p, body: (got.append(body),
+                                                         chan.basic_ack(m.delivery_tag)),
+                     arguments={"x-stream-offset": "next"})
+    conn.process_data_events(0.5)
+    publish_confirmed(a, "s.rep", [b"late"])
+    deadline = time.monotonic() + 30
+    while not got and time.monotonic() < deadline:
+        conn.process_data_events(0.2)
+    conn.close()
+    assert got == [b"late"]
+
+    # c reads its own replica, not the leader's log: with a gone, c still serves it all
+    a.kill()
+    assert consume(c, "s.rep", 501) == [*expected, b"late"]
+
+
+def test_without_a_quorum_nothing_is_confirmed_and_it_resumes_when_one_is_back(
+        abc: tuple[ClusterNode, ClusterNode, ClusterNode], etcd: EtcdServer,
+        cluster: str) -> None:
+    a, b, c = abc
+    declare(a, "s.quorum")
+    record, _ = in_etcd(etcd, cluster, "s.quorum")
+    assert record is not None and record.node == "a" and len(record.members) == 3
+    publish_confirmed(a, "s.quorum", [b"before"])
+    b.kill()
+    c.kill()
+
+    async def run() -> None:
+        connection = await aio_pika.connect(a.url)
+        async with connection:
+            channel = await connection.channel(publisher_confirms=True)
+            pending = asyncio.ensure_future(channel.default_exchange.publish(
+                aio_pika.Message(b"during"), routing_key="s.quorum", timeout=None))
+            # the leader has written it but only one member of three holds it: what the
+            # publisher sees is nothing at all (no ack, no nack); the connection stays open
+            await asyncio.sleep(5)
+            assert not pending.done()
+            assert not connection.is_closed
+            await asyncio.to_thread(b.restart)
+            confirm = await asyncio.wait_for(pending, 60)  # a and b: a quorum again
+            assert type(confirm).__name__ == "Ack"
+
+    asyncio.run(run())
+    assert consume(a, "s.quorum", 2) == [b"before", b"during"]
+    assert consume(b, "s.quorum", 2) == [b"before", b"during"]
