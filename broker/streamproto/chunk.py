@@ -4,7 +4,8 @@ A Deliver carries a 48-byte big-endian chunk header (magic 5 and version 0, chun
 entry and record counts, timestamp, epoch, first offset, the CRC-32 of the data as zlib
 computes it, data length, trailer length, bloom size) and then simple entries
 (`0:1 size:31 body`). Clients check the CRC and count offsets from the first one, so one
-Deliver holds one run of consecutive offsets.
+Deliver holds one run of consecutive offsets. A run's entries and CRC (`Entries`) are built
+once and framed for each subscription that reads them.
 
 Pure: no I/O; knows nothing of the model or of how a record becomes an AMQP 1.0 message.
 """
@@ -23,6 +24,47 @@ MAGIC_VERSION = 0x50
 DELIVER = 0x08
 
 
+class Entries:
+    """The data of one chunk's run of consecutive messages, ready for any subscription:
+    the simple entries, their count and their CRC-32 (computed once, however many
+    subscribers the run goes to)."""
+
+    __slots__ = ("count", "crc", "data")
+
+    def __init__(self, data: bytes, count: int) -> None:
+        self.data = data
+        self.count = count
+        self.crc = zlib.crc32(data)
+
+
+def entries(messages: Sequence[bytes]) -> Entries:
+    """Simple entries (`0:1 size:31`, then the message) of these messages."""
+    pack = _ENTRY.pack
+    return Entries(b"".join([part for m in messages for part in (pack(len(m)), m)]),
+                   len(messages))
+
+
+def cut_entries(records: Sequence[bytes], cut: int) -> Entries:
+    """Simple entries of each record's bytes after its first `cut` bytes."""
+    pack = _ENTRY.pack
+    return Entries(b"".join([pack(len(r) - cut) + r[cut:] for r in records]), len(records))
+
+
+def deliver_entries(subscription_id: int, first_offset: int, timestamp_ms: int, run: Entries,
+                    *, epoch: int = 0, version: int = 1, committed: int = 0) -> bytes:
+    """One Deliver frame (v1, or v2 with the committed chunk id) of a run of entries."""
+    n = run.count
+    data = run.data
+    chunk = _CHUNK.pack(MAGIC_VERSION, 0, n, n, timestamp_ms, epoch, first_offset,
+                        run.crc, len(data), 0, 0)
+    if version >= 2:
+        head = _HEAD_V2.pack(4 + 1 + 8 + len(chunk) + len(data), DELIVER, 2, subscription_id,
+                             committed)
+    else:
+        head = _HEAD.pack(4 + 1 + len(chunk) + len(data), DELIVER, 1, subscription_id)
+    return b"".join((head, chunk, data))
+
+
 def deliver(
     subscription_id: int,
     first_offset: int,
@@ -34,17 +76,8 @@ def deliver(
     committed: int = 0,
 ) -> bytes:
     """One Deliver frame (v1, or v2 with the committed chunk id) of consecutive messages."""
-    pack = _ENTRY.pack
-    data = b"".join([part for m in messages for part in (pack(len(m)), m)])
-    n = len(messages)
-    chunk = _CHUNK.pack(MAGIC_VERSION, 0, n, n, timestamp_ms, epoch, first_offset,
-                        zlib.crc32(data), len(data), 0, 0)
-    if version >= 2:
-        head = _HEAD_V2.pack(4 + 1 + 8 + len(chunk) + len(data), DELIVER, 2, subscription_id,
-                             committed)
-    else:
-        head = _HEAD.pack(4 + 1 + len(chunk) + len(data), DELIVER, 1, subscription_id)
-    return head + chunk + data
+    return deliver_entries(subscription_id, first_offset, timestamp_ms, entries(messages),
+                           epoch=epoch, version=version, committed=committed)
 
 
 def runs(first: int, offsets: Sequence[int] | None, count: int) -> list[tuple[int, int, int]]:

@@ -6,16 +6,22 @@ filters and single-active-consumer groups with AMQP 0.9.1 consumers. Credit coun
 messages: the subscription is the consumer's sink, and it turns the queue's "deliver now"
 (`credit()`) into its own pump that reads whole chunks from the cursor's reader, one credit
 each, and writes each run of consecutive offsets as one Deliver (chunk.py). Records become
-AMQP 1.0 messages on the way out (amqp10.to_amqp10). Stored offsets are the log's tracking
-records, the same ones 0.9.1 offset tracking writes.
+AMQP 1.0 messages on the way out (amqp10.to_amqp10; stream-protocol records are only cut),
+once per run: a stream's RunCache keeps the entries its subscriptions were sent lately for
+the next one. Stored offsets are the log's tracking records, the same ones 0.9.1 offset
+tracking writes.
 Single-threaded, on the event loop.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+from leveret.amqp import stored
 from leveret.broker import logs
 from leveret.broker.model import stream_args as sargs
 from leveret.broker.model.consumer import Consumer
@@ -33,6 +39,60 @@ if TYPE_CHECKING:
 log = logs.get("leveret.stream_connection")
 _KINDS = {k.OFFSET_FIRST: "first", k.OFFSET_LAST: "last", k.OFFSET_NEXT: "next"}
 MAX_CHUNKS_PER_TURN = 64
+RUN_CACHE_BYTES = 8 * 1024 * 1024  # per stream
+
+
+class RunCache:
+    """The entries of the runs a stream's subscriptions were sent lately, by (first offset,
+    count): the next subscription to reach a run frames it without converting it again. A
+    run of consecutive offsets has the same records whichever reader (filtered or not)
+    returned it, and a stream's offsets are never reused."""
+
+    __slots__ = ("bytes", "entries")
+
+    def __init__(self) -> None:
+        self.entries: OrderedDict[tuple[int, int], chunk.Entries] = OrderedDict()
+        self.bytes = 0
+
+    def get(self, first: int, records: Sequence[bytes], start: int, end: int) -> chunk.Entries:
+        key = (first, end - start)
+        run = self.entries.get(key)
+        if run is not None:
+            self.entries.move_to_end(key)
+            return run
+        run = _entries(records[start:end] if start or end != len(records) else records)
+        self.entries[key] = run
+        self.bytes += len(run.data)
+        while self.bytes > RUN_CACHE_BYTES and len(self.entries) > 1:
+            _key, old = self.entries.popitem(last=False)
+            self.bytes -= len(old.data)
+        return run
+
+
+_RUN_CACHES: weakref.WeakKeyDictionary[StreamQueue, RunCache] = weakref.WeakKeyDictionary()
+
+
+def _runs_of(queue: StreamQueue) -> RunCache:
+    runs = _RUN_CACHES.get(queue)
+    if runs is None:
+        runs = _RUN_CACHES[queue] = RunCache()
+    return runs
+
+
+def _entries(records: Sequence[bytes]) -> chunk.Entries:
+    """A run's records as simple entries of AMQP 1.0 messages. Records published over the
+    stream protocol to one stream all start with the same bytes (amqp.stored's AMQP 1.0 kind:
+    0x80, the exchange and the routing key as short strings), followed by the message as it
+    was sent: those are only cut (chunk.cut_entries); any other run is converted record by
+    record (amqp10.to_amqp10)."""
+    head = records[0]
+    if head[0] == stored.AMQP10:
+        cut = 2 + head[1]
+        cut += 1 + head[cut]
+        if len(set(map(itemgetter(slice(0, cut)), records))) == 1:
+            return chunk.cut_entries(records, cut)
+    convert = amqp10.to_amqp10
+    return chunk.entries([convert(r) for r in records])
 
 
 class Subscription:
@@ -158,12 +218,12 @@ class Subscription:
                 continue
             self.credit_left -= 1
             sent += 1
-            convert = amqp10.to_amqp10
+            runs = _runs_of(self.queue)
             for first, start, end in chunk.runs(view.first_offset, view.offsets, len(records)):
-                s.send(chunk.deliver(self.id, first, view.timestamp_ms,
-                                     [convert(r) for r in records[start:end]],
-                                     version=s.deliver_version,
-                                     committed=self.queue.log.committed_offset))
+                s.send(chunk.deliver_entries(self.id, first, view.timestamp_ms,
+                                             runs.get(first, records, start, end),
+                                             version=s.deliver_version,
+                                             committed=self.queue.log.committed_offset))
                 cursor.delivered = first + (end - start) - 1
                 self.delivered += end - start
         s.flush()

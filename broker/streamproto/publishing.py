@@ -11,6 +11,7 @@ Must not know: AMQP 1.0's sections (records are stored as sent). Single-threaded
 
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING
 
 from leveret.amqp.stored import encode_amqp10_record
@@ -23,6 +24,8 @@ from leveret.broker.streamproto.streams import stream_of
 
 if TYPE_CHECKING:
     from leveret.broker.streamproto.session import StreamSession
+
+_ID_SIZE = struct.Struct(">QI")  # a simple entry's publishing id and size (top bit clear)
 
 
 class Publisher:
@@ -51,7 +54,7 @@ class Publisher:
         if self.acks:
             ids, self.acks = self.acks, []
             s.send(f.frame(k.PUBLISH_CONFIRM, 1, f.u8(self.id) + f.i32(len(ids))
-                           + b"".join(f.u64(i) for i in ids)))
+                           + struct.pack(f">{len(ids)}Q", *ids)))
         if self.errors:
             ids, self.errors = self.errors, []
             s.send(publish_error(self.id, ids, k.INTERNAL_ERROR))
@@ -117,9 +120,32 @@ def query_publisher_sequence(s: StreamSession, d: f.Decoder, _version: int) -> N
 
 def _entries(d: f.Decoder, version: int) -> list[tuple[int, bytes | None, list[bytes]]]:
     """(publishing id, filter value, messages) of each entry of a Publish; a sub-entry batch
-    is decompressed here, so that a bad one fails the frame before anything is stored."""
+    is decompressed here, so that a bad one fails the frame before anything is stored.
+    Simple entries of v1 (what clients send without sub-entry batching) are read with one
+    struct call each."""
+    count = d.count()
+    if version < 2:
+        data, pos, end = d.data, d.pos, len(d.data)
+        simple: list[tuple[int, bytes | None, list[bytes]]] = []
+        unpack = _ID_SIZE.unpack_from
+        while len(simple) < count and end - pos >= 12:
+            publishing_id, size = unpack(data, pos)
+            if size & 0x80000000 or pos + 12 + size > end:
+                break  # a sub-entry batch, or a truncated entry: the decoder says which
+            simple.append((publishing_id, None, [data[pos + 12 : pos + 12 + size]]))
+            pos += 12 + size
+        d.pos = pos
+        if len(simple) == count:
+            d.done()
+            return simple
+        return simple + _decoded(d, version, count - len(simple))
+    return _decoded(d, version, count)
+
+
+def _decoded(d: f.Decoder, version: int,
+             count: int) -> list[tuple[int, bytes | None, list[bytes]]]:
     entries = []
-    for _ in range(d.count()):
+    for _ in range(count):
         publishing_id = d.u64()
         value = d.string().encode("utf-8") if version >= 2 else b""
         first = d.u8()
@@ -150,13 +176,19 @@ def publish(s: StreamSession, d: f.Decoder, version: int) -> None:
     name = queue.name
     reference = publisher.reference
     settled = publisher.settled
+    prefix = encode_amqp10_record("", name, b"")  # a record is this prefix and the message
+    publish_record = queue.publish_record
     for publishing_id, value, messages in entries:
         confirm = Confirm(publishing_id, settled)
+        if len(messages) == 1:
+            publish_record(prefix + messages[0], value, reference, publishing_id, confirm)
+            confirm.seal()
+            continue
         last = len(messages) - 1
         for i, message in enumerate(messages):
             # the batch's publishing id deduplicates it at its first message
-            fresh = queue.publish_record(
-                encode_amqp10_record("", name, message), value,
+            fresh = publish_record(
+                prefix + message, value,
                 reference if i == 0 else None, publishing_id, confirm if i == last else None)
             if not fresh:  # a duplicate: confirmed all the same, the rest of the batch too
                 if i != last:
