@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as m
@@ -313,12 +314,19 @@ class Channel:
         elif tag not in unacked:
             raise PreconditionFailed(f"unknown delivery tag {tag}")
         elif multiple:
-            taken = []
-            while unacked:
-                first = next(iter(unacked))
-                if first > tag:
-                    break
-                taken.append((first, unacked.popitem(last=False)[1]))
+            # Tags are held in ascending order, so those up to `tag` lead; when none of them was
+            # settled alone they are `count` in a row, ending at `tag`, and leave in one sweep.
+            count = tag - next(iter(unacked)) + 1
+            if count == 1 or next(islice(unacked, count - 1, None), None) == tag:
+                popitem = unacked.popitem
+                taken = [popitem(False) for _ in range(count)]
+            else:
+                taken = []
+                while unacked:
+                    first = next(iter(unacked))
+                    if first > tag:
+                        break
+                    taken.append((first, unacked.popitem(last=False)[1]))
         else:
             taken = [(tag, unacked.pop(tag))]
         self.get_unacked -= sum(1 for _tag, item in taken if item.consumer is None)

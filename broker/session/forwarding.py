@@ -80,7 +80,10 @@ def _unacked() -> Any:
 UNACKED: Any = None
 # A stream consumer's channel on the holder may run this many prefetches ahead of the client,
 # so the extra hop's latency does not throttle it; the client still gets at most its prefetch.
-STREAM_READ_AHEAD = 2
+STREAM_READ_AHEAD = 4
+# ... but by no more than this many deliveries beyond it (what b may hold for one consumer).
+STREAM_READ_AHEAD_MAX = 16_000
+PREFETCH_MAX = 65_535  # basic.qos's prefetch-count is a short
 THROTTLE_POLL_S = 0.005
 # A client session with a remote consumer writes what it gathered once it holds this many
 # bytes, not only at the end of the turn: the link's reader may run a long turn, and the client
@@ -99,6 +102,38 @@ def node_down(queue: RemoteQueue) -> NotFound:
     classic queue type rejects what a queue that went down had not confirmed."""
     return NotFound(f"home node '{queue.node}' of durable {queue.resource} is down or "
                     "inaccessible")
+
+
+class _Run:
+    """Whole deliveries waiting in `pending` as one block, as they came on the tunnel (channel
+    numbered as the client's): delivery i spans `data[bounds[i]:bounds[i + 1]]` and its holder's
+    delivery tag is at `tags[i]`; those before `first` have gone to the client."""
+
+    __slots__ = ("bounds", "data", "first", "tags")
+
+    def __init__(self, data: bytes, bounds: list[int], tags: list[int]) -> None:
+        self.data = data
+        self.bounds = bounds
+        self.tags = tags
+        self.first = 0
+
+    def holder_tags(self) -> list[int]:
+        """The holder's tags of the deliveries still waiting."""
+        data = self.data
+        return [_U64.unpack_from(data, at)[0] for at in self.tags[self.first:]]
+
+    def pop_one(self) -> tuple[bytes, list[bytes]]:
+        """The next delivery as raw_done keeps one: its method's payload, its content frames."""
+        i = self.first
+        self.first = i + 1
+        start = self.bounds[i]
+        delivery = self.data[start:self.bounds[i + 1]]
+        end = 7 + _FRAME_HEAD.unpack_from(delivery)[2]
+        return delivery[7:end], [delivery[end + 1:]]
+
+    @property
+    def done(self) -> bool:
+        return self.first == len(self.tags)
 
 
 class ConsumerShadow(Shadow):
@@ -127,8 +162,9 @@ class ConsumerShadow(Shadow):
         consumer = self.consumer
         number = self.number
         prefetch = consumer.prefetch
-        if self.queue.type == "stream":  # no other consumer waits for what is held here
-            prefetch *= STREAM_READ_AHEAD
+        if self.queue.type == "stream" and prefetch:  # no other consumer waits for it here
+            prefetch = min(prefetch + min(prefetch * (STREAM_READ_AHEAD - 1),
+                                          STREAM_READ_AHEAD_MAX), PREFETCH_MAX)
         self.write(codec.encode_method(number, m.Basic.Qos(prefetch_count=prefetch)), None)
         await self.call(codec.encode_method(number, m.Basic.Consume(
             queue=self.queue.name, consumer_tag=consumer.tag, no_ack=consumer.no_ack,
@@ -171,8 +207,9 @@ class ConsumerShadow(Shadow):
         first = tag = channel.next_tag
         start = pos
         run_end = -1  # where the deliveries passed on end, once one has to wait
-        waiting = 0
         at: list[int] = []  # where each delivery tag is, from `start`
+        bounds: list[int] = []  # where each waiting delivery starts, from `run_end`
+        tags: list[int] = []  # where each waiting delivery's tag is, from `run_end`
         while n - pos >= 11:  # content_end, inlined: the frames of one delivery
             kind, chan, size, index = method_head(data, pos)
             end = pos + 7 + size
@@ -200,16 +237,19 @@ class ConsumerShadow(Shadow):
                 at.append(tag_at - start)
                 tag += 1
                 credit -= 1
-            else:  # as raw_done keeps it: its method's payload, its content frames
+            else:
                 if run_end < 0:
                     run_end = pos
-                pending.append((data[pos + 7:end], [data[end + 1:after]]))
-                waiting += 1
+                bounds.append(pos - run_end)
+                tags.append(pos + 12 + data[pos + 11] - run_end)
             pos = after
         if pos == start:
             return super().deliver_run(data, pos, n)
         count = tag - first
-        self.unacked += count + waiting
+        self.unacked += count + len(tags)
+        if tags:  # one block for all that wait, split as credit comes back
+            bounds.append(pos - run_end)
+            pending.append(_Run(data[run_end:pos], bounds, tags))
         if count:
             run = bytearray(memoryview(data)[start:run_end if run_end >= 0 else pos])
             patch = _U64.pack_into
@@ -267,13 +307,19 @@ class ConsumerShadow(Shadow):
     def drain(self) -> None:
         """Deliver what waits, while the client's channel can take it."""
         pending = self.pending
-        if pending and type(pending[0]) is tuple:
+        if pending and type(pending[0]) in (tuple, _Run):
             self._drain_raw()
         consumer = self.consumer
         sink = consumer.sink
         queue = self.queue
         while pending and sink.can_send(consumer):
-            item = pending.popleft()
+            item = pending[0]
+            if type(item) is _Run:  # only where _drain_raw cannot serve this consumer
+                self._send_raw(*item.pop_one())
+                if item.done:
+                    pending.popleft()
+                continue
+            pending.popleft()
             if type(item) is tuple:
                 self._send_raw(*item)
             else:
@@ -296,13 +342,34 @@ class ConsumerShadow(Shadow):
         head = _FRAME_HEAD.pack
         tag_bit = _TAG_BIT.unpack_from
         pack_tag = _TAG_BIT.pack
+        holder_tag = _U64.unpack_from
+        patch = _U64.pack_into
         first = tag = channel.next_tag
         out: list[Any] = []
-        while credit > 0 and pending and type(pending[0]) is tuple:
+        while credit > 0 and pending:
+            item = pending[0]
+            if type(item) is _Run:  # a block: as many of its deliveries as credit allows
+                i = item.first
+                k = min(credit, len(item.tags) - i)
+                data, bounds = item.data, item.bounds
+                base = bounds[i]
+                run = bytearray(memoryview(data)[base:bounds[i + k]])
+                for at in item.tags[i:i + k]:
+                    unacked[tag] = UNACKED((holder_tag(data, at)[0], self), queue, consumer)
+                    patch(run, at - base, tag)
+                    tag += 1
+                out.append(run)
+                item.first = i + k
+                credit -= k
+                if item.done:
+                    pending.popleft()
+                continue
+            if type(item) is not tuple:
+                break
             method, parts = pending.popleft()
             tag_at = 5 + method[4]
-            holder_tag, bits = tag_bit(method, tag_at)
-            unacked[tag] = UNACKED((holder_tag, self), queue, consumer)
+            holder, bits = tag_bit(method, tag_at)
+            unacked[tag] = UNACKED((holder, self), queue, consumer)
             out += (head(c.FRAME_METHOD, number, len(method)), method[:tag_at],
                     pack_tag(tag, bits), method[tag_at + 9:], _END)
             out += parts
@@ -352,8 +419,12 @@ class ConsumerShadow(Shadow):
         if self.consumer.no_ack:
             self.unacked = 0
         for entry in pending:
-            self.settle(_holder_tag(entry[0]) if type(entry) is tuple else entry.seq, False,
-                        True)
+            if type(entry) is _Run:
+                for holder in entry.holder_tags():
+                    self.settle(holder, False, True)
+            else:
+                self.settle(_holder_tag(entry[0]) if type(entry) is tuple else entry.seq,
+                            False, True)
         if self.unacked <= 0:
             self.close()
 

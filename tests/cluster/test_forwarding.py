@@ -263,6 +263,66 @@ def test_a_stream_on_a_read_from_b_from_an_offset(ab: tuple[ClusterNode, Cluster
     conn.close()
 
 
+def test_a_stream_on_a_read_from_b_beyond_a_small_prefetch_and_with_the_largest(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    """Most of 600 deliveries wait on B for a consumer with prefetch 7, which settles them one by
+    one and in multiples, out of order too: each arrives once, in order, never more than 7 at a
+    time; a consumer with prefetch 65535 (more than the read-ahead B asks of A can double) reads
+    them all; a consumer cancelled while deliveries wait leaves none behind on A."""
+    a, b = ab
+    on_a(ab, "s.ahead", arguments={"x-queue-type": "stream"})
+    pub = connect(a)
+    ch_a = pub.channel()
+    ch_a.confirm_delivery()
+    for i in range(600):
+        ch_a.basic_publish("", "s.ahead", f"m{i}".encode())
+    pub.close()
+    conn = connect(b)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=7)
+    got: list[tuple[int, bytes]] = []
+    held: list[int] = []
+    most = 0
+
+    def on_message(c: BlockingChannel, m: Any, p: Any, body: bytes) -> None:
+        nonlocal most
+        got.append((p.headers["x-stream-offset"], body))
+        held.append(m.delivery_tag)
+        most = max(most, len(held))
+        if len(held) == 5:  # the 2nd alone, then the rest up to the 5th as one multiple
+            c.basic_ack(held[1])
+            c.basic_ack(held[4], multiple=True)
+            held.clear()
+
+    ch.basic_consume("s.ahead", on_message, arguments={"x-stream-offset": "first"})
+    drain(conn, got, 600, timeout=60)
+    assert got == [(i, f"m{i}".encode()) for i in range(600)]
+    assert most <= 7
+    conn.close()
+
+    conn = connect(b)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=65535)
+    bodies: list[bytes] = []
+    ch.basic_consume("s.ahead", lambda c, m, p, body: bodies.append(body), auto_ack=False,
+                     arguments={"x-stream-offset": "first"})
+    drain(conn, bodies, 600, timeout=60)
+    assert bodies == [f"m{i}".encode() for i in range(600)]
+
+    ch2 = conn.channel()
+    ch2.basic_qos(prefetch_count=2)
+    first_two: list[bytes] = []
+    tag = ch2.basic_consume("s.ahead", lambda c, m, p, body: first_two.append(body),
+                            arguments={"x-stream-offset": "first"})
+    drain(conn, first_two, 2)
+    assert first_two == [b"m0", b"m1"]
+    ch2.basic_cancel(tag)
+    ch2.close()
+    ch.close()
+    wait_until(lambda: counts(a, "s.ahead")[1] == 0)
+    conn.close()
+
+
 def test_each_publishers_order_holds_through_b(ab: tuple[ClusterNode, ClusterNode]) -> None:
     a, b = ab
     on_a(ab, "q.order")
