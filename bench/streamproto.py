@@ -272,6 +272,15 @@ def run_one(name: str, target: Target, args: argparse.Namespace, sizes: dict,
                  "traceback": traceback.format_exc().splitlines()[-6:]}]
 
 
+def cpu_per_message(r: dict) -> float | None:
+    """The broker's CPU time per message in microseconds: steadier than msgs/s when other
+    processes share the cores."""
+    cpu, seconds, messages = r.get("broker_cpu_pct"), r.get("seconds"), r.get("messages")
+    if not cpu or not seconds or not messages:
+        return None
+    return round(cpu / 100 * seconds * 1e6 / messages, 3)
+
+
 # -- report -------------------------------------------------------------------------------------
 
 # (scenario, metric, label, target)
@@ -279,8 +288,11 @@ ROWS = [
     ("a", "msgs_per_s", "publish with confirms, batches of 100: msgs/s", ">= 1.0x"),
     ("a", "p50_ms", "publish-to-confirm p50 ms", ""),
     ("a", "p99_ms", "publish-to-confirm p99 ms", ""),
+    ("a", "broker_cpu_us_per_msg", "publish: broker CPU us/msg", ""),
     ("b", "msgs_per_s", "one subscriber from first: msgs/s", ">= 1.0x"),
+    ("b", "broker_cpu_us_per_msg", "one subscriber: broker CPU us/msg", ""),
     ("c", "msgs_per_s", "ten subscribers from first: aggregate msgs/s", ">= 1.0x"),
+    ("c", "broker_cpu_us_per_msg", "ten subscribers: broker CPU us/msg", ""),
 ]
 
 
@@ -323,6 +335,9 @@ def table(results: list[dict]) -> tuple[str, list[dict]]:
                   "AMQP 0.9.1 | stream / 0.9.1 | ok |", "|---|---|---|---|---|",
                   f"| one consumer: msgs/s | {_fmt(st)} | {_fmt(am)} | "
                   f"{'' if ratio is None else f'{ratio:.2f}x'} | S {sok}, A {aok} |"]
+        sc, _ = _med(results, "d.stream", "leveret", "broker_cpu_us_per_msg")
+        ac, _ = _med(results, "d.amqp091", "leveret", "broker_cpu_us_per_msg")
+        lines.append(f"| broker CPU us/msg | {_fmt(sc)} | {_fmt(ac)} | | |")
     return "\n".join(lines), rows
 
 
@@ -405,6 +420,7 @@ def main() -> int:
                         continue
                     background = background_cpu(targets, args.wait_quiet, args.quiet_below)
                     for r in run_one(scenario, targets[name], args, sizes, run):
+                        r["broker_cpu_us_per_msg"] = cpu_per_message(r)
                         r["run"] = run + 1
                         r["background_cpu_pct_before"] = background
                         r["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
