@@ -12,7 +12,10 @@ generator, which imports nothing from Leveret), each run on a fresh stream held 
 - consume: scenario (b), one consumer from `first` (prefetch 2,000, ack every 500) of
   --messages messages, on a (`local`) and on b (`forwarded`).
 
-Every stream is declared on a first, and b is waited for until it sees it. Local and forwarded
+Every stream is declared on a first, with `x-initial-cluster-size` --members (default 1: the
+stream has one member, on a, so everything b does with it is forwarded; 2 puts a replica on b,
+whose consumers then read locally and whose publishes are confirmed at the quorum of both), and
+b is waited for until it sees it. Local and forwarded
 runs alternate, for --rounds rounds; it prints the medians in msgs/s and forwarded / local, the
 issue's target being at least 0.70 for both, and writes the runs to bench/results/.
 """
@@ -46,6 +49,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--body", type=int, default=100)
     p.add_argument("--duration", type=float, default=10.0, help="seconds per publish run")
     p.add_argument("--messages", type=int, default=300_000, help="messages per consume run")
+    p.add_argument("--members", type=int, default=1,
+                   help="x-initial-cluster-size of each stream (1: held by a alone)")
     return p.parse_args()
 
 
@@ -72,9 +77,9 @@ def _passive(queue: str) -> Any:
     return commands.Queue.Declare(queue=queue, passive=True)
 
 
-def declare_on_a(a_port: int, b_port: int, queue: str) -> None:
+def declare_on_a(a_port: int, b_port: int, queue: str, members: int) -> None:
     conn = connect("127.0.0.1", a_port)
-    conn.declare_queue(queue, arguments=STREAM)
+    conn.declare_queue(queue, arguments={**STREAM, "x-initial-cluster-size": members})
     conn.close()
     deadline = time.monotonic() + 30
     while not visible(b_port, queue):
@@ -89,7 +94,8 @@ def load(port: int, scenario: str, queue: str, args: argparse.Namespace,
              else ["--messages", str(args.messages)])
     cmd = [sys.executable, str(HERE / "load.py"), "--scenario", scenario, "--body",
            str(args.body), "--port", str(port), "--queue", queue, "--keep",
-           "--broker-pid", pids, *extra]
+           "--broker-pid", pids, "--stream-arg", f"x-initial-cluster-size={args.members}",
+           *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if not lines:
@@ -125,7 +131,7 @@ def main() -> int:
             for kind, scenario in (("pub", "a"), ("con", "b")):
                 for where, port in (("local", a.port), ("fwd", b.port)):
                     queue = names[(kind, where, r)]
-                    declare_on_a(a.port, b.port, queue)
+                    declare_on_a(a.port, b.port, queue, args.members)
                     result = load(port, scenario, queue, args, pids)
                     result.update(kind=kind, where=where, round=r)
                     runs.append(result)

@@ -79,6 +79,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--queue", help="queue/stream name (default: a fresh bench.* name)")
     p.add_argument("--keep", action="store_true", help="do not delete the queue afterwards")
     p.add_argument(
+        "--stream-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra argument for each stream's declare (integers as numbers), repeatable",
+    )
+    p.add_argument(
         "--idle-timeout",
         type=float,
         default=30.0,
@@ -119,7 +126,15 @@ def options(args: argparse.Namespace) -> Options:
         user=args.user,
         password=args.password,
         vhost=args.vhost,
+        stream_args=dict(_stream_arg(item) for item in args.stream_arg),
     )
+
+
+def _stream_arg(item: str) -> tuple[str, object]:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"--stream-arg wants KEY=VALUE, not {item!r}")
+    return key, int(value) if value.lstrip("-").isdigit() else value
 
 
 def start_discard() -> tuple[subprocess.Popen[str], int]:

@@ -18,7 +18,6 @@ from loadgen import wire, workers
 from loadgen.client import Connection
 from loadgen.common import (
     DEFAULT_MESSAGES,
-    STREAM,
     Options,
     cleanup,
     con_dict,
@@ -43,7 +42,7 @@ def scenario_f(opts: Options, probe: BrokerProbe) -> list[dict]:
     queue = opts.queue_name("f")
     n = opts.connections
     admin = opts.connect()
-    admin.declare_queue(queue, arguments=STREAM)
+    admin.declare_queue(queue, arguments=opts.stream)
     time.sleep(1.0)
     rss0 = probe.rss_kb()
     errors: list[str] = []
@@ -165,7 +164,7 @@ def scenario_g(opts: Options, probe: BrokerProbe) -> list[dict]:
     count = max(group, count // group * group)
     queue = opts.queue_name("g")
     admin = opts.connect()
-    admin.declare_queue(queue, arguments=STREAM)
+    admin.declare_queue(queue, arguments=opts.stream)
     conn = opts.connect()
     conn.confirm_select()
     other = template_for(opts, conn, queue, filter_value="other")
@@ -241,7 +240,7 @@ def scenario_m(opts: Options, probe: BrokerProbe) -> list[dict]:
     share = count // n
     queue = opts.queue_name("m")
     admin = opts.connect()
-    admin.declare_queue(queue, arguments=STREAM)
+    admin.declare_queue(queue, arguments=opts.stream)
     rss_before = probe.rss_kb()
     fill = prefill(opts, queue, count)
     time.sleep(1.0)

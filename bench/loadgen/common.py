@@ -48,6 +48,12 @@ class Options:
     user: str = "guest"
     password: str = "guest"
     vhost: str = "/"
+    stream_args: dict[str, Any] = field(default_factory=dict)  # added to each stream's declare
+
+    @property
+    def stream(self) -> dict[str, Any]:
+        """The arguments every stream of a run is declared with."""
+        return {**STREAM, **self.stream_args}
 
     def connect(self) -> Connection:
         return connect(

@@ -14,7 +14,6 @@ from __future__ import annotations
 from loadgen import workers
 from loadgen.common import (
     DEFAULT_MESSAGES,
-    STREAM,
     Options,
     cleanup,
     con_dict,
@@ -36,7 +35,7 @@ from loadgen.publish import publish_confirmed, publish_paced
 def scenario_a(opts: Options, probe: BrokerProbe) -> list[dict]:
     queue = opts.queue_name("a")
     admin = opts.connect()
-    admin.declare_queue(queue, arguments=STREAM)
+    admin.declare_queue(queue, arguments=opts.stream)
 
     def worker(pid: int, ready: workers.Ready) -> dict:
         conn = opts.connect()
@@ -83,7 +82,7 @@ def _stream_consumers(opts: Options, probe: BrokerProbe, scenario: str, consumer
     count = opts.messages or DEFAULT_MESSAGES[scenario]
     queue = opts.queue_name(scenario)
     admin = opts.connect()
-    admin.declare_queue(queue, arguments=STREAM)
+    admin.declare_queue(queue, arguments=opts.stream)
     fill = prefill(opts, queue, count)
 
     def worker(_: int, ready: workers.Ready) -> dict:
@@ -131,7 +130,7 @@ def scenario_d(opts: Options, probe: BrokerProbe) -> list[dict]:
     queue = opts.queue_name("d")
     count = opts.messages or int(opts.rate * opts.duration)
     admin = opts.connect()
-    admin.declare_queue(queue, arguments=STREAM)
+    admin.declare_queue(queue, arguments=opts.stream)
     pub = opts.connect()
     pub.confirm_select()
     template = template_for(opts, pub, queue)
