@@ -22,6 +22,7 @@ from leveret.broker import listen, logs
 from leveret.broker.streamproto import (
     amqp10,  # noqa: F401 - registers the record converter
     cluster,
+    cluster_streams,
     consuming,
     handshake,
     publishing,
@@ -60,8 +61,8 @@ HANDLERS: dict[int, Handler] = {
     k.STORE_OFFSET: consuming.store_offset,
     k.QUERY_OFFSET: consuming.query_offset,
     k.CONSUMER_UPDATE | k.RESPONSE: consuming.consumer_update_response,
-    k.CREATE: streams.create,
-    k.DELETE: streams.delete,
+    k.CREATE: cluster_streams.create,  # streams.create on a single node
+    k.DELETE: cluster_streams.delete,  # streams.delete on a single node
     k.METADATA: cluster.metadata,
     k.ROUTE: streams.route,
     k.PARTITIONS: streams.partitions,

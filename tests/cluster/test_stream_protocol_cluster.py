@@ -156,3 +156,33 @@ def test_a_stream_whose_node_is_down_has_no_leader(ab: tuple[ClusterNode, Cluste
                timeout=20)
     assert metadata(on_b, "orphan")[0] == []
     on_b.close()
+
+
+def test_create_and_delete_over_the_stream_protocol_reach_every_node(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    on_a, on_b = raw(a), raw(b)
+    on_b.request(0x0D, s("made-on-b") + struct.pack(">i", 0))
+    assert on_b.response(0x0D)[1] == OK
+    b_endpoint = ("127.0.0.1", b.stream_port)  # type: ignore[attr-defined]
+    # settled on every node before the answer: A's model has it at once
+    assert metadata(on_a, "made-on-b") == ([b_endpoint], {"made-on-b": (OK, b_endpoint)})
+    wait_until(lambda: visible(a, "made-on-b"), timeout=10)  # AMQP clients of A see it too
+    on_a.request(0x0D, s("made-on-b") + struct.pack(">i", 0))
+    assert on_a.response(0x0D)[1] == 0x05  # STREAM_ALREADY_EXISTS
+    on_a.request(0x0D, s("bad-args") + struct.pack(">i", 1) + s("max-age") + s("1A"))
+    assert on_a.response(0x0D)[1] == 0x11  # PRECONDITION_FAILED
+    assert not visible(b, "bad-args")
+
+    on_b.request(0x07, struct.pack(">B", 1) + s("made-on-b") + struct.pack(">HH", 1, 10)
+                 + struct.pack(">i", 0))
+    assert on_b.response(0x07)[1] == OK
+    on_a.request(0x0E, s("made-on-b"))  # deleted through the node that does not hold it
+    assert on_a.response(0x0E)[1] == OK
+    update = on_b.next(0x0010)
+    assert struct.unpack_from(">H", update, 4)[0] == NOT_AVAILABLE
+    assert not visible(a, "made-on-b") and not visible(b, "made-on-b")
+    on_a.request(0x0E, s("made-on-b"))
+    assert on_a.response(0x0E)[1] == 0x02  # STREAM_DOES_NOT_EXIST
+    on_a.close()
+    on_b.close()

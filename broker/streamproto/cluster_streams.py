@@ -1,0 +1,166 @@
+"""Create and Delete of the stream protocol in cluster mode: through the topology in etcd, as
+an AMQP 0.9.1 queue.declare / queue.delete of a stream is in a cluster, so that every node sees
+the stream and its leader is placed as RabbitMQ places it (`queue-leader-locator`: the policy
+key, the `queue-leader-locator` argument, else the node's `queue_leader_locator`).
+
+The checks and their response codes are those of `streams.create` / `streams.delete`
+(PRECONDITION_FAILED, ACCESS_REFUSED, STREAM_ALREADY_EXISTS, STREAM_DOES_NOT_EXIST); then the
+etcd transaction runs in a task, and the answer goes out once every running node has applied
+it (`ClusterRuntime.settle`). etcd unreachable or too slow: INTERNAL_ERROR. On a single node
+these hand over to `streams.create` / `streams.delete` unchanged.
+Must not know: AMQP, etcd's wire. Single-threaded, on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from leveret.broker import logs
+from leveret.broker.cluster import stream_placement
+from leveret.broker.cluster.etcd import EtcdException
+from leveret.broker.cluster.topology import Created
+from leveret.broker.cluster.topology_records import QueueRecord
+from leveret.broker.model import args as qargs
+from leveret.broker.model.errors import BrokerError, PreconditionFailed
+from leveret.broker.model.policy import effective
+from leveret.broker.model.stream import StreamQueue
+from leveret.broker.streamproto import cluster as placement
+from leveret.broker.streamproto import constants as k
+from leveret.broker.streamproto import frames as f
+from leveret.broker.streamproto import streams
+
+if TYPE_CHECKING:
+    from leveret.broker.cluster.runtime import ClusterRuntime
+    from leveret.broker.streamproto.session import StreamSession
+
+log = logs.get("leveret.stream_connection")
+_tasks: set[asyncio.Task[None]] = set()
+
+
+def _spawn(coro: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.get_running_loop().create_task(coro)
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
+def _answer(s: StreamSession, key: int, corr: int, code: int) -> None:
+    if not s.closed:
+        s.send(f.response(key, corr, code))
+        s.flush()
+
+
+def _locator(s: StreamSession, name: str, arguments: dict[str, Any]) -> str:
+    policy = effective(s.vhost.policies, "queues", "stream", name)
+    locator = policy.definition.get("queue-leader-locator") if policy is not None else None
+    if locator is None:
+        locator = arguments.get("x-queue-leader-locator")
+    if locator is None:
+        locator = getattr(s.broker.config, "queue_leader_locator", "client-local")
+    found = qargs.text(locator)
+    return found if found in qargs.LEADER_LOCATORS else "client-local"
+
+
+def _record(s: StreamSession, cluster: ClusterRuntime, name: str,
+            arguments: dict[str, Any]) -> QueueRecord:
+    running = {cluster.node} | {n for n, link in cluster.links.links.items() if not link.closed}
+    records = [r for r in cluster.cache.all("queues") if isinstance(r, QueueRecord)]
+    node, members = stream_placement.place_stream(
+        cluster.node, running, records, arguments.get("x-initial-cluster-size"),
+        _locator(s, name, arguments))
+    return QueueRecord(s.vhost.name, name, "stream", durable=True, arguments=arguments,
+                       node=node, storage_id=uuid.uuid4().hex,
+                       members=members if len(members) > 1 else ())
+
+
+def create(s: StreamSession, d: f.Decoder, version: int) -> None:
+    cluster = s.broker.cluster
+    if cluster is None:
+        streams.create(s, d, version)
+        return
+    corr = d.u32()
+    raw_name = d.string()
+    arguments = d.map()
+    d.done()
+    name = streams.correct_name(raw_name)
+    if name is None:
+        _answer(s, k.CREATE, corr, k.PRECONDITION_FAILED)
+        return
+    if not s.allowed("configure", name):
+        _answer(s, k.CREATE, corr, k.ACCESS_REFUSED)
+        return
+    if name in s.vhost.queues:
+        _answer(s, k.CREATE, corr, k.STREAM_ALREADY_EXISTS)
+        return
+    try:
+        args = streams.queue_arguments(arguments)
+        s.vhost.check_queue_declaration(name, owner=s, durable=True, arguments=args)
+    except (PreconditionFailed, BrokerError):
+        _answer(s, k.CREATE, corr, k.PRECONDITION_FAILED)
+        return
+    _spawn(_create(s, cluster, corr, _record(s, cluster, name, args)))
+
+
+async def _create(s: StreamSession, cluster: ClusterRuntime, corr: int,
+                  record: QueueRecord) -> None:
+    try:
+        result = await cluster.store.declare_queue(record)
+        if not isinstance(result, Created):  # declared meanwhile, by someone else
+            _answer(s, k.CREATE, corr, k.STREAM_ALREADY_EXISTS)
+            return
+        await cluster.settle(result.revision)
+    except BrokerError:  # another kind of queue with that name, declared meanwhile
+        _answer(s, k.CREATE, corr, k.STREAM_ALREADY_EXISTS)
+        return
+    except (EtcdException, TimeoutError) as exc:
+        log.warning("cannot create a stream: the metadata store is unavailable",
+                    stream=record.name, error=str(exc))
+        _answer(s, k.CREATE, corr, k.INTERNAL_ERROR)
+        return
+    _answer(s, k.CREATE, corr, k.OK)
+
+
+def delete(s: StreamSession, d: f.Decoder, version: int) -> None:
+    cluster = s.broker.cluster
+    if cluster is None:
+        streams.delete(s, d, version)
+        return
+    corr = d.u32()
+    name = d.string()
+    d.done()
+    if not s.allowed("configure", name):
+        _answer(s, k.DELETE, corr, k.ACCESS_REFUSED)
+        return
+    queue = s.vhost.queues.get(name)
+    local = isinstance(queue, StreamQueue) and not queue.deleted
+    if not local and placement.remote_stream(s, name) is None:
+        _answer(s, k.DELETE, corr, k.STREAM_DOES_NOT_EXIST)
+        return
+    _spawn(_delete(s, cluster, corr, name, queue if local else None))
+
+
+async def _delete(s: StreamSession, cluster: ClusterRuntime, corr: int, name: str,
+                  queue: Any) -> None:
+    vhost = s.vhost
+    record = cluster.cache.queue(vhost.name, name)
+    try:
+        revision = await cluster.store.delete_queue(
+            vhost.name, name, if_revision=record.mod_revision if record else 0)
+        sync = s.broker.topology_sync
+        if (revision is not None and queue is not None and sync is not None
+                and vhost.queues.get(name) is queue):
+            sync.remove_local(vhost, queue)
+        if revision is not None:
+            await cluster.settle(revision)
+    except (EtcdException, TimeoutError) as exc:
+        log.warning("cannot delete a stream: the metadata store is unavailable", stream=name,
+                    error=str(exc))
+        _answer(s, k.DELETE, corr, k.INTERNAL_ERROR)
+        return
+    if revision is None:  # deleted meanwhile, by someone else
+        _answer(s, k.DELETE, corr, k.STREAM_DOES_NOT_EXIST)
+        return
+    _answer(s, k.DELETE, corr, k.OK)
+    s.server.stream_deleted(vhost.name, name)
