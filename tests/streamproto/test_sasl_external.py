@@ -18,6 +18,7 @@ from e2e.test_security import make_certificates
 from rstream import AMQPMessage, Producer
 from rstream.constants import SlasMechanism
 from support.brokers import BrokerProcess
+from support.management import Http
 from support.ports import free_port, wait_for_port
 
 from .raw import RawStream, s, strmap
@@ -40,7 +41,7 @@ def stranger_certificate(directory: Path) -> tuple[Path, Path]:
 
 def tls_broker(directory: Path, certs: dict[str, Path], verify_peer: bool) -> tuple[
         BrokerProcess, int, int]:
-    plain, tls = free_port(), free_port()
+    plain, tls, management = free_port(), free_port(), free_port()
     definitions = directory / "definitions.json"
     definitions.write_text(json.dumps({
         "users": [{"name": "CN=client", "password_hash": "", "tags": ""}],
@@ -48,12 +49,14 @@ def tls_broker(directory: Path, certs: dict[str, Path], verify_peer: bool) -> tu
                          "write": ".*", "read": ".*"}]}))
     process = BrokerProcess(directory / "data", args=[
         "--stream-port", str(plain), "--stream-tls-port", str(tls),
-        "--definitions", str(definitions)], env={
+        "--definitions", str(definitions), "--management-port", str(management)], env={
         "LEVERET_TLS_CERTFILE": str(certs["server.pem"]),
         "LEVERET_TLS_KEYFILE": str(certs["server.key"]),
         "LEVERET_TLS_CACERTFILE": str(certs["ca.pem"]),
         "LEVERET_TLS_VERIFY_PEER": "true" if verify_peer else "false"}).start()
     wait_for_port(tls, 30)
+    wait_for_port(management, 30)
+    process.management_port = management  # type: ignore[attr-defined]
     return process, plain, tls
 
 
@@ -67,9 +70,9 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def verifying(tmp_path_factory: pytest.TempPathFactory,
-              certs: dict[str, Path]) -> Iterator[tuple[int, int]]:
+              certs: dict[str, Path]) -> Iterator[tuple[int, int, int]]:
     process, plain, tls = tls_broker(tmp_path_factory.mktemp("verify"), certs, True)
-    yield plain, tls
+    yield plain, tls, process.management_port  # type: ignore[attr-defined]
     process.kill()
 
 
@@ -105,7 +108,7 @@ def external(client: RawStream) -> int:
     return client.response(0x13)[1]
 
 
-def test_external_logs_in_with_the_certificate_dn(verifying: tuple[int, int],
+def test_external_logs_in_with_the_certificate_dn(verifying: tuple[int, int, int],
                                                   certs: dict[str, Path]) -> None:
     client = tls_raw(verifying[1], context(certs, "client"))
     assert mechanisms(client) == ["PLAIN", "AMQPLAIN", "EXTERNAL"]
@@ -116,10 +119,18 @@ def test_external_logs_in_with_the_certificate_dn(verifying: tuple[int, int],
     assert client.response(0x15)[1] == 1
     client.request(0x0D, s("over-external") + strmap({}))
     assert client.response(0x0D)[1] == 1
+    # the management API shows how it logged in, and the certificate
+    port = client.sock.getsockname()[1]
+    [view] = [c for c in Http(verifying[2]).get("/api/stream/connections").body
+              if c["peer_port"] == port]
+    assert (view["user"], view["auth_mechanism"], view["ssl"]) == ("CN=client", "EXTERNAL", True)
+    assert view["peer_cert_subject"] == "CN=client"
+    assert view["peer_cert_issuer"] == "CN=leveret-test-ca"
+    assert view["ssl_protocol"].startswith("TLSv1")
     client.close()
 
 
-def test_unknown_user_is_an_authentication_failure(verifying: tuple[int, int],
+def test_unknown_user_is_an_authentication_failure(verifying: tuple[int, int, int],
                                                    certs: dict[str, Path]) -> None:
     client = tls_raw(verifying[1], context(certs, "stranger"))  # CN=stranger,O=elsewhere
     assert "EXTERNAL" in mechanisms(client)
@@ -127,7 +138,7 @@ def test_unknown_user_is_an_authentication_failure(verifying: tuple[int, int],
     assert client.closed_by_server()
 
 
-def test_without_a_certificate(verifying: tuple[int, int], certs: dict[str, Path],
+def test_without_a_certificate(verifying: tuple[int, int, int], certs: dict[str, Path],
                                tmp_path: Path) -> None:
     # peer verification on: no certificate, no TLS session (as on the amqps port)
     with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
@@ -152,7 +163,8 @@ def test_without_a_certificate(verifying: tuple[int, int], certs: dict[str, Path
 
 
 @pytest.mark.asyncio
-async def test_rstream_with_external(verifying: tuple[int, int], certs: dict[str, Path]) -> None:
+async def test_rstream_with_external(verifying: tuple[int, int, int],
+                                     certs: dict[str, Path]) -> None:
     async with Producer("localhost", port=verifying[1], ssl_context=context(certs, "client"),
                         username="", password="",
                         sasl_configuration_mechanism=SlasMechanism.MechanismExternal) as p:
