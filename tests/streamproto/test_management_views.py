@@ -200,3 +200,34 @@ def test_cli_mistakes_are_one_line(args: list[str], capsys: pytest.CaptureFixtur
     assert exit_info.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("Error: "), err
+
+
+@pytest.mark.asyncio
+async def test_rstream_clients_are_listed(managed: tuple[StreamBroker, Http], name: str) -> None:
+    broker, http = managed
+    from rstream import AMQPMessage, Consumer, Producer
+
+    async with Producer("127.0.0.1", port=broker.stream_port, username="guest",
+                        password="guest") as producer:
+        await producer.create_stream(name)
+        await producer.send_wait(name, AMQPMessage(body=b"one"))
+        consumer = Consumer("127.0.0.1", port=broker.stream_port, username="guest",
+                            password="guest")
+        await consumer.start()
+        await consumer.subscribe(name, lambda message, context: None)
+        try:
+            [publisher] = http.get(f"/api/stream/publishers/{q('/')}/{name}").body
+            assert publisher["queue"] == {"name": name, "vhost": "/"}
+            assert isinstance(publisher["publisher_id"], int)
+            [sub] = [c for c in http.get("/api/stream/consumers").body if c["stream"] == name]
+            assert (sub["subscription_id"], sub["properties"]) == (0, {})
+            conns = {c["name"]: c for c in http.get("/api/stream/connections").body
+                     if c["protocol"] == "stream"}
+            assert publisher["connection_details"]["name"] in conns
+            assert sub["connection_details"]["name"] in conns
+            consumer_conn = conns[sub["connection_details"]["name"]]
+            assert consumer_conn["client_properties"]["product"] == "RabbitMQ Stream"
+            assert consumer_conn["user_provided_name"] == "rstream-consumer"
+            assert consumer_conn["subscriptions"] == 1
+        finally:
+            await consumer.close()
