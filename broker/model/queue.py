@@ -112,6 +112,13 @@ class Queue:
         """A delivery was acknowledged."""
         raise NotImplementedError
 
+    def ack_many(self, entries: list[Any], consumer: Consumer | None = None) -> None:
+        """Deliveries to one consumer (or basic.gets) acknowledged at once, in delivery order;
+        a queue type may settle them faster than one by one."""
+        ack = self.ack
+        for entry in entries:
+            ack(entry, consumer)
+
     def reject(self, entry: Any, consumer: Consumer | None = None) -> None:
         """A delivery was rejected without requeue (dead-lettered or dropped)."""
         raise NotImplementedError

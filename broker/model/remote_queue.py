@@ -93,6 +93,22 @@ class RemoteQueue(Queue):
         else:
             entry.store_ref.settle(entry.seq, True)
 
+    def ack_many(self, entries: list[Any], consumer: Consumer | None = None) -> None:
+        """The peer's tags of one shadow go to it as one run (see ConsumerShadow.ack_many)."""
+        shadow: Any = None
+        run: list[int] = []
+        for entry in entries:
+            if type(entry) is tuple:
+                if entry[1] is not shadow:
+                    if run:
+                        shadow.ack_many(run)
+                    shadow, run = entry[1], []
+                run.append(entry[0])
+            else:
+                entry.store_ref.settle(entry.seq, True)
+        if run:
+            shadow.ack_many(run)
+
     def reject(self, entry: Any, consumer: Consumer | None = None) -> None:
         if type(entry) is tuple:
             entry[1].settle(entry[0], False, False)

@@ -483,6 +483,13 @@ class StreamQueue(Queue):
         if cursor.draining and not pending:
             self._drained(consumer)
 
+    def ack_many(self, entries: list[Any], consumer: Consumer | None = None) -> None:
+        cursor = consumer.state if consumer is not None else None
+        if cursor is None or not cursor.tracking:  # credit only: the channel counted it
+            return
+        for entry in entries:
+            self.ack(entry, consumer)
+
     def reject(self, entry: Any, consumer: Consumer | None = None) -> None:
         """nack/reject on a stream only returns credit: nothing is requeued or deleted. For
         offset tracking the message counts as handled, as it will never come back."""

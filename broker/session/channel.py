@@ -340,15 +340,29 @@ class Channel:
         self._ack_items([item for _tag, item in taken])
 
     def _ack_items(self, items: list[Unacked]) -> None:
+        """Settle acked deliveries: each run of one queue and one consumer as one ack_many."""
         queues: dict[int, Any] = {}
+        queue: Any = None
+        consumer: Consumer | None = None
+        entries: list[Any] = []
         for item in items:
-            consumer = item.consumer
-            if consumer is not None:
-                consumer.unacked -= 1
-            item.queue.ack(item.entry, consumer)
-            queues[id(item.queue)] = item.queue
+            if item.queue is not queue or item.consumer is not consumer:
+                if entries:
+                    self._ack_run(queue, entries, consumer)
+                    entries = []
+                queue, consumer = item.queue, item.consumer
+                queues[id(queue)] = queue
+            entries.append(item.entry)
+        if entries:
+            self._ack_run(queue, entries, consumer)
         for queue in queues.values():
             queue.dispatch()
+
+    @staticmethod
+    def _ack_run(queue: Any, entries: list[Any], consumer: Consumer | None) -> None:
+        if consumer is not None:
+            consumer.unacked -= len(entries)
+        queue.ack_many(entries, consumer)
 
     def _hold(self, work: tuple[Any, ...]) -> None:
         """An ack or nack inside a transaction: taken from `unacked` now (so a second one is

@@ -404,6 +404,21 @@ class ConsumerShadow(Shadow):
             self.taken(tag)
         self.unacked -= 1
 
+    def ack_many(self, tags: list[int]) -> None:
+        """ack of each tag, in order; a run that starts at `_low` with none missing (the usual
+        multiple ack) only moves `_low`."""
+        first = tags[0]
+        if (first == self._low and not self._ahead and tags[-1] - first + 1 == len(tags)
+                and not self.closed and not self.cancelled):
+            if not self._ack_due:
+                self._ack_due = True
+                self.tunnel.before_flush(self.send_acks)
+            self._low = tags[-1] + 1
+            self.unacked -= len(tags)
+            return
+        for tag in tags:
+            self.ack(tag)
+
     def cancel(self) -> None:
         """The client cancelled (or its channel closed): what waited goes back to the peer;
         the channel stays open until the client has settled what it was given."""
