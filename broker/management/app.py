@@ -4,8 +4,9 @@
 administrator, monitoring, policymaker or management may log in, as in RabbitMQ; the loopback
 users only from localhost), RabbitMQ's error bodies, and the routes of every resource module.
 `/metrics` (Prometheus) and the web UI's static pages (`ui`, at `/` and `/ui/`) need no
-login; `csrf` refuses the state changes a cross-site page could send. `ManagementServer` starts and stops the listener: on
-the default host `::`, one socket for IPv4 and IPv6, as the AMQP listener (see `listen`).
+login; `csrf` refuses the state changes a cross-site page could send. `ManagementServer`
+starts and stops the listener: on the default host `::`, one socket for IPv4 and IPv6, as the
+AMQP listener (see `listen`).
 
 Every handler runs on the broker's event loop thread and calls the model directly: no locks,
 no threads. The only broad `except` here turns an unexpected error into a 500 for that one

@@ -217,3 +217,43 @@ def test_markup_in_a_queue_name_and_a_header_is_shown_as_text(
 def http_gone(ui_broker: UiBroker) -> bool:
     """Clean up the hostile queue through the API (its name quoted in the URL)."""
     return ui_broker.http.delete(f"/api/queues/%2F/{q(HOSTILE)}").status == 204
+
+
+def test_follow_a_consumer_group_while_members_come_and_go(
+        page: Any, ui_broker: UiBroker) -> None:
+    http = ui_broker.http
+    assert http.put("/api/leveret/super-streams/%2F/invoices", {"partitions": 2}).status == 201
+    partitions = [p["name"] for p in http.ok("/api/leveret/super-streams/%2F/invoices")[
+        "partitions"]]
+    members = []
+    for _ in range(2):
+        connection = pika.BlockingConnection(pika.URLParameters(ui_broker.amqp_url))
+        for partition in partitions:  # a channel each: a consumer tag is per channel
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=10)
+            channel.basic_consume(partition, lambda *args: None, consumer_tag="billing",
+                                  arguments={"x-single-active-consumer": True,
+                                             "x-stream-offset": "first"})
+        members.append(connection)
+    log_in(page)
+    page.click("nav >> text=Super streams")
+    group = page.get_by_test_id("consumer-groups")
+    expect(group.locator("tbody tr td").first).to_have_text("billing")
+    expect(group.locator("tbody td .sub")).to_have_text([" (2 members)", " (2 members)"])
+
+    def active() -> list[str]:
+        groups = http.ok("/api/leveret/consumer-groups/%2F")
+        by_stream = {g["stream"]: g for g in groups if g["reference"] == "billing"}
+        return [next(m["connection_name"] for m in by_stream[p]["members"]
+                     if m["state"] == "active") for p in partitions]
+
+    expect(group.locator("tbody td .active")).to_have_text([f"{a} #billing" for a in active()])
+    members[0].close()  # the first member leaves: the second takes every partition
+    expect(group.locator("tbody td .sub")).to_have_text([" (1 member)", " (1 member)"])
+    survivor = active()
+    assert len(set(survivor)) == 1
+    expect(group.locator("tbody td .active")).to_have_text([f"{a} #billing" for a in survivor])
+    members[1].close()
+    expect(group).to_have_count(0)  # the group ends with its last member
+    expect(page.get_by_test_id("super-stream")).to_contain_text(
+        "No single active consumer group.")

@@ -10,7 +10,7 @@ function Group({reference, byPartition, partitions}) {
     const group = byPartition[p.name];
     if (!group) return html`<td class="empty">no member</td>`;
     const active = group.members.find((m) => m.state === 'active');
-    return html`<td>${active ? html`<span class="active">${active.connection_name}
+    return html`<td>${active ? html`<span class="active">${active.connection_name}${' '}
       #${active.subscription_id}</span>` : html`<span class="inactive">none active</span>`}
       <span class="sub">${' '}(${group.members.length} member${group.members.length === 1 ? '' :
         's'})</span></td>`;
