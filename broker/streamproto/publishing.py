@@ -118,33 +118,34 @@ def query_publisher_sequence(s: StreamSession, d: f.Decoder, _version: int) -> N
     s.send(f.response(k.QUERY_PUBLISHER_SEQUENCE, corr, k.OK, f.u64(max(0, last))))
 
 
-def _entries(d: f.Decoder, version: int) -> list[tuple[int, bytes | None, list[bytes]]]:
-    """(publishing id, filter value, messages) of each entry of a Publish; a sub-entry batch
-    is decompressed here, so that a bad one fails the frame before anything is stored.
-    Simple entries of v1 (what clients send without sub-entry batching) are read with one
-    struct call each."""
+Entry = tuple[int, bytes | None, list[bytes]]
+
+
+def _entries(d: f.Decoder, version: int) -> tuple[list[tuple[int, bytes]], list[Entry]]:
+    """The entries of a Publish, in order: first the leading simple entries of a v1 frame
+    (what clients send without sub-entry batching) as (publishing id, message), read with one
+    struct call each; then every other entry as (publishing id, filter value, messages). A
+    sub-entry batch is decompressed here, so that a bad one fails the frame before anything
+    is stored."""
     count = d.count()
+    simple: list[tuple[int, bytes]] = []
     if version < 2:
         data, pos, end = d.data, d.pos, len(d.data)
-        simple: list[tuple[int, bytes | None, list[bytes]]] = []
         unpack = _ID_SIZE.unpack_from
+        append = simple.append
         while len(simple) < count and end - pos >= 12:
             publishing_id, size = unpack(data, pos)
             if size & 0x80000000 or pos + 12 + size > end:
                 break  # a sub-entry batch, or a truncated entry: the decoder says which
-            simple.append((publishing_id, None, [data[pos + 12 : pos + 12 + size]]))
-            pos += 12 + size
+            pos += 12
+            append((publishing_id, data[pos : pos + size]))
+            pos += size
         d.pos = pos
-        if len(simple) == count:
-            d.done()
-            return simple
-        return simple + _decoded(d, version, count - len(simple))
-    return _decoded(d, version, count)
+    return simple, _decoded(d, version, count - len(simple))
 
 
-def _decoded(d: f.Decoder, version: int,
-             count: int) -> list[tuple[int, bytes | None, list[bytes]]]:
-    entries = []
+def _decoded(d: f.Decoder, version: int, count: int) -> list[Entry]:
+    entries: list[Entry] = []
     for _ in range(count):
         publishing_id = d.u64()
         value = d.string().encode("utf-8") if version >= 2 else b""
@@ -167,23 +168,23 @@ def _decoded(d: f.Decoder, version: int,
 
 def publish(s: StreamSession, d: f.Decoder, version: int) -> None:
     pid = d.u8()
-    entries = _entries(d, version)
+    simple, entries = _entries(d, version)
     publisher = s.publishers.get(pid)
     if publisher is None or publisher.queue.deleted:
-        s.send(publish_error(pid, [e[0] for e in entries], k.PUBLISHER_DOES_NOT_EXIST))
+        s.send(publish_error(pid, [e[0] for e in simple] + [e[0] for e in entries],
+                             k.PUBLISHER_DOES_NOT_EXIST))
         return
     queue = publisher.queue
-    name = queue.name
     reference = publisher.reference
     settled = publisher.settled
-    prefix = encode_amqp10_record("", name, b"")  # a record is this prefix and the message
+    prefix = encode_amqp10_record("", queue.name, b"")  # a record: this prefix, the message
     publish_record = queue.publish_record
+    for publishing_id, message in simple:
+        confirm = Confirm(publishing_id, settled)
+        publish_record(prefix + message, None, reference, publishing_id, confirm)
+        confirm.seal()
     for publishing_id, value, messages in entries:
         confirm = Confirm(publishing_id, settled)
-        if len(messages) == 1:
-            publish_record(prefix + messages[0], value, reference, publishing_id, confirm)
-            confirm.seal()
-            continue
         last = len(messages) - 1
         for i, message in enumerate(messages):
             # the batch's publishing id deduplicates it at its first message
