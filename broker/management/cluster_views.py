@@ -7,9 +7,10 @@ Role: in cluster mode `/api/queues` on any node lists every queue, and `/api/con
 - `mgmt.queue_stats` `{"queues": [[vhost, name], ...]}`: the holder's own view of each queue
   (counts, consumers, state), or null for a queue it does not hold;
 - `mgmt.connections`, `mgmt.channels` and `mgmt.consumers` `{}`: its connections', channels'
-  or consumers' views, each with its node;
-- `mgmt.close_connection` `{"name", "reason"}`: close one of its connections with 320 (the
-  asking node has checked that the user may);
+  or consumers' views, each with its node (connections include its stream-protocol ones;
+  `stream_protocol` adds `mgmt.stream_publishers` and `mgmt.stream_consumers`);
+- `mgmt.close_connection` `{"name", "reason"}`: close one of its connections with 320, or
+  a stream-protocol one (the asking node has checked that the user may);
 - `mgmt.purge` and `mgmt.get` `{"vhost", "name", ...}`: the API's purge and get of a queue it
   holds (the asking node has checked the user's permissions), through `on_holder`.
 
@@ -89,7 +90,10 @@ def install(broker: Broker) -> None:
         return out
 
     async def connections(_link: Link, _body: Any) -> list[dict[str, Any]]:
-        return [views.connection_view(s) for s in local_sessions(broker)]
+        from leveret.broker.management import stream_protocol  # and stream connections
+
+        return ([views.connection_view(s) for s in local_sessions(broker)]
+                + stream_protocol.local_connection_views(broker))
 
     async def channels(_link: Link, _body: Any) -> list[dict[str, Any]]:
         return [views.channel_view(s, ch) for s in local_sessions(broker)
@@ -120,7 +124,9 @@ def install(broker: Broker) -> None:
             if views.connection_name(session) == name:
                 session.force_close(str(body.get("reason") or "Closed via management plugin"))
                 return True
-        raise NotFound(f"no connection '{name}'")
+        from leveret.broker.management import stream_protocol  # or a stream connection
+
+        return stream_protocol.close_local(broker, str(name))  # NotFound if none
 
     handlers.on_request(CONSUMERS, consumers)
     handlers.on_request(CLOSE, close)
@@ -129,6 +135,9 @@ def install(broker: Broker) -> None:
     handlers.on_request(QUEUE_STATS, queue_stats)
     handlers.on_request(CONNECTIONS, connections)
     handlers.on_request(CHANNELS, channels)
+    from leveret.broker.management import stream_protocol
+
+    stream_protocol.install(broker)  # mgmt.stream_publishers, mgmt.stream_consumers
 
 
 async def _ask_all(broker: Broker, ask: Callable[[str, Link], Awaitable[Any]],

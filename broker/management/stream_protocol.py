@@ -17,7 +17,10 @@ subscription id), and named publishers (x-stream-publisher-name) from the tracki
 
 Who sees what, as RabbitMQ: a management user sees its own connections and their publishers and
 consumers, monitoring users and administrators all of them; closing needs an administrator or
-the connection's own user. In cluster mode, only this node's stream-protocol connections.
+the connection's own user. In cluster mode every running node's stream-protocol connections,
+publishers and consumers are listed (each with its `node`), asked over the node links
+(`mgmt.connections` carries them with the AMQP ones, `mgmt.stream_publishers` and
+`mgmt.stream_consumers` are installed here); another node's connection is closed by it.
 Must not know: stream frames (it reads the sessions' state). Runs on the event loop.
 """
 
@@ -27,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from leveret.broker.management import streamops, views
+from leveret.broker.management import cluster_views, streamops, views
 from leveret.broker.management.http import (
+    BROKER,
     broker_of,
     is_admin,
     listing,
@@ -43,9 +47,12 @@ from leveret.broker.management.http import (
 )
 from leveret.broker.management.live import consumers as amqp_consumer_views
 from leveret.broker.management.live import sessions as amqp_sessions
+from leveret.broker.model.errors import NotFound
 from leveret.broker.streamproto import registry
 
 if TYPE_CHECKING:
+    from leveret.broker.broker import Broker
+    from leveret.broker.cluster.link import Link
     from leveret.broker.streamproto.consuming import Subscription
     from leveret.broker.streamproto.publishing import Publisher
     from leveret.broker.streamproto.session import StreamSession
@@ -54,15 +61,23 @@ if TYPE_CHECKING:
 # -- stream-protocol sessions --------------------------------------------------------------------
 
 
-def all_stream_sessions(request: web.Request, vhost: str | None = None) -> list[StreamSession]:
-    """Open (past Open) stream-protocol connections, of one vhost or all, in connection order."""
-    server = registry.server_of(broker_of(request))
+STREAM_PUBLISHERS = "mgmt.stream_publishers"
+STREAM_CONSUMERS = "mgmt.stream_consumers"
+
+
+def local_sessions(broker: Broker, vhost: str | None = None) -> list[StreamSession]:
+    """This node's open (past Open) stream-protocol connections, in connection order."""
+    server = registry.server_of(broker)
     if server is None:
         return []
     found = [s for s in server.sessions
              if s.step == "opened" and s.vhost is not None
              and (vhost is None or s.vhost.name == vhost)]
     return sorted(found, key=lambda s: s.id)
+
+
+def all_stream_sessions(request: web.Request, vhost: str | None = None) -> list[StreamSession]:
+    return local_sessions(broker_of(request), vhost)
 
 
 def stream_sessions(request: web.Request, vhost: str | None = None) -> list[StreamSession]:
@@ -244,6 +259,60 @@ def tracked_publishers(request: web.Request, vhost: str | None, stream: str | No
 # -- handlers -----------------------------------------------------------------------------------
 
 
+def local_connection_views(broker: Broker) -> list[dict[str, Any]]:
+    """For the other nodes' `mgmt.connections`: this node's stream connections."""
+    return [connection_view(s) for s in local_sessions(broker)]
+
+
+def close_local(broker: Broker, name: str) -> bool:
+    """For the other nodes' `mgmt.close_connection`: close this node's stream connection, or
+    NotFound."""
+    for session in local_sessions(broker):
+        if views.connection_name(session) == name:  # type: ignore[arg-type]
+            session.abort()
+            return True
+    raise NotFound(f"no connection '{name}'")
+
+
+def install(broker: Broker) -> None:
+    """Cluster mode: answer the other nodes' questions about this node's stream publishers and
+    consumers (once: a second management app of the same broker finds them installed)."""
+    cluster = broker.cluster
+    if cluster is None or STREAM_PUBLISHERS in cluster.links.handlers.requests:
+        return
+
+    async def publishers(_link: Link, _body: Any) -> list[dict[str, Any]]:
+        return _publishers(local_sessions(broker))
+
+    async def consumers(_link: Link, _body: Any) -> list[dict[str, Any]]:
+        return _consumers(local_sessions(broker))
+
+    cluster.links.handlers.on_request(STREAM_PUBLISHERS, publishers)
+    cluster.links.handlers.on_request(STREAM_CONSUMERS, consumers)
+
+
+def _owner(item: dict[str, Any]) -> Any:
+    user = item.get("user")
+    return user if user is not None else item.get("connection_details", {}).get("user")
+
+
+def _vhost_of(item: dict[str, Any]) -> Any:
+    vhost = item.get("vhost")
+    return vhost if vhost is not None else item.get("queue", {}).get("vhost")
+
+
+async def remote(request: web.Request, kind: str, vhost: str | None) -> list[dict[str, Any]]:
+    """Other nodes' stream connections (kind CONNECTIONS), publishers or consumers that this
+    user may see."""
+    user = user_of(request)
+    everything = sees_everything(user)
+    items = await cluster_views.remote_items(broker_of(request), kind)
+    if kind == cluster_views.CONNECTIONS:
+        items = [i for i in items if i.get("protocol") == "stream"]
+    return [i for i in items if (vhost is None or _vhost_of(i) == vhost)
+            and (everything or _owner(i) == user.name)]
+
+
 def _vhost(request: web.Request) -> str | None:
     vhost = request.match_info.get("vhost")
     if vhost is not None:
@@ -254,40 +323,68 @@ def _vhost(request: web.Request) -> str | None:
 async def list_connections(request: web.Request) -> web.Response:
     vhost = _vhost(request)
     items = [connection_view(s) for s in stream_sessions(request, vhost)]
+    items += await remote(request, cluster_views.CONNECTIONS, vhost)
     return listing(request, items + amqp_connections(request, vhost))
 
 
-def _find(request: web.Request) -> StreamSession:
-    """The stream connection of the path; 401 for another user's unless monitoring (or, to
-    close it, administrator), as RabbitMQ's is_authorized_user."""
+def _authorised(request: web.Request, owner: str) -> None:
+    """401 for another user's connection unless monitoring (or, to close it, administrator),
+    as RabbitMQ's is_authorized_user."""
+    user = user_of(request)
+    allowed = is_admin(user) if request.method == "DELETE" else sees_everything(user)
+    if not allowed and owner != user.name:
+        raise not_authorised("User not authorised to access object")
+
+
+async def _find(request: web.Request) -> StreamSession | dict[str, Any]:
+    """The stream connection of the path: this node's session, or another node's view."""
     vhost = vhost_for_read(request, request.match_info["vhost"]).name
     name = request.match_info["name"]
     for session in all_stream_sessions(request, vhost):
         if views.connection_name(session) == name:  # type: ignore[arg-type]
-            user = user_of(request)
-            allowed = is_admin(user) if request.method == "DELETE" else sees_everything(user)
-            if not allowed and session.username != user.name:
-                raise not_authorised("User not authorised to access object")
+            _authorised(request, session.username)
             return session
+    for item in await cluster_views.remote_items(broker_of(request), cluster_views.CONNECTIONS):
+        if (item.get("protocol") == "stream" and item.get("name") == name
+                and item.get("vhost") == vhost):
+            _authorised(request, str(item.get("user")))
+            return item
     raise not_found()
 
 
 async def get_connection(request: web.Request) -> web.Response:
-    return ok(connection_view(_find(request)))
+    found = await _find(request)
+    return ok(found if isinstance(found, dict) else connection_view(found))
 
 
 async def delete_connection(request: web.Request) -> web.Response:
     """RabbitMQ's stream reader stops on the management's shutdown: the socket closes."""
-    _find(request).abort()
+    found = await _find(request)
+    if not isinstance(found, dict):
+        found.abort()
+        return no_content()
+    try:  # another node's: it closes it
+        await cluster_views.close_remote(broker_of(request), str(found["node"]),
+                                         str(found["name"]), "Closed via management plugin")
+    except NotFound:
+        raise not_found() from None
     return no_content()
 
 
+async def _of_connection(request: web.Request, kind: str) -> list[dict[str, Any]]:
+    found = await _find(request)
+    if not isinstance(found, dict):
+        return (_publishers if kind == STREAM_PUBLISHERS else _consumers)([found])
+    items = await cluster_views.remote_items(broker_of(request), kind)
+    return [i for i in items if i.get("connection_details", {}).get("name") == found["name"]]
+
+
 async def connection_publishers(request: web.Request) -> web.Response:
-    return listing(request, _publishers([_find(request)]))
+    return listing(request, await _of_connection(request, STREAM_PUBLISHERS))
 
 
 async def connection_consumers(request: web.Request) -> web.Response:
-    return listing(request, _consumers([_find(request)]))
+    return listing(request, await _of_connection(request, STREAM_CONSUMERS))
 
 
 async def list_publishers(request: web.Request) -> web.Response:
@@ -299,6 +396,7 @@ async def list_publishers(request: web.Request) -> web.Response:
         if queue is None:
             raise not_found()
     live = [p for p in _publishers(stream_sessions(request, vhost))
+            + await remote(request, STREAM_PUBLISHERS, vhost)
             if stream is None or p["stream"] == stream]
     return listing(request, live + tracked_publishers(request, vhost, stream, live))
 
@@ -306,6 +404,7 @@ async def list_publishers(request: web.Request) -> web.Response:
 async def list_consumers(request: web.Request) -> web.Response:
     vhost = _vhost(request)
     return listing(request, _consumers(stream_sessions(request, vhost))
+                   + await remote(request, STREAM_CONSUMERS, vhost)
                    + amqp_consumers(request, vhost))
 
 
@@ -346,6 +445,7 @@ def find_stream_connection(request: web.Request, name: str) -> StreamSession | N
 
 
 def setup(app: web.Application) -> None:
+    install(app[BROKER])
     r = app.router
     base = "/api/stream/connections"
     r.add_get(base, list_connections)

@@ -7,17 +7,20 @@ STREAM_NOT_AVAILABLE with no leader."""
 
 from __future__ import annotations
 
+import base64
 import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
+from urllib.request import Request, urlopen
 
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 from streamproto.raw import RawStream, s
 from support.brokers import BrokerProcess
-from support.cluster import ClusterNode, make_node, wait_until
+from support.cluster import ClusterNode, api_get, linked, make_node, wait_until
 from support.etcd import EtcdServer
 from support.ports import free_port, wait_for_port
 
@@ -186,3 +189,45 @@ def test_create_and_delete_over_the_stream_protocol_reach_every_node(
     assert on_a.response(0x0E)[1] == 0x02  # STREAM_DOES_NOT_EXIST
     on_a.close()
     on_b.close()
+
+
+def test_management_on_any_node_shows_and_closes_every_nodes_stream_connections(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    a = node_with_streams(tmp_path, etcd, cluster, "a")
+    b = node_with_streams(tmp_path, etcd, cluster, "b")
+    b.management_port = free_port()
+    b.args += ["--management-port", str(b.management_port)]
+    nodes.extend((a.start(), b.start()))
+    wait_for_port(b.management_port, 30)
+    wait_until(lambda: linked(b, 1))
+    declare_stream(a, "watched")
+    wait_until(lambda: visible(b, "watched"), timeout=10)
+    on_a = raw(a)
+    on_a.request(0x01, struct.pack(">B", 4) + s("w-ref") + s("watched"))
+    assert on_a.response(0x01)[1] == OK
+    on_a.request(0x07, struct.pack(">B", 9) + s("watched") + struct.pack(">HH", 1, 3)
+                 + struct.pack(">i", 0))
+    assert on_a.response(0x07)[1] == OK
+    port = on_a.sock.getsockname()[1]
+
+    [conn] = [c for c in api_get(b, "/api/stream/connections") if c["peer_port"] == port]
+    assert (conn["node"], conn["protocol"], conn["subscriptions"]) == ("a", "stream", 1)
+    assert [c["name"] for c in api_get(b, "/api/connections")
+            if c.get("protocol") == "stream"] == [conn["name"]]
+    path = f"/api/stream/connections/%2F/{quote(conn['name'], safe='')}"
+    assert api_get(b, path)["node"] == "a"
+    [publisher] = api_get(b, path + "/publishers")
+    assert (publisher["publisher_id"], publisher["reference"]) == (4, "w-ref")
+    assert publisher["connection_details"]["node"] == "a"
+    [consumer] = api_get(b, path + "/consumers")
+    assert (consumer["subscription_id"], consumer["credits"]) == (9, 3)
+    assert api_get(b, "/api/stream/publishers/%2F/watched") == [publisher]
+    assert [c for c in api_get(b, "/api/stream/consumers")
+            if c.get("connection_details", {}).get("node") == "a"] == [consumer]
+
+    request = Request(f"http://127.0.0.1:{b.management_port}{path}", method="DELETE")
+    request.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urlopen(request, timeout=15) as response:
+        assert response.status == 204
+    assert on_a.closed_by_server()
+    assert api_get(b, "/api/stream/connections") == []
