@@ -170,6 +170,7 @@ class ReplicaLog:
     leader: str = ""
     committed: int = -1  # what this replica's readers may read: announced and held here
     announced: int = -1  # the leader's last commit point
+    expected: str = ""  # the node the stream's record names as leader ("": any)
     on_commit: Callable[[int], None] = lambda _offset: None
 
     def advance(self) -> None:
@@ -192,8 +193,13 @@ class Replicas:
         handlers.on_chunk(self._chunk)
 
     def add(self, stream: str, log_: Log,
-            on_commit: Callable[[int], None] = lambda _offset: None) -> ReplicaLog:
-        replica = self.logs[stream] = ReplicaLog(log_, on_commit=on_commit)
+            on_commit: Callable[[int], None] = lambda _offset: None,
+            leader: str = "", epoch: int = -1) -> ReplicaLog:
+        """Hold `log_` as a replica of `stream`. With `leader`, only that node may sync it (a
+        deposed leader is refused even before it learns of the new epoch); `epoch` is the
+        oldest epoch still accepted."""
+        replica = self.logs[stream] = ReplicaLog(log_, epoch=epoch, on_commit=on_commit,
+                                                 expected=leader)
         return replica
 
     def remove(self, stream: str) -> None:
@@ -204,6 +210,9 @@ class Replicas:
         epoch = _int(body, "epoch")
         if epoch < replica.epoch:
             raise ValueError(f"epoch {epoch} is older than this replica's {replica.epoch}")
+        if replica.expected and link.peer_node != replica.expected:
+            raise ValueError(f"{link.peer_node} does not lead this stream; "
+                             f"{replica.expected} does")
         replica.epoch, replica.leader = epoch, link.peer_node
         end = body.get("epoch_end")
         if isinstance(end, int) and end < replica.log.next_offset:

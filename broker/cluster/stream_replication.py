@@ -64,6 +64,9 @@ class StreamReplication:
         self.leaderships = StreamLeaderships(cluster.client, cluster.cluster)
         cluster.store.streams = self.leaderships
         self.led: dict[str, Led] = {}
+        self.following: dict[str, QueueRecord] = {}  # streams replicated here, by key
+        self._epochs: dict[str, int] = {}  # a replica's epoch while it changes leader
+        self.failover: Any = None
 
     @staticmethod
     def replicated(record: QueueRecord) -> bool:
@@ -88,6 +91,28 @@ class StreamReplication:
         else:
             self._replicate(queue, record, key)
 
+    def log_of(self, key: str) -> Any:
+        """This node's log of the stream `key` (a replica's or the leader's), or None."""
+        replica = self.replicas.logs.get(key)
+        if replica is not None:
+            return replica.log
+        led = self.led.get(key)
+        return led.queue.log if led is not None else None
+
+    def rerole(self, queue: Any, record: QueueRecord) -> bool:
+        """A new record for a stream this node holds (a failover moved its leader): take the
+        role it gives, on the same log, and keep the consumers. False if it is not that."""
+        if not isinstance(queue, StreamQueue) or not queue.role or not self.replicated(record):
+            return False
+        if record.storage_id != queue.storage_id or self.cluster.node not in record.members:
+            return False
+        bound = queue.commit_bound
+        self.detach(queue)
+        self.attach(queue, record)
+        if bound is not None and queue.commit_bound is not None:
+            queue.commit_bound = max(queue.commit_bound, bound)
+        return True
+
     def detach(self, queue: Any) -> None:
         """The queue leaves this node's model (deleted, replaced): stop shipping or replicating
         before its log closes."""
@@ -98,8 +123,11 @@ class StreamReplication:
                 self._stop(key, led)
         for key, replica in list(self.replicas.logs.items()):
             if replica.log is queue.log:
+                self._epochs[key] = replica.epoch  # a new leader's epoch is newer still
                 self.replicas.remove(key)
+                self.following.pop(key, None)
         queue.forward_to = None
+        queue.role = ""
 
     # -- the leader
 
@@ -130,8 +158,12 @@ class StreamReplication:
         queue = led.queue
         replicas = [m for m in record.members if m != record.node]
 
+        membership = self.cluster.membership
+
         def committed(offset: int) -> None:
-            queue.commit_bound = offset
+            if not membership.in_cluster:  # lost its lease: another node may lead by now
+                return
+            queue.commit_bound = max(offset, queue.commit_bound or -1)
             queue.writer.committed_up_to(offset)
 
         shipper = Shipper(led.key, queue.log, epoch, replicas, self.cluster.links.link_to,
@@ -147,6 +179,8 @@ class StreamReplication:
         if led.task is not None:
             led.task.cancel()
         led.queue.writer.on_append = None
+        # no longer the leader: what waits for a quorum here is nack'ed, never left unanswered
+        led.queue.writer.committer.close()
         shipper = led.shipper
         if shipper is not None:
             self.replicas.shippers.pop(key, None)
@@ -161,10 +195,12 @@ class StreamReplication:
         queue.commit_bound = -1
 
         def committed(offset: int) -> None:
-            queue.commit_bound = offset
+            queue.commit_bound = max(offset, queue.commit_bound or -1)
             queue.dispatch()
 
-        self.replicas.add(key, queue.log, on_commit=committed)
+        self.replicas.add(key, queue.log, on_commit=committed, leader=record.node,
+                          epoch=self._epochs.pop(key, -1))
+        self.following[key] = record
         queue.forward_to = RemoteQueue(
             queue.vhost, queue.name, queue_type="stream", node=record.node,
             durable=record.durable, auto_delete=record.auto_delete,
@@ -184,6 +220,9 @@ def install(broker: Any) -> None:
     assert cluster is not None
     replication = StreamReplication(broker, cluster)
     broker.stream_replication = replication
+    from leveret.broker.cluster import stream_failover  # it imports this module
+
+    replication.failover = stream_failover.install(replication)
     sync = getattr(broker, "topology_sync", None)
     if sync is not None:
         sync.replication = replication

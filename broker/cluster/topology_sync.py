@@ -207,6 +207,8 @@ class TopologySync:
                 if self.replication is not None:  # restored from the local metastore at boot
                     self.replication.attach(existing, record)
                 return
+            if self.replication is not None and self.replication.rerole(existing, record):
+                return  # a replicated stream's new leader: same log, another role
             self._replace(lambda: self._remove(vhost, existing))
         if self.holds(record):
             queue = self._create_local(vhost, record)

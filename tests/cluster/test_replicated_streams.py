@@ -219,3 +219,62 @@ def test_without_a_quorum_nothing_is_confirmed_and_it_resumes_when_one_is_back(
     asyncio.run(run())
     assert consume(a, "s.quorum", 2) == [b"before", b"during"]
     assert consume(b, "s.quorum", 2) == [b"before", b"during"]
+
+
+def publish_until_confirmed(node: BrokerProcess, name: str, body: bytes,
+                            timeout: float = 60) -> int:
+    """Publish `body` until one copy is confirmed (basic.ack); the number of nacks before."""
+    nacks = 0
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            publish_confirmed(node, name, [body])
+            return nacks
+        except pika.exceptions.NackError:
+            nacks += 1
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def test_the_leader_killed_a_replica_leads_and_the_old_leader_catches_up(
+        abc: tuple[ClusterNode, ClusterNode, ClusterNode], etcd: EtcdServer,
+        cluster: str) -> None:
+    a, b, c = abc
+    declare(a, "s.fail")
+    record, _ = in_etcd(etcd, cluster, "s.fail")
+    assert record is not None and record.node == "a" and record.storage_id is not None
+    before = [f"x{i}".encode() for i in range(200)]
+    publish_confirmed(b, "s.fail", before)
+    a.kill()
+
+    def moved() -> bool:
+        found, _ = in_etcd(etcd, cluster, "s.fail")
+        return found is not None and found.node != "a"
+
+    wait_until(moved, timeout=60)
+    record, leadership = in_etcd(etcd, cluster, "s.fail")
+    assert record is not None and leadership is not None
+    leader = record.node
+    assert leader in ("b", "c") and record.members[0] == leader
+    assert sorted(record.members) == ["a", "b", "c"]
+    assert (leadership.leader, leadership.epoch, leadership.members) == (leader, 2,
+                                                                          record.members)
+
+    # publishing through either surviving node is confirmed once the new leader has it (a
+    # publish that reached the old leader's node is nack'ed, never confirmed and lost)
+    publish_until_confirmed(c, "s.fail", b"probe")
+    after = [f"y{i}".encode() for i in range(100)]
+    publish_confirmed(b, "s.fail", after[:50])
+    publish_confirmed(c, "s.fail", after[50:])
+    for node in (b, c):
+        got = consume(node, "s.fail", 301)
+        assert [m for m in got if m != b"probe"] == before + after
+        assert got.count(b"probe") == 1
+
+    # the old leader comes back as a replica of the new one and ends with the same bytes
+    a.restart()
+    nodes = {"a": a, "b": b, "c": c}
+    wait_until(lambda: same_logs((nodes[leader], a), record.storage_id or ""), timeout=90)
+    got = consume(a, "s.fail", 301)
+    assert [m for m in got if m != b"probe"] == before + after

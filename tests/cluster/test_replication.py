@@ -196,3 +196,32 @@ async def test_a_sync_for_a_stream_the_node_does_not_hold_fails(
     assert shipper.committed == -1 and not shipper.replicas["y"].synced
     assert not leader.links["y"].closed  # a refused sync closes nothing
     await shipper.close()
+
+
+async def test_a_replica_that_knows_its_leader_refuses_any_other_sync(
+        start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path) -> None:
+    """A deposed leader that has not learnt of the new epoch yet (it syncs with the same or a
+    newer one) is refused once the replica's record names another leader."""
+    old, new, replica = await start_node("old"), await start_node("new"), await start_node("r")
+    replica_log = open_log(tmp_path / "r")
+    replica.replicas.add("s", replica_log, leader="new", epoch=1)
+    await old.dial(replica)
+    await new.dial(replica)
+    old_log = open_log(tmp_path / "old")
+    old_shipper = Shipper("s", old_log, 3, ["r"], old.links.get)  # even a newer epoch
+    old_shipper.start()
+    old_log.append([b"stale"])
+    old_shipper.appended()
+    await asyncio.sleep(0.5)
+    assert replica_log.next_offset == 0 and old_shipper.committed == -1
+    assert not old_shipper.replicas["r"].synced
+    await old_shipper.close()
+    new_log = open_log(tmp_path / "new")
+    new_shipper = Shipper("s", new_log, 2, ["r"], new.links.get)
+    new.replicas.shippers["s"] = new_shipper
+    new_shipper.start()
+    new_log.append([b"fresh"])
+    new_shipper.appended()
+    await until(lambda: new_shipper.committed == 0)
+    assert records(replica_log) == [(0, b"fresh")]
+    await new_shipper.close()

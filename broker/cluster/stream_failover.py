@@ -1,0 +1,153 @@
+"""Failover of a replicated stream: when its leader's node goes, a member with the most
+advanced log becomes the leader, fenced by one etcd transaction.
+
+Every node checks, twice a second, the replicated streams it holds as a replica: when the
+leader's node record is gone from etcd (a clean stop, or its lease expired after `kill -9`)
+while this node is in the cluster, it asks the running members for their log's tail
+(`stream.tail`: epoch of the last chunk, next offset) and `choose_leader` names the one with the
+greatest tail among a quorum of answers (osiris's rule: it holds every chunk a quorum
+acknowledged). Only the chosen node acts: one txn compares the leadership key's and the queue
+record's mod revisions with those it read, and puts both: the leadership with the next epoch,
+and the queue record with the new leader as `node` (members reordered, leader first). Of two
+candidates acting on the same state exactly one wins. Every node's topology sync then applies
+the record: the new leader's replica becomes the leader (`StreamReplication.rerole`: its
+writer ships and commits at the quorum, in the new epoch), the other members follow it (their
+logs synced, a divergent uncommitted tail cut), and publishes through any node go to it.
+
+Not handled here: a leader that is alive but lost its own lease (paused) goes on shipping to
+replicas that refuse its older epoch, so it confirms nothing more; it converges when it
+restarts as a replica.
+
+It knows the replication wiring (`stream_replication`), the leadership key and the queue
+record; nothing of AMQP. Asyncio: one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from leveret.broker import logs
+from leveret.broker.cluster.etcd import EtcdException
+from leveret.broker.cluster.etcd_types import Compare, Put
+from leveret.broker.cluster.link import Link, LinkError
+from leveret.broker.cluster.stream_leadership import StreamLeadership, Tail, choose_leader
+from leveret.broker.cluster.stream_leadership import _encode as encode_leadership
+from leveret.broker.cluster.topology_records import QueueRecord, encode
+
+if TYPE_CHECKING:
+    from leveret.broker.cluster.stream_replication import StreamReplication
+
+log = logs.get("leveret.cluster.failover")
+TAIL = "stream.tail"
+CHECK_S = 0.5
+TAIL_TIMEOUT_S = 3.0
+
+
+class Failover:
+    def __init__(self, replication: StreamReplication) -> None:
+        self.replication = replication
+        self.cluster = replication.cluster
+        self.cluster.links.handlers.on_request(TAIL, self._tail)
+        self._electing: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _tail(self, _link: Link, body: Any) -> dict[str, int]:
+        key = body.get("stream") if isinstance(body, dict) else None
+        found = self.replication.log_of(key) if isinstance(key, str) else None
+        if found is None:
+            raise LookupError(f"this node holds no log of stream {key!r}")
+        epoch, next_offset = found.tail
+        return {"epoch": epoch, "next_offset": next_offset}
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(CHECK_S)
+            try:
+                self._check()
+            except Exception:  # the watch must go on
+                log.exception("stream failover check failed")
+
+    def _check(self) -> None:
+        cluster = self.cluster
+        if not cluster.membership.in_cluster or not cluster.links.started:
+            return  # (before the links start, no node's record is known yet)
+        running = cluster.links.records
+        for key, record in list(self.replication.following.items()):
+            if record.node in running or key in self._electing:
+                continue
+            self._electing.add(key)
+            task = asyncio.get_running_loop().create_task(self._elect(key, record))
+            task.add_done_callback(self._elected(key))
+
+    def _elected(self, key: str) -> Any:
+        def done(_task: asyncio.Task[None]) -> None:
+            self._electing.discard(key)
+        return done
+
+    async def _elect(self, key: str, record: QueueRecord) -> None:
+        me = self.cluster.node
+        tails: dict[str, Tail] = {}
+        own = self.replication.log_of(key)
+        if own is None:
+            return
+        tails[me] = own.tail
+        asks = [m for m in record.members if m not in (me, record.node)]
+        answers = await asyncio.gather(*(self._ask(m, key) for m in asks))
+        for member, tail in zip(asks, answers, strict=True):
+            if tail is not None:
+                tails[member] = tail
+        chosen = choose_leader(record.members, tails)
+        if chosen != me:
+            if chosen is None:
+                log.warning("no quorum of members to elect a stream's leader", stream=record.name,
+                            vhost=record.vhost, answered=sorted(tails))
+            return  # the chosen member acts; every member checks again while the leader is down
+        try:
+            current = await self.replication.leaderships.get(record.vhost, record.name)
+            if current is None or current.leader != record.node:
+                return  # already elected, or gone
+            await self._take_over(record, current)
+        except EtcdException as exc:
+            log.warning("cannot elect a stream's leader yet", stream=record.name, error=str(exc))
+
+    async def _ask(self, node: str, key: str) -> Tail | None:
+        link = self.cluster.links.link_to(node)
+        if link is None or link.closed:
+            return None
+        with contextlib.suppress(LinkError, TimeoutError, ValueError, KeyError, TypeError):
+            answer = await link.call(TAIL, {"stream": key}, timeout=TAIL_TIMEOUT_S)
+            return int(answer["epoch"]), int(answer["next_offset"])
+        return None
+
+    async def _take_over(self, record: QueueRecord, current: StreamLeadership) -> None:
+        """One txn: the next epoch with this node leading, and the queue record naming it."""
+        me = self.cluster.node
+        members = (me, *(m for m in current.members if m != me))
+        leadership = StreamLeadership(record.vhost, record.name, members, me, current.epoch + 1)
+        queue_key = self.cluster.store.keys.queue(record.vhost, record.name)
+        lead_key = self.replication.leaderships.key(record.vhost, record.name)
+        new_record = dataclasses.replace(record, node=me, members=members)
+        result = await self.cluster.client.txn(
+            [Compare.mod_revision(lead_key, "==", current.mod_revision),
+             Compare.mod_revision(queue_key, "==", record.mod_revision)],
+            [Put(lead_key, encode_leadership(leadership)), Put(queue_key, encode(new_record))])
+        if result.succeeded:
+            log.info("elected the leader of a replicated stream", stream=record.name,
+                     vhost=record.vhost, epoch=leadership.epoch, previous=record.node)
+            with contextlib.suppress(TimeoutError):
+                await self.cluster.settle(result.revision)
+
+
+def install(replication: StreamReplication) -> Failover:
+    """Answer `stream.tail`, and watch the leaders of the streams replicated here."""
+    failover = Failover(replication)
+    with contextlib.suppress(RuntimeError):  # no running loop: nothing to watch yet
+        failover.start()
+    return failover
