@@ -3,7 +3,9 @@ aio-pika): a stream's members and leader at declaration (x-initial-cluster-size,
 x-queue-leader-locator), its record and leadership key in etcd; confirmed publishes (on the
 leader and forwarded from a replica's node) are on every member's log, byte for byte; a
 consumer on a replica's node reads them from its local replica; with two of three members
-killed (kill -9) a publish is not confirmed, and once one is back it is."""
+killed (kill -9) a publish is not confirmed, and once one is back it is; when the leader is
+killed a member with the most advanced log leads in the next epoch, nothing confirmed is lost
+(three rounds), and the old leader comes back as a replica with the same bytes."""
 
 from __future__ import annotations
 
@@ -278,3 +280,57 @@ def test_the_leader_killed_a_replica_leads_and_the_old_leader_catches_up(
     wait_until(lambda: same_logs((nodes[leader], a), record.storage_id or ""), timeout=90)
     got = consume(a, "s.fail", 301)
     assert [m for m in got if m != b"probe"] == before + after
+
+
+def leader_of(etcd: EtcdServer, cluster: str, name: str) -> str:
+    record, _ = in_etcd(etcd, cluster, name)
+    assert record is not None
+    return record.node
+
+
+def test_three_rounds_of_killing_the_leader_lose_no_confirmed_message(
+        abc: tuple[ClusterNode, ClusterNode, ClusterNode], etcd: EtcdServer,
+        cluster: str) -> None:
+    nodes = dict(zip("abc", abc, strict=True))
+    declare(nodes["a"], "s.rounds")
+    record, _ = in_etcd(etcd, cluster, "s.rounds")
+    assert record is not None and record.storage_id is not None
+    confirmed: list[bytes] = []
+    for round_ in range(3):
+        leader = leader_of(etcd, cluster, "s.rounds")
+        other = next(n for n in "abc" if n != leader)
+        batch = [f"r{round_}-{i}".encode() for i in range(50)]
+        publish_confirmed(nodes[other], "s.rounds", batch)
+        confirmed += batch
+        nodes[leader].kill()
+        wait_until(lambda old=leader: leader_of(etcd, cluster, "s.rounds") != old, timeout=60)
+        publish_until_confirmed(nodes[other], "s.rounds", f"probe{round_}".encode())
+        nodes[leader].restart()
+        wait_until(lambda old=leader: linked(nodes[old], 2), timeout=60)
+    final = leader_of(etcd, cluster, "s.rounds")
+    _, leadership = in_etcd(etcd, cluster, "s.rounds")
+    assert leadership is not None and leadership.epoch == 4
+    wait_until(lambda: same_logs(tuple(nodes.values()), record.storage_id or ""), timeout=90)
+    for name, node in nodes.items():
+        got = consume(node, "s.rounds", 153)
+        assert [m for m in got if not m.startswith(b"probe")] == confirmed, (name, final)
+        assert [m for m in got if m.startswith(b"probe")] == [b"probe0", b"probe1", b"probe2"]
+
+
+def test_leader_and_a_replica_down_nothing_until_one_is_back_then_a_new_leader(
+        abc: tuple[ClusterNode, ClusterNode, ClusterNode], etcd: EtcdServer,
+        cluster: str) -> None:
+    a, b, c = abc
+    declare(a, "s.two-down")
+    publish_confirmed(c, "s.two-down", [b"first"])
+    a.kill()
+    b.kill()
+    time.sleep(4)  # both leases gone: c alone is no quorum, so nobody is elected
+    assert leader_of(etcd, cluster, "s.two-down") == "a"
+    with pytest.raises(pika.exceptions.NackError):  # the leader's node is down: nack'ed
+        publish_confirmed(c, "s.two-down", [b"refused"])
+    b.restart()
+    wait_until(lambda: leader_of(etcd, cluster, "s.two-down") in ("b", "c"), timeout=60)
+    publish_until_confirmed(c, "s.two-down", b"second")
+    assert consume(c, "s.two-down", 2) == [b"first", b"second"]
+    assert consume(b, "s.two-down", 2) == [b"first", b"second"]
