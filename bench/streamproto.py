@@ -409,7 +409,12 @@ def main() -> int:
     results: list[dict] = []
     try:
         for name in names:
-            targets[name] = starters[name]()
+            try:
+                targets[name] = starters[name]()
+            except Exception as exc:  # noqa: BLE001 - any failure to start: one clear line
+                hint = " (--only leveret runs without it)" if name == "rabbitmq" else ""
+                print(f"cannot start {name}: {exc}{hint}", file=sys.stderr)
+                return 1
             info[f"{name}_version"] = targets[name].version
             print(f"# {name}: {targets[name].version}, stream port {targets[name].stream_port}, "
                   f"pids {targets[name].pids}", file=sys.stderr, flush=True)
