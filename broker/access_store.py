@@ -28,6 +28,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 from leveret.broker import admin
+from leveret.broker.cluster import stream_placement
 from leveret.broker.cluster.etcd import EtcdException, EtcdUnavailable
 from leveret.broker.cluster.topology import Created
 from leveret.broker.cluster.topology_records import (
@@ -46,6 +47,7 @@ from leveret.broker.model.errors import (
     NotFound,
     PreconditionFailed,
 )
+from leveret.broker.model.policy import effective
 from leveret.broker.model.vhost import DEFAULT_EXCHANGE_TEXT, Authorize, allow_all
 
 if TYPE_CHECKING:
@@ -355,15 +357,34 @@ class ClusterAccess(AccessStore):
         _name, queue_type, _existing = model.check_queue_declaration(
             name, owner=None, durable=durable, auto_delete=auto_delete, arguments=arguments,
             check=check)
+        node = self.cluster.node
+        members: tuple[str, ...] = ()
+        if queue_type == "stream" and _existing is None:  # replicated: docs/REPLICATION.md
+            node, members = self._place_stream(model, name, arguments)
         record = QueueRecord(
             vhost, name, type=queue_type, durable=durable, auto_delete=auto_delete,
-            arguments=arguments, node=self.cluster.node,
-            storage_id=_storage_id() if durable else None)
+            arguments=arguments, node=node,
+            storage_id=_storage_id() if durable else None, members=members)
         async with self._writing():
             result = await self.cluster.store.declare_queue(
                 record, self._lease(record.auto_delete or not record.durable))
         await self._settle(result.revision)
         return isinstance(result, Created)
+
+    def _place_stream(self, model: Any, name: str,
+                      arguments: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+        """A new stream's leader and members, as a queue.declare places them; one member is
+        a stream as on one node (no members)."""
+        cluster = self.cluster
+        policy = effective(model.policies, "queues", "stream", name)
+        running = {cluster.node} | {n for n, link in cluster.links.links.items()
+                                    if not link.closed}
+        records = [r for r in cluster.cache.all("queues") if isinstance(r, QueueRecord)]
+        leader, members = stream_placement.place_stream(
+            cluster.node, running, records, arguments.get("x-initial-cluster-size"),
+            stream_placement.locator(policy.definition if policy is not None else None,
+                                     arguments, self.broker.config.queue_leader_locator))
+        return leader, (members if len(members) > 1 else ())
 
     async def add_binding(self, vhost: str, source: str, destination_type: str,
                           destination: str, routing_key: Any = "", arguments: Any = None,

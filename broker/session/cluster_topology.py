@@ -37,7 +37,6 @@ from leveret.broker.cluster.etcd import EtcdException, EtcdUnavailable
 from leveret.broker.cluster.runtime import SETTLE_TIMEOUT_S
 from leveret.broker.cluster.topology import Created
 from leveret.broker.cluster.topology_records import BindingRecord, ExchangeRecord, QueueRecord
-from leveret.broker.model import args as qargs
 from leveret.broker.model.errors import (
     AccessRefused,
     InternalError,
@@ -275,13 +274,9 @@ def _locator(channel: Channel, queue_type: str, name: str, arguments: dict[str, 
     """The `queue-leader-locator` policy key, else the `x-queue-leader-locator` argument, else
     the node's `queue_leader_locator` setting (`client-local` by default), as in RabbitMQ."""
     policy = effective(channel.vhost.policies, "queues", queue_type, name)
-    locator = policy.definition.get("queue-leader-locator") if policy is not None else None
-    if locator is None:
-        locator = arguments.get("x-queue-leader-locator")
-    if locator is None:
-        locator = getattr(channel.session.broker.config, "queue_leader_locator", "client-local")
-    found = qargs.text(locator)
-    return found if found in qargs.LEADER_LOCATORS else "client-local"
+    return stream_placement.locator(
+        policy.definition if policy is not None else None, arguments,
+        getattr(channel.session.broker.config, "queue_leader_locator", "client-local"))
 
 
 def _running(cluster: ClusterRuntime) -> set[str]:

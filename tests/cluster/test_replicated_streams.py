@@ -20,6 +20,7 @@ import pika
 import pytest
 from support.brokers import BrokerProcess
 from support.cluster import ClusterNode, linked, make_node, wait_until
+from support.cluster_api import ok
 from support.etcd import EtcdServer
 
 from leveret.broker.cluster.etcd import EtcdClient
@@ -145,6 +146,15 @@ def test_members_and_leader_at_declaration(
                                      arguments={**STREAM, "x-initial-cluster-size": 0})
     assert refused.value.reply_code == 406
     conn.close()
+
+    # a stream declared through the management API is placed the same way
+    ok(b, "PUT", "/api/queues/%2F/s.api",
+       {"durable": True, "arguments": {**STREAM, "x-initial-cluster-size": 2}})
+    record, leadership = in_etcd(etcd, cluster, "s.api")
+    assert record is not None and leadership is not None
+    assert record.node == "b" and len(record.members) == 2 and record.members[0] == "b"
+    wait_until(lambda: all(n.data_dir.joinpath("queues", record.storage_id or "-").is_dir()
+                           for n in (a, b, c) if n.node_name in record.members), timeout=30)
 
     # deleting the stream deletes its leadership key in the same txn
     conn = connect(b)
