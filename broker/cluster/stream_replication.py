@@ -86,6 +86,7 @@ class StreamReplication:
             return
         queue.members = tuple(record.members)
         key = record.storage_id or f"{record.vhost}/{record.name}"
+        queue.member_rows = lambda local: self.member_rows(queue, key, local)
         if record.node == self.cluster.node:
             self._lead(queue, record, key)
         else:
@@ -128,6 +129,38 @@ class StreamReplication:
                 self.following.pop(key, None)
         queue.forward_to = None
         queue.role = ""
+
+    def member_rows(self, queue: StreamQueue, key: str,
+                    local: dict[str, Any]) -> list[dict[str, Any]]:
+        """stream_status's rows: this node's (`local`, as the management API computes it) with
+        its role, epoch and the commit point; on the leader, a row per replica as far as it
+        has acknowledged (`lag`: the leader's offset minus the replica's)."""
+        row = dict(local, epoch=queue.log.tail[0] if queue.log.next_offset else queue.log.epoch,
+                   committed_offset=queue.commit_bound if queue.commit_bound is not None
+                   else local["committed_offset"], lag=0)
+        led = self.led.get(key)
+        if queue.role != "leader" or led is None or led.shipper is None:
+            row["role"] = "replica" if queue.role == "replica" else row["role"]
+            if queue.role == "replica":
+                row["epoch"] = self._replica_epoch(key, row["epoch"])
+            return [row]
+        shipper = led.shipper
+        row["epoch"] = shipper.epoch
+        rows = [row]
+        for state in shipper.replicas.values():
+            offset = state.next_offset - 1
+            rows.append({
+                "role": "replica", "node": state.node,
+                "epoch": shipper.epoch if state.synced else None,
+                "offset": offset, "committed_offset": min(shipper.committed, offset),
+                "committed_chunk_id": None, "first_offset": None, "readers": None,
+                "segments": None, "lag": max(0, local["offset"] - offset),
+                "synced": state.synced})
+        return rows
+
+    def _replica_epoch(self, key: str, default: int) -> int:
+        replica = self.replicas.logs.get(key)
+        return replica.epoch if replica is not None and replica.epoch >= 0 else default
 
     # -- the leader
 

@@ -196,18 +196,22 @@ def status(stream: Any, node: str) -> dict[str, Any]:
     """stream_status: one row per member (here: the writer), and the tracking rows."""
     summary = stream.log.summary()
     readers = sum(1 for c in stream.consumers if c.state is not None and c.state.reader)
+    local = {
+        "role": "writer",
+        "node": node,
+        "epoch": _EPOCHS.get(stream, 1),
+        "offset": summary["last_offset"],
+        "committed_offset": summary["committed_offset"],
+        "committed_chunk_id": committed_chunk_id(stream),
+        "first_offset": summary["first_offset"],
+        "readers": readers,
+        "segments": len(summary["segments"]),
+    }
+    # a replicated stream (broker/cluster/stream_replication.py): this node's row with its
+    # role and the commit point, and the rows of the other members it knows
+    member_rows = getattr(stream, "member_rows", None)
     return {
-        "members": [{
-            "role": "writer",
-            "node": node,
-            "epoch": _EPOCHS.get(stream, 1),
-            "offset": summary["last_offset"],
-            "committed_offset": summary["committed_offset"],
-            "committed_chunk_id": committed_chunk_id(stream),
-            "first_offset": summary["first_offset"],
-            "readers": readers,
-            "segments": len(summary["segments"]),
-        }],
+        "members": member_rows(local) if member_rows is not None else [local],
         "tracking": tracking_rows(stream),
     }
 

@@ -64,6 +64,7 @@ class StreamQueue(Queue):
     members: tuple[str, ...] = ()
     commit_bound: int | None = None
     forward_to: Any = None
+    member_rows: Any = None  # stream_status's rows of every member (the replication's)
 
     def __init__(
         self,

@@ -181,6 +181,24 @@ def test_confirmed_publishes_are_on_every_member_and_a_replica_serves_consumers(
     assert consume(b, "s.rep", 500) == expected
     assert consume(a, "s.rep", 500) == expected
 
+    # stream_status on the leader: one row per member; on a replica, its own row
+    def status_rows(node: ClusterNode) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = ok(node, "GET", "/api/leveret/streams/%2F/s.rep/status")[
+            "members"]
+        return rows
+
+    def all_acked() -> bool:
+        rows = status_rows(a)
+        return all(r["offset"] == 499 and r["committed_offset"] == 499 for r in rows)
+
+    wait_until(all_acked, timeout=30)
+    rows = status_rows(a)
+    assert sorted((r["role"], r["node"], r["epoch"], r["lag"]) for r in rows) == [
+        ("replica", "b", 1, 0), ("replica", "c", 1, 0), ("writer", "a", 1, 0)]
+    [own] = status_rows(c)
+    assert (own["role"], own["node"], own["offset"], own["committed_offset"]) == (
+        "replica", "c", 499, 499)
+
     # a consumer on a replica's node that waits for new data gets it once it is committed
     conn = connect(c)
     ch = conn.channel()
