@@ -33,6 +33,7 @@ from leveret.broker.management import (
     metrics,
     overview,
     policies,
+    rates,
     stream_messages,
     streams,
     topology,
@@ -125,7 +126,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 def create_app(broker: Broker, amqp_port: int | None = None, amqp_host: str | None = None,
                http_host: str | None = None) -> web.Application:
     app = web.Application(middlewares=[ui.quiet_401, errors_middleware, csrf.guard,
-                                       auth_middleware],
+                                       auth_middleware, rates.fill],
                           client_max_size=64 * 1024 * 1024)
     config = broker.config
     app[BROKER] = broker
@@ -133,7 +134,7 @@ def create_app(broker: Broker, amqp_port: int | None = None, amqp_host: str | No
     app[AMQP_HOST] = amqp_host if amqp_host is not None else config.host
     app[HTTP_HOST] = http_host if http_host is not None else config.management_host or config.host
     for module in (overview, access, policies, topology, live, defs, streams, stream_messages,
-                   metrics, ui):
+                   metrics, ui, rates):
         module.setup(app)
     return app
 
