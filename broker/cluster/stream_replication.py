@@ -32,17 +32,20 @@ from typing import TYPE_CHECKING, Any
 
 from leveret.broker import logs
 from leveret.broker.cluster.etcd import EtcdException
+from leveret.broker.cluster.link import Link, LinkError
 from leveret.broker.cluster.replication import Replicas, Shipper
 from leveret.broker.cluster.stream_leadership import StreamLeaderships
 from leveret.broker.cluster.topology_records import QueueRecord
 from leveret.broker.model.remote_queue import RemoteQueue
 from leveret.broker.model.stream import StreamQueue
+from leveret.storage import StorageError
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.runtime import ClusterRuntime
 
 log = logs.get("leveret.cluster.streams")
 RETRY_S = 1.0
+OFFSETS = "stream.offsets"  # a replica's consumers' offsets, for the leader to store
 
 
 @dataclass
@@ -63,6 +66,7 @@ class StreamReplication:
         self.replicas = Replicas(cluster.links.handlers)
         self.leaderships = StreamLeaderships(cluster.client, cluster.cluster)
         cluster.store.streams = self.leaderships
+        cluster.links.handlers.on_message(OFFSETS, self._store_offsets)
         self.led: dict[str, Led] = {}
         self.following: dict[str, QueueRecord] = {}  # streams replicated here, by key
         self._epochs: dict[str, int] = {}  # a replica's epoch while it changes leader
@@ -128,6 +132,7 @@ class StreamReplication:
                 self.replicas.remove(key)
                 self.following.pop(key, None)
         queue.forward_to = None
+        queue.store_remote = None
         queue.role = ""
 
     def member_rows(self, queue: StreamQueue, key: str,
@@ -234,6 +239,7 @@ class StreamReplication:
         self.replicas.add(key, queue.log, on_commit=committed, leader=record.node,
                           epoch=self._epochs.pop(key, -1))
         self.following[key] = record
+        queue.store_remote = lambda offsets: self._send_offsets(key, record.node, offsets)
         queue.forward_to = RemoteQueue(
             queue.vhost, queue.name, queue_type="stream", node=record.node,
             durable=record.durable, auto_delete=record.auto_delete,
@@ -241,6 +247,38 @@ class StreamReplication:
             forwarder=getattr(self.broker, "forwarder", None))
         log.info("replicating a stream", stream=record.name, vhost=record.vhost,
                  leader=record.node)
+
+
+    # -- consumer offsets stored through the leader
+
+    def _send_offsets(self, key: str, leader: str, offsets: dict[bytes, int]) -> None:
+        """Offsets a replica's consumers acknowledged: the leader writes them into the log,
+        which brings them back to every member. Lost if the leader cannot be reached."""
+        link = self.cluster.links.link_to(leader)
+        body = {"stream": key, "offsets": [[name.hex(), offset] for name, offset
+                                           in offsets.items()]}
+        try:
+            if link is None or link.closed:
+                raise LinkError(f"no link to {leader}")
+            link.post(OFFSETS, body)
+        except LinkError as exc:
+            log.warning("consumer offsets not stored: the stream's leader cannot be reached",
+                        leader=leader, error=str(exc))
+
+    async def _store_offsets(self, _link: Link, body: Any) -> None:
+        key = body.get("stream") if isinstance(body, dict) else None
+        led = self.led.get(key) if isinstance(key, str) else None
+        if led is None or led.queue.deleted:
+            return
+        offsets = {bytes.fromhex(str(name)): int(offset)
+                   for name, offset in body.get("offsets", [])}
+        try:
+            led.queue.log.store_offsets(offsets)
+        except StorageError as exc:
+            log.error("storing a replica's consumer offsets failed", error=str(exc))
+            return
+        if led.shipper is not None:
+            led.shipper.appended()
 
 
 _closing: set[asyncio.Task[None]] = set()

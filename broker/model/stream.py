@@ -65,6 +65,7 @@ class StreamQueue(Queue):
     commit_bound: int | None = None
     forward_to: Any = None
     member_rows: Any = None  # stream_status's rows of every member (the replication's)
+    store_remote: Any = None  # a replica: sends consumer offsets to the leader, which stores
 
     def __init__(
         self,
@@ -542,7 +543,10 @@ class StreamQueue(Queue):
         dirty = {c.name: c.stored for c in cursors if c.tracking and c.dirty and c.stored >= 0}
         for cursor in cursors:
             cursor.dirty = False
-        if dirty and not self.deleted and self.role != "replica":  # only the leader writes
+        if dirty and self.store_remote is not None:  # a replica: only the leader writes
+            self.store_remote(dirty)
+            return
+        if dirty and not self.deleted and self.role != "replica":
             try:
                 self.log.store_offsets(dirty)
             except StorageError as error:

@@ -215,6 +215,45 @@ def test_confirmed_publishes_are_on_every_member_and_a_replica_serves_consumers(
     conn.close()
     assert got == [b"late"]
 
+    # a tracking consumer on a replica's node: its offset is stored by the leader, in the log,
+    # so it reaches every member; it resumes after it on another replica's node
+    conn = connect(c)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=10)
+    seen: list[bytes] = []
+
+    def take(chan: Any, m: Any, _p: Any, body: bytes) -> None:
+        if len(seen) < 10:
+            seen.append(body)
+            chan.basic_ack(m.delivery_tag)
+
+    ch.basic_consume("s.rep", take, consumer_tag="tracker",
+                     arguments={"x-stream-automatic-offset-tracking": True,
+                                "x-stream-offset": "first"})
+    deadline = time.monotonic() + 30
+    while len(seen) < 10 and time.monotonic() < deadline:
+        conn.process_data_events(0.2)
+    conn.close()  # the cancel stores the offset of the last ack
+    assert seen == expected[:10]
+
+    def tracked(node: ClusterNode) -> bool:
+        rows = ok(node, "GET", "/api/leveret/streams/%2F/s.rep/status")["tracking"]
+        return {"type": "offset", "reference": "tracker", "value": 9} in rows
+
+    wait_until(lambda: all(tracked(n) for n in (a, b, c)), timeout=30)
+    conn = connect(b)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=10)
+    resumed: list[bytes] = []
+    ch.basic_consume("s.rep", lambda chan, m, p, body: resumed.append(body),
+                     consumer_tag="tracker")  # no x-stream-offset: after the stored one
+    deadline = time.monotonic() + 30
+    while not resumed and time.monotonic() < deadline:
+        conn.process_data_events(0.2)
+    conn.close()
+    assert resumed[0] == expected[10]
+    wait_until(lambda: same_logs((a, b, c), record.storage_id or ""), timeout=60)
+
     # c reads its own replica, not the leader's log: with a gone, c still serves it all
     a.kill()
     assert consume(c, "s.rep", 501) == [*expected, b"late"]
