@@ -5,6 +5,7 @@ stream at an offset, definitions export and import, and markup in names shown as
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -258,3 +259,37 @@ def test_follow_a_consumer_group_while_members_come_and_go(
     expect(group).to_have_count(0)  # the group ends with its last member
     expect(page.get_by_test_id("super-stream")).to_contain_text(
         "No single active consumer group.")
+
+
+def test_a_stream_consumer_falling_behind_shows_its_lag_growing(
+        page: Any, ui_broker: UiBroker) -> None:
+    connection, channel = channel_of(ui_broker)
+    channel.queue_declare("ui-lagging", durable=True, arguments={"x-queue-type": "stream"})
+    channel.basic_qos(prefetch_count=5)  # takes 5, never acks: it stops at offset 4
+    channel.basic_consume("ui-lagging", lambda *args: None, consumer_tag="slow",
+                          arguments={"x-stream-offset": "first"})
+    stop = threading.Event()
+
+    def run() -> None:
+        publisher, out = channel_of(ui_broker)
+        while not stop.is_set():
+            for _ in range(20):
+                out.basic_publish("", "ui-lagging", b"tick")
+            publisher.sleep(0.05)
+        publisher.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        log_in(page)
+        page.goto(page.url.split("#")[0] + "#/queues/%2F/ui-lagging")
+        row = page.get_by_test_id("consumers").locator("tbody tr")
+        expect(row.locator("td").first).to_have_text("slow")
+        expect(row.locator("td").nth(6)).to_have_text("4")  # delivered offset
+        expect(row.get_by_test_id("lag-change")).to_have_text(re.compile(r"^\+[0-9,]+/s$"))
+        expect(row.get_by_test_id("lag-change")).to_have_class("behind")
+        expect(page.get_by_test_id("lag")).not_to_contain_text("lag: 0 ")
+    finally:
+        stop.set()
+        thread.join(30)
+        connection.close()

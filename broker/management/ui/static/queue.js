@@ -3,7 +3,7 @@
 
 import {del, enc, get, post} from './api.js';
 import {Chart, Confirm, Err, fmtBytes, fmtNum, html, jsonText, useEffect, usePoll, useRates,
-  useState, useSubmit} from './lib.js';
+  useRef, useState, useSubmit} from './lib.js';
 
 function Message({m}) {
   return html`<div class="message" data-testid="message">
@@ -62,11 +62,38 @@ function ReadStream({vhost, name, first}) {
     ${result && result.messages.map((m) => html`<${Message} m=${m} />`)}</section>`;
 }
 
-function Consumers({queue}) {
+// Each stream consumer's lag change per second between the last two samples of the queue:
+// positive means it falls behind, negative that it catches up.
+function useLagChange(queue) {
+  const last = useRef({seen: null, at: 0, lags: {}, change: {}});
+  const state = last.current;
+  if (queue && queue !== state.seen && queue.type === 'stream') {
+    const now = Date.now() / 1000;
+    const lags = {};
+    const change = {};
+    for (const c of queue.consumer_details || []) {
+      const key = `${c.channel_details && c.channel_details.name}|${c.consumer_tag}`;
+      const lag = (c.stream && c.stream.offset_lag) || 0;
+      lags[key] = lag;
+      if (key in state.lags && now > state.at) change[key] = (lag - state.lags[key]) / (now - state.at);
+    }
+    last.current = {seen: queue, at: now, lags, change};
+  }
+  return last.current.change;
+}
+
+function LagChange({rate}) {
+  if (rate === undefined) return html`<td></td>`;
+  const text = `${rate > 0 ? '+' : ''}${fmtNum(Math.round(rate))}/s`;
+  return html`<td class=${rate > 0.5 ? 'behind' : rate < -0.5 ? 'active' : ''}
+    data-testid="lag-change">${text}</td>`;
+}
+
+function Consumers({queue, lagChange = {}}) {
   const stream = queue.type === 'stream';
   const rows = queue.consumer_details || [];
   const cols = ['Consumer tag', 'Channel', 'Ack', 'Prefetch', 'Active'];
-  if (stream) cols.push('Reference', 'Delivered offset', 'Stored offset', 'Lag');
+  if (stream) cols.push('Reference', 'Delivered offset', 'Stored offset', 'Lag', 'Lag change');
   return html`<section><h2>Consumers (${rows.length})</h2>
     <table data-testid="consumers"><thead><tr>${cols.map((c) => html`<th>${c}</th>`)}</tr></thead>
     <tbody>${rows.map((c) => {
@@ -79,7 +106,9 @@ function Consumers({queue}) {
         ${stream && html`<td>${s.reference}</td><td>${fmtNum(s.offset)}</td>
           <td>${s.stored_offset === null || s.stored_offset === undefined ? '' :
             fmtNum(s.stored_offset)}</td>
-          <td class=${lag > 1000 ? 'behind' : ''}>${fmtNum(lag)}</td>`}</tr>`;
+          <td class=${lag > 1000 ? 'behind' : ''}>${fmtNum(lag)}</td>
+          <${LagChange} rate=${lagChange[
+            `${c.channel_details && c.channel_details.name}|${c.consumer_tag}`]} />`}</tr>`;
     })}
     ${rows.length === 0 && html`<tr><td colspan=${cols.length} class="empty">No consumer.
       </td></tr>`}</tbody></table></section>`;
@@ -146,6 +175,7 @@ export function QueuePage({vhost, name}) {
     delivered: (queue.message_stats || {}).deliver_get} : queue.message_stats);
   const keys = stream ? ['appended', 'delivered'] : ['publish', 'deliver_get'];
   const rates = useRates(sample, keys);
+  const lagChange = useLagChange(queue);
   useEffect(() => setGone(false), [path]);
   if (gone) {
     return html`<div class="page"><p class="note" role="status">Deleted ${name}.${' '}
@@ -165,7 +195,7 @@ export function QueuePage({vhost, name}) {
           values: rates.values[i]}))} />
         ${stream && html`<p class="sub" data-testid="lag">Consumers' total lag:${' '}
           <b>${fmtNum(lag)}</b> messages behind the committed offset.</p>`}</div></div>
-      <${Consumers} queue=${queue} />
+      <${Consumers} queue=${queue} lagChange=${lagChange} />
       ${stream && html`<${Groups} vhost=${vhost} name=${name} />`}
       ${stream ? html`<${ReadStream} vhost=${vhost} name=${name} first=${queue.first_offset} />
         <${Tracking} vhost=${vhost} name=${name} />` :
