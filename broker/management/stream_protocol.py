@@ -48,6 +48,7 @@ from leveret.broker.management.http import (
 from leveret.broker.management.live import consumers as amqp_consumer_views
 from leveret.broker.management.live import sessions as amqp_sessions
 from leveret.broker.model.errors import NotFound
+from leveret.broker.model.stream import StreamQueue
 from leveret.broker.streamproto import registry
 
 if TYPE_CHECKING:
@@ -251,7 +252,7 @@ def tracked_publishers(request: web.Request, vhost: str | None, stream: str | No
     shown = {(p["vhost"], p["stream"], p["reference"]) for p in live if p["reference"]}
     vhosts = [vhost_for_read(request, vhost)] if vhost is not None else visible_vhosts(request)
     return [p for v in vhosts for s in streamops.streams(v)
-            if stream is None or s.name == stream
+            if isinstance(s, StreamQueue) and (stream is None or s.name == stream)
             for p in streamops.publishers(s)
             if (p["vhost"], p["stream"], p["reference"]) not in shown]
 

@@ -1,17 +1,21 @@
 """The stream protocol in cluster mode: where a stream lives, as Metadata tells it, and
-RabbitMQ's answer for what this node cannot serve of a stream held by another node.
+RabbitMQ's answer for what this node cannot serve of a stream it does not lead.
 
-Every node's model has every queue of the cluster; a stream held by another node is a
-`RemoteQueue` of type stream naming its node (the stream's leader: streams are not replicated
-yet). Metadata names that node with the stream endpoint of its node record in etcd
-(`stream_host`, `stream_port`: its `--stream-advertised-host` / port, else its
-`advertise_host` and stream port; records of older nodes fall back to `advertise_host` and
-5552), as the links keep the running nodes' records (`ClusterLinks.records`). A stream whose
-node is not running is STREAM_NOT_AVAILABLE with no leader, as RabbitMQ answers a stream
-without a leader. Subscribe to a stream held elsewhere is STREAM_NOT_AVAILABLE, as RabbitMQ
-answers a node with no member of the stream; so is DeclarePublisher (RabbitMQ's node writes to
-a remote leader over Erlang distribution; Leveret's stream connections do not forward yet), and
-clients that look up Metadata then connect to the leader.
+Every node's model has every queue of the cluster. A stream's topology record names its leader
+(`node`) and, for a replicated stream, its members; a node that is neither has it as a
+`RemoteQueue`, a replica holds a real `StreamQueue` with role "replica". Metadata names the
+leader and the running replicas, each with the stream endpoint of its node record in etcd
+(`stream_host`, `stream_port`: its `--stream-advertised-host` / port, else its `advertise_host`
+and stream port; records of older nodes fall back to `advertise_host` and 5552), as the links
+keep the running nodes' records (`ClusterLinks.records`); this node is announced as Open
+announces it. A stream whose leader's node is not running is STREAM_NOT_AVAILABLE with no
+leader (0xFFFF), as RabbitMQ answers a stream without a leader.
+
+Subscribe on a node with no member of the stream is STREAM_NOT_AVAILABLE, as RabbitMQ answers
+it (a replica serves subscribers). DeclarePublisher on a node that does not lead the stream is
+STREAM_NOT_AVAILABLE too: RabbitMQ's node would write to a remote leader over Erlang
+distribution, Leveret's stream connections do not forward (a replica nacks stream-protocol
+publishes); clients that look Metadata up connect to the leader.
 
 On a single node (no cluster) Metadata names this node only, as before.
 Must not know: AMQP, etcd. Single-threaded, on the event loop.
@@ -58,36 +62,54 @@ def node_endpoint(s: StreamSession, node: str) -> Endpoint | None:
     return (str(host), port) if host else None
 
 
+def placement(s: StreamSession, name: str, queue: Any) -> tuple[str, list[str]]:
+    """(leader node, replica nodes) of a stream: its record in the topology (the leader is
+    `node`, the members the replicated stream's), else where the model has it."""
+    cluster = s.broker.cluster
+    assert cluster is not None
+    record = cluster.cache.queue(s.vhost.name, name)
+    if record is not None and record.type == "stream" and record.node:
+        return record.node, [m for m in record.members if m != record.node]
+    return (queue.node if isinstance(queue, RemoteQueue) else cluster.node), []
+
+
+def _endpoint(s: StreamSession, this_node: str, here: Endpoint, node: str) -> Endpoint | None:
+    return here if node == this_node else node_endpoint(s, node)
+
+
 def metadata(s: StreamSession, d: f.Decoder, _version: int) -> None:
     corr = d.u32()
     names = d.strings()
     d.done()
     here = s.server.advertised(s)
-    single = getattr(s.broker, "cluster", None) is None
-    leaders: dict[str, Endpoint | None] = {}
-    codes: dict[str, int] = {}
+    cluster = getattr(s.broker, "cluster", None)
+    found: dict[str, tuple[int, Endpoint | None, list[Endpoint]]] = {}
     for name in dict.fromkeys(names):
         if not (s.allowed("read", name) or s.allowed("write", name)):
-            codes[name] = k.ACCESS_REFUSED
+            found[name] = (k.ACCESS_REFUSED, None, [])
             continue
         queue = s.vhost.queues.get(name)
-        if isinstance(queue, StreamQueue) and not queue.deleted:
-            codes[name], leaders[name] = k.OK, here
-        elif (remote := remote_stream(s, name)) is not None:
-            endpoint = node_endpoint(s, remote.node)
-            codes[name] = k.OK if endpoint is not None else k.STREAM_NOT_AVAILABLE
-            leaders[name] = endpoint
+        local = isinstance(queue, StreamQueue) and not queue.deleted
+        if not local and remote_stream(s, name) is None:
+            found[name] = (k.STREAM_DOES_NOT_EXIST, None, [])
+        elif cluster is None:
+            found[name] = (k.OK, here, [])
         else:
-            codes[name] = k.STREAM_DOES_NOT_EXIST
+            leader, replicas = placement(s, name, queue)
+            at = _endpoint(s, cluster.node, here, leader)
+            seen = [e for e in (_endpoint(s, cluster.node, here, r) for r in replicas)
+                    if e is not None]
+            found[name] = (k.OK if at is not None else k.STREAM_NOT_AVAILABLE, at, seen)
     # RabbitMQ lists the endpoints of the nodes involved, sorted; a single node always itself
-    endpoints = [here] if single else sorted({e for e in leaders.values() if e is not None})
+    endpoints = [here] if cluster is None else sorted(
+        {e for _, at, seen in found.values() for e in ([at] if at else []) + seen})
     brokers = f.i32(len(endpoints)) + b"".join(
         f.u16(i) + f.enc_string(host) + f.u32(port) for i, (host, port) in enumerate(endpoints))
     entries = []
-    for name, code in codes.items():
-        endpoint = leaders.get(name)
-        leader = endpoints.index(endpoint) if code == k.OK and endpoint else NO_LEADER
-        entries.append(f.enc_string(name) + f.u16(code) + f.u16(leader) + f.i32(0))
+    for name, (code, at, seen) in found.items():
+        index = endpoints.index(at) if at is not None else NO_LEADER
+        entries.append(f.enc_string(name) + f.u16(code) + f.u16(index) + f.i32(len(seen))
+                       + b"".join(f.u16(endpoints.index(e)) for e in seen))
     body = f.u32(corr) + brokers + f.i32(len(entries)) + b"".join(entries)
     s.send(f.frame(k.METADATA | k.RESPONSE, 1, body))
 
@@ -95,8 +117,22 @@ def metadata(s: StreamSession, d: f.Decoder, _version: int) -> None:
 Handler = Callable[["StreamSession", f.Decoder, int], None]
 
 
+def not_held(s: StreamSession, name: str) -> bool:
+    """No member of the stream on this node (Subscribe is refused)."""
+    return remote_stream(s, name) is not None
+
+
+def not_led(s: StreamSession, name: str) -> bool:
+    """The stream is held elsewhere, or this node has a replica of it (DeclarePublisher is
+    refused: a stream-protocol publish to a replica would be nack'ed)."""
+    queue = s.vhost.queues.get(name)
+    if isinstance(queue, StreamQueue) and queue.role == "replica":
+        return True
+    return not_held(s, name)
+
+
 def _held_elsewhere(key: int, peek: Callable[[f.Decoder], tuple[int, str]], permission: str,
-                    handler: Handler) -> Handler:
+                    handler: Handler, elsewhere: Callable[[StreamSession, str], bool]) -> Handler:
     """`handler`, unless its stream is held by another node: then STREAM_NOT_AVAILABLE (after
     the same permission check, so a refusal stays ACCESS_REFUSED)."""
 
@@ -106,7 +142,7 @@ def _held_elsewhere(key: int, peek: Callable[[f.Decoder], tuple[int, str]], perm
             corr, name = peek(copy)
         except f.FrameError:
             corr, name = 0, ""
-        if name and s.allowed(permission, name) and remote_stream(s, name) is not None:
+        if name and s.allowed(permission, name) and elsewhere(s, name):
             s.send(f.response(key, corr, k.STREAM_NOT_AVAILABLE))
             return
         handler(s, d, version)
@@ -129,5 +165,5 @@ def _peek_subscribe(d: f.Decoder) -> tuple[int, str]:
 
 
 declare_publisher = _held_elsewhere(k.DECLARE_PUBLISHER, _peek_publisher, "write",
-                                    publishing.declare_publisher)
-subscribe = _held_elsewhere(k.SUBSCRIBE, _peek_subscribe, "read", consuming.subscribe)
+                                    publishing.declare_publisher, not_led)
+subscribe = _held_elsewhere(k.SUBSCRIBE, _peek_subscribe, "read", consuming.subscribe, not_held)

@@ -7,8 +7,10 @@ STREAM_NOT_AVAILABLE with no leader."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from urllib.request import Request, urlopen
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
-from streamproto.raw import RawStream, s
+from streamproto.raw import RawStream, s, strmap
 from support.brokers import BrokerProcess
 from support.cluster import ClusterNode, api_get, linked, make_node, wait_until
 from support.etcd import EtcdServer
@@ -44,8 +46,22 @@ def ab(tmp_path: Path, etcd: EtcdServer, cluster: str,
     nodes.extend((a.start(), b.start()))
     for node in (a, b):
         wait_for_port(node.stream_port, 30)  # type: ignore[attr-defined]
-    wait_until(lambda: "cluster link up" in a.log() and "cluster link up" in b.log())
+    wait_until(lambda: link_settled(a))
     yield a, b
+
+
+def link_up(node: ClusterNode) -> bool:
+    events = [line for line in node.log().splitlines() if '"event": "cluster link ' in line]
+    return bool(events) and '"cluster link up"' in events[-1]
+
+
+def link_settled(node: ClusterNode) -> bool:
+    """`node`'s link is up, after the peer's start-up refusal ("node starting") if there was
+    one: both stream listeners are open (each node's start is over), and it holds twice."""
+    if not link_up(node):
+        return False
+    time.sleep(0.3)
+    return link_up(node)
 
 
 def raw(node: ClusterNode) -> RawStream:
@@ -54,9 +70,11 @@ def raw(node: ClusterNode) -> RawStream:
     return client
 
 
-def declare_stream(node: BrokerProcess, name: str) -> None:
+def declare_stream(node: BrokerProcess, name: str, size: int | None = 1) -> None:
+    """A stream led by `node`; of `size` members (None: every running node)."""
     conn = pika.BlockingConnection(pika.URLParameters(node.url))
-    conn.channel().queue_declare(name, durable=True, arguments=STREAM)
+    arguments = {**STREAM, **({"x-initial-cluster-size": size} if size else {})}
+    conn.channel().queue_declare(name, durable=True, arguments=arguments)
     conn.close()
 
 
@@ -73,7 +91,7 @@ def visible(node: BrokerProcess, name: str) -> bool:
 
 
 def metadata(client: RawStream, *names: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
-    """(brokers as (host, port), {stream: (code, leader (host, port) or None)})."""
+    """(brokers as (host, port), {stream: (code, leader (host, port) or None, replicas)})."""
     client.request(0x0F, struct.pack(">i", len(names)) + b"".join(s(n) for n in names))
     frame = client.next(0x800F)
     pos = 8  # key, version, correlation id
@@ -99,9 +117,10 @@ def metadata(client: RawStream, *names: str) -> tuple[list[tuple[str, int]], dic
     for _ in range(count):
         name = string()
         code, leader = struct.unpack_from(">HH", frame, pos)
-        replicas = struct.unpack_from(">i", frame, pos + 4)[0]
-        pos += 8 + 2 * replicas
-        streams[name] = (code, brokers.get(leader) if leader != 0xFFFF else None)
+        count = struct.unpack_from(">i", frame, pos + 4)[0]
+        replicas = [brokers[r] for r in struct.unpack_from(f">{count}H", frame, pos + 8)]
+        pos += 8 + 2 * count
+        streams[name] = (code, brokers.get(leader) if leader != 0xFFFF else None, replicas)
     return list(brokers.values()), streams
 
 
@@ -115,7 +134,7 @@ def test_metadata_names_the_holder_and_other_nodes_refuse_politely(
     for client in (on_a, on_b):
         brokers, streams = metadata(client, "held-by-a", "nowhere")
         assert brokers == [a_endpoint]
-        assert streams == {"held-by-a": (OK, a_endpoint), "nowhere": (0x02, None)}
+        assert streams == {"held-by-a": (OK, a_endpoint, []), "nowhere": (0x02, None, [])}
 
     # B holds no member of the stream: RabbitMQ's STREAM_NOT_AVAILABLE, nothing crashes
     on_b.request(0x07, struct.pack(">B", 1) + s("held-by-a") + struct.pack(">HH", 1, 10)
@@ -148,6 +167,29 @@ def test_metadata_names_the_holder_and_other_nodes_refuse_politely(
         client.close()
 
 
+def test_a_replicated_stream_names_its_leader_and_replicas(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    declare_stream(a, "replicated", size=None)  # members a (leader) and b (replica)
+    wait_until(lambda: visible(b, "replicated"), timeout=10)
+    a_endpoint = ("127.0.0.1", a.stream_port)  # type: ignore[attr-defined]
+    b_endpoint = ("127.0.0.1", b.stream_port)  # type: ignore[attr-defined]
+    on_a, on_b = raw(a), raw(b)
+    for client in (on_a, on_b):
+        assert metadata(client, "replicated") == (
+            sorted([a_endpoint, b_endpoint]), {"replicated": (OK, a_endpoint, [b_endpoint])})
+    # a replica serves subscribers; publishers go to the leader
+    on_b.request(0x07, struct.pack(">B", 1) + s("replicated") + struct.pack(">HH", 1, 10)
+                 + struct.pack(">i", 0))
+    assert on_b.response(0x07)[1] == OK
+    on_b.request(0x01, struct.pack(">B", 1) + s("p") + s("replicated"))
+    assert on_b.response(0x01)[1] == NOT_AVAILABLE
+    on_a.request(0x01, struct.pack(">B", 1) + s("p") + s("replicated"))
+    assert on_a.response(0x01)[1] == OK
+    on_a.close()
+    on_b.close()
+
+
 def test_a_stream_whose_node_is_down_has_no_leader(ab: tuple[ClusterNode, ClusterNode]) -> None:
     a, b = ab
     declare_stream(a, "orphan")
@@ -155,7 +197,7 @@ def test_a_stream_whose_node_is_down_has_no_leader(ab: tuple[ClusterNode, Cluste
     on_b = raw(b)
     assert metadata(on_b, "orphan")[1]["orphan"][0] == OK
     a.kill()
-    wait_until(lambda: metadata(on_b, "orphan")[1]["orphan"] == (NOT_AVAILABLE, None),
+    wait_until(lambda: metadata(on_b, "orphan")[1]["orphan"] == (NOT_AVAILABLE, None, []),
                timeout=20)
     assert metadata(on_b, "orphan")[0] == []
     on_b.close()
@@ -165,11 +207,11 @@ def test_create_and_delete_over_the_stream_protocol_reach_every_node(
         ab: tuple[ClusterNode, ClusterNode]) -> None:
     a, b = ab
     on_a, on_b = raw(a), raw(b)
-    on_b.request(0x0D, s("made-on-b") + struct.pack(">i", 0))
+    on_b.request(0x0D, s("made-on-b") + strmap({"initial-cluster-size": "1"}))
     assert on_b.response(0x0D)[1] == OK
     b_endpoint = ("127.0.0.1", b.stream_port)  # type: ignore[attr-defined]
     # settled on every node before the answer: A's model has it at once
-    assert metadata(on_a, "made-on-b") == ([b_endpoint], {"made-on-b": (OK, b_endpoint)})
+    assert metadata(on_a, "made-on-b") == ([b_endpoint], {"made-on-b": (OK, b_endpoint, [])})
     wait_until(lambda: visible(a, "made-on-b"), timeout=10)  # AMQP clients of A see it too
     on_a.request(0x0D, s("made-on-b") + struct.pack(">i", 0))
     assert on_a.response(0x0D)[1] == 0x05  # STREAM_ALREADY_EXISTS
@@ -199,7 +241,7 @@ def test_management_on_any_node_shows_and_closes_every_nodes_stream_connections(
     b.args += ["--management-port", str(b.management_port)]
     nodes.extend((a.start(), b.start()))
     wait_for_port(b.management_port, 30)
-    wait_until(lambda: linked(b, 1))
+    wait_until(lambda: link_settled(a) and linked(b, 1))
     declare_stream(a, "watched")
     wait_until(lambda: visible(b, "watched"), timeout=10)
     on_a = raw(a)
@@ -231,3 +273,30 @@ def test_management_on_any_node_shows_and_closes_every_nodes_stream_connections(
         assert response.status == 204
     assert on_a.closed_by_server()
     assert api_get(b, "/api/stream/connections") == []
+
+
+@pytest.mark.asyncio
+async def test_rstream_follows_metadata_to_the_holder(ab: tuple[ClusterNode, ClusterNode]) -> None:
+    """rstream connected to B publishes to and consumes from a stream A holds: it asks
+    Metadata and connects to A's advertised stream endpoint, unchanged."""
+    from rstream import AMQPMessage, Consumer, MessageContext, Producer, amqp_decoder
+
+    a, b = ab
+    declare_stream(a, "followed")
+    wait_until(lambda: visible(b, "followed"), timeout=10)
+    port_b = b.stream_port  # type: ignore[attr-defined]
+    async with Producer("127.0.0.1", port=port_b, username="guest", password="guest") as p:
+        for i in range(3):
+            await p.send_wait("followed", AMQPMessage(body=f"m{i}".encode()))
+    got: list[bytes] = []
+    done = asyncio.Event()
+
+    async def on_message(message: AMQPMessage, context: MessageContext) -> None:
+        got.append(bytes(message.body))
+        if len(got) == 3:
+            done.set()
+
+    async with Consumer("127.0.0.1", port=port_b, username="guest", password="guest") as c:
+        await c.subscribe("followed", on_message, decoder=amqp_decoder)
+        await asyncio.wait_for(done.wait(), 30)
+    assert got == [b"m0", b"m1", b"m2"]
