@@ -10,6 +10,7 @@ killed a member with the most advanced log leads in the next epoch, nothing conf
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -401,3 +402,51 @@ def test_leader_and_a_replica_down_nothing_until_one_is_back_then_a_new_leader(
     publish_until_confirmed(c, "s.two-down", b"second")
     assert consume(c, "s.two-down", 2) == [b"first", b"second"]
     assert consume(b, "s.two-down", 2) == [b"first", b"second"]
+
+
+def test_a_leader_paused_past_its_lease_confirms_nothing_more_and_converges(
+        abc: tuple[ClusterNode, ClusterNode, ClusterNode], etcd: EtcdServer,
+        cluster: str) -> None:
+    """SIGSTOP of the leader past its lease: b or c leads in epoch 2. Publishes a client of a
+    sent while a was stopped are, once a wakes, either nack'ed or confirmed, and every
+    confirmed one is on every member; a's log converges to the new leader's."""
+    a, b, c = abc
+    declare(a, "s.paused")
+    record, _ = in_etcd(etcd, cluster, "s.paused")
+    assert record is not None and record.storage_id is not None
+    publish_confirmed(a, "s.paused", [b"before"])
+
+    async def run() -> list[tuple[bytes, str]]:
+        connection = await aio_pika.connect(a.url)
+        async with connection:
+            channel = await connection.channel(publisher_confirms=True)
+            a.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+            try:
+                bodies = [f"paused{i}".encode() for i in range(5)]
+                pending = [asyncio.ensure_future(channel.default_exchange.publish(
+                    aio_pika.Message(body), routing_key="s.paused", timeout=None))
+                    for body in bodies]
+                await asyncio.to_thread(
+                    wait_until, lambda: leader_of(etcd, cluster, "s.paused") != "a", 60)
+            finally:
+                a.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+            outcomes = await asyncio.gather(*(asyncio.wait_for(p, 90) for p in pending),
+                                            return_exceptions=True)
+            return [(body, type(o).__name__) for body, o in zip(bodies, outcomes,
+                                                                strict=True)]
+
+    outcomes = asyncio.run(run())
+    # Ack, or DeliveryError: aio-pika's basic.nack (in practice every one: a wakes without a
+    # lease and without links, appends them in epoch 1, and nacks them when it learns it is
+    # deposed; the new leader's sync cuts them from its log)
+    assert all(kind in ("Ack", "DeliveryError") for _, kind in outcomes), outcomes
+    leader = leader_of(etcd, cluster, "s.paused")
+    assert leader in ("b", "c")
+    nodes = {"a": a, "b": b, "c": c}
+    wait_until(lambda: same_logs((nodes[leader], a), record.storage_id or ""), timeout=90)
+    publish_until_confirmed(a, "s.paused", b"after")  # through a, now a replica: forwarded
+    confirmed = [body for body, kind in outcomes if kind == "Ack"]
+    for node in (a, b, c):
+        got = consume(node, "s.paused", 2 + len(confirmed))
+        assert got[0] == b"before" and got[-1] == b"after"
+        assert all(body in got for body in confirmed)
