@@ -1,6 +1,7 @@
 """The web UI in headless Chromium against a real `leveret serve`: log in, the overview moving
 while a pika client publishes, declaring and deleting a queue, getting and purging, reading a
-stream at an offset, definitions export and import, and markup in names shown as text."""
+stream at an offset, definitions export and import, markup in names shown as text, a consumer
+group followed while members come and go, and a stream consumer's growing lag."""
 
 from __future__ import annotations
 
