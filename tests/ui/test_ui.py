@@ -294,3 +294,63 @@ def test_a_stream_consumer_falling_behind_shows_its_lag_growing(
         stop.set()
         thread.join(30)
         connection.close()
+
+
+def test_users_vhosts_permissions_and_policies(page: Any, ui_broker: UiBroker) -> None:
+    http = ui_broker.http
+    log_in(page)
+    page.click("nav >> text=Virtual hosts")
+    form = page.locator("form[aria-label='add vhost']")
+    form.locator("input[name=name]").fill("ui-shop")
+    form.locator("button[type=submit]").click()
+    expect(form.get_by_role("status")).to_have_text("Virtual host ui-shop added.")
+
+    page.click("nav >> text=Users")
+    form = page.locator("form[aria-label='add user']")
+    form.locator("input[name=name]").fill("ui-alice")
+    form.locator("input[name=password]").fill("secret")
+    form.locator("input[name=tags]").fill("management")
+    form.locator("button[type=submit]").click()
+    expect(form.get_by_role("status")).to_have_text("User ui-alice saved.")
+    assert http.get("/api/users/ui-alice").body["tags"] == ["management"]
+
+    page.click("nav >> text=Permissions")
+    form = page.locator("form[aria-label='set permission']")
+    form.locator("select[name=vhost]").select_option("ui-shop")
+    form.locator("input[name=user]").fill("ui-alice")
+    form.locator("input[name=write]").fill("^orders$")
+    form.locator("button[type=submit]").click()
+    expect(form.get_by_role("status")).to_have_text("Permissions of ui-alice on ui-shop set.")
+    assert http.get("/api/permissions/ui-shop/ui-alice").body["write"] == "^orders$"
+    form.locator("input[name=user]").fill("nobody")
+    form.locator("button[type=submit]").click()
+    expect(form.get_by_role("alert")).to_have_text(
+        "The broker refused the request: vhost or user not found")
+
+    page.click("nav >> text=Policies")
+    form = page.locator("form[aria-label='add policy']")
+    form.locator("select[name=vhost]").select_option("ui-shop")
+    form.locator("input[name=name]").fill("ui-retention")
+    form.locator("input[name=pattern]").fill("^events")
+    form.locator("input[name=definition]").fill("{max-age")
+    form.locator("button[type=submit]").click()
+    expect(form.get_by_role("alert")).to_contain_text("The definition is not valid JSON")
+    form.locator("input[name=definition]").fill('{"max-age": "1D"}')
+    form.locator("button[type=submit]").click()
+    expect(form.get_by_role("status")).to_have_text("Policy ui-retention saved.")
+    rows = page.get_by_test_id("policies").locator("tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.locator("td").nth(4)).to_have_text('{"max-age":"1D"}')
+    rows.locator("button:has-text('Delete')").click()
+    rows.locator("button:has-text('Yes, delete')").click()
+    expect(page.get_by_test_id("policies").locator("td.empty")).to_have_text("Nothing here.")
+    assert http.get("/api/policies/ui-shop/ui-retention").status == 404
+
+    # what a management user may not do is refused in plain words
+    page.click("text=Log out")
+    log_in(page, "ui-alice", "secret")
+    page.click("nav >> text=Virtual hosts")
+    form = page.locator("form[aria-label='add vhost']")
+    form.locator("input[name=name]").fill("ui-not-mine")
+    form.locator("button[type=submit]").click()
+    expect(form.get_by_role("alert")).to_have_text("Not allowed: Not administrator user")

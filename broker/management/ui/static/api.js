@@ -42,7 +42,9 @@ const WORDS = {
 function explain(status, data, text) {
   const reason = (data && (data.reason || data.error)) || text.trim() || `HTTP ${status}`;
   const lead = WORDS[status] || `The broker answered ${status}`;
-  const detail = typeof reason === 'string' ? reason : JSON.stringify(reason);
+  let detail = typeof reason === 'string' ? reason : JSON.stringify(reason);
+  // a bare error code (vhost_or_user_not_found) reads as words
+  if (/^[a-z]+(_[a-z]+)+$/.test(detail)) detail = detail.replace(/_/g, ' ');
   return `${lead}: ${detail}`;
 }
 
