@@ -54,6 +54,7 @@ class Led:
 
     queue: StreamQueue
     key: str
+    record: QueueRecord
     shipper: Shipper | None = None
     task: asyncio.Task[None] | None = None
     closed: bool = field(default=False)
@@ -91,6 +92,7 @@ class StreamReplication:
         queue.members = tuple(record.members)
         key = record.storage_id or f"{record.vhost}/{record.name}"
         queue.member_rows = lambda local: self.member_rows(queue, key, local)
+        queue.restarted = lambda: self._restarted(queue, key)
         if record.node == self.cluster.node:
             self._lead(queue, record, key)
         else:
@@ -127,13 +129,26 @@ class StreamReplication:
             if led.queue is queue:
                 self._stop(key, led)
         for key, replica in list(self.replicas.logs.items()):
-            if replica.log is queue.log:
+            if replica.log is queue.log or key == queue.storage_id:  # (a restart's new log)
                 self._epochs[key] = replica.epoch  # a new leader's epoch is newer still
                 self.replicas.remove(key)
                 self.following.pop(key, None)
         queue.forward_to = None
         queue.store_remote = None
         queue.role = ""
+
+    def _restarted(self, queue: StreamQueue, key: str) -> None:
+        """restart_stream reopened the queue's log: ship or replicate the new one, in the same
+        role (the writer closed with the old log: what waited for a quorum was nack'ed)."""
+        led = self.led.get(key)
+        record = led.record if led is not None else self.following.get(key)
+        if record is None:
+            return
+        bound = queue.commit_bound
+        self.detach(queue)
+        self.attach(queue, record)
+        if bound is not None and queue.commit_bound is not None:
+            queue.commit_bound = max(queue.commit_bound, bound)
 
     def member_rows(self, queue: StreamQueue, key: str,
                     local: dict[str, Any]) -> list[dict[str, Any]]:
@@ -175,7 +190,7 @@ class StreamReplication:
         committer = queue.writer.committer
         committer.local = False
         committer.committed = -1
-        led = self.led[key] = Led(queue, key)
+        led = self.led[key] = Led(queue, key, record)
         led.task = asyncio.get_running_loop().create_task(self._start_shipping(led, record))
         log.info("leading a replicated stream", stream=record.name, vhost=record.vhost,
                  members=list(record.members))

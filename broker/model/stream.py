@@ -66,6 +66,7 @@ class StreamQueue(Queue):
     forward_to: Any = None
     member_rows: Any = None  # stream_status's rows of every member (the replication's)
     store_remote: Any = None  # a replica: sends consumer offsets to the leader, which stores
+    restarted: Any = None  # called once restart() has reopened the log (a replicated stream's)
 
     def __init__(
         self,
@@ -594,6 +595,8 @@ class StreamQueue(Queue):
                 self._open_reader(consumer, OffsetSpec.offset(position))
                 cursor.skip_below = position
         self._arm_retention_timer()
+        if self.restarted is not None:
+            self.restarted()
         self.dispatch()
 
     def close(self) -> None:

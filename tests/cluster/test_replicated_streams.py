@@ -255,9 +255,16 @@ def test_confirmed_publishes_are_on_every_member_and_a_replica_serves_consumers(
     assert resumed[0] == expected[10]
     wait_until(lambda: same_logs((a, b, c), record.storage_id or ""), timeout=60)
 
+    # restart_stream on the leader's node and on a replica's: shipping and replicating go on
+    ok(a, "POST", "/api/leveret/streams/%2F/s.rep/restart")
+    ok(c, "POST", "/api/leveret/streams/%2F/s.rep/restart")
+    publish_confirmed(b, "s.rep", [b"restarted"])
+    # (not byte-identical now: the re-sync sent the tracking chunk at the log's end again)
+    expected.append(b"restarted")
+
     # c reads its own replica, not the leader's log: with a gone, c still serves it all
     a.kill()
-    assert consume(c, "s.rep", 501) == [*expected, b"late"]
+    assert consume(c, "s.rep", 502) == [*expected[:500], b"late", b"restarted"]
 
 
 def test_without_a_quorum_nothing_is_confirmed_and_it_resumes_when_one_is_back(
