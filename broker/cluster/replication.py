@@ -26,12 +26,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from leveret.broker import logs
 from leveret.broker.cluster.link import Chunk, Handlers, Link, LinkError
 from leveret.storage import Log
+from leveret.storage import chunk as ck
 from leveret.storage.errors import BadChunk, StorageError
 
 log = logs.get("leveret.cluster.replication")
@@ -171,6 +172,9 @@ class ReplicaLog:
     committed: int = -1  # what this replica's readers may read: announced and held here
     announced: int = -1  # the leader's last commit point
     expected: str = ""  # the node the stream's record names as leader ("": any)
+    # after a sync: the tracking chunks this log ends with (they take no offset, so the leader
+    # ships them again from the replica's next offset); dropped when they come back
+    held: list[bytes] = field(default_factory=list)
     on_commit: Callable[[int], None] = lambda _offset: None
 
     def advance(self) -> None:
@@ -220,6 +224,8 @@ class Replicas:
                      offset=end, next_offset=replica.log.next_offset)
             replica.log.truncate_from(max(end, replica.committed + 1))
         last_epoch, next_offset = replica.log.tail
+        tail, _cursor = replica.log.read_chunks(replica.log.ship_from(next_offset), CHUNK_BYTES)
+        replica.held = _split(tail)
         return {"last_epoch": last_epoch, "next_offset": next_offset}
 
     async def _chunk(self, link: Link, chunk: Chunk) -> None:
@@ -228,8 +234,11 @@ class Replicas:
             log.warning("chunk refused: not from this stream's current leader",
                         stream=chunk.stream, epoch=chunk.epoch, peer_node=link.peer_node)
             return
+        data: bytes | memoryview = chunk.data
+        if replica.held:  # the first frame after a sync: what this log already ends with
+            data = _drop_held(replica, memoryview(chunk.data))
         try:
-            next_offset = replica.log.append_chunks(chunk.data)
+            next_offset = replica.log.append_chunks(data)
         except BadChunk as exc:
             log.warning("chunk refused", stream=chunk.stream, reason=str(exc))
             replica.epoch = -1  # nothing more until the leader syncs again
@@ -257,6 +266,26 @@ class Replicas:
         if replica is None:
             raise LookupError(f"this node holds no replica of stream {stream!r}")
         return replica
+
+
+def _split(data: bytes) -> list[bytes]:
+    chunks, view = [], memoryview(data)
+    while view:
+        size = ck.decode_header(view).total_size
+        chunks.append(bytes(view[:size]))
+        view = view[size:]
+    return chunks
+
+
+def _drop_held(replica: ReplicaLog, view: memoryview) -> memoryview:
+    """Skip the leading chunks of `view` that are, byte for byte, the tracking chunks the
+    replica's log already ends with; anything else ends the skipping."""
+    held, replica.held = replica.held, []
+    for chunk in held:
+        if bytes(view[:len(chunk)]) != chunk:
+            break
+        view = view[len(chunk):]
+    return view
 
 
 def _int(body: Any, key: str) -> int:

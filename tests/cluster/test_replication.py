@@ -225,3 +225,36 @@ async def test_a_replica_that_knows_its_leader_refuses_any_other_sync(
     await until(lambda: new_shipper.committed == 0)
     assert records(replica_log) == [(0, b"fresh")]
     await new_shipper.close()
+
+
+async def test_a_resync_does_not_append_the_tracking_chunks_the_replica_ends_with_again(
+        start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path) -> None:
+    """A tracking chunk takes no offset, so the leader ships it again from the replica's next
+    offset; the replica recognises the ones it already ends with and the logs stay equal."""
+    leader, replica = await start_node("l"), await start_node("z")
+    replica_log = open_log(tmp_path / "z")
+    replica.replicas.add("s", replica_log)
+    await leader.dial(replica)
+    leader_log = open_log(tmp_path / "l")
+    leader_log.append([b"one"])
+    leader_log.store_offsets({b"reader": 0})
+    leader_log.store_offsets({b"other": 0})
+    shipper = Shipper("s", leader_log, 1, ["z"], leader.links.get)
+    leader.replicas.shippers["s"] = shipper
+    shipper.start()
+
+    def files(path: Path) -> list[bytes]:
+        return [p.read_bytes() for p in sorted(path.glob("*.segment"))]
+
+    await until(lambda: files(tmp_path / "z") == files(tmp_path / "l"))
+    await shipper.close()
+    again = Shipper("s", leader_log, 1, ["z"], leader.links.get)  # the link came back
+    leader.replicas.shippers["s"] = again
+    again.start()
+    leader_log.append([b"two"])
+    again.appended()
+    await until(lambda: again.committed == 1)
+    await until(lambda: files(tmp_path / "z") == files(tmp_path / "l"))
+    assert records(replica_log) == [(0, b"one"), (1, b"two")]
+    assert replica_log.consumer_offset(b"reader") == 0
+    await again.close()
