@@ -237,7 +237,7 @@ def test_errors_of_the_holding_node_reach_the_client_on_b_with_their_code_and_te
 
 def test_a_stream_on_a_read_from_b_from_an_offset(ab: tuple[ClusterNode, ClusterNode]) -> None:
     a, b = ab
-    on_a(ab, "s.read", arguments={"x-queue-type": "stream"})
+    on_a(ab, "s.read", arguments={"x-queue-type": "stream", "x-initial-cluster-size": 1})
     pub = connect(a)
     ch_a = pub.channel()
     ch_a.confirm_delivery()
@@ -270,7 +270,7 @@ def test_a_stream_on_a_read_from_b_beyond_a_small_prefetch_and_with_the_largest(
     time; a consumer with prefetch 65535 (more than the read-ahead B asks of A can double) reads
     them all; a consumer cancelled while deliveries wait leaves none behind on A."""
     a, b = ab
-    on_a(ab, "s.ahead", arguments={"x-queue-type": "stream"})
+    on_a(ab, "s.ahead", arguments={"x-queue-type": "stream", "x-initial-cluster-size": 1})
     pub = connect(a)
     ch_a = pub.channel()
     ch_a.confirm_delivery()
