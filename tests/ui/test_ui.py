@@ -354,3 +354,51 @@ def test_users_vhosts_permissions_and_policies(page: Any, ui_broker: UiBroker) -
     form.locator("input[name=name]").fill("ui-not-mine")
     form.locator("button[type=submit]").click()
     expect(form.get_by_role("alert")).to_have_text("Not allowed: Not administrator user")
+
+
+def test_connections_channels_and_exchanges(page: Any, ui_broker: UiBroker) -> None:
+    http = ui_broker.http
+    parameters = pika.URLParameters(ui_broker.amqp_url)
+    parameters.client_properties = {"connection_name": "ui-closing"}
+    connection = pika.BlockingConnection(parameters)
+    connection.channel().confirm_delivery()
+    name = wait_for_connection(http, "ui-closing")
+    log_in(page)
+    page.click("nav >> text=Channels")
+    expect(page.get_by_test_id("channels").locator("tbody tr", has_text="confirm")
+           ).not_to_have_count(0)
+
+    page.click("nav >> text=Connections")
+    row = page.get_by_test_id("connections").locator("tbody tr", has_text=name)
+    expect(row).to_contain_text("guest")
+    row.locator("button:has-text('Close')").click()
+    row.locator("button:has-text('Yes, close')").click()
+    with pytest.raises(pika.exceptions.ConnectionClosed):
+        for _ in range(300):
+            connection.process_data_events(time_limit=0.1)
+    assert http.get(f"/api/connections/{q(name)}").status == 404
+
+    page.click("nav >> text=Exchanges")
+    form = page.locator("form[aria-label='declare exchange']")
+    form.locator("input[name=name]").fill("ui-audit")
+    form.locator("select[name=type]").select_option("topic")
+    form.locator("button[type=submit]").click()
+    expect(form.get_by_role("status")).to_have_text("Exchange ui-audit declared.")
+    assert http.get("/api/exchanges/%2F/ui-audit").body["type"] == "topic"
+    page.locator("[data-testid=exchanges] input[name=filter]").fill("ui-audit")
+    row = page.get_by_test_id("exchanges").locator("tbody tr")
+    expect(row).to_have_count(1)
+    row.locator("button:has-text('Delete')").click()
+    row.locator("button:has-text('Yes, delete')").click()
+    expect(page.get_by_test_id("exchanges").locator("td.empty")).to_have_text("Nothing here.")
+    assert http.get("/api/exchanges/%2F/ui-audit").status == 404
+
+
+def wait_for_connection(http: Any, client_name: str) -> str:
+    """The API's name of the connection the client named `client_name`, once it is listed."""
+    for _ in range(300):
+        for item in http.get("/api/connections").body or []:
+            if (item.get("client_properties") or {}).get("connection_name") == client_name:
+                return str(item["name"])
+        threading.Event().wait(0.1)
+    raise AssertionError(f"connection {client_name} never showed in /api/connections")
