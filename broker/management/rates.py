@@ -172,7 +172,8 @@ def _fill_overview(sampler: Sampler, request: web.Request, data: dict[str, Any])
         if f"{key}_details" in stats:
             samples = sampler.samples(vhosts, *ages, key) if ages else None
             stats[f"{key}_details"] = _details(rates[key], samples)
-    data["rates_mode"] = "basic"
+    if "rates_mode" in data:  # not when the request's `columns` left it out
+        data["rates_mode"] = "basic"
 
 
 def _fill_queue(sampler: Sampler, item: Any) -> None:

@@ -106,6 +106,10 @@ def test_the_api_shows_rates_while_a_client_publishes(
              "a publish rate in the overview")
     overview = http.ok("/api/overview")
     assert overview["rates_mode"] == "basic"
+    picked = http.ok("/api/overview?columns=message_stats.publish_details")
+    assert list(picked) == ["message_stats"]  # the columns asked for, and no rates_mode
+    assert list(picked["message_stats"]) == ["publish_details"]
+    assert picked["message_stats"]["publish_details"]["rate"] >= 0.0
     assert overview["message_stats"]["confirm_details"]["rate"] > 0
     wait_for(lambda: http.ok("/api/queues/%2F/busy")["message_stats"]["publish_details"][
         "rate"] > 0, "a publish rate on the queue")
