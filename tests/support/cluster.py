@@ -14,7 +14,7 @@ from typing import Any
 from urllib.request import Request, urlopen
 
 from support.brokers import BrokerProcess
-from support.ports import free_port
+from support.ports import free_port, wait_for_port
 
 TTL_S = 2  # etcd's minimum: a killed node shows as down within about two seconds
 SECRET = "test-cluster-secret"
@@ -25,6 +25,14 @@ class ClusterNode(BrokerProcess):
     management_port = 0
     cluster_port = 0
     node_name = ""
+
+    def start(self, timeout: float = 30.0) -> ClusterNode:
+        """Started once the AMQP port answers, and the management port too when it has one
+        (it opens a moment later: a test that calls the API at once must not race it)."""
+        super().start(timeout)
+        if self.management_port:
+            wait_for_port(self.management_port, timeout, self.connect_host)
+        return self
 
 
 def make_node(tmp_path: Path, etcd_url: str, cluster: str, name: str, *,
