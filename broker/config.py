@@ -70,6 +70,9 @@ class Config:
     # where a new queue's leader goes when neither the x-queue-leader-locator argument nor the
     # queue-leader-locator policy key says (client-local | balanced), as RabbitMQ's setting
     queue_leader_locator: str = "client-local"
+    # the management API's message statistics (docs/UI.md#rates-in-the-api), as RabbitMQ's
+    # collect_statistics: none (no rates, no message_stats) | coarse | fine (the same here)
+    collect_statistics: str = "coarse"
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
@@ -138,4 +141,8 @@ def load(
     if locator not in ("client-local", "balanced", "random", "least-leaders", "min-masters"):
         raise ConfigError(f"invalid value '{locator}' for setting 'queue_leader_locator': "
                           "client-local or balanced")
+    statistics = values.get("collect_statistics", "coarse")
+    if statistics not in ("none", "coarse", "fine"):
+        raise ConfigError(f"invalid value '{statistics}' for setting 'collect_statistics': "
+                          "none, coarse or fine")
     return Config(**values)

@@ -147,10 +147,9 @@ async def get_overview(request: web.Request) -> web.Response:
         "enable_queue_totals": True,
         "statistics_db_event_queue": 0,
         "message_stats": views.with_details({
-            "publish": sum(q.stats_published for q in queues),
-            "deliver_get": sum(q.stats_delivered for q in queues),
-            "deliver": sum(q.stats_delivered for q in queues),
+            **views.sum_counts(queues),
             "confirm": sum(c.confirms.confirmed for c in channels if c.confirms is not None),
+            "return_unroutable": sum(c.stats_return_unroutable for c in channels),
         }),
         "queue_totals": views.with_details(totals),
         "object_totals": {

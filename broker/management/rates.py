@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from leveret.broker.management import views
 from leveret.broker.management.http import BROKER, CURRENT_USER, sees_everything
 
 if TYPE_CHECKING:
@@ -37,12 +38,31 @@ if TYPE_CHECKING:
 
 SAMPLE_S = 5.0
 HISTORY = 120  # samples kept: 10 minutes
-KEYS = ("publish", "deliver_get", "deliver", "confirm")
+QUEUE_KEYS = ("publish", "deliver_get", "deliver", "deliver_no_ack", "get", "get_no_ack", "ack",
+              "redeliver")
+CHANNEL_KEYS = ("publish", "confirm", "return_unroutable", "deliver_get", "deliver",
+                "deliver_no_ack", "get", "get_no_ack", "ack", "redeliver")
+KEYS = (*QUEUE_KEYS, "confirm", "return_unroutable")  # a vhost's and the overview's
+EXCHANGE_KEYS = ("publish_in", "publish_out")
+CONNECTION_KEYS = ("recv_oct", "send_oct")
 RATES: web.AppKey[Sampler] = web.AppKey("rates")
+
+Seen = dict[int, tuple[Any, tuple[int, ...]]]
+
+
+def _growth(seen: Seen, now_seen: Seen, obj: Any, values: tuple[int, ...],
+            first: bool) -> list[int]:
+    """What `obj`'s counters grew by since the last sample (all of them for an object not
+    seen before, none at the very first sample), noting its values for the next."""
+    was = seen.get(id(obj))
+    before = was[1] if was is not None and was[0] is obj else (
+        values if first else (0,) * len(values))
+    now_seen[id(obj)] = (obj, values)
+    return [max(0, v - b) for v, b in zip(values, before, strict=True)]
 
 
 class Sampler:
-    """Monotonic per-vhost totals and per-queue counters, with the last interval's rates."""
+    """Monotonic per-vhost totals and per-object counters, with the last interval's rates."""
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -50,8 +70,11 @@ class Sampler:
         self.history: deque[tuple[float, dict[str, dict[str, int]]]] = deque(maxlen=HISTORY)
         self.vhost_rates: dict[str, dict[str, float]] = {}
         self.queue_rates: dict[tuple[str, str], dict[str, float]] = {}
-        self._queues: dict[int, tuple[Any, int, int]] = {}  # id -> (queue, published, delivered)
-        self._channels: dict[int, tuple[Any, int]] = {}  # id -> (channel, confirmed)
+        self.exchange_rates: dict[tuple[str, str], dict[str, float]] = {}
+        self.channel_rates: dict[str, dict[str, float]] = {}
+        self.connection_rates: dict[str, dict[str, float]] = {}
+        self._seen: dict[str, Seen] = {"queue": {}, "exchange": {}, "channel": {},
+                                       "connection": {}}
         self._last: float | None = None
 
     def sample(self, now: float | None = None) -> None:
@@ -59,50 +82,59 @@ class Sampler:
         now = time.monotonic() if now is None else now
         first = self._last is None
         dt = max(1e-3, now - self._last) if self._last is not None else 0.0
+        per_s = (1.0 / dt) if dt else 0.0
         growth: dict[str, dict[str, int]] = {}
-        queues: dict[int, tuple[Any, int, int]] = {}
+        seen = self._seen
+        fresh: dict[str, Seen] = {kind: {} for kind in seen}
         queue_rates: dict[tuple[str, str], dict[str, float]] = {}
+        exchange_rates: dict[tuple[str, str], dict[str, float]] = {}
         for vhost in self.broker.vhosts.values():
             grown = growth.setdefault(vhost.name, dict.fromkeys(KEYS, 0))
             for queue in vhost.queues.values():
-                published = int(getattr(queue, "stats_published", 0))
-                delivered = int(getattr(queue, "stats_delivered", 0))
-                seen = self._queues.get(id(queue))
-                before = (seen[1], seen[2]) if seen is not None and seen[0] is queue else (
-                    (published, delivered) if first else (0, 0))
-                queues[id(queue)] = (queue, published, delivered)
-                d_pub, d_del = max(0, published - before[0]), max(0, delivered - before[1])
-                grown["publish"] += d_pub
-                grown["deliver_get"] += d_del
-                grown["deliver"] += d_del
-                if dt:
-                    queue_rates[(vhost.name, queue.name)] = {
-                        "publish": d_pub / dt, "deliver_get": d_del / dt, "deliver": d_del / dt}
-        channels: dict[int, tuple[Any, int]] = {}
+                counts = views.queue_counts(queue)
+                deltas = _growth(seen["queue"], fresh["queue"], queue,
+                                 tuple(counts[k] for k in QUEUE_KEYS), first)
+                for key, delta in zip(QUEUE_KEYS, deltas, strict=True):
+                    grown[key] += delta
+                queue_rates[(vhost.name, queue.name)] = {
+                    k: d * per_s for k, d in zip(QUEUE_KEYS, deltas, strict=True)}
+            for exchange in vhost.exchanges.values():
+                deltas = _growth(seen["exchange"], fresh["exchange"], exchange,
+                                 (exchange.stats_publish_in, exchange.stats_publish_out), first)
+                exchange_rates[(vhost.name, exchange.name)] = {
+                    k: d * per_s for k, d in zip(EXCHANGE_KEYS, deltas, strict=True)}
+        channel_rates: dict[str, dict[str, float]] = {}
+        connection_rates: dict[str, dict[str, float]] = {}
         for session in list(self.broker.connections):
             where = getattr(session, "vhost", None)
-            if where is None:
+            if where is None or not hasattr(session, "channels"):
                 continue
+            deltas = _growth(seen["connection"], fresh["connection"], session,
+                             (int(session.bytes_received), int(session.bytes_sent)), first)
+            connection = views.connection_name(session)
+            connection_rates[connection] = {
+                k: d * per_s for k, d in zip(CONNECTION_KEYS, deltas, strict=True)}
             grown = growth.setdefault(where.name, dict.fromkeys(KEYS, 0))
-            for channel in list(getattr(session, "channels", {}).values()):
-                confirms = getattr(channel, "confirms", None)
-                if confirms is None:
-                    continue
-                confirmed = int(confirms.confirmed)
-                seen_channel = self._channels.get(id(channel))
-                before_c = seen_channel[1] if seen_channel is not None and \
-                    seen_channel[0] is channel else (confirmed if first else 0)
-                channels[id(channel)] = (channel, confirmed)
-                grown["confirm"] += max(0, confirmed - before_c)
-        self._queues, self._channels = queues, channels
+            for channel in list(session.channels.values()):
+                counts = views.channel_counts(channel)
+                deltas = _growth(seen["channel"], fresh["channel"], channel,
+                                 tuple(counts[k] for k in CHANNEL_KEYS), first)
+                rates = {k: d * per_s for k, d in zip(CHANNEL_KEYS, deltas, strict=True)}
+                channel_rates[views.channel_name(session, channel)] = rates
+                grown["confirm"] += deltas[1]
+                grown["return_unroutable"] += deltas[2]
+        self._seen = fresh
         for name, grown in growth.items():
             total = self.totals.setdefault(name, dict.fromkeys(KEYS, 0))
             for key in KEYS:
                 total[key] += grown[key]
         if dt:
-            self.vhost_rates = {name: {k: v / dt for k, v in grown.items()}
+            self.vhost_rates = {name: {k: v * per_s for k, v in grown.items()}
                                 for name, grown in growth.items()}
             self.queue_rates = queue_rates
+            self.exchange_rates = exchange_rates
+            self.channel_rates = channel_rates
+            self.connection_rates = connection_rates
         self._last = now
         stamp = time.time()
         self.history.append((stamp, {n: dict(t) for n, t in self.totals.items()}))
@@ -160,12 +192,16 @@ def _details(rate: float, samples: list[dict[str, Any]] | None) -> dict[str, Any
     return out
 
 
+def _visible_vhosts() -> set[str] | None:
+    user = CURRENT_USER.get(None)
+    return None if user is None or sees_everything(user) else set(user.permissions)
+
+
 def _fill_overview(sampler: Sampler, request: web.Request, data: dict[str, Any]) -> None:
     stats = data.get("message_stats")
     if not isinstance(stats, dict):
         return
-    user = CURRENT_USER.get(None)
-    vhosts = None if user is None or sees_everything(user) else set(user.permissions)
+    vhosts = _visible_vhosts()
     rates = sampler.overview_rates(vhosts)
     ages = _ages(request)
     for key in KEYS:
@@ -176,23 +212,64 @@ def _fill_overview(sampler: Sampler, request: web.Request, data: dict[str, Any])
         data["rates_mode"] = "basic"
 
 
-def _fill_queue(sampler: Sampler, item: Any) -> None:
-    if not isinstance(item, dict):
+def _fill_item(item: Any, rates: dict[str, float] | None, field: str = "message_stats",
+               samples: Callable[[str], list[dict[str, Any]]] | None = None) -> None:
+    """Each `<kind>_details` of the item's `field` (the item itself for "") gets the rate."""
+    if not isinstance(item, dict) or rates is None:
         return
-    stats = item.get("message_stats")
-    rates = sampler.queue_rates.get((item.get("vhost"), item.get("name")))  # type: ignore[arg-type]
-    if not isinstance(stats, dict) or rates is None:
+    stats = item.get(field) if field else item
+    if not isinstance(stats, dict):
         return
     for key, rate in rates.items():
         if f"{key}_details" in stats:
-            stats[f"{key}_details"] = {"rate": round(rate, 1)}
+            stats[f"{key}_details"] = _details(rate, samples(key) if samples else None)
 
 
-def _is_queue_path(raw_path: str) -> bool:
-    """/api/queues, /api/queues/{vhost} or /api/queues/{vhost}/{name} (quoted, so a `/` in a
-    name is `%2F`)."""
-    parts = raw_path.split("/")
-    return parts[1:3] == ["api", "queues"] and len(parts) <= 5
+def _kind(raw_path: str) -> str | None:
+    """Which objects an /api answer lists, by its path (quoted, so a `/` in a name is %2F):
+    a list, a vhost's list or one object; None for the rest (bindings, permissions...)."""
+    parts = raw_path.rstrip("/").split("/")[1:]
+    if len(parts) < 2 or parts[0] != "api":
+        return None
+    if parts[-1] == "channels" or (parts[1] == "channels" and len(parts) <= 3):
+        return "channel"
+    if parts[-1] == "connections" or (parts[1] == "connections" and len(parts) <= 3):
+        return "connection"
+    if parts[1] in ("queues", "exchanges") and len(parts) <= 4:
+        return parts[1][:-1]
+    if parts[1] == "vhosts" and len(parts) <= 3:
+        return "vhost"
+    return None
+
+
+def _fill(sampler: Sampler, request: web.Request, kind: str, item: Any) -> None:
+    if not isinstance(item, dict):
+        return
+    key = (item.get("vhost"), item.get("name"))
+    if kind == "queue":
+        _fill_item(item, sampler.queue_rates.get(key))  # type: ignore[arg-type]
+    elif kind == "exchange":
+        _fill_item(item, sampler.exchange_rates.get(key))  # type: ignore[arg-type]
+    elif kind == "channel":
+        _fill_item(item, sampler.channel_rates.get(item.get("name")))  # type: ignore[arg-type]
+    elif kind == "connection":
+        _fill_item(item, sampler.connection_rates.get(item.get("name")),  # type: ignore[arg-type]
+                   field="")
+    elif kind == "vhost":
+        name = item.get("name")
+        ages = _ages(request)
+        samples = (lambda k: sampler.samples({name}, *ages, k)) if ages else None  # type: ignore[misc]
+        _fill_item(item, sampler.vhost_rates.get(name, dict.fromkeys(KEYS, 0.0)),  # type: ignore[arg-type]
+                   samples=samples)
+
+
+def _strip(data: dict[str, Any], kind: str | None, item: Any) -> None:
+    """collect_statistics none: no message statistics, as RabbitMQ's API then shows."""
+    if kind is None:  # the overview
+        if "message_stats" in data:
+            data["message_stats"] = {}
+    elif isinstance(item, dict):
+        item.pop("message_stats", None)
 
 
 @web.middleware
@@ -200,28 +277,43 @@ async def fill(request: web.Request,
                handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                ) -> web.StreamResponse:
     response = await handler(request)
-    sampler = request.app.get(RATES)
-    if (sampler is None or request.method != "GET" or response.status != 200
+    if (request.method != "GET" or response.status != 200
             or not isinstance(response, web.Response) or response.body is None):
         return response
     overview = request.path == "/api/overview"
-    if not overview and not _is_queue_path(request.rel_url.raw_path):
+    kind = None if overview else _kind(request.rel_url.raw_path)
+    if not overview and kind is None:
+        return response
+    sampler = request.app.get(RATES)
+    off = request.app[BROKER].config.collect_statistics == "none"
+    if sampler is None and not off:
         return response
     try:
         data = json.loads(bytes(response.body))  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return response
-    if overview and isinstance(data, dict):
-        _fill_overview(sampler, request, data)
+    if overview:
+        if isinstance(data, dict):
+            if off:
+                _strip(data, None, data)
+            elif sampler is not None:
+                _fill_overview(sampler, request, data)
     else:
+        assert kind is not None
         items = data.get("items") if isinstance(data, dict) and "items" in data else data
         for item in items if isinstance(items, list) else [items]:
-            _fill_queue(sampler, item)
+            if off:
+                _strip(data, kind, item)
+            elif sampler is not None:
+                _fill(sampler, request, kind, item)
     response.body = json.dumps(data, ensure_ascii=False).encode("utf-8")
     return response
 
 
 async def _run(app: web.Application) -> AsyncIterator[None]:
+    if app[BROKER].config.collect_statistics == "none":
+        yield  # no sampler, no rates (the counters cost too little to switch off)
+        return
     sampler = Sampler(app[BROKER])
     app[RATES] = sampler
 

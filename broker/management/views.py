@@ -75,6 +75,54 @@ def queue_totals(queues: list[Queue]) -> dict[str, int]:
     }
 
 
+def queue_counts(queue: Any) -> dict[str, int]:
+    """A queue's message statistics in RabbitMQ's kinds: `deliver_get` is every delivery and
+    get, `deliver` those to consumers that ack."""
+    delivered = int(queue.stats_delivered)
+    get, get_no_ack = queue.stats_get, queue.stats_get_no_ack
+    no_ack = queue.stats_deliver_no_ack
+    return {
+        "publish": queue.stats_published,
+        "deliver_get": delivered,
+        "deliver": max(0, delivered - get - get_no_ack - no_ack),
+        "deliver_no_ack": no_ack,
+        "get": get,
+        "get_no_ack": get_no_ack,
+        "ack": queue.stats_ack,
+        "redeliver": queue.stats_redeliver,
+    }
+
+
+def sum_counts(queues: list[Any]) -> dict[str, int]:
+    out = dict.fromkeys(("publish", "deliver_get", "deliver", "deliver_no_ack", "get",
+                         "get_no_ack", "ack", "redeliver"), 0)
+    for queue in queues:
+        for key, value in queue_counts(queue).items():
+            out[key] += value
+    return out
+
+
+def channel_counts(channel: Channel) -> dict[str, int]:
+    """A channel's message statistics: each delivery took a delivery tag, so `deliver_get`
+    is the last tag given."""
+    delivered = channel.next_tag - 1
+    get, get_no_ack = channel.stats_get, channel.stats_get_no_ack
+    no_ack = channel.stats_deliver_no_ack
+    confirms = channel.confirms
+    return {
+        "publish": channel.stats_publish,
+        "confirm": confirms.confirmed if confirms is not None else 0,
+        "return_unroutable": channel.stats_return_unroutable,
+        "deliver_get": delivered,
+        "deliver": max(0, delivered - get - get_no_ack - no_ack),
+        "deliver_no_ack": no_ack,
+        "get": get,
+        "get_no_ack": get_no_ack,
+        "ack": channel.stats_ack,
+        "redeliver": channel.stats_redeliver,
+    }
+
+
 def vhost_view(vhost: VHost, description: str, tags: list[str],
                cluster_state: dict[str, str]) -> dict[str, Any]:
     return {
@@ -86,6 +134,7 @@ def vhost_view(vhost: VHost, description: str, tags: list[str],
         "tracing": False,
         "cluster_state": cluster_state,
         **with_details(queue_totals(list(vhost.queues.values()))),
+        "message_stats": with_details(sum_counts(list(vhost.queues.values()))),
     }
 
 
@@ -135,6 +184,8 @@ def exchange_view(vhost: VHost, exchange: Exchange) -> dict[str, Any]:
         "arguments": jsonable(exchange.arguments),
         "user_who_performed_action": "",
         "policy": policy.name if policy is not None else None,
+        "message_stats": with_details({"publish_in": exchange.stats_publish_in,
+                                       "publish_out": exchange.stats_publish_out}),
     }
     if isinstance(exchange, SuperStreamExchange):
         view["super_stream"] = {"partitions": [q.name for q in exchange.partitions()]}
@@ -205,13 +256,7 @@ def queue_view(queue: Queue, node: str,
         "exclusive_consumer_tag": exclusive_tag,
         "single_active_consumer_tag": sac_tag,
         "message_bytes": int(getattr(queue, "message_bytes", 0)),
-        "message_stats": with_details(
-            {
-                "publish": queue.stats_published,
-                "deliver_get": queue.stats_delivered,
-                "deliver": queue.stats_delivered,
-            }
-        ),
+        "message_stats": with_details(queue_counts(queue)),
     }
     if queue.type == "stream":
         view.update(stream_extras(queue, node))
@@ -309,10 +354,8 @@ def channel_name(session: Session, channel: Channel) -> str:
 
 
 def channel_view(session: Session, channel: Channel) -> dict[str, Any]:
-    stats: dict[str, Any] = {}
+    stats = with_details(channel_counts(channel))
     confirms = channel.confirms
-    if confirms is not None:
-        stats = with_details({"publish": confirms.seq, "confirm": confirms.confirmed})
     return {
         "name": channel_name(session, channel),
         "number": channel.number,

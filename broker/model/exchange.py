@@ -23,6 +23,10 @@ class Exchange:
 
     kind = "exchange"
     type = ""
+    # messages published to it, and copies it routed to queues (the management API's
+    # publish_in and publish_out; a channel counts them)
+    stats_publish_in = 0
+    stats_publish_out = 0
 
     def __init__(
         self,

@@ -29,6 +29,13 @@ class Queue:
     kind = "queue"
     type = "classic"
     redelivers = True  # a requeued message comes back (streams only give the credit back)
+    # message statistics beside stats_published and stats_delivered (which counts every
+    # delivery and get): bumped by the channels, once per ack run or on the rare paths
+    stats_ack = 0
+    stats_get = 0
+    stats_get_no_ack = 0
+    stats_deliver_no_ack = 0
+    stats_redeliver = 0
 
     def __init__(
         self,

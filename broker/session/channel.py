@@ -63,6 +63,17 @@ class Unacked:
 
 
 class Channel:
+    # message statistics (broker/management/rates.py samples them): plain counters, bumped
+    # once per publish, per ack frame, or on the rare paths (get, no-ack, redelivered, returned);
+    # deliveries are not counted: every one takes a delivery tag, so there were next_tag - 1
+    stats_publish = 0
+    stats_ack = 0
+    stats_get = 0
+    stats_get_no_ack = 0
+    stats_deliver_no_ack = 0
+    stats_redeliver = 0
+    stats_return_unroutable = 0
+
     def __init__(self, session: Session, number: int) -> None:
         self.session = session
         self.number = number
@@ -200,6 +211,12 @@ class Channel:
         if entry is None:
             self.reply(m.Basic.GetEmpty())
             return
+        if method.no_ack:
+            queue.stats_get_no_ack += 1
+        else:
+            queue.stats_get += 1
+        if entry.redelivered:
+            queue.stats_redeliver += 1
         self._get_ok(entry, queue, method.no_ack, queue.message_count)
 
     def _get_ok(self, entry: QueuedMessage, queue: Any, no_ack: bool, remaining: int) -> None:
@@ -208,6 +225,11 @@ class Channel:
         if not no_ack:
             self.unacked[tag] = Unacked(entry, queue, None)
             self.get_unacked += 1
+            self.stats_get += 1
+        else:
+            self.stats_get_no_ack += 1
+        if entry.redelivered:
+            self.stats_redeliver += 1
         message = entry.message
         session = self.session
         session.write(
@@ -246,6 +268,12 @@ class Channel:
         if not consumer.no_ack:
             self.unacked[tag] = Unacked(entry, queue, consumer)
             consumer.unacked += 1
+        else:
+            self.stats_deliver_no_ack += 1
+            queue.stats_deliver_no_ack += 1
+        if entry.redelivered:
+            self.stats_redeliver += 1
+            queue.stats_redeliver += 1
         message = entry.message
         session = self.session
         session.write(
@@ -334,6 +362,7 @@ class Channel:
 
     def ack(self, tag: int, multiple: bool) -> None:
         taken = self._take(tag, multiple)
+        self.stats_ack += len(taken)
         if self.tx is not None:
             self._hold(("ack", taken))
             return
@@ -362,6 +391,7 @@ class Channel:
     def _ack_run(queue: Any, entries: list[Any], consumer: Consumer | None) -> None:
         if consumer is not None:
             consumer.unacked -= len(entries)
+        queue.stats_ack += len(entries)
         queue.ack_many(entries, consumer)
 
     def _hold(self, work: tuple[Any, ...]) -> None:
@@ -465,7 +495,11 @@ class Channel:
         if self.confirms is not None:
             confirm = self.confirms.track()
         taken = self.vhost.publish(exchange, message, confirm)
+        self.stats_publish += 1
+        exchange.stats_publish_in += 1
+        exchange.stats_publish_out += taken
         if not taken and mandatory:
+            self.stats_return_unroutable += 1
             self._return(message, c.NO_ROUTE, "NO_ROUTE")
         if confirm is not None:
             confirm.seal()

@@ -15,7 +15,7 @@ import pytest
 from support.brokers import InProcessBroker
 from support.management import Http
 
-from leveret.broker.management.rates import Sampler
+from leveret.broker.management.rates import KEYS, QUEUE_KEYS, Sampler
 
 
 def publish(url: str, queue: str, count: int, confirm: bool = True) -> None:
@@ -43,13 +43,16 @@ def test_rates_are_the_growth_of_the_last_interval(managed_broker: InProcessBrok
         channel.basic_publish("", "orders", b"x")
     assert channel.basic_get("orders", auto_ack=True)[0] is not None
     managed_broker.call(lambda: sampler.sample(now=102.0))
-    assert sampler.overview_rates(None) == {"publish": 5.0, "deliver_get": 0.5,
-                                            "deliver": 0.5, "confirm": 5.0}
+    none = dict.fromkeys(KEYS, 0.0)
+    assert sampler.overview_rates(None) == {**none, "publish": 5.0, "deliver_get": 0.5,
+                                            "get_no_ack": 0.5, "confirm": 5.0}
     assert sampler.overview_rates({"other"})["publish"] == 0.0
-    assert sampler.queue_rates[("/", "orders")] == {"publish": 5.0, "deliver_get": 0.5,
-                                                    "deliver": 0.5}
+    assert sampler.queue_rates[("/", "orders")] == {
+        **dict.fromkeys(QUEUE_KEYS, 0.0), "publish": 5.0, "deliver_get": 0.5,
+        "get_no_ack": 0.5}
     totals = dict(sampler.totals["/"])
-    assert totals == {"publish": 10, "deliver_get": 1, "deliver": 1, "confirm": 10}
+    assert totals == {**dict.fromkeys(KEYS, 0), "publish": 10, "deliver_get": 1,
+                      "get_no_ack": 1, "confirm": 10}
 
     channel.queue_delete("orders")  # the queue and the channel go: the totals stay
     connection.close()
