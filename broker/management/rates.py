@@ -256,10 +256,15 @@ def _fill(sampler: Sampler, request: web.Request, kind: str, item: Any) -> None:
         _fill_item(item, sampler.connection_rates.get(item.get("name")),  # type: ignore[arg-type]
                    field="")
     elif kind == "vhost":
-        name = item.get("name")
+        name = str(item.get("name"))
         ages = _ages(request)
-        samples = (lambda k: sampler.samples({name}, *ages, k)) if ages else None  # type: ignore[misc]
-        _fill_item(item, sampler.vhost_rates.get(name, dict.fromkeys(KEYS, 0.0)),  # type: ignore[arg-type]
+        samples = (lambda k: sampler.samples({name}, *ages, k)) if ages else None
+        stats = item.get("message_stats")
+        if isinstance(stats, dict):  # counted by channels, which come and go: the totals
+            for counted in ("confirm", "return_unroutable"):
+                if counted in stats:
+                    stats[counted] = sampler.totals.get(name, {}).get(counted, 0)
+        _fill_item(item, sampler.vhost_rates.get(name, dict.fromkeys(KEYS, 0.0)),
                    samples=samples)
 
 

@@ -134,7 +134,9 @@ def vhost_view(vhost: VHost, description: str, tags: list[str],
         "tracing": False,
         "cluster_state": cluster_state,
         **with_details(queue_totals(list(vhost.queues.values()))),
-        "message_stats": with_details(sum_counts(list(vhost.queues.values()))),
+        # confirm and return_unroutable are counted by channels: the rates sampler fills them
+        "message_stats": with_details({**sum_counts(list(vhost.queues.values())),
+                                       "confirm": 0, "return_unroutable": 0}),
     }
 
 

@@ -1,21 +1,30 @@
 """Message rates in the management API (`broker/management/rates.py`): cumulative counters
 sampled on the broker's loop, shown as RabbitMQ's `message_stats` `*_details.rate` (and
 `samples` with `msg_rates_age`/`msg_rates_incr`) in the overview and the queues. The UI's
-overview chart shows them; these tests use the API alone, no browser."""
+overview chart shows them; these tests use the API alone, no browser.
+
+Every kind RabbitMQ reports (ack, redeliver, return_unroutable, get, get_no_ack, deliver,
+deliver_no_ack; publish_in/publish_out on exchanges; recv_oct/send_oct on connections) is
+checked with a sampler of its own (its own clock, so the broker's 5-second timer cannot take
+the growth first), the API's answers with the broker's; `collect_statistics = "none"` leaves
+them out as RabbitMQ does."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pika
 import pytest
 from support.brokers import InProcessBroker
 from support.management import Http
+from support.ports import free_port
 
-from leveret.broker.management.rates import KEYS, QUEUE_KEYS, Sampler
+from leveret.broker.config import ConfigError, load
+from leveret.broker.management.rates import KEYS, QUEUE_KEYS, RATES, Sampler
 
 
 def publish(url: str, queue: str, count: int, confirm: bool = True) -> None:
@@ -140,3 +149,138 @@ def test_the_api_shows_rates_while_a_client_publishes(
     busy.set()  # publishing stops: the rate falls back to 0.0
     wait_for(lambda: http.ok("/api/overview")["message_stats"]["publish_details"]["rate"]
              == 0.0, "the rate back to 0.0")
+
+
+KINDS = ("publish", "deliver_get", "deliver", "deliver_no_ack", "get", "get_no_ack", "ack",
+         "redeliver")
+
+
+def drive(url: str) -> pika.BlockingConnection:
+    """A client that does every counted thing once or more, on queue `work` behind `x`."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    channel.exchange_declare("x", "direct")
+    channel.queue_declare("work")
+    channel.queue_bind("work", "x", "k")
+    returned: list[bytes] = []
+    channel.add_on_return_callback(lambda _ch, _m, _p, body: returned.append(body))
+    channel.basic_publish("x", "nowhere", b"lost", mandatory=True)  # return_unroutable
+    for _ in range(10):
+        channel.basic_publish("x", "k", b"m")
+    method, _props, _body = channel.basic_get("work")  # get
+    assert method is not None
+    channel.basic_ack(method.delivery_tag)  # ack
+    method, _props, _body = channel.basic_get("work")
+    assert method is not None
+    channel.basic_nack(method.delivery_tag, requeue=True)
+    method, _props, _body = channel.basic_get("work", auto_ack=True)  # get_no_ack, redelivered
+    assert method is not None and method.redelivered
+    taken: list[int] = []
+    channel.basic_qos(prefetch_count=3)
+    tag = channel.basic_consume("work", lambda ch, m, _p, _b: taken.append(m.delivery_tag))
+    deadline = time.monotonic() + 30
+    while len(taken) < 3 and time.monotonic() < deadline:  # deliver
+        connection.process_data_events(time_limit=0.2)
+    channel.basic_ack(taken[-1], multiple=True)
+    channel.basic_cancel(tag)
+    free = connection.channel()
+    got: list[int] = []
+    free.basic_consume("work", lambda ch, m, _p, _b: got.append(1), auto_ack=True)
+    while not got and time.monotonic() < deadline:  # deliver_no_ack
+        connection.process_data_events(time_limit=0.2)
+    assert returned == [b"lost"] and len(taken) >= 3 and got
+    connection.process_data_events(time_limit=0.2)
+    return connection
+
+
+def test_every_kind_moves_while_a_client_does_it(managed_broker: InProcessBroker) -> None:
+    sampler = Sampler(managed_broker.broker)
+    managed_broker.call(lambda: sampler.sample(now=100.0))
+    connection = drive(managed_broker.url)
+    managed_broker.call(lambda: sampler.sample(now=102.0))
+
+    overview = sampler.overview_rates(None)
+    for kind in (*KINDS, "confirm"):
+        if kind != "confirm":
+            assert overview[kind] > 0, kind
+    assert overview["return_unroutable"] == 0.5
+    assert overview["confirm"] == 0.0  # no channel in confirm mode
+    queue = sampler.queue_rates[("/", "work")]
+    assert all(queue[kind] > 0 for kind in KINDS), queue
+    assert sampler.vhost_rates["/"]["ack"] == overview["ack"]
+    assert sampler.exchange_rates[("/", "x")] == {"publish_in": 5.5, "publish_out": 5.0}
+    publishing = [r for r in sampler.channel_rates.values() if r["publish"]]
+    assert len(publishing) == 1
+    assert publishing[0]["return_unroutable"] == 0.5 and publishing[0]["ack"] > 0
+    assert publishing[0]["get"] == 1.0 and publishing[0]["get_no_ack"] == 0.5
+    assert publishing[0]["redeliver"] == 0.5 and publishing[0]["deliver"] > 0
+    assert any(r["deliver_no_ack"] > 0 for r in sampler.channel_rates.values())
+    (conn_rates,) = sampler.connection_rates.values()
+    assert conn_rates["recv_oct"] > 0 and conn_rates["send_oct"] > 0
+
+    # the API's counters add up to what the client did
+    http = Http.of(managed_broker)
+    stats = http.ok("/api/queues/%2F/work")["message_stats"]
+    assert stats["publish"] == 10 and stats["get"] == 2 and stats["get_no_ack"] == 1
+    assert stats["redeliver"] >= 1 and stats["ack"] >= 4  # pika nacks (requeue) at cancel
+    assert stats["deliver_get"] == stats["deliver"] + stats["deliver_no_ack"] + 3
+    exchange = http.ok("/api/exchanges/%2F/x")["message_stats"]
+    assert exchange["publish_in"] == 11 and exchange["publish_out"] == 10
+    assert http.ok("/api/overview")["message_stats"]["return_unroutable"] == 1
+    channels = http.ok("/api/channels")
+    assert sum(c["message_stats"]["publish"] for c in channels) == 11
+    assert sum(c["message_stats"]["deliver_get"] for c in channels) == stats["deliver_get"]
+    assert http.ok("/api/vhosts/%2F")["message_stats"]["ack"] == stats["ack"]
+    connection.close()
+
+
+def test_the_api_shows_each_objects_rates(managed_broker: InProcessBroker,
+                                          busy: threading.Event) -> None:
+    http = Http.of(managed_broker)
+
+    def rate(path: str, pick: str, field: str = "message_stats") -> float:
+        data = http.ok(path)
+        items = data if isinstance(data, list) else [data]
+        found = [i for i in items if (i[field] if field else i).get(f"{pick}_details")]
+        return max(((i[field] if field else i)[f"{pick}_details"]["rate"] for i in found),
+                   default=0.0)
+
+    wait_for(lambda: rate("/api/vhosts/%2F", "publish") > 0, "a vhost's publish rate")
+    wait_for(lambda: rate("/api/vhosts", "confirm") > 0, "a vhost's confirm rate")
+    wait_for(lambda: rate("/api/exchanges/%2F/amq.default", "publish_in") > 0,
+             "the default exchange's publish_in rate")
+    wait_for(lambda: rate("/api/exchanges/%2F", "publish_out") > 0, "a publish_out rate")
+    wait_for(lambda: rate("/api/channels", "publish") > 0, "a channel's publish rate")
+    wait_for(lambda: rate("/api/connections", "recv_oct", field="") > 0,
+             "a connection's recv_oct rate")
+    with_samples = http.ok("/api/vhosts/%2F?msg_rates_age=60&msg_rates_incr=5")
+    assert "samples" in with_samples["message_stats"]["publish_details"]
+
+
+@pytest.fixture
+def quiet_broker(tmp_path: Path) -> Iterator[InProcessBroker]:
+    server = InProcessBroker(tmp_path / "data", management_port=free_port(),
+                             collect_statistics="none").start()
+    yield server
+    server.stop()
+
+
+def test_statistics_none_leaves_the_message_stats_out(quiet_broker: InProcessBroker) -> None:
+    drive(quiet_broker.url).close()
+    http = Http.of(quiet_broker)
+    overview = http.ok("/api/overview")
+    assert overview["message_stats"] == {} and overview["rates_mode"] == "none"
+    assert "message_stats" not in http.ok("/api/queues/%2F/work")
+    assert all("message_stats" not in q for q in http.ok("/api/queues"))
+    assert "message_stats" not in http.ok("/api/exchanges/%2F/x")
+    assert "message_stats" not in http.ok("/api/vhosts/%2F")
+    management = quiet_broker.server.management
+    assert management is not None and management.runner is not None
+    assert management.runner.app.get(RATES) is None  # no sampler runs
+
+
+def test_a_bad_statistics_setting_is_refused() -> None:
+    with pytest.raises(ConfigError, match="'collect_statistics': none, coarse or fine"):
+        load(env={"LEVERET_COLLECT_STATISTICS": "lots"})
+    assert load(env={}).collect_statistics == "coarse"
+    assert load(env={"LEVERET_COLLECT_STATISTICS": "none"}).collect_statistics == "none"
