@@ -1,0 +1,110 @@
+"""The replicated-stream bench (bench/replicated.py): its failover client (one message at a time
+with confirms, publishing again after a nack) against a real Leveret, what it counts as the
+first confirm after a kill, its table, and its refusal of an unknown part. No timing is
+asserted: this proves the instrument is correct, not fast. The three-node runs themselves are
+not run here (they take minutes): `python bench/replicated.py --quick`."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from support.brokers import InProcessBroker
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _module(name: str, package: bool = False) -> ModuleType:
+    """Import bench/NAME (a module, or the package loadgen) without putting bench/ on
+    sys.path, where its modules could shadow others."""
+    if name in sys.modules:
+        return sys.modules[name]
+    path = BENCH / name / "__init__.py" if package else BENCH / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(
+        name, path, submodule_search_locations=[str(BENCH / name)] if package else None)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_module("loadgen", package=True)
+_module("load")
+_module("compare")
+rb = _module("replicated")
+
+
+def _run(pub: object, until: object, timeout: float = 30) -> None:
+    thread = threading.Thread(target=pub.run, daemon=True)  # type: ignore[attr-defined]
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not until() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.02)
+    pub.stop.set()  # type: ignore[attr-defined]
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_the_failover_client_counts_acks_and_the_first_one_after_the_kill(
+        broker: InProcessBroker) -> None:
+    conn = rb.connect("127.0.0.1", broker.port)
+    conn.declare_queue("s.bench", arguments={"x-queue-type": "stream"})
+    conn.close()
+    pub = rb.OneAtATime(broker.port, "s.bench", 100, timeout=5.0)
+    _run(pub, lambda: pub.acks >= 20)
+    assert pub.acks >= 20 and pub.first_after is None  # nothing was killed
+    assert (pub.nacks, pub.timeouts, pub.errors) == (0, 0, [])
+
+    pub = rb.OneAtATime(broker.port, "s.bench", 100, timeout=5.0)
+    pub.killed_at = time.monotonic()  # every message it sends is "after the kill"
+    _run(pub, lambda: pub.first_after is not None)
+    assert pub.first_after is not None and pub.first_after >= pub.killed_at
+
+
+def test_the_failover_client_publishes_again_after_a_nack(broker: InProcessBroker) -> None:
+    conn = rb.connect("127.0.0.1", broker.port)
+    conn.declare_queue("q.full", arguments={"x-max-length": 0, "x-overflow": "reject-publish"})
+    conn.close()
+    pub = rb.OneAtATime(broker.port, "q.full", 100, timeout=5.0, retry_pause=0.0)
+    pub.killed_at = 0.0
+    _run(pub, lambda: pub.nacks >= 5)
+    assert pub.nacks >= 5 and pub.acks == 0 and pub.first_after is None
+    assert pub.errors == []
+
+
+def test_the_table_has_medians_and_ratios() -> None:
+    args = rb.parse_args(["--quick", "--runs", "2"])
+    runs = [
+        {"part": "publish", "broker": "leveret", "ok": True, "msgs_per_s": 100.0,
+         "p50_ms": 1.0, "p99_ms": 2.0},
+        {"part": "publish", "broker": "leveret", "ok": True, "msgs_per_s": 300.0,
+         "p50_ms": 3.0, "p99_ms": 4.0},
+        {"part": "publish", "broker": "rabbitmq", "ok": True, "msgs_per_s": 100.0,
+         "p50_ms": 2.0, "p99_ms": 6.0},
+        {"part": "publish", "broker": "rabbitmq", "ok": False, "msgs_per_s": 1.0},
+        {"part": "failover", "ok": True, "failover_s": 3.0, "leader_seen_s": 2.0},
+        {"part": "failover", "ok": False, "failover_s": None, "leader_seen_s": 9.0},
+        {"part": "catchup", "ok": True, "mb_per_s": 50.0, "from_sync_s": 1.0,
+         "from_restart_s": 5.0},
+    ]
+    text, figures = rb.report(runs, args)
+    assert figures["msgs_per_s"] == {"leveret": 200.0, "rabbitmq": 100.0, "ratio": 2.0}
+    assert figures["p99_ms"]["ratio"] == pytest.approx(0.5)
+    assert figures["failover_s"] == 3.0 and figures["catchup_mb_per_s"] == 50.0
+    assert "| 200 | 100 | 2.00 | >= 1.0x | 2/2, 1/2 |" in text
+    assert "(s, default lease (10 s)) | 3.00 | | | < 5 s | 1/2 |" in text
+    assert figures["leader_seen_s"] == 5.5  # elected in both runs, confirming or not
+    assert "64 MiB" in text
+
+
+def test_an_unknown_part_is_one_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        rb.parse_args(["--parts", "publish,speed"])
+    assert exited.value.code == 2
+    assert "unknown part(s) speed" in capsys.readouterr().err
