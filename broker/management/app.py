@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from leveret.broker.broker import Broker
 
 log = logs.get("leveret.management")
-PUBLIC_PATHS = ("/metrics",)
+PUBLIC_PATHS = ("/metrics", "/metrics/per-object")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 

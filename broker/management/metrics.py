@@ -7,7 +7,8 @@ last seen (every scrape, and every few seconds in the background). Per-queue and
 series carry `vhost` and `queue`/`stream` labels. The figures are this node's only; in cluster
 mode every series also carries a `node` label (`--node-name`), so that one Prometheus can scrape
 every node (a single node's series stay as they were). No login is needed, as with RabbitMQ's
-Prometheus endpoint.
+Prometheus endpoint. RabbitMQ's own names (rabbitmq_prometheus's) are added beside these by
+prometheus_names.py, which also serves `/metrics/per-object`.
 
 Runs on the event loop; a scrape walks the vhosts, queues and connections once.
 """
@@ -27,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from leveret.broker.alarms import resident_memory_bytes
 from leveret.broker.broker import VERSION
+from leveret.broker.management import prometheus_names
 from leveret.broker.management.http import BROKER
 from leveret.broker.management.overview import alarm_state
 
@@ -223,3 +225,4 @@ def setup(app: web.Application) -> None:
     app[REGISTRY] = registry
     app.cleanup_ctx.append(_sampler)
     app.router.add_get("/metrics", get_metrics)
+    prometheus_names.setup(app, registry)  # RabbitMQ's names too, and /metrics/per-object

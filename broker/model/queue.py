@@ -36,6 +36,7 @@ class Queue:
     stats_get_no_ack = 0
     stats_deliver_no_ack = 0
     stats_redeliver = 0
+    stats_get_empty = 0
 
     def __init__(
         self,

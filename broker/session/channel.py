@@ -73,6 +73,7 @@ class Channel:
     stats_deliver_no_ack = 0
     stats_redeliver = 0
     stats_return_unroutable = 0
+    stats_unroutable_dropped = 0
 
     def __init__(self, session: Session, number: int) -> None:
         self.session = session
@@ -209,6 +210,7 @@ class Channel:
             return
         entry = queue.get(method.no_ack)
         if entry is None:
+            queue.stats_get_empty += 1
             self.reply(m.Basic.GetEmpty())
             return
         if method.no_ack:
@@ -498,9 +500,12 @@ class Channel:
         self.stats_publish += 1
         exchange.stats_publish_in += 1
         exchange.stats_publish_out += taken
-        if not taken and mandatory:
-            self.stats_return_unroutable += 1
-            self._return(message, c.NO_ROUTE, "NO_ROUTE")
+        if not taken:
+            if mandatory:
+                self.stats_return_unroutable += 1
+                self._return(message, c.NO_ROUTE, "NO_ROUTE")
+            else:
+                self.stats_unroutable_dropped += 1
         if confirm is not None:
             confirm.seal()
 

@@ -1,0 +1,298 @@
+"""RabbitMQ's Prometheus names (those of the rabbitmq_prometheus plugin) for what Leveret has.
+
+So that RabbitMQ's Grafana dashboards work on Leveret: `GET /metrics` offers them aggregated
+(one series each, no per-object labels, as RabbitMQ's default endpoint), beside Leveret's own
+`leveret_*` names; `GET /metrics/per-object` offers them with `vhost` and `queue` labels per
+queue (RabbitMQ's per-object endpoint), without the `leveret_*` ones. The dashboards join every
+series with `rabbitmq_identity_info`, which names the node, the cluster and the endpoint.
+
+The global counters (`rabbitmq_global_messages_*_total`, labelled `protocol="amqp091"`, and
+`queue_type` for deliveries) add up the queues' and channels' counters; what an object counted
+is kept when it goes (sampled every few seconds and at each scrape), so they never go back.
+Only this node's queues and connections are counted (RabbitMQ's metrics are per node too).
+
+Knows the model's counters and prometheus-client; not AMQP. Runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
+
+from leveret.broker.broker import VERSION
+from leveret.broker.management import views
+from leveret.broker.management.http import BROKER
+from leveret.broker.management.overview import RABBITMQ_COMPAT_VERSION, cluster_name, node_view
+
+if TYPE_CHECKING:
+    from leveret.broker.broker import Broker
+
+PROTOCOL = "amqp091"
+QUEUE_TYPES = {"classic": "rabbit_classic_queue", "quorum": "rabbit_quorum_queue",
+               "stream": "rabbit_stream_queue"}
+SAMPLE_S = 5.0
+
+# (name, help): rabbitmq_global_<name>_total{protocol, queue_type}, from each queue
+DELIVERY_COUNTERS = (
+    ("messages_delivered", "Total number of messages delivered to consumers"),
+    ("messages_delivered_consume_manual_ack", "Total number of messages delivered to "
+     "consumers using basic.consume with manual acknowledgment"),
+    ("messages_delivered_consume_auto_ack", "Total number of messages delivered to consumers "
+     "using basic.consume with automatic acknowledgment"),
+    ("messages_delivered_get_manual_ack", "Total number of messages delivered to consumers "
+     "using basic.get with manual acknowledgment"),
+    ("messages_delivered_get_auto_ack", "Total number of messages delivered to consumers "
+     "using basic.get with automatic acknowledgment"),
+    ("messages_get_empty", "Total number of times basic.get operations fetched no message"),
+    ("messages_redelivered", "Total number of messages redelivered to consumers"),
+    ("messages_acknowledged", "Total number of messages acknowledged by consumers"),
+)
+# rabbitmq_global_<name>_total{protocol}, from each channel
+PUBLISH_COUNTERS = (
+    ("messages_received", "Total number of messages received from publishers"),
+    ("messages_received_confirm", "Total number of messages received from publishers "
+     "expecting confirmations"),
+    ("messages_routed", "Total number of messages routed to queues or streams"),
+    ("messages_unroutable_dropped", "Total number of messages published as non-mandatory into "
+     "an exchange and dropped as unroutable"),
+    ("messages_unroutable_returned", "Total number of messages published as mandatory into an "
+     "exchange and returned to the publisher as unroutable"),
+    ("messages_confirmed", "Total number of messages confirmed to publishers"),
+)
+# per queue (per-object only): rabbitmq_queue_<name>_total{vhost, queue}
+QUEUE_COUNTERS = (
+    ("get_ack", "get", "Total number of messages fetched from a queue with basic.get in "
+     "manual acknowledgement mode"),
+    ("get", "get_no_ack", "Total number of messages fetched from a queue with basic.get in "
+     "automatic acknowledgement mode"),
+    ("messages_delivered_ack", "deliver", "Total number of messages delivered from a queue to "
+     "consumers in manual acknowledgement mode"),
+    ("messages_delivered", "deliver_no_ack", "Total number of messages delivered from a queue "
+     "to consumers in automatic acknowledgement mode"),
+    ("messages_redelivered", "redeliver", "Total number of messages redelivered from a queue "
+     "to consumers"),
+    ("messages_acked", "ack", "Total number of messages acknowledged by consumers on a queue"),
+)
+
+
+def queue_values(queue: Any) -> tuple[int, ...]:
+    counts = views.queue_counts(queue)
+    return (counts["deliver_get"], counts["deliver"], counts["deliver_no_ack"], counts["get"],
+            counts["get_no_ack"], int(queue.stats_get_empty), counts["redeliver"],
+            counts["ack"])
+
+
+def channel_values(channel: Any) -> tuple[int, ...]:
+    confirms = channel.confirms
+    published = channel.stats_publish
+    returned, dropped = channel.stats_return_unroutable, channel.stats_unroutable_dropped
+    return (published, confirms.seq if confirms is not None else 0,
+            max(0, published - returned - dropped), dropped, returned,
+            confirms.confirmed if confirms is not None else 0)
+
+
+class Monotonic:
+    """Counters summed per group over objects that come and go, which never go back."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.seen: dict[int, tuple[Any, str, tuple[int, ...]]] = {}
+        self.retired: dict[str, list[int]] = {}
+
+    def update(self, rows: Iterable[tuple[Any, str, tuple[int, ...]]]) -> dict[str, list[int]]:
+        current = {id(obj): (obj, group, values) for obj, group, values in rows}
+        for key, (obj, group, values) in self.seen.items():
+            now = current.get(key)
+            if now is None or now[0] is not obj:  # gone: keep what it counted
+                kept = self.retired.setdefault(group, [0] * self.width)
+                for i, value in enumerate(values):
+                    kept[i] += value
+        self.seen = current
+        out = {group: list(kept) for group, kept in self.retired.items()}
+        for _obj, group, values in current.values():
+            summed = out.setdefault(group, [0] * self.width)
+            for i, value in enumerate(values):
+                summed[i] += value
+        return out
+
+
+class RabbitTotals:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.queues = Monotonic(len(DELIVERY_COUNTERS))
+        self.channels = Monotonic(len(PUBLISH_COUNTERS))
+
+    def local_queues(self) -> list[Any]:
+        here = self.broker.config.node_name
+        return [q for v in self.broker.vhosts.values() for q in v.queues.values()
+                if getattr(q, "node", here) == here]
+
+    def channels_of(self) -> list[Any]:
+        return [c for s in list(self.broker.connections) for c in s.channels.values()]
+
+    def sample(self, queues: list[Any] | None = None, channels: list[Any] | None = None
+               ) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+        queues = self.local_queues() if queues is None else queues
+        channels = self.channels_of() if channels is None else channels
+        return (self.queues.update((q, QUEUE_TYPES.get(q.type, f"rabbit_{q.type}_queue"),
+                                    queue_values(q)) for q in queues),
+                self.channels.update((c, PROTOCOL, channel_values(c)) for c in channels))
+
+
+def _gauge(name: str, doc: str, value: float | None = None,
+           labels: list[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value, labels=labels)
+
+
+class RabbitCollector:
+    """RabbitMQ's names, aggregated or per object (`per_object`)."""
+
+    def __init__(self, broker: Broker, totals: RabbitTotals, per_object: bool) -> None:
+        self.broker = broker
+        self.totals = totals
+        self.per_object = per_object
+
+    def collect(self) -> Iterator[Metric]:
+        broker = self.broker
+        sessions = list(broker.connections)
+        channels = [c for s in sessions for c in s.channels.values()]
+        queues = self.totals.local_queues()
+        by_type, by_protocol = self.totals.sample(queues, channels)
+        consumers = sum(len(c.consumers) for c in channels)
+
+        for i, (name, doc) in enumerate(PUBLISH_COUNTERS):
+            family = CounterMetricFamily(f"rabbitmq_global_{name}", doc, labels=["protocol"])
+            family.add_metric([PROTOCOL], by_protocol.get(PROTOCOL, [0] * 6)[i])
+            yield family
+        for i, (name, doc) in enumerate(DELIVERY_COUNTERS):
+            family = CounterMetricFamily(f"rabbitmq_global_{name}", doc,
+                                         labels=["protocol", "queue_type"])
+            for queue_type in sorted({*QUEUE_TYPES.values(), *by_type}):
+                values = by_type.get(queue_type)
+                family.add_metric([PROTOCOL, queue_type], values[i] if values else 0)
+            yield family
+        publishers = _gauge("rabbitmq_global_publishers", "Current number of publishers",
+                            labels=["protocol"])
+        publishers.add_metric([PROTOCOL], sum(1 for c in channels if c.stats_publish))
+        yield publishers
+        consuming = _gauge("rabbitmq_global_consumers", "Current number of consumers",
+                           labels=["protocol"])
+        consuming.add_metric([PROTOCOL], consumers)
+        yield consuming
+
+        yield _gauge("rabbitmq_connections", "Connections currently open", len(sessions))
+        yield _gauge("rabbitmq_channels", "Channels currently open", len(channels))
+        yield _gauge("rabbitmq_consumers", "Consumers currently connected", consumers)
+        yield _gauge("rabbitmq_queues", "Queues available", len(queues))
+        yield from self._queues(queues)
+
+        node = node_view(broker)
+        yield _gauge("rabbitmq_process_open_fds", "Open file descriptors", node["fd_used"])
+        yield _gauge("rabbitmq_process_max_fds", "Open file descriptors limit",
+                     node["fd_total"])
+        yield _gauge("rabbitmq_process_resident_memory_bytes", "Memory used in bytes",
+                     node["mem_used"])
+        yield _gauge("rabbitmq_resident_memory_limit_bytes", "Memory high watermark in bytes",
+                     node["mem_limit"])
+        yield _gauge("rabbitmq_disk_space_available_bytes", "Disk space available in bytes",
+                     node["disk_free"])
+        yield _gauge("rabbitmq_disk_space_available_limit_bytes",
+                     "Free disk space low watermark in bytes", node["disk_free_limit"])
+        yield _gauge("rabbitmq_erlang_uptime_seconds", "Node uptime", node["uptime"] / 1000)
+
+        build = UnknownMetricFamily("rabbitmq_build_info", "RabbitMQ & Erlang/OTP version info",
+                                    labels=["product_name", "product_version",
+                                            "rabbitmq_version", "erlang_version"])
+        build.add_metric(["Leveret", VERSION, RABBITMQ_COMPAT_VERSION, ""], 1)
+        yield build
+        identity = UnknownMetricFamily("rabbitmq_identity_info",
+                                       "RabbitMQ node & cluster identity info",
+                                       labels=["rabbitmq_node", "rabbitmq_cluster",
+                                               "rabbitmq_endpoint"])
+        identity.add_metric([broker.config.node_name, cluster_name(broker),
+                             "per-object" if self.per_object else "aggregated"], 1)
+        yield identity
+
+    def _queues(self, queues: list[Any]) -> Iterator[Metric]:
+        labels = ["vhost", "queue"] if self.per_object else None
+        gauges = {
+            "ready": _gauge("rabbitmq_queue_messages_ready",
+                            "Messages ready to be delivered to consumers", labels=labels),
+            "unacked": _gauge("rabbitmq_queue_messages_unacked",
+                              "Messages delivered to consumers but not yet acknowledged",
+                              labels=labels),
+            "messages": _gauge("rabbitmq_queue_messages",
+                               "Sum of ready and unacknowledged messages - total queue depth",
+                               labels=labels),
+            "consumers": _gauge("rabbitmq_queue_consumers", "Consumers on a queue",
+                                labels=labels),
+        }
+        rows = []
+        for queue in queues:
+            unacked = int(getattr(queue, "unacked", 0))
+            rows.append(([queue.vhost.name, queue.name], {
+                "ready": queue.message_count, "unacked": unacked,
+                "messages": queue.message_count + unacked, "consumers": len(queue.consumers)}))
+        if not self.per_object:
+            for key, family in gauges.items():
+                family.add_metric([], sum(values[key] for _labels, values in rows))
+            yield from gauges.values()
+            return
+        for labels_of, values in rows:
+            for key, family in gauges.items():
+                family.add_metric(labels_of, values[key])
+        yield from gauges.values()
+        for name, kind, doc in QUEUE_COUNTERS:
+            counter = CounterMetricFamily(f"rabbitmq_queue_{name}", doc, labels=labels)
+            for queue in queues:
+                counter.add_metric([queue.vhost.name, queue.name],
+                                   views.queue_counts(queue)[kind])
+            yield counter
+
+
+TOTALS: web.AppKey[RabbitTotals] = web.AppKey("rabbit-metric-totals")
+PER_OBJECT: web.AppKey[CollectorRegistry] = web.AppKey("rabbit-per-object-registry")
+
+
+async def get_per_object(request: web.Request) -> web.Response:
+    data = generate_latest(request.app[PER_OBJECT])
+    return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _sampler(app: web.Application) -> AsyncIterator[None]:
+    totals = app[TOTALS]
+
+    async def run() -> None:
+        while True:
+            await asyncio.sleep(SAMPLE_S)
+            totals.sample()
+
+    task = asyncio.get_running_loop().create_task(run())
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def setup(app: web.Application, aggregated: CollectorRegistry) -> None:
+    """Add the aggregated names to `/metrics`'s registry, and serve `/metrics/per-object`."""
+    broker = app[BROKER]
+    totals = RabbitTotals(broker)
+    aggregated.register(RabbitCollector(broker, totals, per_object=False))
+    per_object = CollectorRegistry(auto_describe=False)
+    per_object.register(RabbitCollector(broker, totals, per_object=True))
+    app[TOTALS] = totals
+    app[PER_OBJECT] = per_object
+    app.cleanup_ctx.append(_sampler)
+    app.router.add_get("/metrics/per-object", get_per_object)
