@@ -280,6 +280,22 @@ def decode_records(header: ChunkHeader, body: bytes) -> list[bytes]:
     return [data[a:b] for a, b in zip(chain((0,), ends), ends)]  # noqa: B905 (n+1 vs n)
 
 
+def check_ends(header: ChunkHeader, body: bytes | memoryview) -> None:
+    """Raise BadChunk unless the last record ends where the data section does (what
+    decode_records checks, without splitting the chunk)."""
+    n = header.num_records
+    if n:
+        start = header.bloom_size + 4 * n
+        if _uint_list("I", body[start - 4 : start])[0] != header.data_size - 4 * n:
+            raise BadChunk("record offsets do not match the data length")
+
+
+def record_bytes(header: ChunkHeader, body: bytes) -> bytes:
+    """The record bytes of a chunk's data section (after its table of ends), as one slice:
+    every record, concatenated in offset order. `body` is the checked body (check_ends too)."""
+    return body[header.bloom_size + 4 * header.num_records : header.bloom_size + header.data_size]
+
+
 def decode_filter_values(header: ChunkHeader, body: bytes) -> list[bytes | None] | None:
     """Each record's filter value (None: it has none); None when no record has one."""
     if not header.filter_size:

@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from leveret.storage import chunk as ck
 from leveret.storage import layout
@@ -62,6 +63,8 @@ class ChunkView:
     `records` are in offset order. `offsets` is None when records[i] has offset
     first_offset + i (the whole chunk); otherwise it lists each record's offset (records were
     dropped by an exact filter, or lie below the offset the reader attached at).
+    A whole chunk is split into records only when `records` is first asked for: a reader that
+    only needs the chunk's record bytes as they lie on disk takes `record_bytes()` instead.
     `filter_values` gives each returned record's filter value (None: it has none), decoded each
     time it is asked for. `tracking` holds the entries of a tracking chunk (None for other chunks).
     """
@@ -70,26 +73,60 @@ class ChunkView:
         "_body",
         "_header",
         "_keep",
+        "_records",
+        "_shared",
+        "_where",
         "chunk_type",
         "first_offset",
         "num_records",
         "offsets",
-        "records",
         "timestamp_ms",
         "tracking",
     )
 
     def __init__(
-        self, header: ck.ChunkHeader, body: bytes, records: list[bytes], keep: list[int] | None
+        self,
+        header: ck.ChunkHeader,
+        body: bytes,
+        records: list[bytes] | None,
+        keep: list[int] | None,
+        shared: list[Any] | None = None,
+        where: tuple[Path, int] = (Path("."), 0),
     ):
         self.chunk_type = header.chunk_type
         self.first_offset = header.first_offset
         self.timestamp_ms = header.timestamp_ms
         self.num_records = header.num_records  # records in the chunk, returned or not
-        self.records = records
+        self._records = records  # None: not split yet (a whole chunk)
+        self._shared = shared  # the cache's entry, [body, records], told once they are split
+        self._where = where  # the segment file and position, for errors
         self.offsets = None if keep is None else [header.first_offset + i for i in keep]
         self.tracking: Tracking | None = None
         self._header, self._body, self._keep = header, body, keep
+
+    @property
+    def records(self) -> list[bytes]:
+        records = self._records
+        if records is None:
+            try:
+                records = self._records = ck.decode_records(self._header, self._body)
+            except BadChunk as exc:  # the body's CRC matched: only a writer's bug gets here
+                raise CorruptLogError(*self._where, exc.reason) from None
+            if self._shared is not None:
+                self._shared[1] = records
+        return records
+
+    @property
+    def count(self) -> int:
+        """How many records this view returns (without splitting the chunk)."""
+        return self.num_records if self.offsets is None else len(self.offsets)
+
+    def record_bytes(self) -> bytes:
+        """Every record of the chunk, concatenated in offset order, as the data section holds
+        them (no per-record work). Only for a view of the whole chunk (`offsets` is None)."""
+        if self.offsets is not None:
+            raise ValueError("record_bytes() needs a view of the whole chunk")
+        return ck.record_bytes(self._header, self._body)
 
     @property
     def next_offset(self) -> int:
@@ -99,18 +136,19 @@ class ChunkView:
     def filter_values(self) -> list[bytes | None]:
         values = ck.decode_filter_values(self._header, self._body)
         if values is None:
-            return [None] * len(self.records)
+            return [None] * self.count
         return values if self._keep is None else [values[i] for i in self._keep]
 
     def items(self) -> Iterator[tuple[int, bytes]]:
         """(offset, record) pairs."""
-        offsets = self.offsets or range(self.first_offset, self.first_offset + len(self.records))
-        return zip(offsets, self.records, strict=True)
+        records = self.records
+        offsets = self.offsets or range(self.first_offset, self.first_offset + len(records))
+        return zip(offsets, records, strict=True)
 
     def __repr__(self) -> str:
         return (
             f"ChunkView(type={self.chunk_type}, first_offset={self.first_offset}, "
-            f"records={len(self.records)}/{self.num_records})"
+            f"records={self.count}/{self.num_records})"
         )
 
 
@@ -306,7 +344,7 @@ class Reader:
         if self._wants(header):
             cached = self._cache.get(self._base or 0, self._pos) if self._cache else None
             if cached is not None:
-                view = self._view(header, cached[0], cached[1])
+                view = self._view(header, cached[0], cached)
             else:
                 body = self._body(header, committed)
                 if body is None:
@@ -347,21 +385,28 @@ class Reader:
         return body
 
     def _view(
-        self, header: ck.ChunkHeader, body: bytes, records: list[bytes] | None = None
+        self, header: ck.ChunkHeader, body: bytes, shared: list[Any] | None = None
     ) -> ChunkView | None:
+        """The view of a checked chunk. A whole chunk is not split here (the view splits it
+        when its records are asked for, and tells the cache); a part of one is."""
         try:
-            if records is None:
-                records = ck.decode_records(header, body)
-                if self._cache is not None:
-                    self._cache.put(self._base or 0, self._pos, body, records)
             keep = self._keep(header, body)
+            if shared is None:
+                ck.check_ends(header, body)
+            if shared is None and self._cache is not None:
+                shared = self._cache.put(self._base or 0, self._pos, body)
+            records = shared[1] if shared is not None else None
+            if keep is not None:
+                if not keep:
+                    return None
+                if records is None:
+                    records = ck.decode_records(header, body)
+                    if shared is not None:
+                        shared[1] = records
+                records = [records[i] for i in keep]
         except BadChunk as exc:
             raise CorruptLogError(self._path, self._pos, exc.reason) from None
-        if keep is not None:
-            if not keep:
-                return None
-            records = [records[i] for i in keep]
-        view = ChunkView(header, body, records, keep)
+        view = ChunkView(header, body, records, keep, shared, (self._path, self._pos))
         if header.chunk_type in ck.TRACKING_TYPES:
             state = TrackingState()
             state.apply(header.chunk_type, ck.trailer_bytes(header, body))

@@ -437,3 +437,29 @@ def test_standalone_attach_without_an_index_on_a_torn_log(
     assert Reader.open(directory, OffsetSpec.timestamp(T0 + 45)).position == 15
     assert Reader.open(directory, OffsetSpec.timestamp(T0 + 85)).position == 27
     assert Reader.open(directory, OffsetSpec.last()).position == 27
+
+
+def test_a_whole_chunk_gives_its_record_bytes_without_being_split(open_log: OpenLog) -> None:
+    with open_log() as log:
+        log.append([b"one", b"", b"three"], chunk_type=32)
+        log.append([b"four"])
+        reader = log.reader(OffsetSpec.first(), chunk_types=(0, 32))
+        view = reader.read()
+        assert view is not None and view.chunk_type == 32
+        assert view._records is None  # not split by reading
+        assert view.record_bytes() == b"onethree"
+        assert view.count == 3 and view.offsets is None
+        assert view._records is None
+        assert view.records == [b"one", b"", b"three"]  # split when asked for
+        second = log.reader(OffsetSpec.first(), chunk_types=(0, 32)).read()
+        assert second is not None and second._records == [b"one", b"", b"three"]  # shared
+        assert [v.records for v in reader] == [[b"four"]]
+
+
+def test_record_bytes_needs_the_whole_chunk(open_log: OpenLog) -> None:
+    with open_log() as log:
+        log.append([b"a", b"b", b"c"])
+        view = log.reader(OffsetSpec.offset(1)).read()
+        assert view is not None and view.records == [b"b", b"c"] and view.count == 2
+        with pytest.raises(ValueError, match="whole chunk"):
+            view.record_bytes()
