@@ -26,6 +26,18 @@ A second record kind holds a message that arrived as AMQP 1.0 (over the stream p
 Its 0.9.1 form for 0.9.1 consumers comes from the converter that the broker registers
 (`set_amqp10_converter`): this layer knows no AMQP 1.0.
 
+Messages published over the stream protocol are stored in chunks of their own type,
+STREAM_ENTRIES (broker/model/storage_env.py, docs/FORMAT.md 3.2), whose records are each an
+osiris simple entry (a third record kind, told apart by its chunk's type, not its bytes):
+
+    u32  size         the message's length (top bit 0)
+    ...  the AMQP 1.0 message's sections, as they were sent
+
+so that such a chunk's record bytes are, as they lie on disk, the data of a stream-protocol
+Deliver. Everything else reads such a record as the 0x80 record above with exchange "" and
+the stream's name as routing key (`stream_entries_as_records`). Logs written before this
+type existed hold 0x80 records in USER chunks; both are read everywhere.
+
 Pure functions; no I/O.
 """
 
@@ -68,6 +80,18 @@ def set_amqp10_converter(convert: Callable[[bytes | memoryview], bytes]) -> None
 def encode_amqp10_record(exchange: str, routing_key: str, message: bytes) -> bytes:
     """The stored form of an AMQP 1.0 message (its sections, as sent)."""
     return b"".join((b"\x80", _names(exchange, routing_key), message))
+
+
+def stream_entry(message: bytes | memoryview) -> bytes:
+    """A STREAM_ENTRIES record: the message's size (u32) and the message."""
+    return _U32.pack(len(message)) + message
+
+
+def stream_entries_as_records(records: Sequence[bytes], stream: str) -> list[bytes]:
+    """STREAM_ENTRIES records as 0x80 records: exchange "" and the stream's name as the
+    routing key, as RabbitMQ 3.13 delivers a stream-protocol message over 0.9.1."""
+    prefix = b"\x80" + _names("", stream)
+    return [prefix + r[4:] for r in records]
 
 
 def amqp10_parts(record: bytes | memoryview) -> tuple[str, str, bytes]:

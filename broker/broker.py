@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from leveret.amqp.stored import decode_record, encode_record
+from leveret.amqp.stored import decode_record, encode_record, stream_entries_as_records
 from leveret.broker import logs
 from leveret.broker.alarms import Alarms
 from leveret.broker.auth import HASHING_ALGORITHM, Permission, Users
@@ -86,7 +86,7 @@ class Broker:
         # the wire layer's record codec: every message the model stores is one it built
         encode = cast("Callable[[InboundMessage], bytes]", encode_record)
         self.stream_env = StorageEnv(queues_dir, encode, decode_record,
-                                     _fsync(config.stream_fsync))
+                                     _fsync(config.stream_fsync), stream_entries_as_records)
         self.queue_env = StorageEnv(queues_dir, encode, decode_record,
                                     _fsync(config.queue_fsync))
         self.metastore = Metastore(config.data_dir / "metadata.sqlite3")

@@ -16,6 +16,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from leveret.broker.model.storage_env import STREAM_CHUNK_TYPES
 from leveret.cli.streams_api import Fmt, Formatter, Vhost, emit_rows
 from leveret.storage import OffsetSpec, Reader, StorageError, inspect
 
@@ -135,7 +136,7 @@ def dump_chunk(
 
 
 def _records(directory: Path, first: int) -> list[dict[str, Any]]:
-    with Reader.open(directory, OffsetSpec.offset(first)) as reader:
+    with Reader.open(directory, OffsetSpec.offset(first), chunk_types=STREAM_CHUNK_TYPES) as reader:
         view = reader.read()
     if view is None:
         return []

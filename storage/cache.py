@@ -1,12 +1,12 @@
 """A shared cache of recently read chunks, for readers of one log in one process.
 
-Readers that follow each other through a log (ten consumers of one stream from `first`, say)
-would each read, CRC-check and split the same chunks. Readers opened through one Log share
-this cache: the first reader to reach a chunk checks it, the others take the result. An
-entry is `[body, records]`: records stay None until a reader splits the chunk (readers that
-only want the chunk's record bytes never do), and that reader fills them in for the others. Entries are keyed by segment and file position, which never change once a chunk is
-written, and the cache holds at most `max_bytes` of chunk bodies, least recently used first
-out. It knows nothing of filters or offsets.
+Readers that follow each other through a log (ten consumers of one stream from `first`, say) would
+each read, CRC-check and split the same chunks. Readers opened through one Log share this cache:
+the first reader to reach a chunk checks it, the others take the result. An entry is `[body,
+records]`: records stay None until a reader splits the chunk (readers that only want the chunk's
+record bytes never do), and that reader fills them in for the others. Entries are keyed by segment
+and file position, which never change once a chunk is written, and the cache holds at most
+`max_bytes` of chunk bodies, least recently used first out. It knows nothing of filters or offsets.
 
 Threading: used from one thread, like the Log that owns it.
 """

@@ -29,6 +29,7 @@ from leveret.broker.management.http import (
     vhost_for_write,
 )
 from leveret.broker.model.errors import NotFound
+from leveret.broker.model.storage_env import STREAM_CHUNK_TYPES
 from leveret.storage import OffsetSpec, StorageError
 
 MAX_COUNT = 100
@@ -47,7 +48,8 @@ def _number(request: web.Request, name: str, default: int) -> int:
 def read(stream: Any, offset: int, count: int) -> list[dict[str, Any]]:
     """Up to `count` committed messages of `stream` from `offset`, as the API shows them."""
     log = stream.log
-    reader = log.reader(OffsetSpec.offset(max(offset, log.first_offset)))
+    reader = log.reader(OffsetSpec.offset(max(offset, log.first_offset)),
+                        chunk_types=STREAM_CHUNK_TYPES)
     out: list[dict[str, Any]] = []
     try:
         while len(out) < count:
@@ -55,9 +57,10 @@ def read(stream: Any, offset: int, count: int) -> list[dict[str, Any]]:
             if chunk is None:
                 break
             first = chunk.first_offset
+            records = stream.records_of(chunk)
             offsets = chunk.offsets if chunk.offsets is not None else range(
-                first, first + len(chunk.records))
-            for at, record in zip(offsets, chunk.records, strict=True):
+                first, first + len(records))
+            for at, record in zip(offsets, records, strict=True):
                 if at < offset:
                     continue
                 entry = SimpleNamespace(message=decode_record(bytes(record)), redelivered=False)

@@ -19,8 +19,8 @@ from leveret.broker.admin import BadRequest, get_vhost
 from leveret.broker.management import views
 from leveret.broker.model import superstream
 from leveret.broker.model.errors import NotFound
+from leveret.broker.model.storage_env import STREAM_CHUNK_TYPES
 from leveret.storage import (
-    ChunkType,
     StorageError,
     inspect,
 )
@@ -177,7 +177,7 @@ def committed_chunk_id(stream: Any) -> int:
         except (OSError, ValueError, StorageError):
             continue
         for entry in reversed(entries):
-            if entry["chunk_type"] == ChunkType.USER and entry["first_offset"] <= committed \
+            if entry["chunk_type"] in STREAM_CHUNK_TYPES and entry["first_offset"] <= committed \
                     and entry["num_records"]:
                 return int(entry["first_offset"])
     return -1

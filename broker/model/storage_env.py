@@ -5,16 +5,30 @@ logs go under, how a message becomes a record and back (the broker's encoding: t
 content header and the body), and the fsync policy of their writes. The queue types know
 nothing of the encoding, and the folder of a queue is named by its storage id, never by its
 name (names are user input).
+
+A stream's messages lie in chunks of two types: USER (records of the broker's encoding) and
+STREAM_ENTRIES (messages published over the stream protocol, each record an osiris simple
+entry: u32 size, then the AMQP 1.0 message; docs/FORMAT.md 3.2). `entries_as_records` turns
+the latter into records of the broker's encoding, for every reader but the stream protocol's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from leveret.broker.model.message import InboundMessage
+from leveret.storage.chunk import ChunkType
 from leveret.storage.config import FsyncPolicy
+
+USER = int(ChunkType.USER)
+STREAM_ENTRIES = 32  # an application chunk type (16 and 17 are durable queues')
+STREAM_CHUNK_TYPES = (USER, STREAM_ENTRIES)  # the chunk types that hold a stream's messages
+
+
+def _no_entries(records: Sequence[bytes], stream: str) -> list[bytes]:
+    raise ValueError("this environment reads no STREAM_ENTRIES chunks")
 
 
 @dataclass(frozen=True)
@@ -23,6 +37,8 @@ class StorageEnv:
     encode_record: Callable[[InboundMessage], bytes]
     decode_record: Callable[[bytes], InboundMessage]
     fsync: str | int = "never"  # "never", "always" or every N ms (storage.LogConfig)
+    # STREAM_ENTRIES records as records of the encoding (given the stream's name)
+    entries_as_records: Callable[[Sequence[bytes], str], list[bytes]] = _no_entries
 
     @property
     def fsync_policy(self) -> FsyncPolicy:

@@ -1,8 +1,10 @@
 """The stream queue type: an append-only, replayable log behind an AMQP queue.
 
 Publishing goes through the stream's writer (writer.py): whatever arrived during one turn of the
-event loop becomes one chunk of the storage engine's log, with its filter values and publisher
-ids, and every publish of that chunk is confirmed at once, at the commit point. Publisher
+event loop becomes chunks of the storage engine's log, one per run of one record kind (AMQP 0.9.1
+records in USER chunks, stream-protocol messages in STREAM_ENTRIES chunks: amqp/stored.py), with
+their filter values and publisher ids, and every publish of the turn is confirmed at once, at
+the commit point. Publisher
 deduplication (x-stream-publisher-name / x-stream-publishing-id) drops a publish whose id is not
 above that publisher's last stored id, and still confirms it. Each consumer is a cursor with
 its own reader: it reads chunks from the files, up to the committed offset, spending the credit
@@ -30,10 +32,10 @@ from leveret.broker.model.errors import NotImplementedFeature, PreconditionFaile
 from leveret.broker.model.message import Confirm, InboundMessage
 from leveret.broker.model.queue import Queue
 from leveret.broker.model.sac import SacGroups
-from leveret.broker.model.storage_env import StorageEnv
+from leveret.broker.model.storage_env import STREAM_CHUNK_TYPES, STREAM_ENTRIES, USER, StorageEnv
 from leveret.broker.model.stream_cursor import Cursor
 from leveret.broker.model.writer import Writer
-from leveret.storage import Log, LogConfig, OffsetSpec, ReaderFilter, StorageError
+from leveret.storage import ChunkView, Log, LogConfig, OffsetSpec, ReaderFilter, StorageError
 
 if TYPE_CHECKING:
     from leveret.broker.model.vhost import VHost
@@ -45,13 +47,34 @@ RETENTION_CHECK_MS = 60_000
 
 
 @dataclass
-class _Batch:
+class _Run:
+    """Consecutive publishes of one record kind: one chunk of that type."""
+
+    chunk_type: int
     records: list[bytes] = field(default_factory=list)
     filters: list[bytes | None] = field(default_factory=list)
+    # the last publishing id of each publisher of this run, stored with its chunk
+    publishers: dict[str | bytes, int] = field(default_factory=dict)
+    any_filter: bool = False
+
+
+@dataclass
+class _Batch:
+    """A turn's publishes, as runs in arrival order: 0.9.1 records (USER chunks) and
+    stream-protocol entries (STREAM_ENTRIES chunks) each make one chunk per run."""
+
+    runs: list[_Run] = field(default_factory=list)
     # the last publishing id of each publisher, by its x-stream-publisher-name as it came (a
     # str, or bytes when it is not UTF-8: the two never name the same publisher)
     publishers: dict[str | bytes, int] = field(default_factory=dict)
-    any_filter: bool = False
+
+    def run(self, chunk_type: int) -> _Run:
+        runs = self.runs
+        if runs and runs[-1].chunk_type == chunk_type:
+            return runs[-1]
+        run = _Run(chunk_type)
+        runs.append(run)
+        return run
 
 
 class StreamQueue(Queue):
@@ -191,14 +214,17 @@ class StreamQueue(Queue):
                     writer.schedule()
                     return True
                 batch.publishers[publisher] = publishing_id
+                run = batch.run(USER)
+                run.publishers[publisher] = publishing_id
             value = (sargs.filter_value(headers) if "x-stream-filter-value" in headers
                      else None)
         else:  # nothing to deduplicate on, and no filter value
             value = None
-        batch.records.append(self.env.encode_record(message))
-        batch.filters.append(value)
+        run = batch.run(USER)
+        run.records.append(self.env.encode_record(message))
+        run.filters.append(value)
         if value is not None:
-            batch.any_filter = True
+            run.any_filter = True
         if confirm is not None:
             writer.confirm_later(confirm)
         self.stats_published += 1
@@ -207,7 +233,9 @@ class StreamQueue(Queue):
 
     def publish_record(self, record: bytes, value: bytes | None, publisher: str | None,
                        publishing_id: int, confirm: Confirm | None) -> bool:
-        """A message already in its stored form (the stream protocol's publish): deduplicated
+        """A message already in its stored form (the stream protocol's publish: a
+        STREAM_ENTRIES record, amqp.stored.stream_entry), stored in a chunk of that type,
+        deduplicated
         by publisher name and publishing id through the same tracking as x-stream-publisher-name,
         and False when it was a duplicate (it is still confirmed). A replica writes nothing
         itself: the publish is nack'ed (stream protocol clients publish to the leader)."""
@@ -228,10 +256,14 @@ class StreamQueue(Queue):
                 writer.schedule()
                 return False
             batch.publishers[publisher] = publishing_id
-        batch.records.append(record)
-        batch.filters.append(value)
+            run = batch.run(STREAM_ENTRIES)
+            run.publishers[publisher] = publishing_id
+        else:
+            run = batch.run(STREAM_ENTRIES)
+        run.records.append(record)
+        run.filters.append(value)
         if value is not None:
-            batch.any_filter = True
+            run.any_filter = True
         if confirm is not None:
             writer.confirm_later(confirm)
         self.stats_published += 1
@@ -247,12 +279,14 @@ class StreamQueue(Queue):
         return 0 if stored is None else stored
 
     def _append(self, batch: _Batch) -> None:
-        """The writer's append: a turn's publishes as one chunk, with their filter values and
-        the last publishing id of each publisher."""
-        if batch.records:
-            self.log.append(batch.records, batch.filters if batch.any_filter else None,
-                            publishers=sargs.stored_publishers(batch.publishers) or None)
-        elif batch.publishers:
+        """The writer's append: a turn's publishes as one chunk per run of one record kind
+        (in arrival order), each with its filter values and the last publishing id of each
+        publisher of that run. The writer's commit point is then the last chunk's."""
+        for run in batch.runs:
+            self.log.append(run.records, run.filters if run.any_filter else None,
+                            publishers=sargs.stored_publishers(run.publishers) or None,
+                            chunk_type=run.chunk_type)
+        if not batch.runs and batch.publishers:
             self.log.append([], publishers=sargs.stored_publishers(batch.publishers))
 
     def _append_failed(self, batch: _Batch, error: StorageError) -> bool:
@@ -348,7 +382,7 @@ class StreamQueue(Queue):
         if cursor.reader is not None:
             cursor.reader.close()
         cursor.reader = self.log.reader(
-            start, filter=reader_filter,
+            start, filter=reader_filter, chunk_types=STREAM_CHUNK_TYPES,
             limit=self._commit_limit if self.commit_bound is not None else None)
         cursor.records, cursor.offsets, cursor.take = [], (), 0
 
@@ -393,6 +427,12 @@ class StreamQueue(Queue):
             if cursor is not None and cursor.active and cursor.reader is not None:
                 self.pump(consumer)
 
+    def records_of(self, chunk: ChunkView) -> list[bytes]:
+        """A chunk's records as records of the broker's encoding, whatever its type."""
+        if chunk.chunk_type == STREAM_ENTRIES:  # stream-protocol messages
+            return self.env.entries_as_records(chunk.records, self.name)
+        return chunk.records
+
     def pump(self, consumer: Consumer) -> None:
         """Deliver to one consumer as far as its credit and the committed offset allow."""
         cursor: Cursor = consumer.state
@@ -412,7 +452,7 @@ class StreamQueue(Queue):
                     if cursor.past_end():
                         self._reached_end(consumer)
                     return
-                cursor.records = chunk.records
+                cursor.records = self.records_of(chunk)
                 first = chunk.first_offset
                 cursor.offsets = (
                     chunk.offsets

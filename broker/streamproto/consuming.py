@@ -5,11 +5,13 @@ A subscription is a model Consumer of the stream queue, so it shares the queue's
 filters and single-active-consumer groups with AMQP 0.9.1 consumers. Credit counts chunks, not
 messages: the subscription is the consumer's sink, and it turns the queue's "deliver now"
 (`credit()`) into its own pump that reads whole chunks from the cursor's reader, one credit
-each, and writes each run of consecutive offsets as one Deliver (chunk.py). Records become
-AMQP 1.0 messages on the way out (amqp10.to_amqp10; stream-protocol records are only cut),
-once per run: a stream's RunCache keeps the entries its subscriptions were sent lately for
-the next one. Stored offsets are the log's tracking records, the same ones 0.9.1 offset
-tracking writes.
+each, and writes each run of consecutive offsets as one Deliver (chunk.py). A whole
+STREAM_ENTRIES chunk (what stream-protocol publishers wrote, amqp/stored.py) is sent as its
+record bytes lie on disk: they are the Deliver's simple entries, with no work per record.
+Other records become AMQP 1.0 messages on the way out (amqp10.to_amqp10; 0x80 records of
+older logs are only cut), once per run: a stream's RunCache keeps the entries (and CRC) its
+subscriptions were sent lately for the next one. Stored offsets are the log's tracking
+records, the same ones 0.9.1 offset tracking writes.
 Single-threaded, on the event loop.
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +28,7 @@ from leveret.broker import logs
 from leveret.broker.model import stream_args as sargs
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.errors import BrokerError
+from leveret.broker.model.storage_env import STREAM_CHUNK_TYPES, STREAM_ENTRIES, USER
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.streamproto import amqp10, chunk
 from leveret.broker.streamproto import constants as k
@@ -54,13 +57,14 @@ class RunCache:
         self.entries: OrderedDict[tuple[int, int], chunk.Entries] = OrderedDict()
         self.bytes = 0
 
-    def get(self, first: int, records: Sequence[bytes], start: int, end: int) -> chunk.Entries:
-        key = (first, end - start)
+    def get(self, first: int, count: int, build: Callable[[], chunk.Entries]) -> chunk.Entries:
+        """The run of `count` offsets from `first`: cached, or `build()` (then cached)."""
+        key = (first, count)
         run = self.entries.get(key)
         if run is not None:
             self.entries.move_to_end(key)
             return run
-        run = _entries(records[start:end] if start or end != len(records) else records)
+        run = build()
         self.entries[key] = run
         self.bytes += len(run.data)
         while self.bytes > RUN_CACHE_BYTES and len(self.entries) > 1:
@@ -79,12 +83,15 @@ def _runs_of(queue: StreamQueue) -> RunCache:
     return runs
 
 
-def _entries(records: Sequence[bytes]) -> chunk.Entries:
-    """A run's records as simple entries of AMQP 1.0 messages. Records published over the
-    stream protocol to one stream all start with the same bytes (amqp.stored's AMQP 1.0 kind:
-    0x80, the exchange and the routing key as short strings), followed by the message as it
-    was sent: those are only cut (chunk.cut_entries); any other run is converted record by
-    record (amqp10.to_amqp10)."""
+def _entries(records: Sequence[bytes], chunk_type: int = USER) -> chunk.Entries:
+    """A run's records as simple entries of AMQP 1.0 messages. STREAM_ENTRIES records are simple
+    entries already: they are only joined. Records published over the stream protocol to one stream
+    before that chunk type existed all start with the same bytes (amqp.stored's AMQP 1.0 kind:
+    0x80, the exchange and the routing key as short strings), followed by the message as it was
+    sent: those are only cut (chunk.cut_entries); any other run is converted record by record
+    (amqp10.to_amqp10)."""
+    if chunk_type == STREAM_ENTRIES:
+        return chunk.Entries(b"".join(records), len(records))
     head = records[0]
     if head[0] == stored.AMQP10:
         cut = 2 + head[1]
@@ -93,6 +100,20 @@ def _entries(records: Sequence[bytes]) -> chunk.Entries:
             return chunk.cut_entries(records, cut)
     convert = amqp10.to_amqp10
     return chunk.entries([convert(r) for r in records])
+
+
+def _builder(view: Any, start: int, end: int) -> Callable[[], chunk.Entries]:
+    """How to build the entries of records start..end of a chunk view: a whole
+    STREAM_ENTRIES chunk is its record bytes as read (one CRC, nothing per record)."""
+    if view.chunk_type == STREAM_ENTRIES and view.offsets is None:
+        return lambda: chunk.Entries(view.record_bytes(), view.num_records)
+
+    def build() -> chunk.Entries:
+        records = view.records
+        part = records[start:end] if start or end != len(records) else records
+        return _entries(part, view.chunk_type)
+
+    return build
 
 
 class Subscription:
@@ -213,15 +234,16 @@ class Subscription:
                 break
             if view is None:
                 break
-            records = view.records
-            if not records:
+            count = view.count
+            if not count:
                 continue
             self.credit_left -= 1
             sent += 1
             runs = _runs_of(self.queue)
-            for first, start, end in chunk.runs(view.first_offset, view.offsets, len(records)):
+            for first, start, end in chunk.runs(view.first_offset, view.offsets, count):
                 s.send(chunk.deliver_entries(self.id, first, view.timestamp_ms,
-                                             runs.get(first, records, start, end),
+                                             runs.get(first, end - start,
+                                                      _builder(view, start, end)),
                                              version=s.deliver_version,
                                              committed=self.queue.log.committed_offset))
                 cursor.delivered = first + (end - start) - 1
@@ -420,7 +442,7 @@ def _resolve(s: StreamSession, name: str, kind: int, value: int) -> tuple[int, i
     else:
         return k.PRECONDITION_FAILED, 0
     try:
-        reader = log_.reader(start)
+        reader = log_.reader(start, chunk_types=STREAM_CHUNK_TYPES)
     except StorageError:
         return k.NO_OFFSET, 0
     position = reader.position

@@ -1,11 +1,12 @@
 """The stream protocol's publishing: DeclarePublisher, Publish (v1, and v2 with a filter
 value), PublishConfirm and PublishError, QueryPublisherSequence and DeletePublisher.
 
-Each published message is stored as an AMQP 1.0 record (amqp.stored's second record kind)
-through the stream's writer, so it shares the chunk, the commit point and the confirms of
-AMQP 0.9.1 publishes. A publisher with a reference is deduplicated by its publishing ids
-through the same tracking records as 0.9.1's x-stream-publisher-name. Confirms of one turn go
-out as one PublishConfirm per publisher.
+Each published message is stored as a STREAM_ENTRIES record (amqp.stored: the simple entry `size
+message`, cut as it is from the Publish frame) through the stream's writer, so it shares the turn's
+batch, the commit point and the confirms of AMQP 0.9.1 publishes (a run of them is a chunk of its
+own, whose record bytes a subscriber's Deliver carries as they are). A publisher with a reference
+is deduplicated by its publishing ids through the same tracking records as 0.9.1's
+x-stream-publisher-name. Confirms of one turn go out as one PublishConfirm per publisher.
 Must not know: AMQP 1.0's sections (records are stored as sent). Single-threaded.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from leveret.amqp.stored import encode_amqp10_record
+from leveret.amqp.stored import stream_entry
 from leveret.broker.model.message import Confirm
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.streamproto import compression
@@ -122,11 +123,11 @@ Entry = tuple[int, bytes | None, list[bytes]]
 
 
 def _entries(d: f.Decoder, version: int) -> tuple[list[tuple[int, bytes]], list[Entry]]:
-    """The entries of a Publish, in order: first the leading simple entries of a v1 frame
-    (what clients send without sub-entry batching) as (publishing id, message), read with one
-    struct call each; then every other entry as (publishing id, filter value, messages). A
-    sub-entry batch is decompressed here, so that a bad one fails the frame before anything
-    is stored."""
+    """The entries of a Publish, in order: first the leading simple entries of a v1 frame (what
+    clients send without sub-entry batching) as (publishing id, stored record: the entry's size and
+    message as they lie in the frame), read with one struct call each; then every other entry as
+    (publishing id, filter value, messages). A sub-entry batch is decompressed here, so that a bad
+    one fails the frame before anything is stored."""
     count = d.count()
     simple: list[tuple[int, bytes]] = []
     if version < 2:
@@ -137,9 +138,8 @@ def _entries(d: f.Decoder, version: int) -> tuple[list[tuple[int, bytes]], list[
             publishing_id, size = unpack(data, pos)
             if size & 0x80000000 or pos + 12 + size > end:
                 break  # a sub-entry batch, or a truncated entry: the decoder says which
-            pos += 12
-            append((publishing_id, data[pos : pos + size]))
-            pos += size
+            append((publishing_id, data[pos + 8 : pos + 12 + size]))
+            pos += 12 + size
         d.pos = pos
     return simple, _decoded(d, version, count - len(simple))
 
@@ -177,11 +177,10 @@ def publish(s: StreamSession, d: f.Decoder, version: int) -> None:
     queue = publisher.queue
     reference = publisher.reference
     settled = publisher.settled
-    prefix = encode_amqp10_record("", queue.name, b"")  # a record: this prefix, the message
     publish_record = queue.publish_record
-    for publishing_id, message in simple:
+    for publishing_id, record in simple:
         confirm = Confirm(publishing_id, settled)
-        publish_record(prefix + message, None, reference, publishing_id, confirm)
+        publish_record(record, None, reference, publishing_id, confirm)
         confirm.seal()
     for publishing_id, value, messages in entries:
         confirm = Confirm(publishing_id, settled)
@@ -189,7 +188,7 @@ def publish(s: StreamSession, d: f.Decoder, version: int) -> None:
         for i, message in enumerate(messages):
             # the batch's publishing id deduplicates it at its first message
             fresh = publish_record(
-                prefix + message, value,
+                stream_entry(message), value,
                 reference if i == 0 else None, publishing_id, confirm if i == last else None)
             if not fresh:  # a duplicate: confirmed all the same, the rest of the batch too
                 if i != last:

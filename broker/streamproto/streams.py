@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from leveret.broker.model import superstream
 from leveret.broker.model.errors import BrokerError, NotFound, PreconditionFailed
+from leveret.broker.model.storage_env import STREAM_CHUNK_TYPES
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto import frames as f
@@ -153,7 +154,7 @@ def stream_stats(s: StreamSession, d: f.Decoder, _version: int) -> None:
     empty = log.committed_offset < log.first_offset
     last_chunk = -1
     if not empty:  # the first offset of the last committed chunk, as osiris names chunks
-        reader = log.reader(OffsetSpec.last())
+        reader = log.reader(OffsetSpec.last(), chunk_types=STREAM_CHUNK_TYPES)
         last_chunk = reader.position
         reader.close()
     stats = {
