@@ -290,10 +290,12 @@ def check_ends(header: ChunkHeader, body: bytes | memoryview) -> None:
             raise BadChunk("record offsets do not match the data length")
 
 
-def record_bytes(header: ChunkHeader, body: bytes) -> bytes:
-    """The record bytes of a chunk's data section (after its table of ends), as one slice:
-    every record, concatenated in offset order. `body` is the checked body (check_ends too)."""
-    return body[header.bloom_size + 4 * header.num_records : header.bloom_size + header.data_size]
+def record_bytes(header: ChunkHeader, body: bytes) -> memoryview:
+    """The record bytes of a chunk's data section (after its table of ends), as one view of
+    `body` (nothing copied): every record, concatenated in offset order. `body` is the checked
+    body (check_ends too)."""
+    start = header.bloom_size + 4 * header.num_records
+    return memoryview(body)[start : header.bloom_size + header.data_size]
 
 
 def decode_filter_values(header: ChunkHeader, body: bytes) -> list[bytes | None] | None:

@@ -121,9 +121,10 @@ class ChunkView:
         """How many records this view returns (without splitting the chunk)."""
         return self.num_records if self.offsets is None else len(self.offsets)
 
-    def record_bytes(self) -> bytes:
+    def record_bytes(self) -> memoryview:
         """Every record of the chunk, concatenated in offset order, as the data section holds
-        them (no per-record work). Only for a view of the whole chunk (`offsets` is None)."""
+        them: a read-only view of the chunk's bytes (no copy, no per-record work). Only for a
+        view of the whole chunk (`offsets` is None)."""
         if self.offsets is not None:
             raise ValueError("record_bytes() needs a view of the whole chunk")
         return ck.record_bytes(self._header, self._body)

@@ -31,7 +31,7 @@ class Entries:
 
     __slots__ = ("count", "crc", "data")
 
-    def __init__(self, data: bytes, count: int) -> None:
+    def __init__(self, data: bytes | memoryview, count: int) -> None:
         self.data = data
         self.count = count
         self.crc = zlib.crc32(data)
@@ -53,6 +53,15 @@ def cut_entries(records: Sequence[bytes], cut: int) -> Entries:
 def deliver_entries(subscription_id: int, first_offset: int, timestamp_ms: int, run: Entries,
                     *, epoch: int = 0, version: int = 1, committed: int = 0) -> bytes:
     """One Deliver frame (v1, or v2 with the committed chunk id) of a run of entries."""
+    return b"".join(deliver_parts(subscription_id, first_offset, timestamp_ms, run, epoch=epoch,
+                                  version=version, committed=committed))
+
+
+def deliver_parts(subscription_id: int, first_offset: int, timestamp_ms: int, run: Entries,
+                  *, epoch: int = 0, version: int = 1,
+                  committed: int = 0) -> tuple[bytes, bytes | memoryview]:
+    """deliver_entries as its two parts, the frame's head and the entries, so that a sender
+    that joins its output anyway copies the entries once."""
     n = run.count
     data = run.data
     chunk = _CHUNK.pack(MAGIC_VERSION, 0, n, n, timestamp_ms, epoch, first_offset,
@@ -62,7 +71,7 @@ def deliver_entries(subscription_id: int, first_offset: int, timestamp_ms: int, 
                              committed)
     else:
         head = _HEAD.pack(4 + 1 + len(chunk) + len(data), DELIVER, 1, subscription_id)
-    return b"".join((head, chunk, data))
+    return head + chunk, data
 
 
 def deliver(

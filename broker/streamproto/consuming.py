@@ -241,11 +241,12 @@ class Subscription:
             sent += 1
             runs = _runs_of(self.queue)
             for first, start, end in chunk.runs(view.first_offset, view.offsets, count):
-                s.send(chunk.deliver_entries(self.id, first, view.timestamp_ms,
-                                             runs.get(first, end - start,
-                                                      _builder(view, start, end)),
-                                             version=s.deliver_version,
-                                             committed=self.queue.log.committed_offset))
+                head, data = chunk.deliver_parts(
+                    self.id, first, view.timestamp_ms,
+                    runs.get(first, end - start, _builder(view, start, end)),
+                    version=s.deliver_version, committed=self.queue.log.committed_offset)
+                s.send(head)
+                s.send(data)
                 cursor.delivered = first + (end - start) - 1
                 self.delivered += end - start
         s.flush()

@@ -66,7 +66,7 @@ class StreamSession(asyncio.Protocol):
         self.deliver_version = 1
         self.consumer_updates: dict[int, int] = {}  # ConsumerUpdate correlation id -> sub id
         self.correlation = itertools.count(1)
-        self._out: list[bytes] = []
+        self._out: list[bytes | memoryview] = []
         self._flush_scheduled = False
         self._timers: list[asyncio.TimerHandle] = []
         self._unavailable: set[str] = set()
@@ -158,7 +158,7 @@ class StreamSession(asyncio.Protocol):
 
     # -- output -------------------------------------------------------------------------------
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes | memoryview) -> None:
         self._out.append(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
