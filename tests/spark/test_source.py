@@ -180,3 +180,37 @@ def test_a_filtered_range_is_read_whole_by_the_broker_or_by_the_task(
         assert sent == 30
     else:  # the whole range (and perhaps a few past it before the task cancels)
         assert sent >= 290
+
+
+def test_a_batch_read_of_messages_published_over_the_stream_protocol(spark,
+                                                                      tmp_path: Path) -> None:
+    """Stream-protocol publishes are stored as STREAM_ENTRIES chunks (docs/FORMAT.md 3.2): the
+    source reads them as RabbitMQ 3.13 delivers them over AMQP 0.9.1."""
+    import struct
+
+    from rstream import AMQPMessage
+    from streamproto.raw import RawStream
+    from streamproto.test_raw_protocol import confirms, create_and_declare
+    from support.brokers import InProcessBroker
+    from support.ports import free_port
+
+    port = free_port()
+    broker = InProcessBroker(tmp_path / "data", stream_port=port).start()
+    try:
+        client = RawStream(port)
+        client.handshake()
+        create_and_declare(client, "sp")
+        messages = [bytes(AMQPMessage(body=b"s%d" % i, application_properties={"k": i}))
+                    for i in range(10)]
+        client.send(0x02, 1, struct.pack(">Bi", 1, 10) + b"".join(
+            struct.pack(">QI", i + 1, len(m)) + m for i, m in enumerate(messages)))
+        got: list[int] = []
+        while len(got) < 10:
+            got += confirms(client)
+        client.close()
+        rows = (spark.read.format("leveret").option("uri", broker.url).option("stream", "sp")
+                .load().orderBy("offset").collect())
+        assert [(r.offset, r.value, r.routing_key, r.headers["k"]) for r in rows] == [
+            (i, b"s%d" % i, "sp", str(i)) for i in range(10)]
+    finally:
+        broker.stop()
