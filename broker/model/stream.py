@@ -235,10 +235,10 @@ class StreamQueue(Queue):
                        publishing_id: int, confirm: Confirm | None) -> bool:
         """A message already in its stored form (the stream protocol's publish: a
         STREAM_ENTRIES record, amqp.stored.stream_entry), stored in a chunk of that type,
-        deduplicated
-        by publisher name and publishing id through the same tracking as x-stream-publisher-name,
-        and False when it was a duplicate (it is still confirmed). A replica writes nothing
-        itself: the publish is nack'ed (stream protocol clients publish to the leader)."""
+        deduplicated by publisher name and publishing id through the same tracking as
+        x-stream-publisher-name, and False when it was a duplicate (it is still confirmed). A
+        replica writes nothing itself: the publish is nack'ed (stream protocol clients publish
+        to the leader)."""
         if self.forward_to is not None:
             if confirm is not None:
                 confirm.settle(False)
@@ -256,10 +256,11 @@ class StreamQueue(Queue):
                 writer.schedule()
                 return False
             batch.publishers[publisher] = publishing_id
-            run = batch.run(STREAM_ENTRIES)
+        runs = batch.runs
+        run = runs[-1] if runs and runs[-1].chunk_type == STREAM_ENTRIES else batch.run(
+            STREAM_ENTRIES)
+        if publisher is not None:
             run.publishers[publisher] = publishing_id
-        else:
-            run = batch.run(STREAM_ENTRIES)
         run.records.append(record)
         run.filters.append(value)
         if value is not None:
