@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -648,7 +649,12 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps({**info, "header": header, "markdown": text, "figures": figures,
                                "tuning": TUNING, "runs": runs}, indent=1))
     print(f"\nwritten to {out}")
-    return 0 if runs and all(r.get("ok") for r in runs) and "error" not in info else 1
+    ok = bool(runs) and all(r.get("ok") for r in runs) and "error" not in info
+    if ok:
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        print(f"the nodes' logs and data are kept in {tmp}", file=sys.stderr)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
