@@ -1,8 +1,9 @@
 """Fixtures for cluster tests: a real etcd (Debian's etcd-server), shared or private.
 
 `etcd` is one etcd for the whole session; tests keep apart by the unique `key_prefix`.
-`etcd_factory` starts private ones, for tests that pause or kill etcd. Every fixture skips, with
-the reason, when etcd is not installed.
+`etcd_factory` starts private ones, for tests that pause or kill etcd. `abc` is three
+`leveret serve` nodes of one cluster, linked to each other, for replicated streams. Every
+fixture skips, with the reason, when etcd is not installed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from support.brokers import BrokerProcess
+from support.cluster import ClusterNode, linked, make_node, wait_until
 from support.etcd import SKIP_REASON, EtcdServer, etcd_binary
 
 from leveret.broker.cluster.etcd import EtcdClient
@@ -69,3 +71,15 @@ def nodes() -> Iterator[list[BrokerProcess]]:
     for node in started:
         if node.proc is not None and node.proc.poll() is None:
             node.stop()
+
+
+@pytest.fixture
+def abc(tmp_path: Path, etcd: EtcdServer, cluster: str,
+        nodes: list[BrokerProcess]) -> Iterator[tuple[ClusterNode, ClusterNode, ClusterNode]]:
+    """Nodes a, b and c (with management), each linked to the other two."""
+    three = [make_node(tmp_path, etcd.url, cluster, name, management=True)
+             for name in ("a", "b", "c")]
+    for node in three:
+        nodes.append(node.start())
+    wait_until(lambda: all(linked(node, 2) for node in three), timeout=60)
+    yield three[0], three[1], three[2]

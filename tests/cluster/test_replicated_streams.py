@@ -12,97 +12,27 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import aio_pika
 import pika
 import pytest
-from support.brokers import BrokerProcess
-from support.cluster import ClusterNode, linked, make_node, wait_until
+from support.cluster import (
+    STREAM,
+    ClusterNode,
+    connect,
+    consume,
+    declare,
+    in_etcd,
+    leader_of,
+    linked,
+    publish_confirmed,
+    publish_until_confirmed,
+    same_logs,
+    wait_until,
+)
 from support.cluster_api import ok
 from support.etcd import EtcdServer
-
-from leveret.broker.cluster.etcd import EtcdClient
-from leveret.broker.cluster.membership import ClusterKeys
-from leveret.broker.cluster.stream_leadership import StreamLeadership, StreamLeaderships
-from leveret.broker.cluster.topology_keys import TopologyKeys
-from leveret.broker.cluster.topology_records import QueueRecord, decode
-
-STREAM = {"x-queue-type": "stream"}
-
-
-@pytest.fixture
-def abc(tmp_path: Path, etcd: EtcdServer, cluster: str,
-        nodes: list[BrokerProcess]) -> Iterator[tuple[ClusterNode, ClusterNode, ClusterNode]]:
-    three = [make_node(tmp_path, etcd.url, cluster, name, management=True)
-             for name in ("a", "b", "c")]
-    for node in three:
-        nodes.append(node.start())
-    wait_until(lambda: all(linked(node, 2) for node in three), timeout=60)
-    yield three[0], three[1], three[2]
-
-
-def connect(node: BrokerProcess) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.URLParameters(node.url))
-
-
-def declare(node: BrokerProcess, name: str, **arguments: Any) -> None:
-    conn = connect(node)
-    conn.channel().queue_declare(name, durable=True, arguments={**STREAM, **arguments})
-    conn.close()
-
-
-def in_etcd(etcd: EtcdServer, cluster: str,
-            name: str) -> tuple[QueueRecord | None, StreamLeadership | None]:
-    """The stream's queue record and its leadership key, read straight from etcd."""
-    async def read() -> tuple[QueueRecord | None, StreamLeadership | None]:
-        async with EtcdClient([etcd.url], timeout_s=5.0) as client:
-            keys = TopologyKeys(ClusterKeys(cluster).root + "topology/")
-            kv = await client.get(keys.queue("/", name))
-            record = decode("queues", kv) if kv is not None else None
-            assert record is None or isinstance(record, QueueRecord)
-            return record, await StreamLeaderships(client, cluster).get("/", name)
-    return asyncio.run(read())
-
-
-def segments(node: ClusterNode, storage_id: str) -> dict[str, bytes]:
-    folder = node.data_dir / "queues" / storage_id
-    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.segment"))}
-
-
-def same_logs(nodes: tuple[ClusterNode, ...], storage_id: str) -> bool:
-    found = [segments(node, storage_id) for node in nodes]
-    return bool(found[0]) and all(f == found[0] for f in found[1:])
-
-
-def consume(node: BrokerProcess, name: str, want: int, timeout: float = 60) -> list[bytes]:
-    """Read `want` messages of stream `name` from its first offset, through `node`."""
-    conn = connect(node)
-    ch = conn.channel()
-    ch.basic_qos(prefetch_count=500)
-    got: list[bytes] = []
-
-    def on_message(channel: Any, method: Any, _props: Any, body: bytes) -> None:
-        got.append(body)
-        channel.basic_ack(method.delivery_tag)
-
-    ch.basic_consume(name, on_message, arguments={"x-stream-offset": "first"})
-    deadline = time.monotonic() + timeout
-    while len(got) < want and time.monotonic() < deadline:
-        conn.process_data_events(0.2)
-    conn.close()
-    return got
-
-
-def publish_confirmed(node: BrokerProcess, name: str, bodies: list[bytes]) -> None:
-    conn = connect(node)
-    ch = conn.channel()
-    ch.confirm_delivery()
-    for body in bodies:
-        ch.basic_publish("", name, body)  # raises if nacked; returns once acked
-    conn.close()
 
 
 def test_members_and_leader_at_declaration(
@@ -298,22 +228,6 @@ def test_without_a_quorum_nothing_is_confirmed_and_it_resumes_when_one_is_back(
     assert consume(b, "s.quorum", 2) == [b"before", b"during"]
 
 
-def publish_until_confirmed(node: BrokerProcess, name: str, body: bytes,
-                            timeout: float = 60) -> int:
-    """Publish `body` until one copy is confirmed (basic.ack); the number of nacks before."""
-    nacks = 0
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            publish_confirmed(node, name, [body])
-            return nacks
-        except pika.exceptions.NackError:
-            nacks += 1
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-
-
 def test_the_leader_killed_a_replica_leads_and_the_old_leader_catches_up(
         abc: tuple[ClusterNode, ClusterNode, ClusterNode], etcd: EtcdServer,
         cluster: str) -> None:
@@ -355,12 +269,6 @@ def test_the_leader_killed_a_replica_leads_and_the_old_leader_catches_up(
     wait_until(lambda: same_logs((nodes[leader], a), record.storage_id or ""), timeout=90)
     got = consume(a, "s.fail", 301)
     assert [m for m in got if m != b"probe"] == before + after
-
-
-def leader_of(etcd: EtcdServer, cluster: str, name: str) -> str:
-    record, _ = in_etcd(etcd, cluster, name)
-    assert record is not None
-    return record.node
 
 
 def kill_the_leader(abc: tuple[ClusterNode, ClusterNode, ClusterNode], etcd: EtcdServer,

@@ -3,6 +3,7 @@ its own cluster and management ports, `leveret cluster-status`, and the manageme
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import subprocess
@@ -13,12 +14,20 @@ from pathlib import Path
 from typing import Any
 from urllib.request import Request, urlopen
 
+import pika
 from support.brokers import BrokerProcess
+from support.etcd import EtcdServer
 from support.ports import free_port, wait_for_port
+
+from leveret.broker.cluster.etcd import EtcdClient
+from leveret.broker.cluster.membership import ClusterKeys
+from leveret.broker.cluster.stream_leadership import StreamLeadership, StreamLeaderships
+from leveret.broker.cluster.topology_keys import TopologyKeys
+from leveret.broker.cluster.topology_records import QueueRecord, decode
 
 TTL_S = 2  # etcd's minimum: a killed node shows as down within about two seconds
 SECRET = "test-cluster-secret"
-
+STREAM = {"x-queue-type": "stream"}
 
 
 class ClusterNode(BrokerProcess):
@@ -107,3 +116,89 @@ def linked(node: ClusterNode, peers: int) -> bool:
         return False
     return len(local) == 1 and sum(1 for link in local[0]["cluster_links"]
                                    if link["peer_version"]) == peers
+
+
+# Replicated streams: a stream on three nodes, its record and leadership key in etcd, its
+# members' segment files, confirmed publishing and reading from the first offset.
+
+def connect(node: BrokerProcess) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(node.url))
+
+
+def declare(node: BrokerProcess, name: str, **arguments: Any) -> None:
+    conn = connect(node)
+    conn.channel().queue_declare(name, durable=True, arguments={**STREAM, **arguments})
+    conn.close()
+
+
+def in_etcd(etcd: EtcdServer, cluster: str,
+            name: str) -> tuple[QueueRecord | None, StreamLeadership | None]:
+    """The stream's queue record and its leadership key, read straight from etcd."""
+    async def read() -> tuple[QueueRecord | None, StreamLeadership | None]:
+        async with EtcdClient([etcd.url], timeout_s=5.0) as client:
+            keys = TopologyKeys(ClusterKeys(cluster).root + "topology/")
+            kv = await client.get(keys.queue("/", name))
+            record = decode("queues", kv) if kv is not None else None
+            assert record is None or isinstance(record, QueueRecord)
+            return record, await StreamLeaderships(client, cluster).get("/", name)
+    return asyncio.run(read())
+
+
+def segments(node: ClusterNode, storage_id: str) -> dict[str, bytes]:
+    folder = node.data_dir / "queues" / storage_id
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.segment"))}
+
+
+def same_logs(nodes: tuple[ClusterNode, ...], storage_id: str) -> bool:
+    found = [segments(node, storage_id) for node in nodes]
+    return bool(found[0]) and all(f == found[0] for f in found[1:])
+
+
+def consume(node: BrokerProcess, name: str, want: int, timeout: float = 60) -> list[bytes]:
+    """Read `want` messages of stream `name` from its first offset, through `node`."""
+    conn = connect(node)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=500)
+    got: list[bytes] = []
+
+    def on_message(channel: Any, method: Any, _props: Any, body: bytes) -> None:
+        got.append(body)
+        channel.basic_ack(method.delivery_tag)
+
+    ch.basic_consume(name, on_message, arguments={"x-stream-offset": "first"})
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        conn.process_data_events(0.2)
+    conn.close()
+    return got
+
+
+def publish_confirmed(node: BrokerProcess, name: str, bodies: list[bytes]) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for body in bodies:
+        ch.basic_publish("", name, body)  # raises if nacked; returns once acked
+    conn.close()
+
+
+def publish_until_confirmed(node: BrokerProcess, name: str, body: bytes,
+                            timeout: float = 60) -> int:
+    """Publish `body` until one copy is confirmed (basic.ack); the number of nacks before."""
+    nacks = 0
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            publish_confirmed(node, name, [body])
+            return nacks
+        except pika.exceptions.NackError:
+            nacks += 1
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def leader_of(etcd: EtcdServer, cluster: str, name: str) -> str:
+    record, _ = in_etcd(etcd, cluster, name)
+    assert record is not None
+    return record.node
