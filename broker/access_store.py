@@ -2,7 +2,8 @@
 
 Role: the management API and definitions import call one `AccessStore` for every change of
 vhosts, users, permissions and policies (and, for definitions, exchanges, queues and
-bindings), without knowing which mode the node runs in. `access_store(broker)` gives:
+bindings; super streams, for the management API and the stream protocol), without knowing
+which mode the node runs in. `access_store(broker)` gives:
 
 - `LocalAccess` on a single node: `broker.admin`'s operations, as before (the model, then
   SQLite).
@@ -24,7 +25,7 @@ from __future__ import annotations
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, Literal
 
 from leveret.broker import admin
@@ -40,6 +41,7 @@ from leveret.broker.cluster.topology_records import (
     UserRecord,
     VHostRecord,
 )
+from leveret.broker.model import superstream
 from leveret.broker.model.errors import (
     AccessRefused,
     BrokerError,
@@ -126,6 +128,20 @@ class AccessStore(ABC):
                              check: Authorize = allow_all) -> None: ...
 
     @abstractmethod
+    async def add_super_stream(self, vhost: str, name: str, *, partitions: int | None = None,
+                               binding_keys: list[str] | None = None,
+                               names: list[str] | None = None,
+                               arguments: dict[str, Any] | None = None,
+                               owner: Any = None, check: Authorize = allow_all) -> list[str]:
+        """Create a super stream (`superstream.plan`'s checks): its exchange, its partition
+        streams and their bindings; the partition names."""
+
+    @abstractmethod
+    async def delete_super_stream(self, vhost: str, name: str,
+                                  check: Authorize = allow_all) -> list[str]:
+        """Delete a super stream's exchange, then its partition streams; their names."""
+
+    @abstractmethod
     def vhost_metadata(self) -> dict[str, tuple[str, list[str]]]:
         """Every vhost's description and tags."""
 
@@ -191,6 +207,21 @@ class LocalAccess(AccessStore):
                              check: Authorize = allow_all) -> None:
         admin.delete_binding(self.broker, vhost, source, destination_type, destination,
                              routing_key, arguments, check)
+
+    async def add_super_stream(self, vhost: str, name: str, *, partitions: int | None = None,
+                               binding_keys: list[str] | None = None,
+                               names: list[str] | None = None,
+                               arguments: dict[str, Any] | None = None,
+                               owner: Any = None, check: Authorize = allow_all) -> list[str]:
+        return superstream.add(admin.get_vhost(self.broker, vhost), name,
+                               partitions=partitions, binding_keys=binding_keys, names=names,
+                               arguments=arguments, owner=owner)
+
+    async def delete_super_stream(self, vhost: str, name: str,
+                                  check: Authorize = allow_all) -> list[str]:
+        model = admin.get_vhost(self.broker, vhost)
+        _super_exchange(model, name)
+        return superstream.delete(model, name)
 
     def vhost_metadata(self) -> dict[str, tuple[str, list[str]]]:
         return admin.vhost_metadata(self.broker)
@@ -446,9 +477,79 @@ class ClusterAccess(AccessStore):
         if revision is not None:
             await self._settle(revision)
 
+    # -- super streams ------------------------------------------------------------------------
+
+    async def add_super_stream(self, vhost: str, name: str, *, partitions: int | None = None,
+                               binding_keys: list[str] | None = None,
+                               names: list[str] | None = None,
+                               arguments: dict[str, Any] | None = None,
+                               owner: Any = None, check: Authorize = allow_all) -> list[str]:
+        """The exchange, each partition stream (placed as a queue.declare of a stream is: the
+        `balanced` locator unless the arguments name another, members per
+        x-initial-cluster-size) and its binding, each through etcd and settled on every node,
+        so consecutive partitions see the leaders placed before them. A failure removes what
+        was made, then raises."""
+        model = admin.get_vhost(self.broker, vhost)
+        keys, names, queue_args = superstream.plan(
+            model, name, partitions=partitions, binding_keys=binding_keys, names=names,
+            arguments=arguments)
+        marker = {"x-super-stream": True}
+        model.check_exchange_declaration(name, "direct", durable=True, auto_delete=False,
+                                         internal=False, arguments=marker, check=check)
+        for queue_name in names:
+            model.check_queue_declaration(queue_name, owner=None, durable=True,
+                                          auto_delete=False, arguments=queue_args, check=check)
+        made: list[str] = []  # the partitions made, after the exchange
+        exchange_made = False
+        try:
+            await self.declare_exchange(vhost, name, {"type": "direct", "durable": True,
+                                                      "arguments": marker})
+            exchange_made = True
+            for order, (key, queue_name) in enumerate(zip(keys, names, strict=True)):
+                if not await self.declare_queue(vhost, queue_name,
+                                                {"durable": True, "arguments": queue_args}):
+                    raise PreconditionFailed(f"there is already a queue named {queue_name}")
+                made.append(queue_name)
+                await self.add_binding(vhost, name, "queue", queue_name, key,
+                                       {"x-stream-partition-order": order})
+        except BaseException:
+            await self._unmake(vhost, name if exchange_made else None, made)
+            raise
+        return names
+
+    async def _unmake(self, vhost: str, exchange: str | None, queues: list[str]) -> None:
+        """Remove what a failed add_super_stream made (what cannot be removed stays)."""
+        for queue_name in queues:
+            with suppress(BrokerError):
+                await self.delete_queue(vhost, queue_name)
+        if exchange is not None:
+            with suppress(BrokerError):
+                await self.delete_exchange(vhost, exchange)
+
+    async def delete_super_stream(self, vhost: str, name: str,
+                                  check: Authorize = allow_all) -> list[str]:
+        """The exchange (its bindings with it), then each partition stream, through etcd."""
+        model = admin.get_vhost(self.broker, vhost)
+        exchange = _super_exchange(model, name)
+        partitions = [q.name for q in exchange.partitions() if q.type == "stream"]
+        await self.delete_exchange(vhost, name, check=check)
+        deleted = []
+        for queue_name in partitions:
+            with suppress(NotFound):  # deleted meanwhile
+                await self.delete_queue(vhost, queue_name)
+                deleted.append(queue_name)
+        return deleted
+
     def vhost_metadata(self) -> dict[str, tuple[str, list[str]]]:
         return {r.name: (r.description, list(r.tags)) for r in self.cluster.cache.all("vhosts")
                 if isinstance(r, VHostRecord)}
+
+
+def _super_exchange(model: Any, name: str) -> Any:
+    exchange = model.exchanges.get(name)
+    if not isinstance(exchange, superstream.SuperStreamExchange):
+        raise NotFound(f"The super stream {name} does not exist")
+    return exchange
 
 
 def _storage_id() -> str:

@@ -190,7 +190,7 @@ def delete_super_stream(
 # -- one stream -------------------------------------------------------------------------------
 
 STATUS_COLUMNS = ["role", "node", "epoch", "offset", "committed_offset", "committed_chunk_id",
-                  "first_offset", "readers", "segments"]
+                  "first_offset", "readers", "segments", "lag"]
 
 
 @app.command("stream_status")
@@ -203,7 +203,8 @@ def stream_status(
     url: Url = None, host: Host = None, port: Port = None, username: User = None,
     password: Password = None,
 ) -> None:
-    """Show a stream's status: one row per member (Leveret has one, the writer).
+    """Show a stream's status: one row per member (writer or replica), from any node; `lag`
+    is how far a replica's acknowledged offset is behind the writer's.
 
     Example: leveret-streams stream_status invoices-0
     """
@@ -243,50 +244,50 @@ def restart_stream(
     emit(data["leader"], data, formatter)
 
 
-def _replica_refusal(api: Api, vhost: str, stream: str, classic_text: str, verb: str) -> None:
-    queue: dict[str, Any] = {}
-    run(lambda: queue.update(api.call("GET", f"/api/queues/{q(vhost)}/{q(stream)}",
-                                      missing="The stream does not exist")))
-    if queue.get("type") != "stream":
-        fail(classic_text)
-    node = queue.get("leader") or queue.get("node", "this node")
-    fail(f"Leveret runs as a single node ({node}): stream '{stream}' has one member, the "
-         f"writer, and cannot {verb}.")
-
-
 @app.command("add_replica")
 def add_replica(
     stream: Annotated[str, typer.Argument(help="The name of the stream.")],
     node: Annotated[str, typer.Argument(help="The node to add a replica on.")],
-    vhost: Vhost = "/", url: Url = None, host: Host = None, port: Port = None,
-    username: User = None, password: Password = None,
+    vhost: Vhost = "/", formatter: Fmt = Formatter.table, quiet: Quiet = False,
+    url: Url = None, host: Host = None, port: Port = None, username: User = None,
+    password: Password = None,
 ) -> None:
-    """Add a replica of a stream on a node. Leveret is a single node: this explains why it
-    cannot, and exits 1.
+    """Add a replica of a stream on a running node of the cluster: it copies the leader's log
+    and then follows it. A node that already is a member is left as it is.
 
-    Example: leveret-streams add_replica invoices-0 rabbit@other
+    Example: leveret-streams add_replica invoices-0 node-c
     """
     api = Api(url, host, port, username, password)
-    _replica_refusal(api, vhost, stream, "Cannot add replicas to classic queues",
-                     f"have a replica on node '{node}'")
+    data: dict[str, Any] = {}
+    run(lambda: data.update(api.call(
+        "PUT", f"/api/leveret/streams/{q(vhost)}/{q(stream)}/replicas/{q(node)}", {},
+        missing="The stream does not exist")))
+    banner(f"Adding a replica for stream {stream} on node {node}...", formatter, quiet)
+    if formatter is Formatter.json:  # a table prints the banner only, as RabbitMQ's CLI
+        emit("", {"stream": stream, "vhost": vhost, "node": node, **data}, formatter)
 
 
 @app.command("delete_replica")
 def delete_replica(
     stream: Annotated[str, typer.Argument(help="The name of the stream.")],
     node: Annotated[str, typer.Argument(help="The node whose replica to delete.")],
-    vhost: Vhost = "/", url: Url = None, host: Host = None, port: Port = None,
-    username: User = None, password: Password = None,
+    vhost: Vhost = "/", formatter: Fmt = Formatter.table, quiet: Quiet = False,
+    url: Url = None, host: Host = None, port: Port = None, username: User = None,
+    password: Password = None,
 ) -> None:
-    """Delete a stream's replica on a node. Leveret is a single node: this explains why it
-    cannot, and exits 1.
+    """Delete a stream's replica on a node: it stops and its local log is deleted. The last
+    member cannot be deleted, nor (in Leveret) the leader's.
 
-    Example: leveret-streams delete_replica invoices-0 rabbit@other
+    Example: leveret-streams delete_replica invoices-0 node-c
     """
     api = Api(url, host, port, username, password)
-    _replica_refusal(api, vhost, stream, "Cannot delete replicas from a classic queue",
-                     f"lose a replica on node '{node}' (Cannot delete the last member of a "
-                     "stream)")
+    data: dict[str, Any] = {}
+    run(lambda: data.update(api.call(
+        "DELETE", f"/api/leveret/streams/{q(vhost)}/{q(stream)}/replicas/{q(node)}",
+        missing="The stream does not exist")))
+    banner(f"Removing a replica of queue {stream} on node {node}...", formatter, quiet)
+    if formatter is Formatter.json:  # a table prints the banner only, as RabbitMQ's CLI
+        emit("", {"stream": stream, "vhost": vhost, "node": node, **data}, formatter)
 
 
 @app.command("reset_offset")

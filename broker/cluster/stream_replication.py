@@ -72,10 +72,15 @@ class StreamReplication:
         self.following: dict[str, QueueRecord] = {}  # streams replicated here, by key
         self._epochs: dict[str, int] = {}  # a replica's epoch while it changes leader
         self.failover: Any = None
+        from leveret.broker.cluster.stream_membership import StreamMembership  # imports this
+
+        self.membership = StreamMembership(self)
 
     @staticmethod
     def replicated(record: QueueRecord) -> bool:
-        return record.type == "stream" and len(record.members) > 1
+        """A stream with a members list: declared with several, or its members changed since
+        (delete_replica down to the leader alone keeps the list, and the leader's shipper)."""
+        return record.type == "stream" and len(record.members) >= 1
 
     def holds(self, record: QueueRecord) -> bool:
         """This node holds the queue: its leader, or a member of a replicated stream."""
@@ -98,6 +103,29 @@ class StreamReplication:
         else:
             self._replicate(queue, record, key)
 
+    def _members_changed(self, queue: StreamQueue, record: QueueRecord) -> bool:
+        """add_replica or delete_replica on the stream this node leads, the leader and epoch
+        unchanged: ship to the new set of replicas with a new shipper on the same log and
+        writer (what waits for the quorum stays waiting and is confirmed at the new one)."""
+        key = record.storage_id or f"{record.vhost}/{record.name}"
+        led = self.led.get(key)
+        if led is None or led.queue is not queue or record.node != self.cluster.node:
+            return False
+        queue.members = tuple(record.members)
+        led.record = record
+        old = led.shipper
+        if old is None:  # still reading its epoch: it ships to the record's members
+            return True
+        self.replicas.shippers.pop(key, None)
+        closing = asyncio.get_running_loop().create_task(old.close())
+        _closing.add(closing)
+        closing.add_done_callback(_closing.discard)
+        led.shipper = None
+        led.task = asyncio.get_running_loop().create_task(self._start_shipping(led, record))
+        log.info("a replicated stream's members changed", stream=record.name,
+                 vhost=record.vhost, members=list(record.members))
+        return True
+
     def log_of(self, key: str) -> Any:
         """This node's log of the stream `key` (a replica's or the leader's), or None."""
         replica = self.replicas.logs.get(key)
@@ -113,6 +141,8 @@ class StreamReplication:
             return False
         if record.storage_id != queue.storage_id or self.cluster.node not in record.members:
             return False
+        if self._members_changed(queue, record):
+            return True
         bound = queue.commit_bound
         self.detach(queue)
         self.attach(queue, record)
@@ -209,6 +239,7 @@ class StreamReplication:
         if led.closed or epoch is None:
             return
         queue = led.queue
+        record = led.record  # (add_replica, delete_replica may have changed it meanwhile)
         replicas = [m for m in record.members if m != record.node]
 
         membership = self.cluster.membership
@@ -217,7 +248,8 @@ class StreamReplication:
             if not membership.in_cluster:  # lost its lease: another node may lead by now
                 return
             queue.commit_bound = max(offset, queue.commit_bound or -1)
-            queue.writer.committed_up_to(offset)
+            if offset > queue.writer.committer.committed:  # (a new shipper starts at -1)
+                queue.writer.committed_up_to(offset)
 
         shipper = Shipper(led.key, queue.log, epoch, replicas, self.cluster.links.link_to,
                           on_commit=committed)

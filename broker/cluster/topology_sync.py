@@ -229,7 +229,8 @@ class TopologySync:
                 record.type, record.durable, record.auto_delete, record.arguments):
             return False
         if isinstance(queue, RemoteQueue):
-            return queue.node == record.node and queue.exclusive == record.exclusive
+            return queue.node == record.node and queue.exclusive == record.exclusive and (
+                not self.holds(record))  # (add_replica made this node a stream's member)
         if getattr(queue, "role", "") and tuple(getattr(queue, "members", ())) != record.members:
             return False
         return self.holds(record) and (

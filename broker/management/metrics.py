@@ -30,6 +30,7 @@ from leveret.broker.alarms import resident_memory_bytes
 from leveret.broker.broker import VERSION
 from leveret.broker.management import prometheus_names
 from leveret.broker.management.http import BROKER
+from leveret.broker.management.member_metrics import MemberCollector
 from leveret.broker.management.overview import alarm_state
 
 if TYPE_CHECKING:
@@ -221,6 +222,7 @@ def setup(app: web.Application) -> None:
     totals = BrokerTotals(app[BROKER])
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(app[BROKER], totals))
+    registry.register(MemberCollector(app[BROKER]))  # replicated streams' members
     app[TOTALS] = totals
     app[REGISTRY] = registry
     app.cleanup_ctx.append(_sampler)

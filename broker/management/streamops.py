@@ -206,6 +206,7 @@ def status(stream: Any, node: str) -> dict[str, Any]:
         "first_offset": summary["first_offset"],
         "readers": readers,
         "segments": len(summary["segments"]),
+        "lag": 0,
     }
     # a replicated stream (broker/cluster/stream_replication.py): this node's row with its
     # role and the commit point, and the rows of the other members it knows

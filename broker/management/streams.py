@@ -9,6 +9,8 @@ Leveret's (what `leveret-streams` needs and RabbitMQ's API lacks), under /api/le
   PUT    /super-streams/{vhost}/{name}                   add (as RabbitMQ's PUT)
   DELETE /super-streams/{vhost}/{name}                   delete the exchange and partitions
   GET    /streams/{vhost}/{name}/status                  stream_status rows and tracking
+  PUT    /streams/{vhost}/{name}/replicas/{node}         add_replica (stream_members.py)
+  DELETE /streams/{vhost}/{name}/replicas/{node}         delete_replica
   POST   /streams/{vhost}/{name}/restart                 restart_stream: {"leader": node}
   POST   /streams/{vhost}/{name}/reset-offset            {"reference": R}
   GET    /streams/{vhost}/{name}/tracking                publishers and stored offsets
@@ -22,8 +24,9 @@ from typing import Any
 
 from aiohttp import web
 
+from leveret.broker.access_store import access_store
 from leveret.broker.admin import BadRequest
-from leveret.broker.management import stream_protocol, streamops
+from leveret.broker.management import stream_members, stream_protocol, streamops
 from leveret.broker.management.http import (
     ApiError,
     bad_request,
@@ -85,8 +88,10 @@ async def put_super_stream(request: web.Request) -> web.Response:
     if not isinstance(arguments, dict):
         raise bad_request("arguments must be an object")
     check("configure", "exchange", name)
-    streamops.add_super_stream(broker_of(request), vhost.name, name, partitions=partitions,
-                               binding_keys=keys, arguments=arguments)
+    # in cluster mode through etcd, each partition placed over the nodes (access_store)
+    await access_store(broker_of(request)).add_super_stream(
+        vhost.name, name, partitions=partitions, binding_keys=keys,
+        arguments=streamops.stream_arguments(arguments))
     return web.Response(status=201)
 
 
@@ -110,15 +115,15 @@ async def delete_super_stream(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     check("configure", "exchange", name)
     try:
-        streamops.delete_super_stream(broker_of(request), vhost.name, name)
+        await access_store(broker_of(request)).delete_super_stream(vhost.name, name)
     except NotFound as exc:
         raise ApiError(404, "not_found", exc.text) from None
     return no_content()
 
 
 async def stream_status(request: web.Request) -> web.Response:
-    return ok(streamops.status(_stream(request, "Cannot get stream status of {what}"),
-                               broker_of(request).config.node_name))
+    stream = _stream(request, "Cannot get stream status of {what}")
+    return ok(await stream_members.status(broker_of(request), stream))  # from any node
 
 
 async def restart_stream(request: web.Request) -> web.Response:
@@ -170,6 +175,7 @@ def setup(app: web.Application) -> None:
     r = app.router
     r.add_put("/api/stream/super-streams/{vhost}/{name}", put_super_stream)
     stream_protocol.setup(app)  # connections, publishers, consumers
+    stream_members.setup(app)  # add_replica, delete_replica: PUT/DELETE .../replicas/{node}
     base = "/api/leveret"
     r.add_get(base + "/super-streams", list_super_streams)
     r.add_get(base + "/super-streams/{vhost}", list_super_streams)

@@ -6,7 +6,9 @@ key that matches no binding goes to partition murmur3_32(key, seed 104729) mod N
 stream client libraries use. Partitions are ordered by the binding argument
 `x-stream-partition-order`, else by the number after the last `-` of the stream's name, as
 RabbitMQ orders them. `add` and `delete` build and remove the topology that
-`rabbitmq-streams add_super_stream` builds, with RabbitMQ's validation texts.
+`rabbitmq-streams add_super_stream` builds, with RabbitMQ's validation texts, in this node's
+model; in cluster mode the same topology goes through etcd (`access_store.ClusterAccess.
+add_super_stream`, after `plan`'s checks), so each partition is placed on the nodes.
 
 Single-threaded; no I/O beyond what declaring streams does.
 """
@@ -110,10 +112,12 @@ def partition_index(vhost: VHost, queue: Any) -> int:
     return -1
 
 
-def add(vhost: VHost, name: str, *, partitions: int | None = None,
-        binding_keys: list[str] | None = None, arguments: dict[str, Any] | None = None,
-        owner: Any = None, check: Any = None) -> list[str]:
-    """Create the super stream `name`; returns the partition stream names. All or nothing."""
+def plan(vhost: VHost, name: str, *, partitions: int | None = None,
+         binding_keys: list[str] | None = None, names: list[str] | None = None,
+         arguments: dict[str, Any] | None = None) -> tuple[list[str], list[str], dict[str, Any]]:
+    """Check a new super stream `name` against the vhost: its binding keys, its partition
+    names (`<name>-<key>` unless given) and the partitions' queue arguments (balanced leaders
+    unless the arguments name a locator), or PreconditionFailed with RabbitMQ's texts."""
     arguments = dict(arguments or {})
     if binding_keys is None:
         count = 3 if partitions is None else partitions
@@ -125,7 +129,9 @@ def add(vhost: VHost, name: str, *, partitions: int | None = None,
         raise PreconditionFailed("The partition number must be greater than 0")
     if len(binding_keys) > MAX_PARTITIONS:
         raise PreconditionFailed(f"The partition number must not exceed {MAX_PARTITIONS}")
-    names = [f"{name}-{key}" for key in binding_keys]
+    names = names if names is not None else [f"{name}-{key}" for key in binding_keys]
+    if len(names) != len(binding_keys):
+        raise PreconditionFailed("The super stream needs one binding key per partition")
     if len(set(names)) != len(names):
         raise PreconditionFailed("The super stream has duplicate partition names")
     for candidate in [name, *names]:
@@ -138,6 +144,17 @@ def add(vhost: VHost, name: str, *, partitions: int | None = None,
             raise PreconditionFailed(f"there is already a queue named {queue_name}")
     queue_args = {"x-queue-type": "stream", "x-queue-leader-locator": "balanced"}
     queue_args.update({k: v for k, v in arguments.items() if k in STREAM_OPTION_ARGS})
+    return binding_keys, names, queue_args
+
+
+def add(vhost: VHost, name: str, *, partitions: int | None = None,
+        binding_keys: list[str] | None = None, names: list[str] | None = None,
+        arguments: dict[str, Any] | None = None, owner: Any = None,
+        check: Any = None) -> list[str]:
+    """Create the super stream `name`; returns the partition stream names. All or nothing."""
+    binding_keys, names, queue_args = plan(vhost, name, partitions=partitions,
+                                           binding_keys=binding_keys, names=names,
+                                           arguments=arguments)
     created: list[str] = []
     try:
         vhost.declare_exchange(name, "direct", durable=True,

@@ -1,7 +1,9 @@
-"""Create and Delete of the stream protocol in cluster mode: through the topology in etcd, as
-an AMQP 0.9.1 queue.declare / queue.delete of a stream is in a cluster, so that every node sees
-the stream and its leader is placed as RabbitMQ places it (`queue-leader-locator`: the policy
-key, the `queue-leader-locator` argument, else the node's `queue_leader_locator`).
+"""Create, Delete, CreateSuperStream and DeleteSuperStream of the stream protocol in cluster
+mode: through the topology in etcd, as an AMQP 0.9.1 queue.declare / queue.delete of a stream
+is in a cluster, so that every node sees the stream (a super stream: its exchange, partitions
+and bindings, through `access_store.ClusterAccess`) and its leader is placed as RabbitMQ
+places it (`queue-leader-locator`: the policy key, the `queue-leader-locator` argument, else
+the node's `queue_leader_locator`).
 
 The checks and their response codes are those of `streams.create` / `streams.delete`
 (PRECONDITION_FAILED, ACCESS_REFUSED, STREAM_ALREADY_EXISTS, STREAM_DOES_NOT_EXIST); then the
@@ -19,11 +21,13 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker import logs
+from leveret.broker.access_store import ClusterAccess, TopologyUnavailable
 from leveret.broker.cluster import stream_placement
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.cluster.topology import Created
 from leveret.broker.cluster.topology_records import QueueRecord
 from leveret.broker.model import args as qargs
+from leveret.broker.model import superstream
 from leveret.broker.model.errors import BrokerError, PreconditionFailed
 from leveret.broker.model.policy import effective
 from leveret.broker.model.stream import StreamQueue
@@ -164,3 +168,89 @@ async def _delete(s: StreamSession, cluster: ClusterRuntime, corr: int, name: st
         return
     _answer(s, k.DELETE, corr, k.OK)
     s.server.stream_deleted(vhost.name, name)
+
+
+def create_super_stream(s: StreamSession, d: f.Decoder, version: int) -> None:
+    """CreateSuperStream in cluster mode: `streams.create_super_stream`'s checks and codes,
+    then the exchange, each partition (placed over the nodes: `balanced` leaders unless the
+    arguments name a locator) and its binding through etcd (`ClusterAccess.add_super_stream`),
+    settled on every node before the answer."""
+    cluster = s.broker.cluster
+    if cluster is None:
+        streams.create_super_stream(s, d, version)
+        return
+    corr = d.u32()
+    name = d.string()
+    names = d.strings()
+    keys = d.strings()
+    arguments = d.map()
+    d.done()
+    key = k.CREATE_SUPER_STREAM
+    if streams.correct_name(name) is None or not names or len(names) != len(keys):
+        _answer(s, key, corr, k.PRECONDITION_FAILED)
+        return
+    if not all(s.allowed("configure", n) for n in [name, *names]) or not s.allowed(
+            "write", name):
+        _answer(s, key, corr, k.ACCESS_REFUSED)
+        return
+    if name in s.vhost.exchanges or any(n in s.vhost.queues for n in names):
+        _answer(s, key, corr, k.STREAM_ALREADY_EXISTS)
+        return
+    try:
+        args = streams.queue_arguments(arguments)
+        superstream.plan(s.vhost, name, binding_keys=keys, names=names, arguments=args)
+    except BrokerError:
+        _answer(s, key, corr, k.PRECONDITION_FAILED)
+        return
+    _spawn(_create_super(s, ClusterAccess(s.broker, cluster), corr, name, names, keys, args))
+
+
+async def _create_super(s: StreamSession, access: ClusterAccess, corr: int, name: str,
+                        names: list[str], keys: list[str], args: dict[str, Any]) -> None:
+    try:
+        await access.add_super_stream(s.vhost.name, name, binding_keys=keys, names=names,
+                                      arguments=args)
+    except TopologyUnavailable as exc:
+        log.warning("cannot create a super stream: the metadata store is unavailable",
+                    stream=name, error=str(exc))
+        _answer(s, k.CREATE_SUPER_STREAM, corr, k.INTERNAL_ERROR)
+        return
+    except BrokerError:  # declared meanwhile, by someone else
+        _answer(s, k.CREATE_SUPER_STREAM, corr, k.PRECONDITION_FAILED)
+        return
+    _answer(s, k.CREATE_SUPER_STREAM, corr, k.OK)
+
+
+def delete_super_stream(s: StreamSession, d: f.Decoder, version: int) -> None:
+    """DeleteSuperStream in cluster mode: the exchange, then its partitions, through etcd."""
+    cluster = s.broker.cluster
+    if cluster is None:
+        streams.delete_super_stream(s, d, version)
+        return
+    corr = d.u32()
+    name = d.string()
+    d.done()
+    if not s.allowed("configure", name):
+        _answer(s, k.DELETE_SUPER_STREAM, corr, k.ACCESS_REFUSED)
+        return
+    if not isinstance(s.vhost.exchanges.get(name), superstream.SuperStreamExchange):
+        _answer(s, k.DELETE_SUPER_STREAM, corr, k.STREAM_DOES_NOT_EXIST)
+        return
+    _spawn(_delete_super(s, ClusterAccess(s.broker, cluster), corr, name))
+
+
+async def _delete_super(s: StreamSession, access: ClusterAccess, corr: int, name: str) -> None:
+    vhost = s.vhost.name
+    try:
+        deleted = await access.delete_super_stream(vhost, name)
+    except TopologyUnavailable as exc:
+        log.warning("cannot delete a super stream: the metadata store is unavailable",
+                    stream=name, error=str(exc))
+        _answer(s, k.DELETE_SUPER_STREAM, corr, k.INTERNAL_ERROR)
+        return
+    except BrokerError:  # deleted meanwhile, by someone else
+        _answer(s, k.DELETE_SUPER_STREAM, corr, k.STREAM_DOES_NOT_EXIST)
+        return
+    _answer(s, k.DELETE_SUPER_STREAM, corr, k.OK)
+    for stream in deleted:
+        s.server.stream_deleted(vhost, stream)

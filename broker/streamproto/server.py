@@ -67,8 +67,8 @@ HANDLERS: dict[int, Handler] = {
     k.ROUTE: streams.route,
     k.PARTITIONS: streams.partitions,
     k.STREAM_STATS: streams.stream_stats,
-    k.CREATE_SUPER_STREAM: streams.create_super_stream,
-    k.DELETE_SUPER_STREAM: streams.delete_super_stream,
+    k.CREATE_SUPER_STREAM: cluster_streams.create_super_stream,  # streams' on a single node
+    k.DELETE_SUPER_STREAM: cluster_streams.delete_super_stream,
     k.RESOLVE_OFFSET_SPEC: consuming.resolve_offset_spec,
 }
 PRE_OPEN = frozenset({k.PEER_PROPERTIES, k.SASL_HANDSHAKE, k.SASL_AUTHENTICATE, k.TUNE,
