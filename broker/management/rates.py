@@ -1,19 +1,22 @@
 """Message rates for the management API, from cumulative counters sampled every few seconds.
 
-RabbitMQ's API shows `message_stats` with a `<counter>_details: {"rate": r}` beside each
-counter. Leveret already keeps the counters (a queue's `stats_published` and
-`stats_delivered`, a confirm channel's `confirms.confirmed`); the views report them with rate
-0.0. This module samples them every `SAMPLE_S` seconds on the broker's loop (a timer: no work
-per message) and fills in the rates afterwards, in the API's answers for `/api/overview` and
-`/api/queues[/{vhost}[/{name}]]` (`fill`, a middleware), so the resource modules stay unaware.
+RabbitMQ's API shows `message_stats` with a `<kind>_details: {"rate": r}` beside each counter.
+The model keeps the counters as plain integers bumped on the hot path (a queue's
+`stats_published`, `stats_delivered`, `stats_ack`...; a channel's `stats_publish`,
+`stats_ack`... and its delivery tags; an exchange's `stats_publish_in`/`stats_publish_out`; a
+connection's bytes); the views report them with rate 0.0. This module samples them every
+`SAMPLE_S` seconds on the broker's loop (a timer: no work per message) and fills in the rates
+afterwards (`fill`, a middleware) in the API's answers for the overview, vhosts, queues,
+exchanges, channels and connections, so the resource modules stay unaware. With
+`collect_statistics = "none"` no sampler runs and the middleware takes `message_stats` out.
 
-Per vhost it keeps monotonic totals (publish, deliver_get, deliver, confirm): each sample adds
-every live queue's and channel's growth since the previous sample, so a queue deleted or a
-channel closed never makes a total go back. A rate is the growth of the last interval per
-second. With `msg_rates_age` and `msg_rates_incr` (seconds), the overview's details also carry
-RabbitMQ's `samples` ({"sample": total, "timestamp": ms}, newest first), `avg_rate` and `avg`,
-from the last 10 minutes of samples. Only this node's queues are sampled: in a cluster, queues
-held by other nodes keep rate 0.0.
+Per vhost it keeps monotonic totals: each sample adds every live queue's and channel's growth
+since the previous sample, so a queue deleted or a channel closed never makes a total go back.
+A rate is the growth of the last interval per second. With `msg_rates_age` and `msg_rates_incr`
+(seconds), the overview's and vhosts' details also carry RabbitMQ's `samples` ({"sample":
+total, "timestamp": ms}, newest first), `avg_rate` and `avg`, from the last 10 minutes of
+samples. Only this node's queues are sampled: in a cluster, queues held by other nodes keep
+rate 0.0.
 
 Runs on the broker's event loop thread; knows the model's counters, not AMQP.
 """
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from leveret.broker import logs
 from leveret.broker.management import views
 from leveret.broker.management.http import BROKER, CURRENT_USER, sees_everything
 
@@ -46,6 +50,7 @@ KEYS = (*QUEUE_KEYS, "confirm", "return_unroutable")  # a vhost's and the overvi
 EXCHANGE_KEYS = ("publish_in", "publish_out")
 CONNECTION_KEYS = ("recv_oct", "send_oct")
 RATES: web.AppKey[Sampler] = web.AppKey("rates")
+log = logs.get("leveret.management")
 
 Seen = dict[int, tuple[Any, tuple[int, ...]]]
 
@@ -324,7 +329,10 @@ async def _run(app: web.Application) -> AsyncIterator[None]:
 
     async def loop() -> None:
         while True:
-            sampler.sample()
+            try:
+                sampler.sample()
+            except Exception:  # one bad sample must not stop the rates for good
+                log.exception("rates sample failed")
             await asyncio.sleep(SAMPLE_S)
 
     task = asyncio.get_running_loop().create_task(loop())
