@@ -27,7 +27,7 @@ from support.cluster_api import api, ok
 from support.etcd import EtcdServer
 from support.ports import free_port, wait_for_port
 
-OK, ALREADY_EXISTS, DOES_NOT_EXIST = 0x01, 0x05, 0x02
+OK, DOES_NOT_EXIST, ALREADY_EXISTS, PRECONDITION_FAILED = 0x01, 0x02, 0x05, 0x11
 CREATE_SUPER_STREAM, DELETE_SUPER_STREAM = 0x1D, 0x1E
 Three = tuple[ClusterNode, ClusterNode, ClusterNode]
 
@@ -102,6 +102,15 @@ def test_a_super_streams_partitions_are_spread_over_the_nodes_and_route_from_any
     status, answer = api(c, "PUT", "/api/stream/super-streams/%2F/inv", {"partitions": 2})
     assert status == 400 and "there is already an exchange named inv" in answer["reason"]
 
+    # a partition name already taken by a queue: refused before anything is made
+    conn = connect(a)
+    conn.channel().queue_declare("taken-1", durable=True)
+    conn.close()
+    status, answer = api(b, "PUT", "/api/stream/super-streams/%2F/taken", {"partitions": 2})
+    assert status == 400 and "there is already a queue named taken-1" in answer["reason"]
+    assert in_etcd(etcd, cluster, "taken-0") == (None, None)
+    assert all(api(node, "GET", "/api/exchanges/%2F/taken")[0] == 404 for node in nodes)
+
     # deleting it removes the exchange and the partitions, on every node and in etcd
     ok(c, "DELETE", "/api/leveret/super-streams/%2F/inv")
     assert all(in_etcd(etcd, cluster, name) == (None, None) for name in names)
@@ -142,6 +151,16 @@ def test_the_stream_protocols_create_super_stream_places_partitions_through_etcd
     client.request(CREATE_SUPER_STREAM, s("orders") + strings(names)
                    + strings(["eu", "us", "asia"]) + strmap({}))
     assert client.response(CREATE_SUPER_STREAM)[1] == ALREADY_EXISTS
+
+    # refused before anything is made: a partition count that is not the keys', a bad argument
+    client.request(CREATE_SUPER_STREAM, s("bad") + strings(["bad-a", "bad-b"])
+                   + strings(["a"]) + strmap({}))
+    assert client.response(CREATE_SUPER_STREAM)[1] == PRECONDITION_FAILED
+    client.request(CREATE_SUPER_STREAM, s("bad") + strings(["bad-a"]) + strings(["a"])
+                   + strmap({"initial-cluster-size": "0"}))
+    assert client.response(CREATE_SUPER_STREAM)[1] == PRECONDITION_FAILED
+    assert in_etcd(etcd, cluster, "bad-a") == (None, None)
+    assert all(api(node, "GET", "/api/exchanges/%2F/bad")[0] == 404 for node in (a, b, c))
 
     client.request(DELETE_SUPER_STREAM, s("orders"))
     assert client.response(DELETE_SUPER_STREAM)[1] == OK
