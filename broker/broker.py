@@ -70,6 +70,9 @@ class Broker:
         self.vhosts: dict[str, VHost] = {}
         self.connections: set[Session] = set()
         self.login_failures = 0
+        # churn, for the metrics: closed ones are these minus those open now
+        self.connections_opened_total = 0
+        self.channels_opened_total = 0
         self.closed_since_collect = 0
         self.started_at = time.time()
         self.alarm: str | None = None  # "low on memory", "low on disk", ... while an alarm holds
@@ -175,6 +178,7 @@ class Broker:
 
     def connection_opened(self, session: Session) -> None:
         self.connections.add(session)
+        self.connections_opened_total += 1
         if self.cluster is not None:
             self.cluster_sessions[self.cluster_key(session)] = session
 

@@ -191,6 +191,16 @@ class RabbitCollector:
         consuming.add_metric([PROTOCOL], consumers)
         yield consuming
 
+        opened, channels_opened = broker.connections_opened_total, broker.channels_opened_total
+        yield CounterMetricFamily("rabbitmq_connections_opened",
+                                  "Total number of connections opened", value=opened)
+        yield CounterMetricFamily("rabbitmq_connections_closed",
+                                  "Total number of connections closed or terminated",
+                                  value=max(0, opened - len(sessions)))
+        yield CounterMetricFamily("rabbitmq_channels_opened", "Total number of channels opened",
+                                  value=channels_opened)
+        yield CounterMetricFamily("rabbitmq_channels_closed", "Total number of channels closed",
+                                  value=max(0, channels_opened - len(channels)))
         yield _gauge("rabbitmq_connections", "Connections currently open", len(sessions))
         yield _gauge("rabbitmq_channels", "Channels currently open", len(channels))
         yield _gauge("rabbitmq_consumers", "Consumers currently connected", consumers)

@@ -324,6 +324,7 @@ class Session(asyncio.Protocol):
 
     def on_channel_open(self, number: int) -> None:
         self.channels[number] = Channel(self, number)
+        self.broker.channels_opened_total += 1  # closed: opened minus open now (metrics)
         self.wire.channel_open_ok(number)
 
     def on_channel_closed(self, number: int) -> None:

@@ -89,6 +89,9 @@ def test_rabbitmq_names_aggregated(managed_broker: InProcessBroker) -> None:
     assert values[("rabbitmq_global_messages_redelivered_total", CLASSIC)] == 1
     assert values[("rabbitmq_global_messages_acknowledged_total", CLASSIC)] == 1
     assert values[("rabbitmq_global_publishers", AMQP)] == 1
+    assert values[("rabbitmq_connections_opened_total", ())] == 1
+    assert values[("rabbitmq_connections_closed_total", ())] == 0
+    assert values[("rabbitmq_channels_opened_total", ())] == 1
     identity = [labels for (name, labels) in values if name == "rabbitmq_identity_info"]
     node = http.ok("/api/overview")["node"]
     assert dict(identity[0])["rabbitmq_node"] == node
@@ -111,6 +114,10 @@ def test_rabbitmq_names_aggregated(managed_broker: InProcessBroker) -> None:
     assert after[("rabbitmq_global_messages_received_total", AMQP)] == 7
     assert after[("rabbitmq_global_messages_delivered_total", CLASSIC)] == 3
     assert after[("rabbitmq_connections", ())] == 0
+    assert after[("rabbitmq_connections_opened_total", ())] == 1
+    assert after[("rabbitmq_connections_closed_total", ())] == 1
+    assert after[("rabbitmq_channels_opened_total", ())] == 2  # the one that deleted `jobs`
+    assert after[("rabbitmq_channels_closed_total", ())] == 2
 
 
 def test_rabbitmq_names_per_object(managed_broker: InProcessBroker) -> None:
