@@ -164,6 +164,18 @@ class RabbitCollector:
         self.per_object = per_object
 
     def collect(self) -> Iterator[Metric]:
+        """In cluster mode every series also carries a `node` label, as Leveret's own names do
+        (the dashboards join on instance and job, so an extra label does not matter)."""
+        if self.broker.cluster is None:
+            yield from self._collect()
+            return
+        node = self.broker.config.node_name
+        for metric in self._collect():
+            metric.samples = [s._replace(labels={**s.labels, "node": node})
+                              for s in metric.samples]
+            yield metric
+
+    def _collect(self) -> Iterator[Metric]:
         broker = self.broker
         sessions = list(broker.connections)
         channels = [c for s in sessions for c in s.channels.values()]
