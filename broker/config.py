@@ -67,6 +67,9 @@ class Config:
     cluster_secret: str = ""  # better given as LEVERET_CLUSTER_SECRET or cluster_secret_file
     cluster_secret_file: Path | None = None
     cluster_lease_ttl_s: int = 10
+    # a replicated stream's members elect a new leader once a quorum of them has lost its link
+    # to the leader's node this long, without waiting for its lease to expire (docs/REPLICATION.md)
+    stream_failover_after_s: float = 2.0
     # where a new queue's leader goes when neither the x-queue-leader-locator argument nor the
     # queue-leader-locator policy key says (client-local | balanced), as RabbitMQ's setting
     queue_leader_locator: str = "client-local"

@@ -77,6 +77,9 @@ class ClusterLinks:
         self.revision = 0  # the etcd revision of the last record change applied
         self.in_cluster = False
         self.started = False
+        # nodes linked at least once since their record appeared: a node whose link is down
+        # now was lost, rather than still starting (stream failover counts on it)
+        self.ever_linked: set[str] = set()
         self._outbound: set[Link] = set()
         self._server = LinkServer(self.config, self.handlers, self._accepted, host=host,
                                   port=port)
@@ -210,6 +213,7 @@ class ClusterLinks:
     def _peer_down(self, name: str) -> None:
         if self.records.pop(name, None) is None:
             return
+        self.ever_linked.discard(name)
         dialer = self._dialers.pop(name, None)
         if dialer is not None:
             dialer.cancel()
@@ -272,6 +276,7 @@ class ClusterLinks:
         if old is not None and old is not link:
             self._close(old, "replaced by a new link")
         self.links[name] = link
+        self.ever_linked.add(name)
         link.on_close(lambda closed: self._forget(name, closed))
         if link in self._outbound:  # the LinkServer logs the links it accepts
             log.info("cluster link up", peer_node=name, peer=link.peer_address,

@@ -2,10 +2,15 @@
 advanced log becomes the leader, fenced by one etcd transaction.
 
 Every node checks, twice a second, the replicated streams it holds as a replica: when the
-leader's node record is gone from etcd (a clean stop, or its lease expired after `kill -9`)
-while this node is in the cluster, it asks the running members for their log's tail
-(`stream.tail`: epoch of the last chunk, next offset) and `choose_leader` names the one with the
-greatest tail among a quorum of answers (osiris's rule: it holds every chunk a quorum
+leader's node is lost while this node is in the cluster, it asks the running members for their
+log's tail (`stream.tail`: epoch of the last chunk, next offset, and whether they lost the
+leader too) and `choose_leader` names the one with the greatest tail among a quorum of answers
+(osiris's rule: it holds every chunk a quorum acknowledged). The leader's node is lost when its
+node record is gone from etcd (a clean stop, or its lease expired), or, sooner, when a quorum of
+the members (this one included) has been without a link to it for `stream_failover_after_s`
+(2 s by default): `kill -9` breaks every link at once, and the lease takes 10 s to expire. A
+node's link only counts once it has been up since the node's record appeared, so a node still
+starting is never taken for lost. (osiris's rule: it holds every chunk a quorum
 acknowledged). Only the chosen node acts: one txn compares the leadership key's and the queue
 record's mod revisions with those it read, and puts both: the leadership with the next epoch,
 and the queue record with the new leader as `node` (members reordered, leader first). Of two
@@ -33,6 +38,7 @@ from leveret.broker import logs
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.cluster.etcd_types import Compare, Put
 from leveret.broker.cluster.link import Link, LinkError
+from leveret.broker.cluster.replication import quorum
 from leveret.broker.cluster.stream_leadership import StreamLeadership, Tail, choose_leader
 from leveret.broker.cluster.stream_leadership import _encode as encode_leadership
 from leveret.broker.cluster.topology_records import QueueRecord, encode
@@ -53,6 +59,8 @@ class Failover:
         self.cluster.links.handlers.on_request(TAIL, self._tail)
         self._electing: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+        self.after_s = float(replication.broker.config.stream_failover_after_s)
+        self._lost: dict[str, float] = {}  # running nodes once linked: since when unlinked
 
     def start(self) -> None:
         if self._task is None:
@@ -61,10 +69,32 @@ class Failover:
     async def _tail(self, _link: Link, body: Any) -> dict[str, int]:
         key = body.get("stream") if isinstance(body, dict) else None
         found = self.replication.log_of(key) if isinstance(key, str) else None
-        if found is None:
+        if found is None or not isinstance(key, str):
             raise LookupError(f"this node holds no log of stream {key!r}")
         epoch, next_offset = found.tail
-        return {"epoch": epoch, "next_offset": next_offset}
+        record = self.replication.following.get(key)
+        lost = record is not None and self._leader_lost(record.node)
+        return {"epoch": epoch, "next_offset": next_offset, "leader_lost": lost}
+
+    def _track_links(self) -> None:
+        """Note since when this node has been without its link to each running node that it
+        was linked to since that node's record appeared."""
+        links = self.cluster.links
+        now = asyncio.get_running_loop().time()
+        for node in links.records:
+            if links.link_to(node) is not None or node not in links.ever_linked:
+                self._lost.pop(node, None)
+            else:
+                self._lost.setdefault(node, now)
+        for node in [n for n in self._lost if n not in links.records]:
+            del self._lost[node]
+
+    def _leader_lost(self, node: str) -> bool:
+        """Its record is gone, or this node has been without a link to it long enough."""
+        if node not in self.cluster.links.records:
+            return True
+        since = self._lost.get(node)
+        return since is not None and asyncio.get_running_loop().time() - since >= self.after_s
 
     async def _watch(self) -> None:
         while True:
@@ -78,9 +108,9 @@ class Failover:
         cluster = self.cluster
         if not cluster.membership.in_cluster or not cluster.links.started:
             return  # (before the links start, no node's record is known yet)
-        running = cluster.links.records
+        self._track_links()
         for key, record in list(self.replication.following.items()):
-            if record.node in running or key in self._electing:
+            if not self._leader_lost(record.node) or key in self._electing:
                 continue
             self._electing.add(key)
             task = asyncio.get_running_loop().create_task(self._elect(key, record))
@@ -100,9 +130,13 @@ class Failover:
         tails[me] = own.tail
         asks = [m for m in record.members if m not in (me, record.node)]
         answers = await asyncio.gather(*(self._ask(m, key) for m in asks))
-        for member, tail in zip(asks, answers, strict=True):
-            if tail is not None:
-                tails[member] = tail
+        lost_by = 1  # members that lost the leader: this one, and those that answer so
+        for member, answer in zip(asks, answers, strict=True):
+            if answer is not None:
+                tails[member], lost = answer
+                lost_by += lost
+        if record.node in self.cluster.links.records and lost_by < quorum(len(record.members)):
+            return  # its record is there and a quorum still reaches it: only this link broke
         chosen = choose_leader(record.members, tails)
         if chosen != me:
             if chosen is None:
@@ -117,13 +151,15 @@ class Failover:
         except EtcdException as exc:
             log.warning("cannot elect a stream's leader yet", stream=record.name, error=str(exc))
 
-    async def _ask(self, node: str, key: str) -> Tail | None:
+    async def _ask(self, node: str, key: str) -> tuple[Tail, bool] | None:
+        """A member's tail, and whether it lost the leader too."""
         link = self.cluster.links.link_to(node)
         if link is None or link.closed:
             return None
         with contextlib.suppress(LinkError, TimeoutError, ValueError, KeyError, TypeError):
             answer = await link.call(TAIL, {"stream": key}, timeout=TAIL_TIMEOUT_S)
-            return int(answer["epoch"]), int(answer["next_offset"])
+            tail = int(answer["epoch"]), int(answer["next_offset"])
+            return tail, answer.get("leader_lost") is True
         return None
 
     async def _take_over(self, record: QueueRecord, current: StreamLeadership) -> None:

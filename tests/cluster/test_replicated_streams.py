@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import aio_pika
 import pika
 import pytest
+from support.brokers import BrokerProcess
 from support.cluster import (
     STREAM,
     ClusterNode,
@@ -26,9 +28,11 @@ from support.cluster import (
     in_etcd,
     leader_of,
     linked,
+    make_node,
     publish_confirmed,
     publish_until_confirmed,
     same_logs,
+    states,
     wait_until,
 )
 from support.cluster_api import ok
@@ -269,6 +273,39 @@ def test_the_leader_killed_a_replica_leads_and_the_old_leader_catches_up(
     wait_until(lambda: same_logs((nodes[leader], a), record.storage_id or ""), timeout=90)
     got = consume(a, "s.fail", 301)
     assert [m for m in got if m != b"probe"] == before + after
+
+
+def test_a_killed_leader_is_replaced_before_its_lease_expires(
+        tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess]) -> None:
+    """With a 60 s lease, `kill -9` of the leader's node: the two other members have lost
+    their links to it, so they elect a new leader while etcd still lists the dead node as
+    running, and a publish through a survivor is confirmed by the new leader."""
+    three = [make_node(tmp_path, etcd.url, cluster, name,
+                       env={"LEVERET_CLUSTER_LEASE_TTL_S": "60"}, management=True)
+             for name in ("a", "b", "c")]
+    for node in three:
+        nodes.append(node.start())
+    wait_until(lambda: all(linked(node, 2) for node in three), timeout=60)
+    a, b, c = three
+    declare(a, "s.quick")
+    publish_confirmed(b, "s.quick", [b"before"])
+    a.kill()
+
+    def moved() -> bool:
+        found, _ = in_etcd(etcd, cluster, "s.quick")
+        return found is not None and found.node != "a"
+
+    wait_until(moved, timeout=30)
+    assert states(etcd.url, cluster)["a"] == "running"  # its lease has not expired
+    publish_until_confirmed(c, "s.quick", b"after")
+    assert consume(b, "s.quick", 2) == [b"before", b"after"]
+    assert states(etcd.url, cluster)["a"] == "running"
+
+
+def leader_of(etcd: EtcdServer, cluster: str, name: str) -> str:
+    record, _ = in_etcd(etcd, cluster, name)
+    assert record is not None
+    return record.node
 
 
 def kill_the_leader(abc: tuple[ClusterNode, ClusterNode, ClusterNode], etcd: EtcdServer,
