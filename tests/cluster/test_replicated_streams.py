@@ -302,12 +302,6 @@ def test_a_killed_leader_is_replaced_before_its_lease_expires(
     assert states(etcd.url, cluster)["a"] == "running"
 
 
-def leader_of(etcd: EtcdServer, cluster: str, name: str) -> str:
-    record, _ = in_etcd(etcd, cluster, name)
-    assert record is not None
-    return record.node
-
-
 def kill_the_leader(abc: tuple[ClusterNode, ClusterNode, ClusterNode], etcd: EtcdServer,
                     cluster: str, rounds: int) -> None:
     """`rounds` times: 50 confirmed publishes through a node that does not lead, `kill -9` of
