@@ -17,28 +17,21 @@ from urllib.request import urlopen
 
 import pytest
 from support.brokers import BrokerProcess
-from support.cluster import ClusterNode, linked, make_node, one_line, wait_until
+from support.cluster import (  # the replicated streams' helpers
+    ClusterNode,
+    connect,
+    consume,
+    declare,
+    in_etcd,
+    linked,
+    make_node,
+    one_line,
+    publish_confirmed,
+    same_logs,
+    wait_until,
+)
 from support.cluster_api import ok
 from support.etcd import EtcdServer
-
-try:  # the replicated streams' helpers, not written again (moving to support.cluster)
-    from support.cluster import (  # type: ignore[attr-defined]
-        connect,
-        consume,
-        declare,
-        in_etcd,
-        publish_confirmed,
-        same_logs,
-    )
-except ImportError:
-    from test_replicated_streams import (  # type: ignore[no-redef]
-        connect,
-        consume,
-        declare,
-        in_etcd,
-        publish_confirmed,
-        same_logs,
-    )
 
 NAMES = ("a", "b", "c")
 
