@@ -16,7 +16,9 @@ A stream whose queue record names several `members` (docs/REPLICATION.md) is a r
   goes to the leader through forwarding (a `RemoteQueue` for the leader, not in the model), and
   is confirmed when the leader confirms it.
 
-No failover yet: the leader named at declaration stays the leader. With fewer than a quorum of
+A new record with other members and the same leader (add_replica, delete_replica: see
+stream_membership.py) gives the leader a new shipper for the new replicas on the same log and
+writer. Failover is stream_failover.py's. With fewer than a quorum of
 members running, the leader appends but confirms nothing, and its readers see nothing new; the
 stream resumes when a quorum is back (a returning replica is synced from its own tail).
 
