@@ -38,6 +38,7 @@ class Answered:
 
     name = ""
     redelivers = False
+    stats_ack = 0  # a channel counts each queue's acks (management rates): these go nowhere
 
     def ack(self, entry: Any, consumer: Any = None) -> None: ...
     def ack_many(self, entries: list[Any], consumer: Any = None) -> None: ...

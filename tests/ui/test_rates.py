@@ -284,3 +284,18 @@ def test_a_bad_statistics_setting_is_refused() -> None:
         load(env={"LEVERET_COLLECT_STATISTICS": "lots"})
     assert load(env={}).collect_statistics == "coarse"
     assert load(env={"LEVERET_COLLECT_STATISTICS": "none"}).collect_statistics == "none"
+
+
+def test_a_query_answer_fetched_with_ack_can_be_acked(managed_broker: InProcessBroker) -> None:
+    """basic.get of a Leveret query (amq.leveret.*) in manual ack mode: its ack is counted on
+    the channel, and the stand-in queue behind the answer takes the count too."""
+    connection = pika.BlockingConnection(pika.URLParameters(managed_broker.url))
+    channel = connection.channel()
+    channel.queue_declare("s", durable=True, arguments={"x-queue-type": "stream"})
+    method, _props, _body = channel.basic_get("amq.leveret.publisher-id?stream=s&publisher=p")
+    assert method is not None
+    channel.basic_ack(method.delivery_tag)
+    assert channel.queue_declare("s", passive=True).method.queue == "s"  # the channel lives
+    (listed,) = Http.of(managed_broker).ok("/api/channels")
+    assert listed["message_stats"]["get"] == 1 and listed["message_stats"]["ack"] == 1
+    connection.close()
