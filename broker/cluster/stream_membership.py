@@ -12,8 +12,10 @@ local log, and the leader ships to the new set of replicas.
 RabbitMQ's rules (rabbit_stream_queue and rabbit_stream_coordinator): the node must be running
 (`node_not_running`); no replica may be out of sync when one is added; adding a member that is
 already one, or deleting a node that is not one, changes nothing and succeeds; the last member
-cannot be deleted. RabbitMQ deletes the leader's own membership by electing another leader;
-Leveret refuses it (see LEADER_TEXT).
+cannot be deleted. Deleting the leader's own membership elects another leader first, as
+RabbitMQ's coordinator does: the leader's node stops committing (what waits for the quorum is
+nack'ed), and the replica that holds the most of its log (everything committed, at least) leads
+in the next epoch, in one fenced txn (`step_down`).
 
 Status: the leader knows every member's progress (its shipper's acknowledgements), so a node
 that does not lead the stream asks the leader's node (`stream.status` over the node link).
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.cluster.etcd_types import Compare, Put
-from leveret.broker.cluster.link import Link, LinkError
+from leveret.broker.cluster.link import Link, LinkError, RemoteError
 from leveret.broker.cluster.stream_leadership import StreamLeadership
 from leveret.broker.cluster.stream_leadership import _decode as decode_leadership
 from leveret.broker.cluster.stream_leadership import _encode as encode_leadership
@@ -41,13 +43,15 @@ if TYPE_CHECKING:
     from leveret.broker.cluster.stream_replication import StreamReplication
 
 STATUS = "stream.status"
+HANDOVER = "stream.handover"
+HANDOVER_TIMEOUT_S = 20.0
 STATUS_TIMEOUT_S = 5.0
 NOT_RUNNING_TEXT = "node_not_running: node '{node}' is not a running node of this cluster"
 OUT_OF_SYNC_TEXT = ("disallowed, out_of_sync_replica: the replica of stream '{name}' on node "
                     "'{replica}' is not in sync with its leader")
 LAST_TEXT = "Cannot delete the last member of a stream"
-LEADER_TEXT = ("Cannot delete the replica of stream '{name}' on node '{node}': it is the "
-               "stream's leader (Leveret does not move a leader on delete_replica)")
+NO_SUCCESSOR_TEXT = ("Cannot delete the replica of stream '{name}' on node '{node}': no other "
+                     "member holds everything it committed; try again once they are in sync")
 RACE_TEXT = "The members of stream '{name}' changed meanwhile; try again"
 
 
@@ -70,6 +74,7 @@ class StreamMembership:
         # the management layer says how a local stream's status reads (streamops.status)
         self.local_status: StatusOf = lambda _vhost, _name: None
         self.cluster.links.handlers.on_request(STATUS, self._status)
+        self.cluster.links.handlers.on_request(HANDOVER, self._handover)
 
     # -- status
 
@@ -129,9 +134,75 @@ class StreamMembership:
         if node not in members:
             return False
         if node == record.node:
-            raise MembershipError(LEADER_TEXT.format(name=name, node=node))
+            await self._hand_over(record)
+            return True
         await self._write(record, leadership, tuple(m for m in members if m != node))
         return True
+
+    # -- the leader's own membership: it stops, and the replica holding all it committed leads
+
+    async def _hand_over(self, record: QueueRecord) -> None:
+        if record.node == self.cluster.node:
+            await self.step_down(record.vhost, record.name)
+            return
+        link = self.cluster.links.link_to(record.node)
+        if link is None:
+            raise MembershipError(NOT_RUNNING_TEXT.format(node=record.node))
+        try:
+            await link.call(HANDOVER, {"vhost": record.vhost, "name": record.name},
+                            timeout=HANDOVER_TIMEOUT_S)
+        except RemoteError as exc:
+            raise MembershipError(exc.remote_message) from None
+        except (LinkError, TimeoutError) as exc:
+            raise MembershipError(f"the leader's node '{record.node}' did not answer: {exc}",
+                                  503) from None
+
+    async def _handover(self, _link: Link, body: Any) -> bool:
+        if not isinstance(body, dict):
+            raise ValueError("stream.handover needs {vhost, name}")
+        try:
+            await self.step_down(str(body.get("vhost")), str(body.get("name")))
+        except MembershipError as exc:
+            raise ValueError(exc.text) from None
+        return True
+
+    async def step_down(self, vhost: str, name: str) -> None:
+        """On the leader's node: stop committing, then one txn makes the replica that holds
+        the most of this log (all that was committed, at least) the leader in the next epoch,
+        without this node among the members. Its topology sync then deletes the local log."""
+        record, leadership = await self._read(vhost, name)
+        me = self.cluster.node
+        if record.node != me or leadership is None:
+            raise MembershipError(RACE_TEXT.format(name=name), 409)
+        key = record.storage_id or f"{vhost}/{name}"
+        led = await self.replication.stop_leading(key)
+        if led is None or led.shipper is None:
+            raise MembershipError(RACE_TEXT.format(name=name), 409)
+        shipper = led.shipper
+        held = {n: s.next_offset for n, s in shipper.replicas.items()
+                if s.synced and n in record.members and s.next_offset - 1 >= shipper.committed}
+        if not held:
+            self.replication.resume_leading(led)
+            raise MembershipError(NO_SUCCESSOR_TEXT.format(name=name, node=me))
+        successor = max(held, key=lambda n: (held[n], tuple(-ord(ch) for ch in n)))
+        members = (successor, *(m for m in record.members if m not in (me, successor)))
+        new_lead = StreamLeadership(vhost, name, members, successor, leadership.epoch + 1)
+        queue_key = self.cluster.store.keys.queue(vhost, name)
+        lead_key = self.replication.leaderships.key(vhost, name)
+        new_record = dataclasses.replace(record, node=successor, members=members)
+        try:
+            result = await self.cluster.client.txn(
+                [Compare.mod_revision(lead_key, "==", leadership.mod_revision),
+                 Compare.mod_revision(queue_key, "==", record.mod_revision)],
+                [Put(lead_key, encode_leadership(new_lead)), Put(queue_key, encode(new_record))])
+        except EtcdException as exc:
+            self.replication.resume_leading(led)
+            raise MembershipError(f"cannot reach etcd: {exc}", 503) from None
+        if not result.succeeded:
+            self.replication.resume_leading(led)
+            raise MembershipError(RACE_TEXT.format(name=name), 409)
+        with contextlib.suppress(TimeoutError):
+            await self.cluster.settle(result.revision)
 
     async def _read(self, vhost: str, name: str) -> tuple[QueueRecord, StreamLeadership | None]:
         store = self.cluster.store

@@ -260,6 +260,29 @@ class StreamReplication:
         queue.writer.on_append = shipper.appended
         shipper.start()
 
+    async def stop_leading(self, key: str) -> Led | None:
+        """delete_replica of the leader's own membership, before another member is elected:
+        ship and commit nothing more here (what waits for the quorum is nack'ed). The Led
+        (its queue, record and final shipper), or None if this node does not lead `key`."""
+        led = self.led.get(key)
+        if led is None or led.shipper is None:
+            return None
+        shipper = led.shipper
+        shipper.on_commit = lambda _offset: None
+        self._stop(key, led)
+        await shipper.close()
+        return led
+
+    def resume_leading(self, led: Led) -> None:
+        """The election after stop_leading did not happen: lead again, on the same log."""
+        queue = led.queue
+        bound = queue.commit_bound
+        self.detach(queue)
+        if not queue.deleted:
+            self.attach(queue, led.record)
+        if bound is not None and queue.commit_bound is not None:
+            queue.commit_bound = max(queue.commit_bound, bound)
+
     def _stop(self, key: str, led: Led) -> None:
         led.closed = True
         del self.led[key]

@@ -148,19 +148,23 @@ def test_add_replica_catches_up_then_delete_replica(
     gone = streams_cli(a, "delete_replica", "s.m", second, "--formatter", "json")
     assert gone.returncode == 0 and json.loads(gone.stdout)["deleted"] is False
 
-    # the leader's own membership: refused (RabbitMQ would elect another leader first)
-    assert one_line(streams_cli(a, "delete_replica", "s.m", "a")) == (
-        "Error: Cannot delete the replica of stream 's.m' on node 'a': it is the stream's "
-        "leader (Leveret does not move a leader on delete_replica)")
+    # the leader's own membership (asked on another node): as RabbitMQ, another member is
+    # elected first, in the next epoch; the old leader's node deletes its log
+    stepped = streams_cli(new, "delete_replica", "s.m", "a")
+    assert stepped.returncode == 0, stepped.stderr
+    record, leadership = in_etcd(etcd, cluster, "s.m")
+    assert record is not None and leadership is not None
+    assert (record.node, record.members) == (third, (third,))
+    assert (leadership.leader, leadership.members, leadership.epoch) == (third, (third,), 2)
+    wait_until(lambda: not (a.data_dir / "queues" / storage_id).exists(), timeout=30)
 
-    # down to the leader alone, which still confirms; the last member cannot be deleted
-    assert streams_cli(a, "delete_replica", "s.m", third).returncode == 0
-    wait_until(lambda: not (new.data_dir / "queues" / storage_id).exists(), timeout=30)
-    publish_confirmed(new, "s.m", [b"alone"])
-    assert consume(a, "s.m", 303)[-2:] == [b"two", b"alone"]
-    assert one_line(streams_cli(a, "delete_replica", "s.m", "a")) == (
+    # the stream, down to one member, still confirms, through any node
+    publish_confirmed(a, "s.m", [b"alone"])  # forwarded to the new leader
+    assert consume(a, "s.m", 303)[-3:] == [b"after", b"two", b"alone"]
+    assert [(r["role"], r["node"], r["epoch"]) for r in status_rows(a, "s.m")] == [
+        ("writer", third, 2)]
+    assert one_line(streams_cli(a, "delete_replica", "s.m", third)) == (
         "Error: Cannot delete the last member of a stream")
-    assert [r["node"] for r in status_rows(new, "s.m")] == ["a"]
 
 
 def test_membership_refusals(trio: dict[str, ClusterNode], etcd: EtcdServer,
@@ -193,6 +197,10 @@ def test_membership_refusals(trio: dict[str, ClusterNode], etcd: EtcdServer,
     assert one_line(streams_cli(a, "add_replica", "s.r", third)) == (
         f"Error: disallowed, out_of_sync_replica: the replica of stream 's.r' on node "
         f"'{second}' is not in sync with its leader")
+    # nor can the leader hand over to it: refused, and the leader leads on (below)
+    assert one_line(streams_cli(trio[third], "delete_replica", "s.r", "a")) == (
+        "Error: Cannot delete the replica of stream 's.r' on node 'a': no other member holds "
+        "everything it committed; try again once they are in sync")
     # once its node record is gone (its lease expired), the node is not running
     wait_until(lambda: not linked(a, 2), timeout=30)
     wait_until(lambda: streams_cli(a, "add_replica", "s.r", second).returncode == 1
@@ -208,6 +216,7 @@ def test_membership_refusals(trio: dict[str, ClusterNode], etcd: EtcdServer,
     wait_until(lambda: all(r.get("synced", True) and r["offset"] == 0
                            for r in status_rows(a, "s.r")) and len(status_rows(a, "s.r")) == 2,
                timeout=60)
+    publish_confirmed(a, "s.r", [b"two"])  # the leader still leads and confirms
     assert streams_cli(a, "add_replica", "s.r", third).returncode == 0
     wait_until(lambda: same_logs(tuple(trio.values()), record.storage_id or ""), timeout=60)
-    assert consume(trio[third], "s.r", 1) == [b"one"]
+    assert consume(trio[third], "s.r", 2) == [b"one", b"two"]
