@@ -100,9 +100,13 @@ class Shipper:
         self._appended.set()
         self._advance()
 
-    def acked(self, node: str, epoch: int, next_offset: int) -> None:
+    def acked(self, node: str, epoch: int, next_offset: int, resync: bool = False) -> None:
         state = self.replicas.get(node)
         if state is None or epoch != self.epoch or not state.synced:
+            return
+        if resync:  # it refused a chunk: sync it again from its tail, then ship from there
+            state.synced = False
+            self._appended.set()
             return
         state.next_offset = max(state.next_offset, next_offset)
         self._advance()
@@ -129,7 +133,7 @@ class Shipper:
                 continue
             try:
                 await self._sync_and_send(link, state)
-            except (LinkError, StorageError, BadChunk) as exc:
+            except (LinkError, StorageError, BadChunk, Resync) as exc:
                 log.info("replica sync interrupted", stream=self.stream, replica=state.node,
                          error=str(exc))
                 state.synced = False
@@ -153,6 +157,8 @@ class Shipper:
                                    "committed": self.committed})
         cursor = self.log.ship_from(next_offset)
         while not link.closed:
+            if not state.synced:
+                raise Resync(f"{state.node} refused a chunk and is synced again")
             data, cursor = self.log.read_chunks(cursor, self.chunk_bytes)
             if data:
                 await link.send_chunk(self.stream, self.epoch, data)
@@ -162,6 +168,10 @@ class Shipper:
                 async with asyncio.timeout(1.0):  # and look again: another replica cleared it
                     await self._appended.wait()
         raise LinkError(f"link to {state.node} closed")
+
+
+class Resync(Exception):
+    """A replica refused a chunk: its sender syncs it again."""
 
 
 @dataclass
@@ -240,8 +250,12 @@ class Replicas:
         try:
             next_offset = replica.log.append_chunks(data)
         except BadChunk as exc:
-            log.warning("chunk refused", stream=chunk.stream, reason=str(exc))
-            replica.epoch = -1  # nothing more until the leader syncs again
+            log.warning("chunk refused; asking the leader to sync again", stream=chunk.stream,
+                        reason=str(exc))
+            replica.epoch = -1  # nothing more until the leader syncs again, which it is asked
+            with contextlib.suppress(LinkError):
+                link.post(ACK, {"stream": chunk.stream, "epoch": chunk.epoch,
+                                "next_offset": replica.log.next_offset, "resync": True})
             return
         with contextlib.suppress(LinkError):
             link.post(ACK, {"stream": chunk.stream, "epoch": chunk.epoch,
@@ -251,7 +265,8 @@ class Replicas:
     async def _ack(self, link: Link, body: Any) -> None:
         shipper = self.shippers.get(str(body.get("stream")))
         if shipper is not None:
-            shipper.acked(link.peer_node, _int(body, "epoch"), _int(body, "next_offset"))
+            shipper.acked(link.peer_node, _int(body, "epoch"), _int(body, "next_offset"),
+                          resync=body.get("resync") is True)
 
     async def _commit(self, link: Link, body: Any) -> None:
         replica = self.logs.get(str(body.get("stream")))

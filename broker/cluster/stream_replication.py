@@ -222,6 +222,9 @@ class StreamReplication:
         committer = queue.writer.committer
         committer.local = False
         committer.committed = -1
+        # until the epoch is read and set, publishes wait unwritten: a chunk written now would
+        # carry the log's old epoch, which the replicas (and an election) must never see
+        queue.writer.hold()
         led = self.led[key] = Led(queue, key, record)
         led.task = asyncio.get_running_loop().create_task(self._start_shipping(led, record))
         log.info("leading a replicated stream", stream=record.name, vhost=record.vhost,
@@ -259,6 +262,7 @@ class StreamReplication:
         self.replicas.shippers[led.key] = shipper
         queue.writer.on_append = shipper.appended
         shipper.start()
+        queue.writer.release()  # what waited goes out in the new epoch
 
     async def stop_leading(self, key: str) -> Led | None:
         """delete_replica of the leader's own membership, before another member is elected:
@@ -289,7 +293,10 @@ class StreamReplication:
         if led.task is not None:
             led.task.cancel()
         led.queue.writer.on_append = None
-        # no longer the leader: what waits for a quorum here is nack'ed, never left unanswered
+        # no longer the leader: what waits for a quorum here is nack'ed, never left unanswered,
+        # and what waited for the epoch is nack'ed unwritten
+        if led.queue.writer.held:
+            led.queue.writer.discard()
         led.queue.writer.committer.close()
         shipper = led.shipper
         if shipper is not None:

@@ -53,6 +53,8 @@ class Writer(Generic[B]):
         self.committer = Committer(scheduler, policy, log_of, on_commit, name, local)
         # called after each append that wrote (a replicated stream's leader ships it)
         self.on_append: Callable[[], None] | None = None
+        # a replicated stream's new leader before it knows its epoch: it gathers, appends nothing
+        self.held = False
 
     @property
     def timer_armed(self) -> bool:
@@ -74,6 +76,8 @@ class Writer(Generic[B]):
         it (at once, after the fsync that covers it, or when a majority holds it). A failed
         append nacks them, unless `failed` says the writes still count."""
         self.scheduled = False
+        if self.held and not self.deleted:
+            return  # release() writes it, or discard() nacks it
         batch, self.batch = self.batch, self._new_batch()
         confirms, self.confirms = self.confirms, []
         if self.deleted:
@@ -88,6 +92,24 @@ class Writer(Generic[B]):
         self.committer.appended(confirms)
         if self.on_append is not None:
             self.on_append()
+
+    def hold(self) -> None:
+        """Append nothing until release() or discard(): what arrives waits in the batch."""
+        self.held = True
+
+    def release(self) -> None:
+        """Append what waited, and from now on as usual."""
+        self.held = False
+        self.flush()
+
+    def discard(self) -> None:
+        """Drop what waited unwritten and nack its confirms (this node will not write it)."""
+        self.held = False
+        self.scheduled = False
+        self.batch = self._new_batch()
+        confirms, self.confirms = self.confirms, []
+        for confirm in confirms:
+            confirm.settle(False)
 
     def committed_up_to(self, offset: int) -> None:
         """The commit point: see Committer.committed_up_to."""
@@ -107,6 +129,8 @@ class Writer(Generic[B]):
     def close(self) -> None:
         """Shutdown or a restart of the log (before it closes): write this turn's batch, cancel
         the timer, fsync what is pending and settle its confirms."""
+        if self.held:
+            self.discard()
         if not self.deleted:
             self.flush()
         self.committer.close()

@@ -168,3 +168,38 @@ def test_delete_settles_what_was_written_and_nacks_what_comes_after(
     s.loop.turn()
     assert s.settled == [(1, True), (2, False)]
     assert s.chunks() == [[b"m1"]]
+
+
+def test_a_held_writer_appends_nothing_until_released_then_writes_what_waited(
+        make: Callable[..., Setup]) -> None:
+    """A replicated stream's new leader holds its writer until it knows its epoch: what is
+    published meanwhile waits, unwritten and unconfirmed, and goes out in one chunk at release."""
+    s = make()
+    s.writer.hold()
+    s.publish(1, 2)
+    s.loop.turn()
+    s.publish(3)
+    s.loop.turn()
+    assert s.chunks() == [] and s.settled == []
+    s.writer.release()
+    assert s.chunks() == [[b"m1", b"m2", b"m3"]]
+    assert s.settled == [(1, True), (2, True), (3, True)]
+    s.publish(4)
+    s.loop.turn()
+    assert s.chunks()[-1] == [b"m4"]
+
+
+def test_a_held_writer_discarded_or_closed_nacks_what_waited_and_writes_nothing(
+        make: Callable[..., Setup]) -> None:
+    """A leader deposed before it knew its epoch, or closed: nothing that waited is written,
+    and each of its publishes is nacked, in order."""
+    s = make()
+    s.writer.hold()
+    s.publish(1, 2)
+    s.loop.turn()
+    s.writer.discard()
+    assert s.chunks() == [] and s.settled == [(1, False), (2, False)]
+    s.writer.hold()
+    s.publish(3)
+    s.writer.close()
+    assert s.chunks() == [] and s.settled[-1] == (3, False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,14 @@ from support.cluster import (
     publish_confirmed,
     publish_until_confirmed,
     same_logs,
+    segments,
     states,
     wait_until,
 )
 from support.cluster_api import ok
 from support.etcd import EtcdServer
+
+from leveret.storage import chunk as chunk_format
 
 
 def test_members_and_leader_at_declaration(
@@ -412,3 +416,68 @@ def test_a_leader_paused_past_its_lease_confirms_nothing_more_and_converges(
         got = consume(node, "s.paused", 2 + len(confirmed))
         assert got[0] == b"before" and got[-1] == b"after"
         assert all(body in got for body in confirmed)
+
+
+def epochs(node: ClusterNode, storage_id: str) -> list[int]:
+    """The epoch of each chunk in the node's copy of the stream, in log order."""
+    found = []
+    for data in segments(node, storage_id).values():
+        pos = 8  # the segment header
+        while pos < len(data):
+            header = chunk_format.decode_header(data[pos:])
+            found.append(header.epoch)
+            pos += header.total_size
+    return found
+
+
+def test_publishing_without_pause_through_the_failover_keeps_the_stream_committing(
+        abc: tuple[ClusterNode, ClusterNode, ClusterNode], etcd: EtcdServer,
+        cluster: str) -> None:
+    """A client of b publishes one message after another, retrying at once on a nack, while
+    the leader a is killed: publishes that reach b as it becomes the leader wait for its new
+    epoch (a chunk in the old one would be refused by c and stall the stream), the stream
+    goes on committing, and the members' logs never go back to an older epoch."""
+    a, b, c = abc
+    declare(a, "s.busy")
+    record, _ = in_etcd(etcd, cluster, "s.busy")
+    assert record is not None and record.storage_id is not None
+    confirmed: list[bytes] = []
+    killed = threading.Event()
+    after_kill = 0
+    stop = threading.Event()
+
+    def publish() -> None:
+        nonlocal after_kill
+        i = 0
+        while not stop.is_set():
+            try:
+                conn = connect(b)
+                ch = conn.channel()
+                ch.confirm_delivery()
+                while not stop.is_set():
+                    body = b"m%d" % i
+                    i += 1
+                    try:
+                        ch.basic_publish("", "s.busy", body)
+                    except pika.exceptions.NackError:
+                        continue
+                    confirmed.append(body)
+                    after_kill += killed.is_set()
+            except pika.exceptions.AMQPError:
+                time.sleep(0.05)
+
+    publisher = threading.Thread(target=publish, daemon=True)
+    publisher.start()
+    try:
+        wait_until(lambda: len(confirmed) >= 50, timeout=30)
+        a.kill()
+        killed.set()
+        wait_until(lambda: after_kill >= 50, timeout=60)
+    finally:
+        stop.set()
+        publisher.join(10)
+    for node in (b, c):
+        found = epochs(node, record.storage_id)
+        assert found == sorted(found), (node.node_name, found)
+        got = consume(node, "s.busy", len(confirmed))
+        assert [m for m in got if m in set(confirmed)] == confirmed

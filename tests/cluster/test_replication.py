@@ -258,3 +258,26 @@ async def test_a_resync_does_not_append_the_tracking_chunks_the_replica_ends_wit
     assert records(replica_log) == [(0, b"one"), (1, b"two")]
     assert replica_log.consumer_offset(b"reader") == 0
     await again.close()
+
+
+async def test_a_replica_that_refuses_a_chunk_is_synced_again_and_catches_up(
+        start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path) -> None:
+    """b's log loses its tail under it (cut behind the replication's back): the next chunk
+    does not follow, b refuses it and asks for a sync, and the leader ships it the rest."""
+    leader_node, b = await start_node("a"), await start_node("b")
+    leader_log, b_log = open_log(tmp_path / "a"), open_log(tmp_path / "b")
+    b.replicas.add("s1", b_log)
+    await leader_node.dial(b)
+    shipper = Shipper("s1", leader_log, 1, ["b"], leader_node.links.get)
+    leader_node.replicas.shippers["s1"] = shipper
+    shipper.start()
+    for i in range(5):
+        leader_log.append([b"m%d" % i])
+        shipper.appended()
+    await until(lambda: b_log.next_offset == 5)
+    b_log.truncate_from(3)
+    leader_log.append([b"m5"])
+    shipper.appended()
+    await until(lambda: b_log.next_offset == 6)
+    assert records(b_log) == records(leader_log)
+    await shipper.close()
