@@ -133,37 +133,40 @@ def test_add_replica_catches_up_then_delete_replica(
     again = streams_cli(a, "add_replica", "s.m", third, "--formatter", "json")
     assert again.returncode == 0 and json.loads(again.stdout)["added"] is False
 
-    # delete_replica: the member's replica stops and its local log is deleted
-    deleted = streams_cli(new, "delete_replica", "s.m", second)
-    assert deleted.returncode == 0, deleted.stderr
-    assert deleted.stdout.strip() == f"Removing a replica of queue s.m on node {second}..."
-    record, leadership = in_etcd(etcd, cluster, "s.m")
-    assert record is not None and leadership is not None
-    assert record.members == ("a", third) == leadership.members
-    wait_until(lambda: not (trio[second].data_dir / "queues" / storage_id).exists(), timeout=30)
-    assert sorted(r["node"] for r in status_rows(trio[second], "s.m")) == sorted(["a", third])
-    assert consume(trio[second], "s.m", 301)[-1] == b"after"  # served by the leader now
-    publish_confirmed(a, "s.m", [b"two"])
-    wait_until(lambda: same_logs((a, new), storage_id), timeout=60)
-    gone = streams_cli(a, "delete_replica", "s.m", second, "--formatter", "json")
-    assert gone.returncode == 0 and json.loads(gone.stdout)["deleted"] is False
-
     # the leader's own membership (asked on another node): as RabbitMQ, another member is
-    # elected first, in the next epoch; the old leader's node deletes its log
+    # elected first, in the next epoch (equal logs: the lowest name); its node deletes its log
     stepped = streams_cli(new, "delete_replica", "s.m", "a")
     assert stepped.returncode == 0, stepped.stderr
+    assert stepped.stdout.strip() == "Removing a replica of queue s.m on node a..."
+    leader, follower = sorted((second, third))
     record, leadership = in_etcd(etcd, cluster, "s.m")
     assert record is not None and leadership is not None
-    assert (record.node, record.members) == (third, (third,))
-    assert (leadership.leader, leadership.members, leadership.epoch) == (third, (third,), 2)
+    assert (record.node, record.members) == (leader, (leader, follower))
+    assert (leadership.leader, leadership.members, leadership.epoch) == (
+        leader, (leader, follower), 2)
     wait_until(lambda: not (a.data_dir / "queues" / storage_id).exists(), timeout=30)
+    publish_confirmed(a, "s.m", [b"two"])  # forwarded to the new leader, confirmed at 2 of 2
+    assert consume(a, "s.m", 302)[-2:] == [b"after", b"two"]
+    wait_until(lambda: same_logs((trio[leader], trio[follower]), storage_id), timeout=60)
+    gone = streams_cli(a, "delete_replica", "s.m", "a", "--formatter", "json")
+    assert gone.returncode == 0 and json.loads(gone.stdout)["deleted"] is False
+
+    # delete_replica of a replica: it stops and its local log is deleted
+    deleted = streams_cli(a, "delete_replica", "s.m", follower)
+    assert deleted.returncode == 0, deleted.stderr
+    record, leadership = in_etcd(etcd, cluster, "s.m")
+    assert record is not None and leadership is not None
+    assert record.members == (leader,) == leadership.members and leadership.epoch == 2
+    wait_until(lambda: not (trio[follower].data_dir / "queues" / storage_id).exists(),
+               timeout=30)
 
     # the stream, down to one member, still confirms, through any node
-    publish_confirmed(a, "s.m", [b"alone"])  # forwarded to the new leader
-    assert consume(a, "s.m", 303)[-3:] == [b"after", b"two", b"alone"]
-    assert [(r["role"], r["node"], r["epoch"]) for r in status_rows(a, "s.m")] == [
-        ("writer", third, 2)]
-    assert one_line(streams_cli(a, "delete_replica", "s.m", third)) == (
+    publish_confirmed(trio[follower], "s.m", [b"alone"])  # forwarded to the leader
+    assert consume(trio[follower], "s.m", 303)[-3:] == [b"after", b"two", b"alone"]
+    for node in trio.values():
+        assert [(r["role"], r["node"], r["epoch"]) for r in status_rows(node, "s.m")] == [
+            ("writer", leader, 2)]
+    assert one_line(streams_cli(a, "delete_replica", "s.m", leader)) == (
         "Error: Cannot delete the last member of a stream")
 
 
