@@ -164,9 +164,9 @@ def publisher_view(session: StreamSession, publisher: Publisher) -> dict[str, An
         "vhost": queue.vhost.name,
         "publisher_id": publisher.id,
         "reference": reference,
-        "published": 0,  # not counted per publisher (statistics mode none)
-        "confirmed": 0,
-        "errored": 0,
+        "published": publisher.published,
+        "confirmed": publisher.confirmed,
+        "errored": publisher.errored,
         "last_publishing_id": max(0, last),
         "connection_details": connection_details(session),
     }

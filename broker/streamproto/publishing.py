@@ -7,6 +7,8 @@ batch, the commit point and the confirms of AMQP 0.9.1 publishes (a run of them 
 own, whose record bytes a subscriber's Deliver carries as they are). A publisher with a reference
 is deduplicated by its publishing ids through the same tracking records as 0.9.1's
 x-stream-publisher-name. Confirms of one turn go out as one PublishConfirm per publisher.
+A publisher counts what it was sent, confirmed and refused (RabbitMQ's published, confirmed and
+errored, shown by the management API): plain integer additions per frame, never per message.
 Must not know: AMQP 1.0's sections (records are stored as sent). Single-threaded.
 """
 
@@ -32,7 +34,8 @@ _ID_SIZE = struct.Struct(">QI")  # a simple entry's publishing id and size (top 
 class Publisher:
     """One declared publisher of a connection."""
 
-    __slots__ = ("acks", "errors", "id", "queue", "reference", "session", "stream")
+    __slots__ = ("acks", "confirmed", "errored", "errors", "id", "published", "queue",
+                 "reference", "session", "stream")
 
     def __init__(self, session: StreamSession, pid: int, reference: str | None,
                  queue: StreamQueue) -> None:
@@ -43,6 +46,11 @@ class Publisher:
         self.stream = queue.name
         self.acks: list[int] = []
         self.errors: list[int] = []
+        # RabbitMQ's per-publisher counters, in publishing ids (a sub-entry batch is one):
+        # added once per Publish frame and once per PublishConfirm / PublishError sent
+        self.published = 0
+        self.confirmed = 0
+        self.errored = 0
 
     def settled(self, confirm: Confirm) -> None:
         first = not self.acks and not self.errors
@@ -54,10 +62,12 @@ class Publisher:
         s = self.session
         if self.acks:
             ids, self.acks = self.acks, []
+            self.confirmed += len(ids)
             s.send(f.frame(k.PUBLISH_CONFIRM, 1, f.u8(self.id) + f.i32(len(ids))
                            + struct.pack(f">{len(ids)}Q", *ids)))
         if self.errors:
             ids, self.errors = self.errors, []
+            self.errored += len(ids)
             s.send(publish_error(self.id, ids, k.INTERNAL_ERROR))
         s.flush()
 
@@ -171,9 +181,13 @@ def publish(s: StreamSession, d: f.Decoder, version: int) -> None:
     simple, entries = _entries(d, version)
     publisher = s.publishers.get(pid)
     if publisher is None or publisher.queue.deleted:
-        s.send(publish_error(pid, [e[0] for e in simple] + [e[0] for e in entries],
-                             k.PUBLISHER_DOES_NOT_EXIST))
+        ids = [e[0] for e in simple] + [e[0] for e in entries]
+        if publisher is not None:
+            publisher.published += len(ids)
+            publisher.errored += len(ids)
+        s.send(publish_error(pid, ids, k.PUBLISHER_DOES_NOT_EXIST))
         return
+    publisher.published += len(simple) + len(entries)
     queue = publisher.queue
     reference = publisher.reference
     settled = publisher.settled

@@ -185,6 +185,50 @@ def test_cli_lists(managed: tuple[StreamBroker, Http], name: str) -> None:
     client.close()
 
 
+def confirmed_ids(client: RawStream, count: int) -> list[int]:
+    """The publishing ids of PublishConfirm frames, until `count` of them arrived."""
+    ids: list[int] = []
+    while len(ids) < count:
+        frame = client.next(0x03)
+        n = struct.unpack(">i", frame[5:9])[0]
+        ids += [struct.unpack(">Q", frame[9 + 8 * i : 17 + 8 * i])[0] for i in range(n)]
+    return ids
+
+
+def test_publisher_counters(managed: tuple[StreamBroker, Http], name: str) -> None:
+    """published, confirmed and errored count a publisher's publishing ids, in the API and
+    in `list_stream_publishers`; a publish for an unknown publisher id counts for no one."""
+    broker, http = managed
+    client = broker.raw()
+    create(client, name)
+    declare_publisher(client, 1, "counted", name)
+    # five in one frame, two in another, then 3 again: a duplicate, confirmed all the same
+    body = b"".join(struct.pack(">QI", i, 1) + b"m" for i in range(1, 6))
+    client.send(0x02, 1, struct.pack(">Bi", 1, 5) + body)
+    client.send(0x02, 1, struct.pack(">Bi", 1, 2) + struct.pack(">QI", 6, 1) + b"m"
+                + struct.pack(">QI", 7, 1) + b"m")
+    client.send(0x02, 1, struct.pack(">Bi", 1, 1) + struct.pack(">QI", 3, 1) + b"m")
+    assert sorted(confirmed_ids(client, 8)) == [1, 2, 3, 3, 4, 5, 6, 7]
+    client.send(0x02, 1, struct.pack(">Bi", 9, 1) + struct.pack(">QI", 8, 1) + b"m")
+    frame = client.next(0x04)
+    assert struct.unpack(">BiQH", frame[4:19]) == (9, 1, 8, 18)  # PUBLISHER_DOES_NOT_EXIST
+
+    [publisher] = http.get(f"/api/stream/publishers/{q('/')}/{name}").body
+    assert {k: publisher[k] for k in ("publisher_id", "published", "confirmed", "errored",
+                                      "last_publishing_id")} == {
+        "publisher_id": 1, "published": 8, "confirmed": 8, "errored": 0,
+        "last_publishing_id": 7}
+    conn = publisher["connection_details"]["name"]
+    path = f"/api/stream/connections/{q('/')}/{q(conn)}/publishers"
+    assert http.get(path).body == [publisher]
+    cli = Cli(http.port)
+    rows = [p for p in cli.json("list_stream_publishers") if p["stream"] == name]
+    assert rows == [{"publisher_id": 1, "stream": name, "reference": "counted",
+                     "messages_published": 8, "messages_confirmed": 8,
+                     "messages_errored": 0}]
+    client.close()
+
+
 @pytest.mark.parametrize("args", [
     ["list_stream_connections", "bogus"],
     ["list_stream_consumers", "--bogus"],
