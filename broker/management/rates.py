@@ -13,10 +13,12 @@ exchanges, channels and connections, so the resource modules stay unaware. With
 Per vhost it keeps monotonic totals: each sample adds every live queue's and channel's growth
 since the previous sample, so a queue deleted or a channel closed never makes a total go back.
 A rate is the growth of the last interval per second. With `msg_rates_age` and `msg_rates_incr`
-(seconds), the overview's and vhosts' details also carry RabbitMQ's `samples` ({"sample":
-total, "timestamp": ms}, newest first), `avg_rate` and `avg`, from the last 10 minutes of
-samples. Only this node's queues are sampled: in a cluster, queues held by other nodes keep
-rate 0.0.
+(seconds), every object's details also carry RabbitMQ's `samples` ({"sample": total,
+"timestamp": ms}, newest first), `avg_rate` and `avg`, from the last 10 minutes of samples (an
+object keeps its own counters' history while it lives). A stream's single-active-consumer
+groups (`/api/leveret/consumer-groups`) get `offset_lag_details`: the rate of change of the
+group's offset lag (positive: falling behind), with samples of the lag. Only this node's queues
+are sampled: in a cluster, queues held by other nodes keep rate 0.0.
 
 Runs on the broker's event loop thread; knows the model's counters, not AMQP.
 """
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from leveret.broker import logs
-from leveret.broker.management import views
+from leveret.broker.management import streamops, views
 from leveret.broker.management.http import BROKER, CURRENT_USER, sees_everything
 
 if TYPE_CHECKING:
@@ -49,10 +51,39 @@ CHANNEL_KEYS = ("publish", "confirm", "return_unroutable", "deliver_get", "deliv
 KEYS = (*QUEUE_KEYS, "confirm", "return_unroutable")  # a vhost's and the overview's
 EXCHANGE_KEYS = ("publish_in", "publish_out")
 CONNECTION_KEYS = ("recv_oct", "send_oct")
+GROUP_KEYS = ("offset_lag",)
 RATES: web.AppKey[Sampler] = web.AppKey("rates")
 log = logs.get("leveret.management")
 
 Seen = dict[int, tuple[Any, tuple[int, ...]]]
+History = deque[tuple[float, tuple[int, ...]]]
+Histories = dict[Any, tuple[Any, History]]  # an object's key -> (the object, its samples)
+
+
+def _record(old: Histories, new: Histories, key: Any, obj: Any, stamp: float,
+            values: tuple[int, ...]) -> None:
+    """Append the object's counters to its history (a new one for an object not seen, or
+    a new object under a name that an earlier one had)."""
+    was = old.get(key)
+    history: History = was[1] if was is not None and was[0] is obj else deque(maxlen=HISTORY)
+    history.append((stamp, values))
+    new[key] = (obj, history)
+
+
+def _pick(entries: Any, age_s: int, incr_s: int) -> list[dict[str, Any]]:
+    """RabbitMQ's `samples` from (timestamp, value) pairs oldest first: one every `incr_s`
+    over the last `age_s`, newest first."""
+    cutoff = time.time() - age_s
+    picked: list[dict[str, Any]] = []
+    next_at: float | None = None
+    for stamp, value in reversed(entries):
+        if stamp < cutoff:
+            break
+        if next_at is not None and stamp > next_at:
+            continue
+        picked.append({"sample": value, "timestamp": int(stamp * 1000)})
+        next_at = stamp - incr_s + SAMPLE_S / 2
+    return picked
 
 
 def _growth(seen: Seen, now_seen: Seen, obj: Any, values: tuple[int, ...],
@@ -78,6 +109,9 @@ class Sampler:
         self.exchange_rates: dict[tuple[str, str], dict[str, float]] = {}
         self.channel_rates: dict[str, dict[str, float]] = {}
         self.connection_rates: dict[str, dict[str, float]] = {}
+        self.group_rates: dict[tuple[str, str, str], dict[str, float]] = {}
+        self.histories: dict[str, Histories] = {"queue": {}, "exchange": {}, "channel": {},
+                                                "connection": {}, "group": {}}
         self._seen: dict[str, Seen] = {"queue": {}, "exchange": {}, "channel": {},
                                        "connection": {}}
         self._last: float | None = None
@@ -85,6 +119,9 @@ class Sampler:
     def sample(self, now: float | None = None) -> None:
         """Take one sample: add each object's growth to its vhost's totals, derive rates."""
         now = time.monotonic() if now is None else now
+        stamp = time.time()
+        hist = self.histories
+        kept: dict[str, Histories] = {kind: {} for kind in hist}
         first = self._last is None
         dt = max(1e-3, now - self._last) if self._last is not None else 0.0
         per_s = (1.0 / dt) if dt else 0.0
@@ -93,19 +130,26 @@ class Sampler:
         fresh: dict[str, Seen] = {kind: {} for kind in seen}
         queue_rates: dict[tuple[str, str], dict[str, float]] = {}
         exchange_rates: dict[tuple[str, str], dict[str, float]] = {}
+        group_rates: dict[tuple[str, str, str], dict[str, float]] = {}
         for vhost in self.broker.vhosts.values():
             grown = growth.setdefault(vhost.name, dict.fromkeys(KEYS, 0))
             for queue in vhost.queues.values():
                 counts = views.queue_counts(queue)
-                deltas = _growth(seen["queue"], fresh["queue"], queue,
-                                 tuple(counts[k] for k in QUEUE_KEYS), first)
+                values = tuple(counts[k] for k in QUEUE_KEYS)
+                _record(hist["queue"], kept["queue"], (vhost.name, queue.name), queue, stamp,
+                        values)
+                deltas = _growth(seen["queue"], fresh["queue"], queue, values, first)
                 for key, delta in zip(QUEUE_KEYS, deltas, strict=True):
                     grown[key] += delta
                 queue_rates[(vhost.name, queue.name)] = {
                     k: d * per_s for k, d in zip(QUEUE_KEYS, deltas, strict=True)}
+                if queue.type == "stream" and getattr(queue, "groups", None):
+                    self._sample_groups(queue, stamp, per_s, kept["group"], group_rates)
             for exchange in vhost.exchanges.values():
-                deltas = _growth(seen["exchange"], fresh["exchange"], exchange,
-                                 (exchange.stats_publish_in, exchange.stats_publish_out), first)
+                values = (exchange.stats_publish_in, exchange.stats_publish_out)
+                _record(hist["exchange"], kept["exchange"], (vhost.name, exchange.name),
+                        exchange, stamp, values)
+                deltas = _growth(seen["exchange"], fresh["exchange"], exchange, values, first)
                 exchange_rates[(vhost.name, exchange.name)] = {
                     k: d * per_s for k, d in zip(EXCHANGE_KEYS, deltas, strict=True)}
         channel_rates: dict[str, dict[str, float]] = {}
@@ -114,21 +158,25 @@ class Sampler:
             where = getattr(session, "vhost", None)
             if where is None or not hasattr(session, "channels"):
                 continue
-            deltas = _growth(seen["connection"], fresh["connection"], session,
-                             (int(session.bytes_received), int(session.bytes_sent)), first)
+            values = (int(session.bytes_received), int(session.bytes_sent))
             connection = views.connection_name(session)
+            _record(hist["connection"], kept["connection"], connection, session, stamp, values)
+            deltas = _growth(seen["connection"], fresh["connection"], session, values, first)
             connection_rates[connection] = {
                 k: d * per_s for k, d in zip(CONNECTION_KEYS, deltas, strict=True)}
             grown = growth.setdefault(where.name, dict.fromkeys(KEYS, 0))
             for channel in list(session.channels.values()):
                 counts = views.channel_counts(channel)
-                deltas = _growth(seen["channel"], fresh["channel"], channel,
-                                 tuple(counts[k] for k in CHANNEL_KEYS), first)
+                values = tuple(counts[k] for k in CHANNEL_KEYS)
+                name = views.channel_name(session, channel)
+                _record(hist["channel"], kept["channel"], name, channel, stamp, values)
+                deltas = _growth(seen["channel"], fresh["channel"], channel, values, first)
                 rates = {k: d * per_s for k, d in zip(CHANNEL_KEYS, deltas, strict=True)}
-                channel_rates[views.channel_name(session, channel)] = rates
+                channel_rates[name] = rates
                 grown["confirm"] += deltas[1]
                 grown["return_unroutable"] += deltas[2]
         self._seen = fresh
+        self.histories = kept
         for name, grown in growth.items():
             total = self.totals.setdefault(name, dict.fromkeys(KEYS, 0))
             for key in KEYS:
@@ -140,9 +188,20 @@ class Sampler:
             self.exchange_rates = exchange_rates
             self.channel_rates = channel_rates
             self.connection_rates = connection_rates
+            self.group_rates = group_rates
         self._last = now
-        stamp = time.time()
         self.history.append((stamp, {n: dict(t) for n, t in self.totals.items()}))
+
+    def _sample_groups(self, stream: Any, stamp: float, per_s: float, kept: Histories,
+                       rates: dict[tuple[str, str, str], dict[str, float]]) -> None:
+        """A group's lag is a level, not a counter: its rate is the change since the last
+        sample, negative when the group catches up (a group new since then: 0.0)."""
+        for reference, lag in streamops.group_lags(stream).items():
+            key = (stream.vhost.name, stream.name, reference)
+            was = self.histories["group"].get(key)
+            before = was[1][-1][1][0] if was is not None and was[0] is stream else lag
+            _record(self.histories["group"], kept, key, stream, stamp, (lag,))
+            rates[key] = {"offset_lag": (lag - before) * per_s}
 
     # -- what a request sees -------------------------------------------------------------------
 
@@ -158,19 +217,19 @@ class Sampler:
                 key: str) -> list[dict[str, Any]]:
         """RabbitMQ's `samples`: the total every `incr_s` over the last `age_s`, newest
         first."""
-        cutoff = time.time() - age_s
-        picked: list[dict[str, Any]] = []
-        next_at: float | None = None
-        for stamp, totals in reversed(self.history):
-            if stamp < cutoff:
-                break
-            if next_at is not None and stamp > next_at:
-                continue
-            value = sum(t.get(key, 0) for n, t in totals.items()
-                        if vhosts is None or n in vhosts)
-            picked.append({"sample": value, "timestamp": int(stamp * 1000)})
-            next_at = stamp - incr_s + SAMPLE_S / 2
-        return picked
+        return _pick([(stamp, sum(t.get(key, 0) for n, t in totals.items()
+                                  if vhosts is None or n in vhosts))
+                      for stamp, totals in self.history], age_s, incr_s)
+
+    def object_samples(self, kind: str, name: Any, keys: tuple[str, ...], age_s: int,
+                       incr_s: int, key: str) -> list[dict[str, Any]]:
+        """An object's `samples` of one counter (its value then), newest first; none for an
+        object the sampler has not seen yet."""
+        found = self.histories[kind].get(name)
+        if found is None:
+            return []
+        at = keys.index(key)
+        return _pick([(stamp, values[at]) for stamp, values in found[1]], age_s, incr_s)
 
 
 def _ages(request: web.Request) -> tuple[int, int] | None:
@@ -236,6 +295,10 @@ def _kind(raw_path: str) -> str | None:
     parts = raw_path.rstrip("/").split("/")[1:]
     if len(parts) < 2 or parts[0] != "api":
         return None
+    if parts[1:3] == ["leveret", "consumer-groups"] and len(parts) in (3, 4, 6):
+        return "group"
+    if parts[1] == "leveret":
+        return None
     if parts[-1] == "channels" or (parts[1] == "channels" and len(parts) <= 3):
         return "channel"
     if parts[-1] == "connections" or (parts[1] == "connections" and len(parts) <= 3):
@@ -250,27 +313,42 @@ def _kind(raw_path: str) -> str | None:
 def _fill(sampler: Sampler, request: web.Request, kind: str, item: Any) -> None:
     if not isinstance(item, dict):
         return
+    ages = _ages(request)
+
+    def samples(name: Any, keys: tuple[str, ...]) -> Callable[[str], list[dict[str, Any]]] | None:
+        if ages is None:
+            return None
+        return lambda k: sampler.object_samples(kind, name, keys, *ages, k)
+
     key = (item.get("vhost"), item.get("name"))
     if kind == "queue":
-        _fill_item(item, sampler.queue_rates.get(key))  # type: ignore[arg-type]
+        _fill_item(item, sampler.queue_rates.get(key),  # type: ignore[arg-type]
+                   samples=samples(key, QUEUE_KEYS))
     elif kind == "exchange":
-        _fill_item(item, sampler.exchange_rates.get(key))  # type: ignore[arg-type]
+        _fill_item(item, sampler.exchange_rates.get(key),  # type: ignore[arg-type]
+                   samples=samples(key, EXCHANGE_KEYS))
     elif kind == "channel":
-        _fill_item(item, sampler.channel_rates.get(item.get("name")))  # type: ignore[arg-type]
+        name = item.get("name")
+        _fill_item(item, sampler.channel_rates.get(name),  # type: ignore[arg-type]
+                   samples=samples(name, CHANNEL_KEYS))
     elif kind == "connection":
-        _fill_item(item, sampler.connection_rates.get(item.get("name")),  # type: ignore[arg-type]
-                   field="")
+        name = item.get("name")
+        _fill_item(item, sampler.connection_rates.get(name),  # type: ignore[arg-type]
+                   field="", samples=samples(name, CONNECTION_KEYS))
+    elif kind == "group":
+        group = (item.get("vhost"), item.get("stream"), item.get("reference"))
+        _fill_item(item, sampler.group_rates.get(group, {"offset_lag": 0.0}),  # type: ignore
+                   field="", samples=samples(group, GROUP_KEYS))
     elif kind == "vhost":
         name = str(item.get("name"))
-        ages = _ages(request)
-        samples = (lambda k: sampler.samples({name}, *ages, k)) if ages else None
+        in_vhost = (lambda k: sampler.samples({name}, *ages, k)) if ages else None
         stats = item.get("message_stats")
         if isinstance(stats, dict):  # counted by channels, which come and go: the totals
             for counted in ("confirm", "return_unroutable"):
                 if counted in stats:
                     stats[counted] = sampler.totals.get(name, {}).get(counted, 0)
         _fill_item(item, sampler.vhost_rates.get(name, dict.fromkeys(KEYS, 0.0)),
-                   samples=samples)
+                   samples=in_vhost)
 
 
 def _strip(data: dict[str, Any], kind: str | None, item: Any) -> None:
@@ -278,6 +356,8 @@ def _strip(data: dict[str, Any], kind: str | None, item: Any) -> None:
     if kind is None:  # the overview
         if "message_stats" in data:
             data["message_stats"] = {}
+    elif kind == "group" and isinstance(item, dict):
+        item.pop("offset_lag_details", None)
     elif isinstance(item, dict):
         item.pop("message_stats", None)
 

@@ -255,27 +255,55 @@ def stored_offsets(stream: Any) -> list[dict[str, Any]]:
 
 
 def groups(stream: Any) -> list[dict[str, Any]]:
-    """The stream's single-active-consumer groups and their members, in join order."""
+    """The stream's single-active-consumer groups and their members, in join order. A
+    member's `offset_lag` is the committed offset minus its last delivered offset; the
+    group's is its active member's (0 while none is active). `offset_lag_details` carries
+    the lag's rate of change per second, which the rates middleware fills in."""
     out = []
+    committed = stream.log.committed_offset
     for reference, members in stream.groups.groups.items():
+        shown = [_member(m, committed) for m in members]
         out.append({
             "vhost": stream.vhost.name,
             "stream": stream.name,
             "reference": reference,
             "partition_index": stream.partition_index(),
             "consumers": len(members),
-            "members": [_member(m) for m in members],
+            "offset_lag": _group_lag(members, committed),
+            "offset_lag_details": {"rate": 0.0},
+            "members": shown,
         })
     return out
 
 
-def _member(consumer: Any) -> dict[str, Any]:
+def group_lags(stream: Any) -> dict[str, int]:
+    """Each single-active-consumer group's offset lag (its active member's), by reference."""
+    committed = stream.log.committed_offset
+    return {reference: _group_lag(members, committed)
+            for reference, members in stream.groups.groups.items()}
+
+
+def _lag(consumer: Any, committed: int) -> int:
+    cursor = consumer.state
+    return max(0, committed - cursor.delivered) if cursor is not None else 0
+
+
+def _group_lag(members: Any, committed: int) -> int:
+    for member in members:
+        if member.state is not None and member.state.active:
+            return _lag(member, committed)
+    return 0
+
+
+def _member(consumer: Any, committed: int) -> dict[str, Any]:
     channel = consumer.sink
     session = getattr(channel, "session", None)
+    cursor = consumer.state
     return {
         "subscription_id": consumer.tag,
         "connection_name": views.connection_name(session) if session is not None else "",
         "channel": getattr(channel, "number", 0),
-        "state": "active" if consumer.state is not None and consumer.state.active
-        else "inactive",
+        "state": "active" if cursor is not None and cursor.active else "inactive",
+        "offset": max(0, cursor.delivered) if cursor is not None else 0,
+        "offset_lag": _lag(consumer, committed),
     }

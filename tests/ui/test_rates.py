@@ -299,3 +299,113 @@ def test_a_query_answer_fetched_with_ack_can_be_acked(managed_broker: InProcessB
     (listed,) = Http.of(managed_broker).ok("/api/channels")
     assert listed["message_stats"]["get"] == 1 and listed["message_stats"]["ack"] == 1
     connection.close()
+
+
+def test_each_object_has_samples_with_msg_rates_age(managed_broker: InProcessBroker,
+                                                     busy: threading.Event) -> None:
+    """RabbitMQ's `samples`, `avg_rate` and `avg` on queues, exchanges, channels and
+    connections: the object's own counter every `msg_rates_incr` seconds, newest first."""
+    http = Http.of(managed_broker)
+    ages = "msg_rates_age=60&msg_rates_incr=5"
+
+    def two(path: str, pick: str, field: str = "message_stats") -> Any:
+        def check() -> Any:
+            data = http.ok(path)
+            items = data if isinstance(data, list) else [data]
+            for item in items:
+                stats = item[field] if field else item
+                details = stats.get(f"{pick}_details", {})
+                if len(details.get("samples", [])) >= 2 and details["samples"][0]["sample"] \
+                        > details["samples"][-1]["sample"]:
+                    return details
+            return None
+        return wait_for(check, f"two growing samples of {pick} at {path}")
+
+    queue = two(f"/api/queues/%2F/busy?{ages}", "publish")
+    samples = queue["samples"]
+    assert [sorted(s) for s in samples] == [["sample", "timestamp"]] * len(samples)
+    assert samples == sorted(samples, key=lambda s: -s["timestamp"])
+    assert queue["avg_rate"] > 0 and queue["avg"] > 0
+    assert http.ok("/api/queues/%2F/busy")["message_stats"]["publish"] >= samples[0]["sample"]
+    listed = http.ok(f"/api/queues?{ages}&page=1&page_size=10&name=busy")["items"][0]
+    assert "samples" in listed["message_stats"]["publish_details"]
+    assert two(f"/api/exchanges/%2F/amq.default?{ages}", "publish_in")["avg_rate"] > 0
+    assert two(f"/api/channels?{ages}", "publish")["avg_rate"] > 0
+    assert two(f"/api/connections?{ages}", "recv_oct", field="")["avg_rate"] > 0
+
+    # without the parameters, or with ones that are not positive numbers: the rate alone
+    for query in ("", "?msg_rates_age=sixty&msg_rates_incr=5", "?msg_rates_age=60",
+                  "?msg_rates_age=0&msg_rates_incr=5"):
+        details = http.ok(f"/api/queues/%2F/busy{query}")["message_stats"]["publish_details"]
+        assert list(details) == ["rate"], query
+
+
+def test_a_consumer_groups_lag_and_its_rate_of_change(managed_broker: InProcessBroker) -> None:
+    """A single-active-consumer group on a stream: its lag is its active member's (the
+    committed offset minus the member's last delivered offset), and the lag's change per
+    second is in `offset_lag_details` (positive while the group falls behind)."""
+    http = Http.of(managed_broker)
+    sampler = Sampler(managed_broker.broker)
+    connection = pika.BlockingConnection(pika.URLParameters(managed_broker.url))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare("ledger", durable=True, arguments={"x-queue-type": "stream"})
+    for _ in range(10):
+        channel.basic_publish("", "ledger", b"x")
+    members = []
+    for _ in range(2):
+        member = pika.BlockingConnection(pika.URLParameters(managed_broker.url))
+        taking = member.channel()
+        taking.basic_qos(prefetch_count=5)  # takes offsets 0 to 4 and never acks
+        taking.basic_consume("ledger", lambda *args: None, consumer_tag="audit",
+                             arguments={"x-single-active-consumer": True,
+                                        "x-stream-offset": "first"})
+        members.append(member)
+
+    def group() -> dict[str, Any]:
+        (found,) = [g for g in http.ok("/api/leveret/consumer-groups/%2F")
+                    if g["stream"] == "ledger"]
+        return found
+
+    wait_for(lambda: group()["offset_lag"] == 5, "the group's lag at 5")
+    shown = group()
+    assert shown["reference"] == "audit" and shown["consumers"] == 2
+    active = [m for m in shown["members"] if m["state"] == "active"]
+    assert [(m["offset"], m["offset_lag"]) for m in active] == [(4, 5)]
+    assert sorted(shown["offset_lag_details"]) == ["rate"]
+    managed_broker.call(lambda: sampler.sample(now=100.0))
+    assert sampler.group_rates == {}  # the first sample is the baseline
+
+    for _ in range(10):  # the group stays at offset 4: it falls 10 further behind
+        channel.basic_publish("", "ledger", b"x")
+    wait_for(lambda: group()["offset_lag"] == 15, "the group's lag at 15")
+    managed_broker.call(lambda: sampler.sample(now=102.0))
+    assert sampler.group_rates == {("/", "ledger", "audit"): {"offset_lag": 5.0}}
+    managed_broker.call(lambda: sampler.sample(now=104.0))
+    assert sampler.group_rates == {("/", "ledger", "audit"): {"offset_lag": 0.0}}
+
+    # the broker's own sampler (every 5 s): the group's lag samples through the API
+    one = http.ok("/api/leveret/consumer-groups/%2F/ledger/audit?msg_rates_age=60"
+                  "&msg_rates_incr=5")
+    assert one["offset_lag"] == 15 and "samples" in one["offset_lag_details"]
+    wait_for(lambda: http.ok("/api/leveret/consumer-groups?msg_rates_age=60&msg_rates_incr=5")[
+        0]["offset_lag_details"]["samples"], "a sample of the group's lag")
+    listed = http.ok("/api/leveret/consumer-groups?msg_rates_age=60&msg_rates_incr=5")[0]
+    assert listed["offset_lag_details"]["samples"][0]["sample"] == 15
+    for member in members:
+        member.close()
+    wait_for(lambda: not [g for g in http.ok("/api/leveret/consumer-groups/%2F")
+                          if g["stream"] == "ledger"], "the group gone with its members")
+    connection.close()
+
+
+def test_statistics_none_leaves_a_groups_lag_rate_out(quiet_broker: InProcessBroker) -> None:
+    connection = pika.BlockingConnection(pika.URLParameters(quiet_broker.url))
+    channel = connection.channel()
+    channel.queue_declare("ledger", durable=True, arguments={"x-queue-type": "stream"})
+    channel.basic_qos(prefetch_count=5)
+    channel.basic_consume("ledger", lambda *args: None, consumer_tag="audit",
+                          arguments={"x-single-active-consumer": True})
+    (group,) = Http.of(quiet_broker).ok("/api/leveret/consumer-groups")
+    assert group["offset_lag"] == 0 and "offset_lag_details" not in group
+    connection.close()
