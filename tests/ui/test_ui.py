@@ -402,3 +402,91 @@ def wait_for_connection(http: Any, client_name: str) -> str:
                 return str(item["name"])
         threading.Event().wait(0.1)
     raise AssertionError(f"connection {client_name} never showed in /api/connections")
+
+
+def test_a_consumer_group_falling_behind_shows_its_lag_growing_on_each_partition(
+        page: Any, ui_broker: UiBroker) -> None:
+    """The super streams page: a group's offset lag on each partition and its change per
+    second, positive (in red) while a publisher outruns the group's members."""
+    http = ui_broker.http
+    assert http.put("/api/leveret/super-streams/%2F/ledgers", {"partitions": 2}).status == 201
+    partitions = [p["name"] for p in http.ok("/api/leveret/super-streams/%2F/ledgers")[
+        "partitions"]]
+    member = pika.BlockingConnection(pika.URLParameters(ui_broker.amqp_url))
+    for partition in partitions:
+        channel = member.channel()
+        channel.basic_qos(prefetch_count=5)  # takes 5 of each partition, never acks
+        channel.basic_consume(partition, lambda *args: None, consumer_tag="reports",
+                              arguments={"x-single-active-consumer": True,
+                                         "x-stream-offset": "first"})
+    stop = threading.Event()
+
+    def run() -> None:
+        publisher, out = channel_of(ui_broker)
+        while not stop.is_set():
+            for partition in partitions:
+                for _ in range(10):
+                    out.basic_publish("", partition, b"tick")
+            publisher.sleep(0.05)
+        publisher.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        log_in(page)
+        page.click("nav >> text=Super streams")
+        row = page.locator("[data-testid=consumer-groups] tr[data-reference=reports]")
+        expect(row.locator("td").first).to_have_text("reports")
+        growing = re.compile(r"^\+[0-9,]+/s$")
+        expect(row.get_by_test_id("partition-lag-change")).to_have_text([growing, growing])
+        expect(row.get_by_test_id("partition-lag-change").first).to_have_class("behind")
+        expect(row.get_by_test_id("lag-change")).to_have_text(growing)
+        expect(row.get_by_test_id("lag-change")).to_have_class("behind")
+        expect(row.get_by_test_id("group-lag")).not_to_have_text("0")
+        expect(row.get_by_test_id("partition-lag").first).to_have_text(
+            re.compile(r"^lag [0-9,]+$"))
+    finally:
+        stop.set()
+        thread.join(30)
+        member.close()
+        assert http.delete("/api/leveret/super-streams/%2F/ledgers").status == 204
+
+
+def test_the_charts_show_ack_redeliver_get_and_returns(page: Any, ui_broker: UiBroker) -> None:
+    """The overview's chart and a queue's chart have a line for each kind of the API's
+    message_stats, beside publish, deliver/get and confirm; the overview's ack rate moves
+    while a client gets and acks."""
+    stop = threading.Event()
+    ready = threading.Event()
+
+    def run() -> None:
+        connection, channel = channel_of(ui_broker)
+        channel.queue_declare("ui-acks")
+        ready.set()
+        while not stop.is_set():
+            channel.basic_publish("", "ui-acks", b"job")
+            method, _props, _body = channel.basic_get("ui-acks")
+            if method is not None:
+                channel.basic_ack(method.delivery_tag)
+            connection.sleep(0.02)
+        connection.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(30)
+        log_in(page)
+        legend = page.locator(".chart .u-legend .u-label")
+        expect(legend).to_have_text(["Time", "Publish", "Deliver / get", "Confirm", "Ack",
+                                     "Redeliver", "Get", "Returned unroutable"])
+        for kind in ("ack", "redeliver", "get", "return_unroutable"):
+            expect(page.locator(f"[data-rate={kind}]")).to_have_count(1)
+        expect(page.locator("[data-rate=ack] b")).not_to_have_text("0", timeout=60_000)
+        page.goto(page.url.split("#")[0] + "#/queues/%2F/ui-acks")
+        expect(page.get_by_test_id("queue-name")).to_have_text("ui-acks")
+        expect(legend).to_have_text(["Time", "Publish", "Deliver / get", "Ack", "Redeliver",
+                                     "Get"])
+    finally:
+        stop.set()
+        thread.join(30)
+        ui_broker.http.delete("/api/queues/%2F/ui-acks")

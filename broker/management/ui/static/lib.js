@@ -149,7 +149,8 @@ export function useSubmit(action, okText) {
   return [submit, html`<${Err} error=${state.error} /><${Note} text=${state.note} />`];
 }
 
-const COLORS = ['#2f7ed8', '#e4572e', '#17a398', '#8e44ad', '#f39c12', '#7f8c8d'];
+const COLORS = ['#2f7ed8', '#e4572e', '#17a398', '#8e44ad', '#f39c12', '#7f8c8d', '#c0392b',
+  '#2c3e50'];
 
 // A live line chart (uPlot) of `series` ({label, values}) over `times` (seconds).
 export function Chart({title, times, series, height = 220, unit = '/s'}) {
@@ -209,4 +210,40 @@ export function useRates(sample, keys, size = 90) {
   const h1 = hist.current;
   const latest = keys.map((k, i) => h1.values[i][h1.values[i].length - 1] ?? 0);
   return {times: h1.times, values: h1.values, latest};
+}
+
+// Each entry's change per second of a level (an offset lag) between the last two answers of
+// a poll: `entries(source)` gives [key, value] pairs. Positive: the level grows (a consumer
+// falls behind); negative: it shrinks (it catches up). A key seen once has no change yet.
+export function useChange(source, entries) {
+  const last = useRef({seen: null, at: 0, values: {}, change: {}});
+  const state = last.current;
+  if (source && source !== state.seen) {
+    const now = Date.now() / 1000;
+    const values = {};
+    const change = {};
+    for (const [key, value] of entries(source)) {
+      values[key] = value;
+      if (key in state.values && now > state.at) {
+        change[key] = (value - state.values[key]) / (now - state.at);
+      }
+    }
+    last.current = {seen: source, at: now, values, change};
+  }
+  return last.current.change;
+}
+
+// A lag change per second as text: `+12/s` (falling behind, in red), `-3/s` (catching up).
+export function lagChangeText(rate) {
+  return `${rate > 0 ? '+' : ''}${fmtNum(Math.round(rate))}/s`;
+}
+
+export function lagChangeClass(rate) {
+  return rate > 0.5 ? 'behind' : rate < -0.5 ? 'catching-up' : '';
+}
+
+export function LagChange({rate}) {
+  if (rate === undefined) return html`<td></td>`;
+  return html`<td class=${lagChangeClass(rate)} data-testid="lag-change">${lagChangeText(rate)}
+    </td>`;
 }

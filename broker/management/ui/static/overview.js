@@ -3,7 +3,9 @@
 
 import {Chart, Err, fmtBytes, fmtDuration, fmtNum, html, usePoll, useRates} from './lib.js';
 
-const RATES = [['publish', 'Publish'], ['deliver_get', 'Deliver / get'], ['confirm', 'Confirm']];
+const RATES = [['publish', 'Publish'], ['deliver_get', 'Deliver / get'], ['confirm', 'Confirm'],
+  ['ack', 'Ack'], ['redeliver', 'Redeliver'], ['get', 'Get'],
+  ['return_unroutable', 'Returned unroutable']];
 
 function Totals({overview}) {
   const q = overview.queue_totals || {};

@@ -2,8 +2,8 @@
 // stream), a live chart, get messages (queue) or read at an offset (stream), purge, delete.
 
 import {del, enc, get, post} from './api.js';
-import {Chart, Confirm, Err, fmtBytes, fmtNum, html, jsonText, useEffect, usePoll, useRates,
-  useRef, useState, useSubmit} from './lib.js';
+import {Chart, Confirm, Err, fmtBytes, fmtNum, html, jsonText, LagChange, useChange, useEffect,
+  usePoll, useRates, useState, useSubmit} from './lib.js';
 
 function Message({m}) {
   return html`<div class="message" data-testid="message">
@@ -64,29 +64,12 @@ function ReadStream({vhost, name, first}) {
 
 // Each stream consumer's lag change per second between the last two samples of the queue:
 // positive means it falls behind, negative that it catches up.
-function useLagChange(queue) {
-  const last = useRef({seen: null, at: 0, lags: {}, change: {}});
-  const state = last.current;
-  if (queue && queue !== state.seen && queue.type === 'stream') {
-    const now = Date.now() / 1000;
-    const lags = {};
-    const change = {};
-    for (const c of queue.consumer_details || []) {
-      const key = `${c.channel_details && c.channel_details.name}|${c.consumer_tag}`;
-      const lag = (c.stream && c.stream.offset_lag) || 0;
-      lags[key] = lag;
-      if (key in state.lags && now > state.at) change[key] = (lag - state.lags[key]) / (now - state.at);
-    }
-    last.current = {seen: queue, at: now, lags, change};
-  }
-  return last.current.change;
-}
+const consumerKey = (c) => `${c.channel_details && c.channel_details.name}|${c.consumer_tag}`;
 
-function LagChange({rate}) {
-  if (rate === undefined) return html`<td></td>`;
-  const text = `${rate > 0 ? '+' : ''}${fmtNum(Math.round(rate))}/s`;
-  return html`<td class=${rate > 0.5 ? 'behind' : rate < -0.5 ? 'active' : ''}
-    data-testid="lag-change">${text}</td>`;
+function useLagChange(queue) {
+  return useChange(queue && queue.type === 'stream' ? queue : null,
+    (q) => (q.consumer_details || []).map((c) => [consumerKey(c),
+      (c.stream && c.stream.offset_lag) || 0]));
 }
 
 function Consumers({queue, lagChange = {}}) {
@@ -107,8 +90,7 @@ function Consumers({queue, lagChange = {}}) {
           <td>${s.stored_offset === null || s.stored_offset === undefined ? '' :
             fmtNum(s.stored_offset)}</td>
           <td class=${lag > 1000 ? 'behind' : ''}>${fmtNum(lag)}</td>
-          <${LagChange} rate=${lagChange[
-            `${c.channel_details && c.channel_details.name}|${c.consumer_tag}`]} />`}</tr>`;
+          <${LagChange} rate=${lagChange[consumerKey(c)]} />`}</tr>`;
     })}
     ${rows.length === 0 && html`<tr><td colspan=${cols.length} class="empty">No consumer.
       </td></tr>`}</tbody></table></section>`;
@@ -166,6 +148,9 @@ function Props({queue}) {
     html`<tr><th>${k}</th><td>${v}</td></tr>`)}</tbody></table>`;
 }
 
+const LABELS = {appended: 'Appended', delivered: 'Delivered', publish: 'Publish',
+  deliver_get: 'Deliver / get', ack: 'Ack', redeliver: 'Redeliver', get: 'Get'};
+
 export function QueuePage({vhost, name}) {
   const path = `/api/queues/${enc(vhost)}/${enc(name)}`;
   const {data: queue, error, reload} = usePoll(path, 2000);
@@ -173,7 +158,8 @@ export function QueuePage({vhost, name}) {
   const stream = queue && queue.type === 'stream';
   const sample = queue && (stream ? {appended: queue.committed_offset,
     delivered: (queue.message_stats || {}).deliver_get} : queue.message_stats);
-  const keys = stream ? ['appended', 'delivered'] : ['publish', 'deliver_get'];
+  const keys = stream ? ['appended', 'delivered'] : ['publish', 'deliver_get', 'ack', 'redeliver',
+    'get'];
   const rates = useRates(sample, keys);
   const lagChange = useLagChange(queue);
   useEffect(() => setGone(false), [path]);
@@ -190,8 +176,7 @@ export function QueuePage({vhost, name}) {
     ${queue && html`<div class="columns"><${Props} queue=${queue} />
       <div class="grow"><${Chart} key=${stream ? 's' : 'q'}
         title=${stream ? 'Messages per second' : 'Messages per second'}
-        times=${rates.times} series=${keys.map((k, i) => ({
-          label: k === 'appended' ? 'Appended' : k === 'publish' ? 'Publish' : 'Delivered',
+        times=${rates.times} series=${keys.map((k, i) => ({label: LABELS[k],
           values: rates.values[i]}))} />
         ${stream && html`<p class="sub" data-testid="lag">Consumers' total lag:${' '}
           <b>${fmtNum(lag)}</b> messages behind the committed offset.</p>`}</div></div>
