@@ -369,21 +369,6 @@ def unsubscribe(s: StreamSession, d: f.Decoder, _version: int) -> None:
     s.send(f.response(k.UNSUBSCRIBE, corr, k.OK))
 
 
-def store_offset(s: StreamSession, d: f.Decoder, _version: int) -> None:
-    reference = d.string()
-    name = d.string()
-    offset = d.u64()
-    d.done()
-    queue = stream_of(s, name)
-    ref = reference.encode("utf-8")
-    if queue is None or not ref or len(ref) > 255 or not s.allowed("read", name):
-        return  # no response, as RabbitMQ: errors are only logged
-    try:
-        queue.log.store_offsets({ref: offset})
-    except StorageError:
-        pass
-
-
 def query_offset(s: StreamSession, d: f.Decoder, _version: int) -> None:
     corr = d.u32()
     reference = d.string()

@@ -28,6 +28,7 @@ from leveret.broker.streamproto import (
     publishing,
     registry,
     streams,
+    tracking,
 )
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto.session import StreamSession
@@ -58,7 +59,6 @@ HANDLERS: dict[int, Handler] = {
     k.SUBSCRIBE: cluster.subscribe,  # consuming's, or a stream held elsewhere
     k.CREDIT: consuming.credit,
     k.UNSUBSCRIBE: consuming.unsubscribe,
-    k.STORE_OFFSET: consuming.store_offset,
     k.QUERY_OFFSET: consuming.query_offset,
     k.CONSUMER_UPDATE | k.RESPONSE: consuming.consumer_update_response,
     k.CREATE: cluster_streams.create,  # streams.create on a single node
@@ -70,6 +70,9 @@ HANDLERS: dict[int, Handler] = {
     k.CREATE_SUPER_STREAM: cluster_streams.create_super_stream,  # streams' on a single node
     k.DELETE_SUPER_STREAM: cluster_streams.delete_super_stream,
     k.RESOLVE_OFFSET_SPEC: consuming.resolve_offset_spec,
+    # QueryOffset, QueryPublisherSequence, StreamStats: the local ones, or the leader's node
+    # asked; StoreOffset: to the local copy or the leader
+    **tracking.handlers(),
 }
 PRE_OPEN = frozenset({k.PEER_PROPERTIES, k.SASL_HANDSHAKE, k.SASL_AUTHENTICATE, k.TUNE,
                       k.OPEN, k.CLOSE, k.HEARTBEAT})
@@ -225,5 +228,6 @@ async def start(server: Any) -> StreamServer | None:
     server.broker.alarm_listeners.append(streams_server.alarm_changed)
     server.stream_server = streams_server
     registry.register(server.broker, streams_server)
+    tracking.install(server.broker)  # cluster mode: other nodes' queries of this node's copies
     streams_server.start_sweeping()
     return streams_server

@@ -150,6 +150,14 @@ def stream_stats(s: StreamSession, d: f.Decoder, _version: int) -> None:
     if queue is None:
         s.send(f.response(k.STREAM_STATS, corr, k.STREAM_DOES_NOT_EXIST, f.i32(0)))
         return
+    stats = stats_of(queue)
+    body = f.i32(len(stats)) + b"".join(
+        f.enc_string(key) + f.i64(value) for key, value in stats.items())
+    s.send(f.response(k.STREAM_STATS, corr, k.OK, body))
+
+
+def stats_of(queue: StreamQueue) -> dict[str, int]:
+    """StreamStats of this node's copy: osiris's first and committed chunk ids."""
     log = queue.log
     empty = log.committed_offset < log.first_offset
     last_chunk = -1
@@ -157,13 +165,10 @@ def stream_stats(s: StreamSession, d: f.Decoder, _version: int) -> None:
         reader = log.reader(OffsetSpec.last(), chunk_types=STREAM_CHUNK_TYPES)
         last_chunk = reader.position
         reader.close()
-    stats = {
+    return {
         "first_chunk_id": -1 if empty else log.first_offset,
         "committed_chunk_id": last_chunk,
     }
-    body = f.i32(len(stats)) + b"".join(
-        f.enc_string(key) + f.i64(value) for key, value in stats.items())
-    s.send(f.response(k.STREAM_STATS, corr, k.OK, body))
 
 
 def create_super_stream(s: StreamSession, d: f.Decoder, _version: int) -> None:

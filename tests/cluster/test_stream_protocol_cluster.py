@@ -3,7 +3,9 @@ any node names the node that holds the stream, with that node's advertised strea
 port; a node that does not hold it answers Subscribe and DeclarePublisher with
 STREAM_NOT_AVAILABLE (clients then connect to the leader); a stream deleted through another node
 sends MetadataUpdate to the holder's publishers and subscribers; a stream whose node is down is
-STREAM_NOT_AVAILABLE with no leader."""
+STREAM_NOT_AVAILABLE with no leader; offsets and publisher sequences are answered on a replica's
+node from its copy and on a node with no copy by the leader's node, and StoreOffset reaches the
+leader from either."""
 
 from __future__ import annotations
 
@@ -200,6 +202,102 @@ def test_a_stream_whose_node_is_down_has_no_leader(ab: tuple[ClusterNode, Cluste
     wait_until(lambda: metadata(on_b, "orphan")[1]["orphan"] == (NOT_AVAILABLE, None, []),
                timeout=20)
     assert metadata(on_b, "orphan")[0] == []
+    on_b.close()
+
+
+def publish_confirmed(client: RawStream, pid: int, reference: str, stream: str,
+                      ids: range) -> None:
+    """Declare a publisher and publish `ids` with it, until every id is confirmed."""
+    client.request(0x01, struct.pack(">B", pid) + s(reference) + s(stream))
+    assert client.response(0x01)[1] == OK
+    client.send(0x02, 1, struct.pack(">Bi", pid, len(ids)) + b"".join(
+        struct.pack(">QI", i, 1) + b"m" for i in ids))
+    confirmed: list[int] = []
+    while len(confirmed) < len(ids):
+        frame = client.next(0x03)
+        count = struct.unpack_from(">i", frame, 5)[0]
+        confirmed += struct.unpack_from(f">{count}Q", frame, 9)
+    assert sorted(confirmed) == list(ids)
+
+
+def query(client: RawStream, key: int, *fields: str) -> tuple[int, bytes]:
+    """(code, rest) of QueryOffset / QueryPublisherSequence / StreamStats."""
+    client.request(key, b"".join(s(field) for field in fields))
+    _, code, rest = client.response(key)
+    return code, rest
+
+
+def query_offset(client: RawStream, reference: str, stream: str) -> tuple[int, int]:
+    code, rest = query(client, 0x0B, reference, stream)
+    return code, struct.unpack(">Q", rest)[0]
+
+
+def sequence(client: RawStream, reference: str, stream: str) -> tuple[int, int]:
+    code, rest = query(client, 0x05, reference, stream)
+    return code, struct.unpack(">Q", rest)[0]
+
+
+def stream_stats(client: RawStream, stream: str) -> tuple[int, dict[str, int]]:
+    code, rest = query(client, 0x1C, stream)
+    stats, pos = {}, 4
+    for _ in range(struct.unpack_from(">i", rest)[0]):
+        size = struct.unpack_from(">h", rest, pos)[0]
+        key = rest[pos + 2 : pos + 2 + size].decode()
+        stats[key] = struct.unpack_from(">q", rest, pos + 2 + size)[0]
+        pos += 10 + size
+    return code, stats
+
+
+def store_offset(client: RawStream, reference: str, stream: str, offset: int) -> None:
+    client.send(0x0A, 1, s(reference) + s(stream) + struct.pack(">Q", offset))  # no answer
+
+
+def test_offsets_and_publisher_sequences_on_a_replica_and_a_node_without_a_copy(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    a, b = ab
+    declare_stream(a, "tracked", size=None)  # a leads, b holds a replica
+    declare_stream(a, "solo")  # only a holds it
+    wait_until(lambda: visible(b, "tracked") and visible(b, "solo"), timeout=10)
+    on_a, on_b = raw(a), raw(b)
+    publish_confirmed(on_a, 1, "pub-t", "tracked", range(1, 4))
+    publish_confirmed(on_a, 2, "pub-s", "solo", range(1, 6))
+
+    # the replica answers from its own copy: the publisher's tracking record replicated
+    wait_until(lambda: sequence(on_b, "pub-t", "tracked") == (OK, 3), timeout=10)
+    # the node with no copy asks the leader's node, as RabbitMQ's reader asks the leader
+    assert sequence(on_b, "pub-s", "solo") == (OK, 5)
+    assert sequence(on_b, "nobody", "solo") == (OK, 0)
+    assert query_offset(on_b, "nobody", "solo") == (0x13, 0)  # NO_OFFSET
+    assert query_offset(on_b, "nobody", "tracked") == (0x13, 0)
+    assert stream_stats(on_b, "solo") == stream_stats(on_a, "solo")
+    assert stream_stats(on_b, "solo")[0] == OK
+    wait_until(lambda: stream_stats(on_b, "tracked") == stream_stats(on_a, "tracked"),
+               timeout=10)
+    for client in (on_a, on_b):
+        assert sequence(client, "pub-s", "nowhere") == (0x02, 0)  # STREAM_DOES_NOT_EXIST
+
+    # StoreOffset on the replica's node reaches the leader, which writes it into the log:
+    # every node answers it; on the node without a copy it goes to the leader too
+    store_offset(on_b, "reader-t", "tracked", 2)
+    store_offset(on_b, "reader-s", "solo", 4)
+    for client in (on_a, on_b):
+        wait_until(lambda c=client: query_offset(c, "reader-t", "tracked") == (OK, 2),
+                   timeout=10)
+        wait_until(lambda c=client: query_offset(c, "reader-s", "solo") == (OK, 4),
+                   timeout=10)
+    # stored on the leader's node: the replica hears it too
+    store_offset(on_a, "reader-t", "tracked", 3)
+    wait_until(lambda: query_offset(on_b, "reader-t", "tracked") == (OK, 3), timeout=10)
+    on_a.close()
+
+    # the leader's node down: a node with no copy has nobody to ask
+    a.kill()
+    wait_until(lambda: query_offset(on_b, "reader-s", "solo") == (NOT_AVAILABLE, 0),
+               timeout=20)
+    assert sequence(on_b, "pub-s", "solo") == (NOT_AVAILABLE, 0)
+    assert stream_stats(on_b, "solo") == (NOT_AVAILABLE, {})
+    store_offset(on_b, "reader-s", "solo", 5)  # dropped, logged; the connection carries on
+    assert query_offset(on_b, "reader-t", "tracked") == (OK, 3)  # the replica's own copy
     on_b.close()
 
 
