@@ -1,7 +1,8 @@
 """Message rates in the management API (`broker/management/rates.py`): cumulative counters
 sampled on the broker's loop, shown as RabbitMQ's `message_stats` `*_details.rate` (and
-`samples` with `msg_rates_age`/`msg_rates_incr`) in the overview and the queues. The UI's
-overview chart shows them; these tests use the API alone, no browser.
+`samples` with `msg_rates_age`/`msg_rates_incr`) in the overview, vhosts, queues, streams,
+exchanges, channels and connections, and a consumer group's offset lag with its rate of
+change. The UI's charts show them; these tests use the API alone, no browser.
 
 Every kind RabbitMQ reports (ack, redeliver, return_unroutable, get, get_no_ack, deliver,
 deliver_no_ack; publish_in/publish_out on exchanges; recv_oct/send_oct on connections) is

@@ -1,7 +1,8 @@
 """The web UI in headless Chromium against a real `leveret serve`: log in, the overview moving
 while a pika client publishes, declaring and deleting a queue, getting and purging, reading a
 stream at an offset, definitions export and import, markup in names shown as text, a consumer
-group followed while members come and go, and a stream consumer's growing lag."""
+group followed while members come and go, a stream consumer's and a consumer group's growing
+lag, and the charts' lines for every kind of rate."""
 
 from __future__ import annotations
 
