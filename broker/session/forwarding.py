@@ -80,7 +80,7 @@ def _unacked() -> Any:
 UNACKED: Any = None
 # A stream consumer's channel on the holder may run this many prefetches ahead of the client,
 # so the extra hop's latency does not throttle it; the client still gets at most its prefetch.
-STREAM_READ_AHEAD = 4
+STREAM_READ_AHEAD = 8
 # ... but by no more than this many deliveries beyond it (what b may hold for one consumer).
 STREAM_READ_AHEAD_MAX = 16_000
 PREFETCH_MAX = 65_535  # basic.qos's prefetch-count is a short
