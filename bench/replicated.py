@@ -66,12 +66,13 @@ from loadgen.report import machine, median  # noqa: E402
 PARTS = ("publish", "failover", "catchup")
 MEMBERS = {"x-initial-cluster-size": 3}
 LEASE_ENV = "LEVERET_CLUSTER_LEASE_TTL_S"
-TUNING = ("The failover time is bounded below by the dead leader's etcd lease: its node record "
-          "goes when the lease expires (LEVERET_CLUSTER_LEASE_TTL_S or cluster_lease_ttl_s, "
-          "default 10 s; etcd raises less than 2 s to 2 s), then the members notice within "
-          "0.5 s (stream_failover.CHECK_S) and elect in one etcd transaction. Lower "
-          "LEVERET_CLUSTER_LEASE_TTL_S on every node to fail over sooner; a node paused "
-          "longer than it (GC, swap, SIGSTOP) then loses its leadership sooner too.")
+TUNING = ("After kill -9 every link to the dead leader breaks at once; once a quorum of the "
+          "members has been without its link for LEVERET_STREAM_FAILOVER_AFTER_S "
+          "(stream_failover_after_s, default 2 s) they elect a new leader in one etcd "
+          "transaction, checked every 0.5 s (stream_failover.CHECK_S). Lower it to fail over "
+          "sooner (a link that breaks and comes back within it elects nobody). A leader that is "
+          "cut off from etcd rather than from its peers is replaced when its lease expires "
+          "(LEVERET_CLUSTER_LEASE_TTL_S, default 10 s).")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
