@@ -11,11 +11,27 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
 
 HASHING_ALGORITHM = "rabbit_password_hashing_sha256"
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def from_loopback(host: str) -> bool:
+    """Whether a peer address is the local machine (RabbitMQ's loopback_users rule): a
+    loopback IPv4 or IPv6 address, with or without a zone, or IPv4-mapped."""
+    if host in LOOPBACK:
+        return True
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
 
 
 def hash_password(password: str, salt: bytes | None = None) -> str:

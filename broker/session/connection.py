@@ -12,7 +12,6 @@ this connection with 541 and is logged; the broker and other connections carry o
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import itertools
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from leveret.amqp.errors import AMQPError
 from leveret.amqp.frames import HEARTBEAT_FRAME
 from leveret.amqp.handshake import BadProtocolHeader, State
 from leveret.broker import listen, logs
+from leveret.broker.auth import from_loopback
 from leveret.broker.model.errors import AccessRefused, BrokerError
 from leveret.broker.session import backlog
 from leveret.broker.session.channel import Channel
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
 log = logs.get("leveret.connection")
 _ids = itertools.count(1)
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
 FLUSH_EARLY_BYTES = 1 << 20  # unwritten output that is written at once, mid-turn
 DRAIN_TIMEOUT_S = 5.0  # how long a closing socket may take to send what is buffered
 
@@ -437,16 +436,7 @@ class Session(asyncio.Protocol):
             self.transport.abort()
 
     def _loopback(self) -> bool:
-        host = self.peer[0]
-        if host in LOOPBACK:
-            return True
-        try:
-            address = ipaddress.ip_address(host.split("%", 1)[0])
-        except ValueError:
-            return False
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            return address.ipv4_mapped.is_loopback
-        return address.is_loopback
+        return from_loopback(self.peer[0])
 
     def _handshake_timeout(self) -> None:
         self._handshake_timer = None

@@ -15,7 +15,6 @@ Must not know: AMQP 0.9.1 framing. Single-threaded, on the event loop.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import itertools
 import struct
 import time
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from leveret.amqp import auth as wire_auth
 from leveret.broker import listen, logs
+from leveret.broker.auth import from_loopback
 from leveret.broker.model.errors import AccessRefused
 from leveret.broker.streamproto import certlogin
 from leveret.broker.streamproto import constants as k
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 log = logs.get("leveret.stream_connection")
 _ids = itertools.count(1)
 _KEY = struct.Struct(">HH")
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
 CLOSE_TIMEOUT_S = 3.0
 
 
@@ -325,16 +324,7 @@ class StreamSession(asyncio.Protocol):
         return self.permission is not None and self.permission.allows(kind, name)
 
     def loopback(self) -> bool:
-        host = self.peer[0]
-        if host in LOOPBACK:
-            return True
-        try:
-            address = ipaddress.ip_address(host.split("%", 1)[0])
-        except ValueError:
-            return False
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            return address.ipv4_mapped.is_loopback
-        return address.is_loopback
+        return from_loopback(self.peer[0])
 
     # -- timers -------------------------------------------------------------------------------
 

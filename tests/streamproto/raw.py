@@ -18,8 +18,8 @@ def strmap(values: dict[str, str]) -> bytes:
 
 
 class RawStream:
-    def __init__(self, port: int, timeout: float = 5.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 5.0, host: str = "127.0.0.1") -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout)
         self.buf = b""
         self.corr = 0
         self.open_properties: dict[str, str] = {}

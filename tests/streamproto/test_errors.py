@@ -5,10 +5,12 @@ own errors are response codes. Other connections keep working throughout."""
 from __future__ import annotations
 
 import struct
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from .conftest import StreamBroker
+from .conftest import StreamBroker, start_stream_broker
 from .raw import RawStream, s, strmap
 
 CLOSE = 0x16
@@ -152,3 +154,23 @@ def test_subscription_errors(lev: StreamBroker, name: str) -> None:
     assert struct.unpack(">HB", frame[4:7]) == (4, 77)
     client.request(0x0A, b"")  # StoreOffset has no response: here it is malformed
     assert server_close(client) == (13, "unknown frame")
+
+
+def test_guest_may_only_log_in_from_loopback(tmp_path: Path) -> None:
+    """RabbitMQ's loopback_users over the stream protocol: guest from another address gets
+    SASL_AUTHENTICATION_FAILURE_LOOPBACK (0x0B) and the socket closes; from 127.0.0.1 it opens."""
+    address = next((a for a in subprocess.run(["hostname", "-I"], capture_output=True,
+                                              text=True).stdout.split()
+                    if "." in a and not a.startswith("127.")), None)
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    broker = start_stream_broker(tmp_path / "data", "--host", "0.0.0.0")
+    try:
+        remote = RawStream(broker.stream_port, host=address)
+        assert remote.handshake() == 0x0B
+        assert remote.closed_by_server()
+        local = RawStream(broker.stream_port)
+        assert local.handshake() == 1
+        local.close()
+    finally:
+        broker.process.kill()
