@@ -15,11 +15,9 @@ Runs on the event loop; a scrape walks the vhosts, queues and connections once.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import shutil
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -32,6 +30,8 @@ from leveret.broker.management import prometheus_names
 from leveret.broker.management.http import BROKER
 from leveret.broker.management.member_metrics import MemberCollector
 from leveret.broker.management.overview import alarm_state
+from leveret.broker.management.prometheus_names import every
+from leveret.broker.management.prometheus_names import gauge as _gauge
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
@@ -76,11 +76,6 @@ class BrokerTotals:
             ),
         )
         return self.values
-
-
-def _gauge(name: str, doc: str, value: float | None = None,
-           labels: list[str] | None = None) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, value=value, labels=labels)
 
 
 class BrokerCollector:
@@ -203,21 +198,6 @@ async def get_metrics(request: web.Request) -> web.Response:
     return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def _sampler(app: web.Application) -> AsyncIterator[None]:
-    totals = app[TOTALS]
-
-    async def run() -> None:
-        while True:
-            await asyncio.sleep(SAMPLE_INTERVAL_S)
-            totals.sample()
-
-    task = asyncio.get_running_loop().create_task(run())
-    yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
 def setup(app: web.Application) -> None:
     totals = BrokerTotals(app[BROKER])
     registry = CollectorRegistry(auto_describe=False)
@@ -225,6 +205,6 @@ def setup(app: web.Application) -> None:
     registry.register(MemberCollector(app[BROKER]))  # replicated streams' members
     app[TOTALS] = totals
     app[REGISTRY] = registry
-    app.cleanup_ctx.append(_sampler)
+    app.cleanup_ctx.append(every(SAMPLE_INTERVAL_S, totals.sample))
     app.router.add_get("/metrics", get_metrics)
     prometheus_names.setup(app, registry)  # RabbitMQ's names too, and /metrics/per-object

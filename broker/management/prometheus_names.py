@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -150,9 +150,28 @@ class RabbitTotals:
                 self.channels.update((c, PROTOCOL, channel_values(c)) for c in channels))
 
 
-def _gauge(name: str, doc: str, value: float | None = None,
+def gauge(name: str, doc: str, value: float | None = None,
            labels: list[str] | None = None) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value, labels=labels)
+
+
+def every(interval_s: float, step: Callable[[], object]) -> Callable[
+        [web.Application], AsyncIterator[None]]:
+    """A cleanup context that calls `step` on the broker's loop every `interval_s` seconds
+    while the management app runs (the samplers of cumulative counters)."""
+    async def context(_app: web.Application) -> AsyncIterator[None]:
+        async def run() -> None:
+            while True:
+                await asyncio.sleep(interval_s)
+                step()
+
+        task = asyncio.get_running_loop().create_task(run())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return context
 
 
 class RabbitCollector:
@@ -194,11 +213,11 @@ class RabbitCollector:
                 values = by_type.get(queue_type)
                 family.add_metric([PROTOCOL, queue_type], values[i] if values else 0)
             yield family
-        publishers = _gauge("rabbitmq_global_publishers", "Current number of publishers",
+        publishers = gauge("rabbitmq_global_publishers", "Current number of publishers",
                             labels=["protocol"])
         publishers.add_metric([PROTOCOL], sum(1 for c in channels if c.stats_publish))
         yield publishers
-        consuming = _gauge("rabbitmq_global_consumers", "Current number of consumers",
+        consuming = gauge("rabbitmq_global_consumers", "Current number of consumers",
                            labels=["protocol"])
         consuming.add_metric([PROTOCOL], consumers)
         yield consuming
@@ -213,25 +232,25 @@ class RabbitCollector:
                                   value=channels_opened)
         yield CounterMetricFamily("rabbitmq_channels_closed", "Total number of channels closed",
                                   value=max(0, channels_opened - len(channels)))
-        yield _gauge("rabbitmq_connections", "Connections currently open", len(sessions))
-        yield _gauge("rabbitmq_channels", "Channels currently open", len(channels))
-        yield _gauge("rabbitmq_consumers", "Consumers currently connected", consumers)
-        yield _gauge("rabbitmq_queues", "Queues available", len(queues))
+        yield gauge("rabbitmq_connections", "Connections currently open", len(sessions))
+        yield gauge("rabbitmq_channels", "Channels currently open", len(channels))
+        yield gauge("rabbitmq_consumers", "Consumers currently connected", consumers)
+        yield gauge("rabbitmq_queues", "Queues available", len(queues))
         yield from self._queues(queues)
 
         node = node_view(broker)
-        yield _gauge("rabbitmq_process_open_fds", "Open file descriptors", node["fd_used"])
-        yield _gauge("rabbitmq_process_max_fds", "Open file descriptors limit",
+        yield gauge("rabbitmq_process_open_fds", "Open file descriptors", node["fd_used"])
+        yield gauge("rabbitmq_process_max_fds", "Open file descriptors limit",
                      node["fd_total"])
-        yield _gauge("rabbitmq_process_resident_memory_bytes", "Memory used in bytes",
+        yield gauge("rabbitmq_process_resident_memory_bytes", "Memory used in bytes",
                      node["mem_used"])
-        yield _gauge("rabbitmq_resident_memory_limit_bytes", "Memory high watermark in bytes",
+        yield gauge("rabbitmq_resident_memory_limit_bytes", "Memory high watermark in bytes",
                      node["mem_limit"])
-        yield _gauge("rabbitmq_disk_space_available_bytes", "Disk space available in bytes",
+        yield gauge("rabbitmq_disk_space_available_bytes", "Disk space available in bytes",
                      node["disk_free"])
-        yield _gauge("rabbitmq_disk_space_available_limit_bytes",
+        yield gauge("rabbitmq_disk_space_available_limit_bytes",
                      "Free disk space low watermark in bytes", node["disk_free_limit"])
-        yield _gauge("rabbitmq_erlang_uptime_seconds", "Node uptime", node["uptime"] / 1000)
+        yield gauge("rabbitmq_erlang_uptime_seconds", "Node uptime", node["uptime"] / 1000)
 
         build = UnknownMetricFamily("rabbitmq_build_info", "RabbitMQ & Erlang/OTP version info",
                                     labels=["product_name", "product_version",
@@ -249,15 +268,15 @@ class RabbitCollector:
     def _queues(self, queues: list[Any]) -> Iterator[Metric]:
         labels = ["vhost", "queue"] if self.per_object else None
         gauges = {
-            "ready": _gauge("rabbitmq_queue_messages_ready",
+            "ready": gauge("rabbitmq_queue_messages_ready",
                             "Messages ready to be delivered to consumers", labels=labels),
-            "unacked": _gauge("rabbitmq_queue_messages_unacked",
+            "unacked": gauge("rabbitmq_queue_messages_unacked",
                               "Messages delivered to consumers but not yet acknowledged",
                               labels=labels),
-            "messages": _gauge("rabbitmq_queue_messages",
+            "messages": gauge("rabbitmq_queue_messages",
                                "Sum of ready and unacknowledged messages - total queue depth",
                                labels=labels),
-            "consumers": _gauge("rabbitmq_queue_consumers", "Consumers on a queue",
+            "consumers": gauge("rabbitmq_queue_consumers", "Consumers on a queue",
                                 labels=labels),
         }
         rows = []
@@ -292,21 +311,6 @@ async def get_per_object(request: web.Request) -> web.Response:
     return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def _sampler(app: web.Application) -> AsyncIterator[None]:
-    totals = app[TOTALS]
-
-    async def run() -> None:
-        while True:
-            await asyncio.sleep(SAMPLE_S)
-            totals.sample()
-
-    task = asyncio.get_running_loop().create_task(run())
-    yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
 def setup(app: web.Application, aggregated: CollectorRegistry) -> None:
     """Add the aggregated names to `/metrics`'s registry, and serve `/metrics/per-object`."""
     broker = app[BROKER]
@@ -316,5 +320,5 @@ def setup(app: web.Application, aggregated: CollectorRegistry) -> None:
     per_object.register(RabbitCollector(broker, totals, per_object=True))
     app[TOTALS] = totals
     app[PER_OBJECT] = per_object
-    app.cleanup_ctx.append(_sampler)
+    app.cleanup_ctx.append(every(SAMPLE_S, totals.sample))
     app.router.add_get("/metrics/per-object", get_per_object)
