@@ -228,12 +228,59 @@ class Log:
                 raise BadChunk(f"chunk of epoch {header.epoch} after epoch "
                                   f"{self._last_epoch}")
             chunk = bytearray(view[:header.total_size])
-            self._write_chunk(chunk)
+            self._write_replicated(chunk, header)
             if header.trailer_size:
                 at = header.header_size + header.trailer_start
                 self._tracking.apply(header.chunk_type, bytes(chunk[at:header.total_size]))
             view = view[header.total_size:]
         return self._next
+
+    def _write_replicated(self, chunk: bytearray, header: ck.ChunkHeader) -> None:
+        """A replica's write. It rolls where the leader rolled and writes no snapshot of its
+        own: the leader's tracking snapshot, which starts each of its new segments, starts the
+        replica's too, and a chunk that made the leader roll with no tracking to snapshot makes
+        the replica roll by the same size rule. So every member's segment files are the same,
+        byte for byte. Retention runs after each roll, as on the leader."""
+        active = self._segments[-1]
+        rolled = False
+        if active.next_offset > active.base:
+            if header.chunk_type == ck.ChunkType.TRACKING_SNAPSHOT:
+                rolled = True
+            elif self._full(active, len(chunk)):
+                rolled = True
+        if rolled:
+            self._roll()
+            self._snapshot_due = False
+        self._write(chunk, header)
+        self._after_write()
+        if rolled:
+            self._retain_or_warn()
+
+    def _full(self, active: seg.SegmentInfo, size: int) -> bool:
+        return (active.size + size > self._config.max_segment_size_bytes
+                or active.chunks >= self._config.max_segment_chunks)
+
+    def reset_to(self, offset: int) -> None:
+        """Drop every chunk and start again, empty, at `offset`. For a replica whose log ends
+        before the leader's first chunk (the leader's retention removed what the replica still
+        lacks, or the replica is new): as osiris's replicas do, it starts where the leader's
+        log starts, and the leader's first segment brings the tracking snapshot."""
+        self._check_writable()
+        if offset < 0:
+            raise ValueError(f"offset {offset} is negative")
+        os.close(self._fd)
+        os.close(self._ifd)
+        self._cache.clear()
+        try:
+            while self._segments:
+                base = self._segments.pop().base
+                seg.remove(layout.segment_path(self._dir, base))
+                seg.remove(layout.index_path(self._dir, base))
+            fd, ifd = seg.create(self._dir, offset, self._durable)
+            os.close(fd)
+            os.close(ifd)
+        finally:
+            self._load()
 
     def truncate_from(self, offset: int) -> None:
         """Remove every chunk whose records start at `offset` or later (a replica's tail that
@@ -258,10 +305,7 @@ class Log:
     def _write_chunk(self, chunk: bytearray) -> None:
         header = ck.decode_header(chunk)
         active = self._segments[-1]
-        if active.next_offset > active.base and (
-            active.size + len(chunk) > self._config.max_segment_size_bytes
-            or active.chunks >= self._config.max_segment_chunks
-        ):
+        if active.next_offset > active.base and self._full(active, len(chunk)):
             self._roll()
         if self._snapshot_due:
             self._write_snapshot(header.timestamp_ms)

@@ -10,6 +10,8 @@ answers each frame with `stream.ack` (the next offset it holds). The committed o
 highest offset held by a majority of members, the leader included; `on_commit` reports each
 advance, and `stream.commit` tells the replicas, whose readers see only committed data. A replica
 that goes away is synced again, from its own tail, once its link is back: only the delta is sent.
+A replica whose tail is below the leader's first offset (the leader's retention removed what it
+lacks, or it is a new member) starts again, empty, at that first offset, as osiris's do.
 
 Replica side, `Replicas` (one per node): the logs this node holds as a replica, by stream. It
 appends a chunk only from the stream's current epoch (the one of the last sync), so a deposed
@@ -149,6 +151,11 @@ class Shipper:
                 answer = await link.call(SYNC, {"stream": self.stream, "epoch": self.epoch,
                                                 "epoch_end": agree})
                 next_offset = int(answer["next_offset"])
+        first = self.log.first_offset
+        if next_offset < first:  # retention here removed what it lacks: it starts at our first
+            answer = await link.call(SYNC, {"stream": self.stream, "epoch": self.epoch,
+                                            "epoch_end": None, "start": first})
+            next_offset = int(answer["next_offset"])
         state.next_offset, state.synced = next_offset, True
         self._advance()
         if self.committed >= 0:  # a replica that came back learns the commit point at once
@@ -232,7 +239,16 @@ class Replicas:
         if isinstance(end, int) and end < replica.log.next_offset:
             log.info("truncating a replica's tail the leader does not have", stream=body["stream"],
                      offset=end, next_offset=replica.log.next_offset)
-            replica.log.truncate_from(max(end, replica.committed + 1))
+            end = max(end, replica.committed + 1)
+            if end < replica.log.first_offset:  # its own retention removed where they agree
+                replica.log.reset_to(end)
+            else:
+                replica.log.truncate_from(end)
+        start = body.get("start")
+        if isinstance(start, int) and start > replica.log.next_offset:
+            log.info("replica starts again at the leader's first offset", stream=body["stream"],
+                     offset=start, next_offset=replica.log.next_offset)
+            replica.log.reset_to(start)
         last_epoch, next_offset = replica.log.tail
         tail, _cursor = replica.log.read_chunks(replica.log.ship_from(next_offset), CHUNK_BYTES)
         replica.held = _split(tail)

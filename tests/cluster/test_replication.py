@@ -281,3 +281,65 @@ async def test_a_replica_that_refuses_a_chunk_is_synced_again_and_catches_up(
     await until(lambda: b_log.next_offset == 6)
     assert records(b_log) == records(leader_log)
     await shipper.close()
+
+
+def segment_files(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file()}
+
+
+async def test_a_new_replica_after_the_leaders_retention_starts_at_its_first_chunk(
+        start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path) -> None:
+    """The leader's retention removed offsets 0.. before the replica existed: the replica's
+    empty log (next offset 0) cannot follow, so it starts at the leader's first offset and gets
+    the leader's segments as they are, tracking snapshot first."""
+    leader_node, b = await start_node("a"), await start_node("b")
+    leader_log = open_log(tmp_path / "a")
+    for i in range(20):
+        leader_log.append([b"m%d" % i], publishers={b"pub": i})
+    leader_log.store_offsets({b"reader": 3})
+    leader_log.truncate_before(10)
+    first = leader_log.first_offset
+    assert first > 0
+    b_log = open_log(tmp_path / "b")
+    b.replicas.add("s2", b_log)
+    await leader_node.dial(b)
+    shipper = Shipper("s2", leader_log, 1, ["b"], leader_node.links.get)
+    leader_node.replicas.shippers["s2"] = shipper
+    shipper.start()
+    await until(lambda: shipper.committed == 19)
+    await until(lambda: segment_files(tmp_path / "b") == segment_files(tmp_path / "a"))
+    assert b_log.first_offset == first and records(b_log) == records(leader_log)
+    assert (b_log.publisher_id(b"pub"), b_log.consumer_offset(b"reader")) == (19, 3)
+    await shipper.close()
+
+
+async def test_a_replica_that_lagged_past_the_leaders_retention_catches_up(
+        start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path) -> None:
+    """b held offsets 0..4, then its link went away while the leader wrote on and retention
+    removed what b lacks: when the link is back, b starts again at the leader's first offset
+    (before the fix it refused every chunk and never caught up)."""
+    leader_node, b = await start_node("a"), await start_node("b")
+    leader_log, b_log = open_log(tmp_path / "a"), open_log(tmp_path / "b")
+    b.replicas.add("s3", b_log)
+    link = await leader_node.dial(b)
+    shipper = Shipper("s3", leader_log, 1, ["b"], leader_node.links.get)
+    leader_node.replicas.shippers["s3"] = shipper
+    shipper.start()
+    for i in range(5):
+        leader_log.append([b"m%d" % i])
+        shipper.appended()
+    await until(lambda: b_log.next_offset == 5)
+    await shipper.close()
+    await link.close()
+    for i in range(5, 30):
+        leader_log.append([b"m%d" % i])
+    leader_log.truncate_before(20)
+    assert leader_log.first_offset > 5
+    await leader_node.dial(b)
+    again = Shipper("s3", leader_log, 1, ["b"], leader_node.links.get)
+    leader_node.replicas.shippers["s3"] = again
+    again.start()
+    await until(lambda: b_log.next_offset == 30)
+    assert records(b_log) == records(leader_log)
+    assert b_log.first_offset == leader_log.first_offset
+    await again.close()

@@ -223,3 +223,33 @@ def test_membership_refusals(trio: dict[str, ClusterNode], etcd: EtcdServer,
     assert streams_cli(a, "add_replica", "s.r", third).returncode == 0
     wait_until(lambda: same_logs(tuple(trio.values()), record.storage_id or ""), timeout=60)
     assert consume(trio[third], "s.r", 2) == [b"one", b"two"]
+
+
+def test_a_replica_added_after_retention_starts_at_the_leaders_first_offset(
+        trio: dict[str, ClusterNode], etcd: EtcdServer, cluster: str) -> None:
+    """The leader's retention has removed the stream's first segments before the node is
+    added: the new member starts at the leader's first offset (as osiris's replicas do) and
+    ends up with the leader's segment files, byte for byte, instead of refusing every chunk."""
+    a = trio["a"]
+    declare(a, "s.ret", **{"x-initial-cluster-size": 2, "x-max-length-bytes": 20_000,
+                           "x-stream-max-segment-size-bytes": 4_000})
+    record, _ = in_etcd(etcd, cluster, "s.ret")
+    assert record is not None
+    storage_id = record.storage_id or ""
+    [third] = [n for n in NAMES if n not in record.members]
+    bodies = [b"%04d" % i + b"x" * 200 for i in range(400)]
+    publish_confirmed(a, "s.ret", bodies)
+    wait_until(lambda: "00000000000000000000.segment" not in segments_of(a, storage_id))
+
+    assert streams_cli(a, "add_replica", "s.ret", third).returncode == 0
+    new = trio[third]
+    wait_until(lambda: same_logs((a, new), storage_id), timeout=60)
+    kept = consume(a, "s.ret", 400, timeout=5)
+    assert 0 < len(kept) < 400 and kept == bodies[-len(kept):]
+    assert consume(new, "s.ret", len(kept)) == kept  # from its own copy
+    publish_confirmed(new, "s.ret", [b"after"])
+    wait_until(lambda: same_logs(tuple(trio.values()), storage_id), timeout=60)
+
+
+def segments_of(node: ClusterNode, storage_id: str) -> set[str]:
+    return {p.name for p in (node.data_dir / "queues" / storage_id).glob("*.segment")}

@@ -131,3 +131,70 @@ def test_truncating_everything_and_below_the_log(open_log: Callable[..., Log],
     log.truncate_from(7)  # beyond the tail: nothing to do
     assert log.next_offset == 1
     log.truncate_before(1)
+
+
+def _files(log: Log) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(log.directory.iterdir())
+            if path.is_file()}
+
+
+@pytest.mark.parametrize("tracked", [True, False], ids=["with-tracking", "no-tracking"])
+def test_a_replicas_files_are_the_leaders_byte_for_byte(open_log: Callable[..., Log],
+                                                        tmp_path: Path, tracked: bool) -> None:
+    """The replica rolls where the leader rolled and writes no snapshot of its own: with
+    tracking, the leader's snapshot starts each segment on both; without, both roll by the
+    size rule."""
+    leader = open_log(tmp_path / "leader", max_segment_chunks=3)
+    replica = open_log(tmp_path / "replica", max_segment_chunks=3)
+    cursor = leader.ship_from(0)
+    for i in range(11):
+        leader.append([b"r%d" % i] * (i % 3 + 1), publishers={b"pub": i} if tracked else None)
+        if tracked and i % 4 == 1:
+            leader.store_offsets({b"reader": i})
+        while True:  # chunk by chunk, as a replica keeping up gets them
+            data, cursor = leader.read_chunks(cursor, 1)
+            if not data:
+                break
+            replica.append_chunks(data)
+    assert len([n for n in _files(leader) if n.endswith(".segment")]) >= 4
+    assert _files(replica) == _files(leader)
+    assert replica.tracking() == leader.tracking()
+
+
+def test_a_replica_reset_to_an_offset_starts_there(open_log: Callable[..., Log],
+                                                   tmp_path: Path) -> None:
+    log = open_log(tmp_path / "r", max_segment_chunks=2)
+    for i in range(5):
+        log.append([b"%d" % i], publishers={b"p": i})
+    log.reset_to(40)
+    assert (log.first_offset, log.next_offset, _records(log)) == (40, 40, [])
+    assert log.publisher_id(b"p") is None
+    log.close()
+    reopened = open_log(tmp_path / "r", max_segment_chunks=2)
+    assert (reopened.first_offset, reopened.next_offset) == (40, 40)
+    with pytest.raises(ValueError, match="negative"):
+        reopened.reset_to(-1)
+
+
+def test_a_replica_behind_the_leaders_retention_restarts_at_its_first_chunk(
+        open_log: Callable[..., Log], tmp_path: Path) -> None:
+    """The leader deleted the segments a lagging (or new) replica still lacks: shipping from
+    the replica's tail is refused, so the replica starts again at the leader's first offset,
+    and the leader's first segment brings the tracking snapshot with it."""
+    leader = open_log(tmp_path / "leader", max_segment_chunks=3)
+    for i in range(12):
+        leader.append([b"m%d" % i], publishers={b"pub": i})
+        if i == 2:
+            leader.store_offsets({b"reader": 1})
+    replica = open_log(tmp_path / "replica", max_segment_chunks=3)
+    replica.append_chunks(leader.read_chunks(leader.ship_from(0), 1)[0])  # it had offset 0
+    leader.truncate_before(7)
+    assert leader.first_offset > replica.next_offset
+    with pytest.raises(BadChunk, match="does not follow"):
+        replica.append_chunks(leader.read_chunks(leader.ship_from(replica.next_offset), 1)[0])
+    replica.reset_to(leader.first_offset)
+    _ship(leader, replica)
+    assert _records(replica) == _records(leader)
+    assert replica.first_offset == leader.first_offset
+    assert (replica.publisher_id(b"pub"), replica.consumer_offset(b"reader")) == (11, 1)
+    assert _files(replica) == _files(leader)
