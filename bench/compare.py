@@ -11,7 +11,10 @@ scenario and body size it runs bench/load.py against Leveret, then RabbitMQ, the
 again, and so on for --rounds rounds, each run on a fresh queue or stream. Scenarios (f) and
 (m) measure memory, so each of their runs gets freshly started brokers. Scenario (m), ten
 consumers over a 10-million-message stream, takes long (filling the stream) and only runs
-when asked for: `--scenarios m`.
+when asked for: `--scenarios m`. Scenarios (h), (i) and (j) are issue 17's (four publishers
+into one stream, into four streams, and 1,000 connections each publishing into and consuming
+from its own classic queue); `--leveret-arg=--workers --leveret-arg=2` passes arguments to
+`leveret serve` one by one (recorded in the results file and the table's header).
 
 Leveret runs from a copy of this checkout's sources taken at the start (`--no-snapshot` runs
 the installed package instead), so edits made during a long run do not change what is measured.
@@ -56,6 +59,9 @@ FULL = {
     "f": ["--duration", "20", "--interval", "5"],
     "g": ["--messages", "1000000"],
     "m": ["--messages", "10000000"],
+    "h": ["--duration", "15"],
+    "i": ["--duration", "15"],
+    "j": ["--duration", "15"],
 }
 QUICK = {
     "a": ["--duration", "3"],
@@ -66,8 +72,12 @@ QUICK = {
     "f": ["--duration", "8", "--interval", "4"],
     "g": ["--messages", "200000"],
     "m": ["--messages", "1000000"],
+    "h": ["--duration", "3"],
+    "i": ["--duration", "3"],
+    "j": ["--duration", "5"],
 }
-QUICK_SCENARIOS = "a,b,c,d,e,g"
+QUICK_SCENARIOS = "a,b,c,d,e,g,h,i"  # not j: opening 1,000 connections twice a round
+FULL_SCENARIOS = "a,b,c,d,e,f,g,h,i,j"
 # Like for like: RabbitMQ confirms a persistent message in a durable classic queue once its
 # message store has fsynced it, so Leveret's durable classic queues fsync before confirming too
 # (its default is "never"). Streams need nothing: a single RabbitMQ node does not fsync them
@@ -287,13 +297,21 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument(
         "--scenarios",
-        help=f"comma-separated, e.g. a,b (default: a to g; --quick: {QUICK_SCENARIOS}; "
+        help=f"comma-separated, e.g. a,b (default: {FULL_SCENARIOS}; --quick: {QUICK_SCENARIOS}; "
         "m only on request)",
     )
     p.add_argument("--bodies", help="comma-separated body sizes (default 100,1024; --quick 100)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument(
         "--leveret-args", default="", help="extra `leveret serve` flags, e.g. '--loop uvloop'"
+    )
+    p.add_argument(
+        "--leveret-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for `leveret serve`, repeatable and passed as it is "
+        "(e.g. --leveret-arg=--workers --leveret-arg=2); recorded in the results",
     )
     p.add_argument(
         "--leveret-env",
@@ -355,12 +373,18 @@ def main() -> int:
     args = parse_args()
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     raise_nofile()  # inherited by both brokers: scenario (f) opens 1,000 connections
-    scenarios = (args.scenarios or (QUICK_SCENARIOS if args.quick else "a,b,c,d,e,f,g")).split(",")
+    scenarios = (args.scenarios or (QUICK_SCENARIOS if args.quick else FULL_SCENARIOS)).split(",")
+    unknown = [s for s in scenarios if s not in FULL]
+    if unknown:
+        choices = ",".join(FULL)
+        print(f"unknown scenario {','.join(unknown)}: choose from {choices}", file=sys.stderr)
+        return 1
     bodies = [int(b) for b in (args.bodies or ("100" if args.quick else "100,1024")).split(",")]
     sizes = QUICK if args.quick else FULL
     names = [args.only] if args.only else ["leveret", "rabbitmq"]
     leveret_env = dict(DEFAULT_LEVERET_ENV)
     leveret_env.update(kv.split("=", 1) for kv in args.leveret_env)  # type: ignore[misc]
+    serve_args = args.leveret_args.split() + args.leveret_arg
     workdir = Path(tempfile.mkdtemp(prefix="leveret-bench-src-"))
     snapshot = None if args.no_snapshot else workdir
     info: dict[str, Any] = {
@@ -370,9 +394,11 @@ def main() -> int:
         "leveret_source": snapshot_leveret(workdir) if snapshot else "work tree (--no-snapshot)",
         "leveret_env": leveret_env,
         "leveret_args": args.leveret_args,
+        "leveret_arg": args.leveret_arg,
+        "leveret_serve_args": serve_args,
     }
     starters = {
-        "leveret": lambda: start_leveret(args.leveret_args.split(), snapshot, leveret_env),
+        "leveret": lambda: start_leveret(serve_args, snapshot, leveret_env),
         "rabbitmq": start_rabbitmq,
     }
     targets: dict[str, Target] = {}
@@ -427,6 +453,8 @@ def main() -> int:
         f"{info.get('rabbitmq_version', '')}; medians of {args.rounds} rounds"
         f"{' (--quick)' if args.quick else ''}"
     )
+    if serve_args:
+        header += f"; leveret serve {' '.join(serve_args)}"
     background = median([r.get("background_cpu_pct_before") for r in results])
     if background is not None:
         header += (

@@ -10,7 +10,11 @@ latency at a fixed 10,000 msgs/s; e persistent publish with confirms into a dura
 queue, then consume it; f 1,000 connections publishing slowly; g a filtered stream consumer
 that wants 1% of the stream, against an unfiltered one. And m (memory, not in the issue's list
 but in its targets): ten consumers at different positions of a 10-million-message stream,
-reporting the broker's peak RSS.
+reporting the broker's peak RSS. Issue 17 (both cores) adds: h four publishers with confirms
+into one stream; i four publishers with confirms, each into a stream of its own; j 1,000
+connections, each publishing with confirms (window 10) into its own classic queue and
+consuming from it, multiplexed over four load processes (publish-to-deliver latency, broker
+CPU and RSS).
 
 Every line carries msgs_per_s, mb_per_s (bodies, 10^6 bytes), p50_ms/p99_ms where the scenario
 measures latency, broker_cpu_pct (percent of one core, summed over --broker-pid and its
@@ -32,7 +36,7 @@ from loadgen.measure import listening_pids
 from loadgen.scenarios import SCENARIOS, Options, run
 
 HERE = Path(__file__).resolve().parent
-DISCARD_SCENARIOS = {"a", "b", "c", "e", "f"}
+DISCARD_SCENARIOS = {"a", "b", "c", "e", "f", "h", "i"}
 
 
 def raise_nofile() -> None:
@@ -53,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--password", default="guest")
     p.add_argument("--vhost", default="/")
     p.add_argument("--processes", type=int, default=1, help="publisher processes for (a)")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds, for a, d and f")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds, for a, d, f, h, i, j")
     p.add_argument(
         "--messages", type=int, help="messages for b, c, e, g, m (d: overrides rate x duration)"
     )
@@ -62,7 +66,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ack-every", type=int, default=500)
     p.add_argument("--consumers", type=int, default=10, help="consumers for (c) and (m)")
     p.add_argument("--rate", type=float, default=10_000, help="msgs/s for (d)")
-    p.add_argument("--connections", type=int, default=1000, help="connections for (f)")
+    p.add_argument("--connections", type=int, default=1000, help="connections for (f) and (j)")
+    p.add_argument("--publishers", type=int, default=4, help="publisher processes for (h) and (i)")
+    p.add_argument(
+        "--conn-window",
+        type=int,
+        default=10,
+        help="messages in flight per connection in (j) (unconfirmed or not yet delivered)",
+    )
+    p.add_argument(
+        "--mux-processes",
+        type=int,
+        default=4,
+        help="load processes that share (j)'s connections, each with one selector loop",
+    )
     p.add_argument(
         "--interval",
         type=float,
@@ -117,6 +134,9 @@ def options(args: argparse.Namespace) -> Options:
         consumers=args.consumers,
         rate=args.rate,
         connections=args.connections,
+        publishers=args.publishers,
+        conn_window=args.conn_window,
+        mux_processes=args.mux_processes,
         interval=args.interval,
         broker_pids=pids,
         queue=args.queue,

@@ -142,9 +142,17 @@ class Connection:
         self.rpc(commands.Connection.Open(virtual_host=vhost), "Connection.OpenOk", channel=0)
         self.rpc(commands.Channel.Open(), "Channel.OpenOk")
 
-    def declare_queue(self, name: str, durable: bool = True, arguments: dict | None = None) -> Any:
+    def declare_queue(
+        self,
+        name: str,
+        durable: bool = True,
+        arguments: dict | None = None,
+        exclusive: bool = False,
+    ) -> Any:
         return self.rpc(
-            commands.Queue.Declare(queue=name, durable=durable, arguments=arguments or {}),
+            commands.Queue.Declare(
+                queue=name, durable=durable, exclusive=exclusive, arguments=arguments or {}
+            ),
             "Queue.DeclareOk",
         )
 

@@ -39,6 +39,9 @@ class Options:
     consumers: int = 10
     rate: float = 10_000.0
     connections: int = 1000
+    publishers: int = 4  # (h) and (i)
+    conn_window: int = 10  # (j): messages in flight per connection
+    mux_processes: int = 4  # (j): load processes that share the connections
     interval: float = 5.0
     broker_pids: list[int] = field(default_factory=list)
     queue: str | None = None

@@ -73,10 +73,7 @@ class ConfirmTracker:
             if ftype == wire.FRAME_METHOD:
                 index = wire.U32.unpack_from(buf, pos + 7)[0]
                 if index == wire.BASIC_ACK or index == wire.BASIC_NACK:
-                    tag, multiple = wire.parse_confirm(pos + 7, buf)
-                    if index == wire.BASIC_NACK:
-                        self.stats.nacked += self._count(tag, multiple)
-                    self._confirm(tag, multiple)
+                    self.confirm_frame(index, buf, pos)
                 else:
                     method = decode_method(bytes(buf[pos + 7 : end]))
                     if method.name in ("Connection.Close", "Channel.Close"):
@@ -85,7 +82,15 @@ class ConfirmTracker:
                         self.stats.errors.append(f"unexpected {method.name} while publishing")
             pos = end + 1
         self.conn.buf = buf[pos:]
-        self._account(time.monotonic_ns())
+        self.account(time.monotonic_ns())
+
+    def confirm_frame(self, index: int, buf: bytes | bytearray, pos: int) -> None:
+        """A basic.ack or basic.nack (method `index`) whose frame starts at buf[pos]; for a
+        caller that splits frames itself (several kinds arrive on one connection)."""
+        tag, multiple = wire.parse_confirm(pos + 7, buf)
+        if index == wire.BASIC_NACK:
+            self.stats.nacked += self._count(tag, multiple)
+        self._confirm(tag, multiple)
 
     def _count(self, tag: int, multiple: bool) -> int:
         if not multiple:
@@ -105,7 +110,8 @@ class ConfirmTracker:
         elif tag > self.upto:
             self.singles.add(tag)
 
-    def _account(self, now: int) -> None:
+    def account(self, now: int) -> None:
+        """Turn the bursts confirmed so far into latency samples (call after feeding)."""
         upto = self.upto
         while self.bursts and self.accounted < upto:
             last, ts = self.bursts[0]

@@ -32,6 +32,17 @@ METRICS = [
     ("g", "speedup", "filtered / unfiltered speed", "higher", "Leveret >= 5x"),
     ("m", "broker_rss_mb_peak", "peak broker RSS MB", "lower", "Leveret < 150 MB"),
     ("m", "msgs_per_s", "msgs/s (10 consumers)", "higher", ""),
+    ("h", "msgs_per_s", "msgs/s (4 publishers, 1 stream)", "higher", ">= 2.0x"),
+    ("h", "p99_ms", "confirm p99 ms", "lower", ""),
+    ("h", "broker_cpu_pct", "broker CPU %", "lower", ""),
+    ("i", "msgs_per_s", "msgs/s (4 publishers, 4 streams)", "higher", ">= 2.0x"),
+    ("i", "p99_ms", "confirm p99 ms", "lower", ""),
+    ("i", "broker_cpu_pct", "broker CPU %", "lower", ""),
+    ("j", "msgs_per_s", "delivered msgs/s (1,000 connections)", "higher", ">= 2.0x"),
+    ("j", "p50_ms", "deliver p50 ms", "lower", ""),
+    ("j", "p99_ms", "deliver p99 ms", "lower", ""),
+    ("j", "broker_cpu_pct", "broker CPU %", "lower", ""),
+    ("j", "broker_rss_mb", "broker RSS MB", "lower", ""),
 ]
 
 

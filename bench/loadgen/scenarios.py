@@ -1,7 +1,8 @@
 """The benchmark scenarios of issue 8 by letter, and the one entry point that runs one.
 
-(a) to (e) live in throughput.py; (f), (g) and (m) in capacity.py; what they share in
-common.py. A scenario that raises becomes one result line with ok: false and the error.
+(a) to (e), (h) and (i) live in throughput.py; (f), (g) and (m) in capacity.py; (j) in
+connections.py; what they share in common.py. A scenario that raises becomes one result line
+with ok: false and the error.
 
 It must not know any broker. Threading contract: main thread.
 """
@@ -13,8 +14,17 @@ from collections.abc import Callable
 
 from loadgen.capacity import scenario_f, scenario_g, scenario_m
 from loadgen.common import Options, result
+from loadgen.connections import scenario_j
 from loadgen.measure import BrokerProbe
-from loadgen.throughput import scenario_a, scenario_b, scenario_c, scenario_d, scenario_e
+from loadgen.throughput import (
+    scenario_a,
+    scenario_b,
+    scenario_c,
+    scenario_d,
+    scenario_e,
+    scenario_h,
+    scenario_i,
+)
 
 __all__ = ["SCENARIOS", "Options", "run"]
 
@@ -26,6 +36,9 @@ SCENARIOS: dict[str, Callable[[Options, BrokerProbe], list[dict]]] = {
     "e": scenario_e,
     "f": scenario_f,
     "g": scenario_g,
+    "h": scenario_h,
+    "i": scenario_i,
+    "j": scenario_j,
     "m": scenario_m,
 }
 

@@ -1,5 +1,6 @@
-"""Throughput and latency scenarios: (a) stream publish, (b)/(c) stream consumers from
-`first`, (d) publish-to-deliver latency at a fixed rate, (e) a durable classic queue.
+"""Throughput and latency scenarios: (a) stream publish, (h)/(i) four publishers into one
+stream or four, (b)/(c) stream consumers from `first`, (d) publish-to-deliver latency at a
+fixed rate, (e) a durable classic queue.
 
 Role: declare a fresh queue or stream, set up connections, run the hot paths of publish.py and
 consume.py (in several processes where the scenario says so), check correctness (every confirm
@@ -29,18 +30,39 @@ from loadgen.consume import consume
 from loadgen.measure import BrokerProbe, SelfCpu, weighted_percentiles
 from loadgen.publish import publish_confirmed, publish_paced
 
-# ---- (a) publish with confirms into one stream
+# ---- (a), (h), (i): publishers with confirms into one stream or one stream each
 
 
 def scenario_a(opts: Options, probe: BrokerProbe) -> list[dict]:
-    queue = opts.queue_name("a")
+    return [_publishers(opts, probe, "a", opts.processes, streams=1)]
+
+
+def scenario_h(opts: Options, probe: BrokerProbe) -> list[dict]:
+    """(h) `--publishers` (4) publisher processes with confirms into one stream."""
+    return [_publishers(opts, probe, "h", opts.publishers, streams=1)]
+
+
+def scenario_i(opts: Options, probe: BrokerProbe) -> list[dict]:
+    """(i) `--publishers` (4) publisher processes with confirms, each into a stream of its own."""
+    return [_publishers(opts, probe, "i", opts.publishers, streams=opts.publishers)]
+
+
+def _publishers(
+    opts: Options, probe: BrokerProbe, scenario: str, publishers: int, streams: int
+) -> dict:
+    """Publisher p publishes into stream p % streams, for opts.duration seconds."""
+    if publishers < 1:
+        raise ValueError(f"scenario {scenario} needs at least one publisher, not {publishers}")
+    base = opts.queue_name(scenario)
+    queues = [base] if streams == 1 else [f"{base}.{k}" for k in range(streams)]
     admin = opts.connect()
-    admin.declare_queue(queue, arguments=opts.stream)
+    for queue in queues:
+        admin.declare_queue(queue, arguments=opts.stream)
 
     def worker(pid: int, ready: workers.Ready) -> dict:
         conn = opts.connect()
         conn.confirm_select()
-        template = template_for(opts, conn, queue, pid)
+        template = template_for(opts, conn, queues[pid % streams], pid)
         ready()
         cpu = SelfCpu()
         cpu.start()
@@ -48,31 +70,31 @@ def scenario_a(opts: Options, probe: BrokerProbe) -> list[dict]:
         conn.close()
         return pub_dict(stats, cpu)
 
-    res, _ = workers.run(worker, list(range(opts.processes)), probe.start)
+    res, _ = workers.run(worker, list(range(publishers)), probe.start)
     cpu = probe.cpu_pct()
     machine = probe.machine_pct()
     admin.close()
-    cleanup(opts, queue)
+    for queue in queues:
+        cleanup(opts, queue)
     lat = [v for r in res for v in r.get("lat", [])]
     w = [v for r in res for v in r.get("lat_w", [])]
     p50, p99 = weighted_percentiles(lat, w, (50, 99))
-    return [
-        result(
-            opts,
-            "a",
-            messages=sum(r.get("confirmed", 0) for r in res),
-            seconds=span(res),
-            errors=errors_of(res),
-            cpu=cpu,
-            machine=machine,
-            loadgen_cpu=sum(r.get("cpu", 0) for r in res),
-            p50=p50,
-            p99=p99,
-            latency="publish-to-confirm",
-            publishers=opts.processes,
-            published=sum(r.get("published", 0) for r in res),
-        )
-    ]
+    return result(
+        opts,
+        scenario,
+        messages=sum(r.get("confirmed", 0) for r in res),
+        seconds=span(res),
+        errors=errors_of(res),
+        cpu=cpu,
+        machine=machine,
+        loadgen_cpu=sum(r.get("cpu", 0) for r in res),
+        p50=p50,
+        p99=p99,
+        latency="publish-to-confirm",
+        publishers=publishers,
+        streams=streams,
+        published=sum(r.get("published", 0) for r in res),
+    )
 
 
 # ---- (b) and (c): consumers of a stream from `first`

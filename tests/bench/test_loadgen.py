@@ -112,7 +112,12 @@ def _load(*args: str, timeout: float = 60) -> list[dict]:
 
 @pytest.mark.parametrize(
     "scenario",
-    [["a", "--duration", "1"], ["b", "--messages", "20000"], ["e", "--messages", "5000"]],
+    [
+        ["a", "--duration", "1"],
+        ["b", "--messages", "20000"],
+        ["e", "--messages", "5000"],
+        ["h", "--duration", "0.5"],
+    ],
 )
 def test_tiny_runs_against_the_discard_server(scenario: list[str]) -> None:
     for result in _load("--scenario", *scenario, "--against-discard"):
@@ -129,3 +134,33 @@ def test_tiny_runs_against_leveret(broker) -> None:  # type: ignore[no-untyped-d
     for result in results:
         assert result["ok"], result
         assert result["messages"] > 0
+
+
+def test_issue_17_scenarios_against_leveret(broker) -> None:  # type: ignore[no-untyped-def]
+    """(h) four publishers into one stream, (i) into four streams, (j) connections that each
+    publish into and consume from their own classic queue, multiplexed over two processes:
+    every confirm came and every message arrived once, in order, at its own connection."""
+    port = str(broker.port)
+    results = _load("--scenario", "h", "--duration", "0.5", "--port", port)
+    results += _load("--scenario", "i", "--duration", "0.5", "--port", port)
+    results += _load(
+        "--scenario", "j", "--duration", "0.5", "--connections", "20",
+        "--mux-processes", "2", "--body", "1024", "--port", port,
+    )  # fmt: skip
+    assert [r["scenario"] for r in results] == ["h", "i", "j"]
+    for result in results:
+        assert result["ok"], result
+        assert result["messages"] > 0
+    h, i, j = results
+    assert (h["publishers"], h["streams"], i["publishers"], i["streams"]) == (4, 1, 4, 4)
+    assert (j["connections"], j["load_processes"]) == (20, 2)
+    assert j["published"] == j["confirmed"] == j["messages"]
+    assert j["latency"] == "publish-to-deliver" and j["p99_ms"] is not None
+
+
+def test_a_bad_scenario_j_configuration_is_one_failed_line() -> None:
+    (result,) = _load("--scenario", "j", "--connections", "0", "--port", "1")
+    assert not result["ok"]
+    assert result["errors"] == [
+        "ValueError: scenario j needs at least one connection and a window of at least 1"
+    ]
