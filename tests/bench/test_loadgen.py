@@ -164,3 +164,14 @@ def test_a_bad_scenario_j_configuration_is_one_failed_line() -> None:
     assert result["errors"] == [
         "ValueError: scenario j needs at least one connection and a window of at least 1"
     ]
+
+
+def test_compare_refuses_an_unknown_scenario_in_one_line() -> None:
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "compare.py"), "--scenarios", "h,x", "--only", "leveret"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    assert out.stderr.strip() == "unknown scenario x: choose from a,b,c,d,e,f,g,m,h,i,j"
