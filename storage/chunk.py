@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import struct
 import sys
+import zlib
 from array import array
 from collections.abc import Callable, Sequence
 from enum import IntEnum
@@ -40,16 +41,24 @@ if not _CRC_IN_HARDWARE:  # pragma: no cover - depends on the CPU
         "this CPU has no CRC-32C instructions: the crc32c package falls back to software"
     )
 
-# Version 2 (written): the version 1 fields, then the writer's epoch before the two CRCs.
+# Version 2 (written unless the chunk keeps a records CRC): the version 1 fields, then the
+# writer's epoch before the two CRCs.
 HEADER = struct.Struct("<4sBBBBIIIIQqQII")
-HEADER_SIZE = HEADER.size  # 56: a written header, and the most bytes any header takes
+HEADER_SIZE = HEADER.size  # 56: a version 2 header
 _HEADER_CRC_AT = HEADER_SIZE - 4
+# Version 3 (written when asked to keep a records CRC): the version 2 fields, then the zlib
+# CRC-32 of the record bytes (what a stream-protocol Deliver carries) before the two CRCs.
+HEADER_V3 = struct.Struct("<4sBBBBIIIIQqQIII")
+MAX_HEADER_SIZE = HEADER_V3.size  # 60: the most bytes any header takes
+_V3_CRC_AT = MAX_HEADER_SIZE - 4
 # Version 1 (read only: logs written before epochs): no epoch, which reads as 0.
 HEADER_V1 = struct.Struct("<4sBBBBIIIIQqII")
 MIN_HEADER_SIZE = HEADER_V1.size  # 48
 _V1_CRC_AT = MIN_HEADER_SIZE - 4
 CHUNK_MAGIC = b"LVCK"
 CHUNK_VERSION = 2
+CHUNK_VERSION_RECORDS_CRC = 3
+_HEADER_SIZES = {1: MIN_HEADER_SIZE, 2: HEADER_SIZE}
 FIRST_APPLICATION_TYPE = 16
 MAX_CHUNK_TYPE = 255
 MAX_FILTER_VALUE_BYTES = 0xFFFE
@@ -103,7 +112,9 @@ class ChunkHeader(NamedTuple):
     timestamp_ms: int
     body_crc: int
     epoch: int = 0  # the writer's epoch (0 in a version 1 chunk)
-    header_size: int = HEADER_SIZE  # 56, or 48 for a version 1 chunk
+    header_size: int = HEADER_SIZE  # 56; 60 for a version 3 chunk, 48 for a version 1 chunk
+    # the zlib CRC-32 of the record bytes, concatenated (version 3 chunks only; else None)
+    records_crc: int | None = None
 
     @property
     def body_size(self) -> int:
@@ -166,9 +177,13 @@ def encode_chunk(
     filter_size_bytes: int = bloom.MIN_SIZE_BYTES,
     trailer: bytes = b"",
     epoch: int = 0,
+    records_crc: bool = False,
 ) -> bytearray:
     """The bytes of one chunk, stamped with the writer's `epoch`. `filter_values`, if given,
-    has one entry per record."""
+    has one entry per record. With `records_crc`, the chunk is a version 3 one that keeps the
+    zlib CRC-32 of its record bytes, concatenated (ChunkHeader.records_crc): computed once
+    here, for readers that send the records on as one block with that CRC (the stream
+    protocol's Deliver)."""
     n = len(records)
     try:
         ends = array("I", accumulate(map(len, records)))
@@ -184,63 +199,61 @@ def encode_chunk(
         if filter_values is not None and filters else b""
     )
     data_size = 4 * n + (ends[-1] if n else 0)
-    parts: list[bytes] = [bytes(HEADER_SIZE), bloom_bytes, _u32s(ends)]
+    size = MAX_HEADER_SIZE if records_crc else HEADER_SIZE
+    parts: list[bytes] = [bytes(size), bloom_bytes, _u32s(ends)]
     parts += records
     parts.append(filters)
     parts.append(trailer)
     chunk = bytearray().join(parts)
-    body_crc = crc32c(memoryview(chunk)[HEADER_SIZE:])
-    HEADER.pack_into(
-        chunk,
-        0,
-        CHUNK_MAGIC,
-        CHUNK_VERSION,
-        chunk_type,
-        len(bloom_bytes),
-        0,
-        n,
-        data_size,
-        len(filters),
-        len(trailer),
-        first_offset,
-        timestamp_ms,
-        epoch,
-        body_crc,
-        0,
-    )
-    header_crc = crc32c(memoryview(chunk)[:_HEADER_CRC_AT])
-    struct.pack_into("<I", chunk, _HEADER_CRC_AT, header_crc)
+    view = memoryview(chunk)
+    body_crc = crc32c(view[size:])
+    fields = [CHUNK_MAGIC, CHUNK_VERSION, chunk_type, len(bloom_bytes), 0, n, data_size,
+              len(filters), len(trailer), first_offset, timestamp_ms, epoch, body_crc, 0]
+    if records_crc:
+        records_at = size + len(bloom_bytes) + 4 * n
+        fields[1] = CHUNK_VERSION_RECORDS_CRC
+        fields[12:12] = [zlib.crc32(view[records_at : size + len(bloom_bytes) + data_size])]
+        HEADER_V3.pack_into(chunk, 0, *fields)
+    else:
+        HEADER.pack_into(chunk, 0, *fields)
+    header_crc = crc32c(view[: size - 4])
+    struct.pack_into("<I", chunk, size - 4, header_crc)
     return chunk
 
 
 def header_length(data: bytes | bytearray | memoryview) -> int:
     """How many bytes the chunk header at the start of `data` takes, by its version byte (the
     most a header can take while that byte is not there yet)."""
-    return MIN_HEADER_SIZE if len(data) > 4 and data[4] == 1 else HEADER_SIZE
+    return _HEADER_SIZES.get(data[4], MAX_HEADER_SIZE) if len(data) > 4 else MAX_HEADER_SIZE
 
 
 def decode_header(data: bytes | bytearray | memoryview) -> ChunkHeader:
-    """Parse and check a chunk header from the start of `data` (version 2, or 1 as epoch 0)."""
+    """Parse and check a chunk header from the start of `data` (version 2; 3, which adds the
+    records CRC; or 1, as epoch 0)."""
     if len(data) < header_length(data):
         raise BadChunk("partial chunk header")
     version = data[4]
+    records_crc = None
     if version == 1:
         fields = HEADER_V1.unpack_from(data)
         crc_at, epoch, size = _V1_CRC_AT, 0, MIN_HEADER_SIZE
-        header_crc = fields[12]
+        body_crc, header_crc = fields[11], fields[12]
+    elif version == CHUNK_VERSION_RECORDS_CRC:
+        fields = HEADER_V3.unpack_from(data)
+        crc_at, epoch, size = _V3_CRC_AT, fields[11], MAX_HEADER_SIZE
+        records_crc, body_crc, header_crc = fields[12], fields[13], fields[14]
     else:
         fields = HEADER.unpack_from(data)
         crc_at, epoch, size = _HEADER_CRC_AT, fields[11], HEADER_SIZE
-        header_crc = fields[13]
+        body_crc, header_crc = fields[12], fields[13]
     if fields[0] != CHUNK_MAGIC:
         raise BadChunk(f"bad chunk magic {bytes(fields[0])!r}")
     if crc32c(memoryview(data)[:crc_at]) != header_crc:
         raise BadChunk("chunk header CRC mismatch")
-    if version not in (1, CHUNK_VERSION):
+    if version not in (1, CHUNK_VERSION, CHUNK_VERSION_RECORDS_CRC):
         raise BadChunk(f"unsupported chunk version {version}")
-    body_crc = fields[12] if version == CHUNK_VERSION else fields[11]
     header = ChunkHeader(fields[2], fields[3], fields[5], fields[6], fields[7], fields[8],
-                         fields[9], fields[10], body_crc, epoch, size)
+                         fields[9], fields[10], body_crc, epoch, size, records_crc)
     _check_shape(header)
     return header
 

@@ -153,11 +153,14 @@ class Log:
         filter_values: Sequence[bytes | None] | None = None,
         publishers: Mapping[bytes, int] | None = None,
         chunk_type: int = ck.ChunkType.USER,
+        records_crc: bool = False,
     ) -> int:
         """Write `records` as one chunk; return the offset of the first one.
 
         With no records but some publishers, only the publishers' ids are stored, in a tracking
-        chunk that takes no offset (the return value is then the next offset)."""
+        chunk that takes no offset (the return value is then the next offset). With
+        `records_crc`, the chunk also keeps the zlib CRC-32 of its record bytes
+        (ChunkView.records_crc; docs/FORMAT.md 3.1, version 3)."""
         self._check_writable()
         if not ck.takes_offsets(chunk_type):
             raise ValueError(
@@ -178,6 +181,7 @@ class Log:
             self._config.filter_size_bytes,
             trailer,
             self._epoch,
+            records_crc=records_crc and bool(records),
         )
         self._write_chunk(chunk)
         if publishers:

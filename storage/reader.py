@@ -121,6 +121,12 @@ class ChunkView:
         """How many records this view returns (without splitting the chunk)."""
         return self.num_records if self.offsets is None else len(self.offsets)
 
+    @property
+    def records_crc(self) -> int | None:
+        """The zlib CRC-32 of record_bytes(), if the writer kept it (Log.append's
+        `records_crc`); None if it did not."""
+        return self._header.records_crc
+
     def record_bytes(self) -> memoryview:
         """Every record of the chunk, concatenated in offset order, as the data section holds
         them: a read-only view of the chunk's bytes (no copy, no per-record work). Only for a
@@ -324,7 +330,7 @@ class Reader:
     def _header_at(
         self, position: int, committed: int, fresh: bool = False
     ) -> ck.ChunkHeader | None:
-        data = self._bytes_at(position, ck.HEADER_SIZE, fresh)
+        data = self._bytes_at(position, ck.MAX_HEADER_SIZE, fresh)
         if len(data) < ck.header_length(data):
             return None
         try:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from leveret.storage import layout
 from leveret.storage.chunk import (
-    HEADER_SIZE,
+    MAX_HEADER_SIZE,
     ChunkHeader,
     check_body,
     decode_header,
@@ -132,7 +132,7 @@ def remove(path: Path) -> None:
 
 def read_header(fd: int, position: int) -> ChunkHeader | None:
     """The checked header of the chunk at `position`; None if the file ends before it is whole."""
-    data = os.pread(fd, HEADER_SIZE, position)
+    data = os.pread(fd, MAX_HEADER_SIZE, position)
     if len(data) < header_length(data):
         return None
     try:

@@ -95,7 +95,7 @@ def read_chunks(directory: Path, cursor: Cursor, max_bytes: int,
             return read_chunks(directory, Cursor(later[0], seg.FIRST_CHUNK_POSITION,
                                                  cursor.offset), max_bytes, end_offset)
         start = cursor.position
-        data = os.pread(segment.fd, min(size - start, max(max_bytes, ck.HEADER_SIZE)), start)
+        data = os.pread(segment.fd, min(size - start, max(max_bytes, ck.MAX_HEADER_SIZE)), start)
         data, length, offset = _whole_chunks(segment, data, start, end_offset, cursor.offset)
         return data[:length], Cursor(cursor.base, start + length, offset)
 

@@ -282,11 +282,14 @@ class StreamQueue(Queue):
     def _append(self, batch: _Batch) -> None:
         """The writer's append: a turn's publishes as one chunk per run of one record kind
         (in arrival order), each with its filter values and the last publishing id of each
-        publisher of that run. The writer's commit point is then the last chunk's."""
+        publisher of that run. The writer's commit point is then the last chunk's.
+        STREAM_ENTRIES chunks keep the CRC-32 of their records: a stream-protocol Deliver
+        carries it, so it is computed once here rather than per delivery."""
         for run in batch.runs:
             self.log.append(run.records, run.filters if run.any_filter else None,
                             publishers=sargs.stored_publishers(run.publishers) or None,
-                            chunk_type=run.chunk_type)
+                            chunk_type=run.chunk_type,
+                            records_crc=run.chunk_type == STREAM_ENTRIES)
         if not batch.runs and batch.publishers:
             self.log.append([], publishers=sargs.stored_publishers(batch.publishers))
 

@@ -27,14 +27,14 @@ DELIVER = 0x08
 class Entries:
     """The data of one chunk's run of consecutive messages, ready for any subscription:
     the simple entries, their count and their CRC-32 (computed once, however many
-    subscribers the run goes to)."""
+    subscribers the run goes to; or given, when the log kept it with the chunk)."""
 
     __slots__ = ("count", "crc", "data")
 
-    def __init__(self, data: bytes | memoryview, count: int) -> None:
+    def __init__(self, data: bytes | memoryview, count: int, crc: int | None = None) -> None:
         self.data = data
         self.count = count
-        self.crc = zlib.crc32(data)
+        self.crc = zlib.crc32(data) if crc is None else crc
 
 
 def entries(messages: Sequence[bytes]) -> Entries:

@@ -104,9 +104,10 @@ def _entries(records: Sequence[bytes], chunk_type: int = USER) -> chunk.Entries:
 
 def _builder(view: Any, start: int, end: int) -> Callable[[], chunk.Entries]:
     """How to build the entries of records start..end of a chunk view: a whole
-    STREAM_ENTRIES chunk is its record bytes as read (one CRC, nothing per record)."""
+    STREAM_ENTRIES chunk is its record bytes as read, with the CRC-32 the writer kept (or
+    one CRC, for chunks written before it kept one): nothing per record."""
     if view.chunk_type == STREAM_ENTRIES and view.offsets is None:
-        return lambda: chunk.Entries(view.record_bytes(), view.num_records)
+        return lambda: chunk.Entries(view.record_bytes(), view.num_records, view.records_crc)
 
     def build() -> chunk.Entries:
         records = view.records

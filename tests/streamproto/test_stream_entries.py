@@ -322,3 +322,68 @@ def test_a_log_written_before_stream_entries_is_still_served(tmp_path: Path, nam
             (name, b"old-%d" % i) for i in range(5)] + [(name, b"new-0"), (name, b"new-1")]
     finally:
         lev.process.stop()
+
+
+def test_the_deliver_crc_is_the_one_kept_with_the_chunk(
+        inproc: tuple[InProcessBroker, int], name: str) -> None:
+    """The writer keeps each STREAM_ENTRIES chunk's CRC-32 (docs/FORMAT.md 3.1, version 3); the
+    Deliver carries it, and it is the CRC-32 of the Deliver's data as clients compute it."""
+    broker, stream_port = inproc
+    client = RawStream(stream_port)
+    client.handshake()
+    create_and_declare(client, name)
+    sent: list[bytes] = []
+    for batch in range(5):
+        messages = [amqp10(b"crc-%d-%d" % (batch, i) * i) for i in range(25)]
+        publish_frame(client, len(sent) + 1, messages)
+        assert confirmed(client, 25) == list(range(len(sent) + 1, len(sent) + 26))
+        sent += messages
+    queue = broker.broker.vhosts["/"].queues[name]
+    with Reader.open(queue.directory, OffsetSpec.first(),
+                     chunk_types=(0, STREAM_ENTRIES)) as reader:
+        kept = {v.first_offset: v.records_crc for v in reader}
+    subscribe(client, name)
+    frames = deliver_frames(client, len(sent))  # each checked: zlib.crc32(data) == its CRC
+    for first, _count, data in frames:
+        assert kept[first] == zlib.crc32(data)
+    assert b"".join(data for _, _, data in frames) == b"".join(
+        struct.pack(">I", len(m)) + m for m in sent)
+    client.close()
+
+
+def test_stream_entries_chunks_without_a_kept_crc_are_still_served(tmp_path: Path,
+                                                                   name: str) -> None:
+    """STREAM_ENTRIES chunks written before the writer kept their CRC (format version 2): the
+    Deliver's CRC is computed as they are sent."""
+    data = tmp_path / "data"
+    lev = start_stream_broker(data)
+    try:
+        client = lev.raw()
+        create_and_declare(client, name)
+        client.close()
+    finally:
+        lev.process.stop()
+    [folder] = [p for p in (data / "queues").iterdir() if p.is_dir()]
+    old = [amqp10(b"old-%d" % i) for i in range(5)]
+    with Log.open(folder) as log:
+        log.append([struct.pack(">I", len(m)) + m for m in old[:2]], chunk_type=STREAM_ENTRIES)
+        log.append([struct.pack(">I", len(m)) + m for m in old[2:]], chunk_type=STREAM_ENTRIES)
+    with Reader.open(folder, OffsetSpec.first(), chunk_types=(STREAM_ENTRIES,)) as reader:
+        assert [v.records_crc for v in reader] == [None, None]
+    lev = start_stream_broker(data)
+    try:
+        client = lev.raw()
+        client.request(0x01, struct.pack(">B", 1) + struct.pack(">h", 0)
+                       + struct.pack(">h", len(name)) + name.encode())
+        assert client.response(0x01)[1] == 1
+        new = [amqp10(b"new-%d" % i) for i in range(3)]
+        publish_frame(client, 1, new)
+        assert confirmed(client, 3) == [1, 2, 3]
+        reader = lev.raw()
+        subscribe(reader, name)
+        frames = deliver_frames(reader, 8)  # every CRC checked, old chunks and the new one
+        assert [(first, count) for first, count, _ in frames] == [(0, 2), (2, 3), (5, 3)]
+        subscribe(client, name)
+        assert deliveries(client, 8) == list(enumerate(old + new))
+    finally:
+        lev.process.stop()

@@ -1,0 +1,137 @@
+"""The stream protocol's broker CPU per message: steadier than msgs/s on a shared machine.
+
+    python bench/streamcpu.py --messages 2000000 --passes 5
+
+It starts `leveret serve` from this checkout (a temporary data directory, free ports), fills
+one stream with --messages 100-byte messages through bench/streamclient.py's publisher (one
+publisher with confirms, batches of 100: the publish figure), then has one subscriber read the
+stream from `first` to the end --passes times, one after another. For the fill and for each
+pass it reads the broker process's utime+stime from /proc/PID/stat before and after, and
+prints the broker's CPU microseconds per message (and the medians) as JSON. Every chunk's CRC
+is checked and every message must arrive once and in order, as in bench/streamproto.py.
+
+Linux only (/proc). It must not know how the broker delivers; it only starts and measures it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from streamclient import StreamConnection, consume, publish
+
+ROOT = Path(__file__).resolve().parent.parent
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_times(pid: int) -> tuple[float, float]:
+    """utime and stime of a process, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / TICKS, int(fields[12]) / TICKS
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, in seconds."""
+    return sum(cpu_times(pid))
+
+
+def _connect(port: int) -> StreamConnection:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return StreamConnection("127.0.0.1", port, timeout=60)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--messages", type=int, default=2_000_000)
+    p.add_argument("--passes", type=int, default=5)
+    p.add_argument("--body", type=int, default=100)
+    p.add_argument("--credit", type=int, default=10)
+    p.add_argument("--pyspy", metavar="OUT", help="py-spy record the broker during the passes")
+    p.add_argument("--leveret-args", default="", help="extra `leveret serve` flags")
+    args = p.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="leveret-streamcpu-"))
+    port = _free_port()
+    log = open(base / "leveret.log", "wb")  # noqa: SIM115 - kept open for the child
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "leveret.cli", "serve", "--host", "127.0.0.1", "--port",
+         str(_free_port()), "--data-dir", str(base / "data"), "--management-port", "0",
+         "--stream-port", str(port), *args.leveret_args.split()],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, "LEVERET_LOG_FORMAT": "json"})
+    log.close()
+    out: dict = {"messages": args.messages, "body": args.body}
+    try:
+        conn = _connect(port)
+        conn.create("cpu")
+        conn.declare_publisher(1, "cpu")
+        before = cpu_seconds(proc.pid)
+        stats = publish(conn, 1, body_size=args.body, batch=100, window=10_000,
+                        count=args.messages)
+        used = cpu_seconds(proc.pid) - before
+        conn.close()
+        if not stats.ok:
+            raise SystemExit("publish failed: " + "; ".join(stats.errors))
+        out["publish_us_per_msg"] = round(used * 1e6 / args.messages, 4)
+        passes = []
+        spy = None
+        if args.pyspy:
+            spy = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--rate", "500",
+                                    "--format", "raw", "--output", args.pyspy])
+            time.sleep(1)
+        for _ in range(args.passes):
+            conn = _connect(port)
+            before_u, before_s = cpu_times(proc.pid)
+            started = time.monotonic()
+            conn.subscribe(1, "cpu", args.credit)
+            got = consume(conn, 1, args.messages, initial_credit=args.credit)
+            after_u, after_s = cpu_times(proc.pid)
+            used = after_u + after_s - before_u - before_s
+            seconds = time.monotonic() - started
+            conn.close()
+            if got.errors:
+                raise SystemExit("consume failed: " + "; ".join(got.errors))
+            passes.append({"us_per_msg": round(used * 1e6 / args.messages, 4),
+                           "user_us_per_msg": round((after_u - before_u) * 1e6 / args.messages, 4),
+                           "sys_us_per_msg": round((after_s - before_s) * 1e6 / args.messages, 4),
+                           "msgs_per_s": round(args.messages / seconds),
+                           "msgs_per_chunk": round(got.received / got.chunks, 1)})
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
+        out["consume"] = passes
+        out["consume_median_us_per_msg"] = statistics.median(r["us_per_msg"] for r in passes)
+        print(json.dumps(out))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
