@@ -6,9 +6,10 @@ It starts `leveret serve` from this checkout (a temporary data directory, free p
 one stream with --messages 100-byte messages through bench/streamclient.py's publisher (one
 publisher with confirms, batches of 100: the publish figure), then has one subscriber read the
 stream from `first` to the end --passes times, one after another. For the fill and for each
-pass it reads the broker process's utime+stime from /proc/PID/stat before and after, and
-prints the broker's CPU microseconds per message (and the medians) as JSON. Every chunk's CRC
-is checked and every message must arrive once and in order, as in bench/streamproto.py.
+pass it reads the broker process's CPU time before and after (/proc/PID/task/*/schedstat, to
+the nanosecond; utime and stime from /proc/PID/stat for the split) and prints the broker's CPU
+microseconds per message, and their median, as JSON. Every chunk's CRC is checked and every
+message must arrive once and in order, as in bench/streamproto.py.
 
 Linux only (/proc). It must not know how the broker delivers; it only starts and measures it.
 """
@@ -47,8 +48,15 @@ def cpu_times(pid: int) -> tuple[float, float]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, in seconds."""
-    return sum(cpu_times(pid))
+    """CPU time of a process's threads, in seconds, to the nanosecond (/proc/PID/task/*/
+    schedstat; utime + stime only count 10 ms ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
 
 
 def _connect(port: int) -> StreamConnection:
@@ -68,7 +76,9 @@ def main() -> int:
     p.add_argument("--passes", type=int, default=5)
     p.add_argument("--body", type=int, default=100)
     p.add_argument("--credit", type=int, default=10)
-    p.add_argument("--pyspy", metavar="OUT", help="py-spy record the broker during the passes")
+    p.add_argument("--attach", metavar="CMD",
+                   help="a command run during the passes (stopped with SIGINT), {pid} the "
+                        "broker's: e.g. 'py-spy record --pid {pid} --format raw -o out.txt'")
     p.add_argument("--leveret-args", default="", help="extra `leveret serve` flags")
     args = p.parse_args()
     base = Path(tempfile.mkdtemp(prefix="leveret-streamcpu-"))
@@ -96,18 +106,18 @@ def main() -> int:
         out["publish_us_per_msg"] = round(used * 1e6 / args.messages, 4)
         passes = []
         spy = None
-        if args.pyspy:
-            spy = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--rate", "500",
-                                    "--format", "raw", "--output", args.pyspy])
+        if args.attach:
+            spy = subprocess.Popen(args.attach.format(pid=proc.pid).split())
             time.sleep(1)
         for _ in range(args.passes):
             conn = _connect(port)
             before_u, before_s = cpu_times(proc.pid)
+            before = cpu_seconds(proc.pid)
             started = time.monotonic()
             conn.subscribe(1, "cpu", args.credit)
             got = consume(conn, 1, args.messages, initial_credit=args.credit)
             after_u, after_s = cpu_times(proc.pid)
-            used = after_u + after_s - before_u - before_s
+            used = cpu_seconds(proc.pid) - before
             seconds = time.monotonic() - started
             conn.close()
             if got.errors:

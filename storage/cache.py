@@ -6,7 +6,8 @@ the first reader to reach a chunk checks it, the others take the result. An entr
 records]`: records stay None until a reader splits the chunk (readers that only want the chunk's
 record bytes never do), and that reader fills them in for the others. Entries are keyed by segment
 and file position, which never change once a chunk is written, and the cache holds at most
-`max_bytes` of chunk bodies, least recently used first out. It knows nothing of filters or offsets.
+`max_bytes` of chunk bodies, least recently used first out. A body is bytes, or a view of a
+mapped segment (Reader.read's `mapped`), which a reader that wants bytes swaps for a copy. It knows nothing of filters or offsets.
 
 Threading: used from one thread, like the Log that owns it.
 """
@@ -40,7 +41,8 @@ class ChunkCache:
         return entry
 
     def put(
-        self, base: int, position: int, body: bytes, records: list[Any] | None = None
+        self, base: int, position: int, body: bytes | memoryview,
+        records: list[Any] | None = None
     ) -> list[Any] | None:
         """Cache a checked chunk body; return its entry (None if it is too big to cache),
         whose records slot the caller may fill in later."""

@@ -303,7 +303,7 @@ def check_ends(header: ChunkHeader, body: bytes | memoryview) -> None:
             raise BadChunk("record offsets do not match the data length")
 
 
-def record_bytes(header: ChunkHeader, body: bytes) -> memoryview:
+def record_bytes(header: ChunkHeader, body: bytes | memoryview) -> memoryview:
     """The record bytes of a chunk's data section (after its table of ends), as one view of
     `body` (nothing copied): every record, concatenated in offset order. `body` is the checked
     body (check_ends too)."""

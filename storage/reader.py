@@ -16,6 +16,7 @@ Threading: a Reader belongs to one thread. Many readers, in any processes, may r
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -34,6 +35,11 @@ from leveret.storage.tracking import Tracking, TrackingState
 log = logging.getLogger("leveret.storage.reader")
 
 READAHEAD_BYTES = 256 * 1024
+# After a chunk this big, the next header is read on its own (not with READAHEAD_BYTES after
+# it) and its body with one pread of its size: big chunks are copied once, not twice (a
+# readahead that holds part of a body is read again, and a body sliced out of it is copied).
+BIG_CHUNK_BYTES = READAHEAD_BYTES // 2
+_HEADER_READ_BYTES = 4096  # a header and a bloom filter, at most
 _UNBOUNDED = 2**63 - 1
 _NOT_YET = object()
 _ATTACH_ATTEMPTS = 5
@@ -87,7 +93,7 @@ class ChunkView:
     def __init__(
         self,
         header: ck.ChunkHeader,
-        body: bytes,
+        body: bytes | memoryview,
         records: list[bytes] | None,
         keep: list[int] | None,
         shared: list[Any] | None = None,
@@ -109,7 +115,7 @@ class ChunkView:
         records = self._records
         if records is None:
             try:
-                records = self._records = ck.decode_records(self._header, self._body)
+                records = self._records = ck.decode_records(self._header, bytes(self._body))
             except BadChunk as exc:  # the body's CRC matched: only a writer's bug gets here
                 raise CorruptLogError(*self._where, exc.reason) from None
             if self._shared is not None:
@@ -141,7 +147,7 @@ class ChunkView:
 
     @property
     def filter_values(self) -> list[bytes | None]:
-        values = ck.decode_filter_values(self._header, self._body)
+        values = ck.decode_filter_values(self._header, bytes(self._body))
         if values is None:
             return [None] * self.count
         return values if self._keep is None else [values[i] for i in self._keep]
@@ -183,8 +189,11 @@ class Reader:
         self._position = start.offset
         self._skip_below = start.skip_below
         self._fd: int | None = None
+        self._map: memoryview | None = None  # the current segment, mapped (read(mapped=...))
+        self._seg_path: Path | None = None
         self._buf = b""
         self._buf_at = 0
+        self._ahead = READAHEAD_BYTES
         self._closed = False
 
     @classmethod
@@ -222,16 +231,23 @@ class Reader:
         """The next offset this reader would hand out."""
         return self._position
 
-    def read(self) -> ChunkView | None:
-        """The next chunk for this reader, or None if there is none committed yet."""
+    def read(self, mapped: frozenset[int] = frozenset()) -> ChunkView | None:
+        """The next chunk for this reader, or None if there is none committed yet.
+
+        Big chunks (BIG_CHUNK_BYTES and more) of the `mapped` types that this reader takes
+        whole (no exact filter, no start inside them) are checked where the segment file is
+        mapped into memory and not copied: their view's body, and so record_bytes(), is a
+        read-only view of the mapping (records and filter values are still bytes), for a
+        caller that only sends the record bytes on (docs/STREAM-PROTOCOL.md, delivery path).
+        Only committed chunks are mapped, which nothing truncates."""
         if self._closed:
             raise LogClosedError("reader is closed")
         try:
-            return self._read(self._committed())
+            return self._read(self._committed(), mapped)
         except OSError as exc:
             raise io_error(self._path, exc) from exc
 
-    def _read(self, committed: int) -> ChunkView | None:
+    def _read(self, committed: int, mapped: frozenset[int] = frozenset()) -> ChunkView | None:
         while True:
             if self._position > committed and not self._sees_trackless:
                 return None
@@ -240,7 +256,7 @@ class Reader:
                 header.first_offset, header.num_records, committed
             ):
                 return None
-            view = self._take(header, committed)
+            view = self._take(header, committed, mapped)
             if view is _NOT_YET:
                 return None
             if view is not None:
@@ -255,6 +271,7 @@ class Reader:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        self._map = None  # unmapped once no view of it is left
         self._buf = b""
         self._closed = True
 
@@ -268,9 +285,13 @@ class Reader:
 
     @property
     def _path(self) -> Path:
-        return layout.segment_path(self._dir, self._base or 0)
+        path = self._seg_path
+        if path is None:
+            path = self._seg_path = layout.segment_path(self._dir, self._base or 0)
+        return path
 
     def _open_segment(self) -> None:
+        self._seg_path = None
         if self._base is not None:
             self._fd = os.open(self._path, os.O_RDONLY)
             self._buf, self._buf_at = b"", 0
@@ -305,6 +326,7 @@ class Reader:
                 )
             os.close(self._fd)
             self._fd = None
+        self._map = None  # unmapped once no view of it is left
         for base in later:
             self._base, self._pos = base, FIRST_CHUNK_POSITION
             try:
@@ -323,7 +345,7 @@ class Reader:
         if not fresh and start >= 0 and start + size <= len(self._buf):
             return self._buf[start : start + size]
         assert self._fd is not None
-        self._buf = os.pread(self._fd, max(size, READAHEAD_BYTES), position)
+        self._buf = os.pread(self._fd, max(size, self._ahead), position)
         self._buf_at = position
         return self._buf[:size]
 
@@ -344,16 +366,24 @@ class Reader:
 
     # -- one chunk ---------------------------------------------------------------------------
 
-    def _take(self, header: ck.ChunkHeader, committed: int) -> ChunkView | object | None:
+    def _take(self, header: ck.ChunkHeader, committed: int,
+              mapped: frozenset[int] = frozenset()) -> ChunkView | object | None:
         """The view of this chunk for this reader, or None if it skips it; moves past it.
         _NOT_YET (without moving) if the chunk is still being written."""
         view = None
         if self._wants(header):
+            maps = (header.chunk_type in mapped and header.body_size >= BIG_CHUNK_BYTES
+                    and self._filter is None
+                    and (self._skip_below is None or header.first_offset >= self._skip_below))
             cached = self._cache.get(self._base or 0, self._pos) if self._cache else None
             if cached is not None:
+                if not maps and isinstance(cached[0], memoryview):  # a mapped body: copied
+                    cached[0] = bytes(cached[0])
                 view = self._view(header, cached[0], cached)
             else:
-                body = self._body(header, committed)
+                body: bytes | memoryview | None = self._mapped_body(header) if maps else None
+                if body is None:
+                    body = self._body(header, committed)
                 if body is None:
                     return _NOT_YET  # (readers without a committed bound only)
                 view = self._view(header, body)
@@ -376,8 +406,30 @@ class Reader:
             return self._matcher.matches(bloom)
         return True
 
+    def _mapped_body(self, header: ck.ChunkHeader) -> memoryview | None:
+        """The checked body of this chunk as a view of the mapped segment; None when it is
+        not all in the file, or does not check (then it is read, and judged, as any other)."""
+        at = self._pos + header.header_size
+        end = at + header.body_size
+        self._ahead = _HEADER_READ_BYTES
+        view = self._map
+        if view is None or len(view) < end:
+            assert self._fd is not None
+            size = os.fstat(self._fd).st_size
+            if size < end:
+                return None
+            view = self._map = memoryview(mmap.mmap(self._fd, size, prot=mmap.PROT_READ))
+        body = view[at:end]
+        try:
+            ck.check_body(header, body)
+        except BadChunk:
+            return None
+        return body
+
     def _body(self, header: ck.ChunkHeader, committed: int) -> bytes | None:
         at = self._pos + header.header_size
+        self._ahead = (_HEADER_READ_BYTES if header.body_size >= BIG_CHUNK_BYTES
+                       else READAHEAD_BYTES)
         body = self._bytes_at(at, header.body_size)
         try:
             ck.check_body(header, body)
@@ -392,7 +444,7 @@ class Reader:
         return body
 
     def _view(
-        self, header: ck.ChunkHeader, body: bytes, shared: list[Any] | None = None
+        self, header: ck.ChunkHeader, body: bytes | memoryview, shared: list[Any] | None = None
     ) -> ChunkView | None:
         """The view of a checked chunk. A whole chunk is not split here (the view splits it
         when its records are asked for, and tells the cache); a part of one is."""
@@ -407,7 +459,7 @@ class Reader:
                 if not keep:
                     return None
                 if records is None:
-                    records = ck.decode_records(header, body)
+                    records = ck.decode_records(header, bytes(body))  # (bytes: not mapped)
                     if shared is not None:
                         shared[1] = records
                 records = [records[i] for i in keep]
@@ -420,12 +472,12 @@ class Reader:
             view.tracking = state.public()
         return view
 
-    def _keep(self, header: ck.ChunkHeader, body: bytes) -> list[int] | None:
+    def _keep(self, header: ck.ChunkHeader, body: bytes | memoryview) -> list[int] | None:
         """Indexes of the records to return, or None for all of them."""
         n, first = header.num_records, header.first_offset
         keep: list[int] | None = None
         if self._filter is not None and self._filter.exact and n:
-            values = ck.decode_filter_values(header, body) or [None] * n
+            values = ck.decode_filter_values(header, bytes(body)) or [None] * n
             wants = self._filter.wants
             keep = [i for i, value in enumerate(values) if wants(value)]
             if len(keep) == n:

@@ -42,7 +42,13 @@ if TYPE_CHECKING:
 log = logs.get("leveret.stream_connection")
 _KINDS = {k.OFFSET_FIRST: "first", k.OFFSET_LAST: "last", k.OFFSET_NEXT: "next"}
 MAX_CHUNKS_PER_TURN = 64
+# Deliver bytes a pump writes before it looks at `writable` again: big chunks are written one
+# by one (and none is read while the socket is full), small ones together
+FLUSH_BYTES = 64 * 1024
 RUN_CACHE_BYTES = 8 * 1024 * 1024  # per stream
+# chunks whose record bytes are sent as they lie in the file: big ones are not copied out of
+# the mapped segment (Reader.read's `mapped`)
+_MAPPED = frozenset({STREAM_ENTRIES})
 
 
 class RunCache:
@@ -221,14 +227,14 @@ class Subscription:
                 return
             if self.awaiting is not None:
                 return
-        sent = 0
+        sent = pending = 0
         while (self.credit_left > 0 and s.writable and cursor is not None and cursor.active
                and cursor.reader is not None):
             if sent >= MAX_CHUNKS_PER_TURN:  # let other connections have the loop too
                 self.resume()
                 break
             try:
-                view = cursor.reader.read()
+                view = cursor.reader.read(mapped=_MAPPED)
             except StorageError:
                 self.queue.remove_consumer(consumer)
                 self.server_cancel(consumer)
@@ -248,8 +254,12 @@ class Subscription:
                     version=s.deliver_version, committed=self.queue.log.committed_offset)
                 s.send(head)
                 s.send(data)
+                pending += len(data)
                 cursor.delivered = first + (end - start) - 1
                 self.delivered += end - start
+            if pending >= FLUSH_BYTES:  # then `writable` tells whether the socket took it
+                s.flush()
+                pending = 0
         s.flush()
 
     def cancel(self) -> None:

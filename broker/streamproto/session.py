@@ -3,9 +3,10 @@
 StreamSession reads frames (frames.FrameBuffer), walks the handshake (PeerProperties,
 SaslHandshake, SaslAuthenticate, Tune, Open) with users, vhosts and permissions exactly as the
 AMQP session checks them, then hands every command to its handler in `commands.py`, and writes
-what they answer in one socket write per loop turn. Errors are answered as RabbitMQ's stream
-reader answers them: before Open the socket is closed; after it, a frame too large or an
-unknown command or version gets a Close (code 14 or 13) and nothing after it is read.
+what they answer in one socket write per loop turn (output.py: one writev, Deliver data not
+copied). Errors are answered as RabbitMQ's stream reader answers them: before Open the socket
+is closed; after it, a frame too large or an unknown command or version gets a Close (code 14
+or 13) and nothing after it is read.
 
 The only broad `except` of a stream connection sits in `data_received`: an unexpected error
 closes this connection; the broker and other connections carry on.
@@ -24,7 +25,7 @@ from leveret.amqp import auth as wire_auth
 from leveret.broker import listen, logs
 from leveret.broker.auth import from_loopback
 from leveret.broker.model.errors import AccessRefused
-from leveret.broker.streamproto import certlogin
+from leveret.broker.streamproto import certlogin, output
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto import frames as f
 
@@ -66,6 +67,7 @@ class StreamSession(asyncio.Protocol):
         self.consumer_updates: dict[int, int] = {}  # ConsumerUpdate correlation id -> sub id
         self.correlation = itertools.count(1)
         self._out: list[bytes | memoryview] = []
+        self._writer: output.Writer | None = None
         self._flush_scheduled = False
         self._timers: list[asyncio.TimerHandle] = []
         self._unavailable: set[str] = set()
@@ -179,9 +181,9 @@ class StreamSession(asyncio.Protocol):
             return
         out, self._out = self._out, []
         if self.transport is not None and not self.transport.is_closing():
-            data = b"".join(out)
-            self.transport.write(data)
-            self.bytes_sent += len(data)
+            if self._writer is None or self._writer.transport is not self.transport:
+                self._writer = output.Writer(self.transport, self.tls)
+            self.bytes_sent += self._writer.write(out)
             self.last_sent = time.monotonic()
 
     # -- frames -------------------------------------------------------------------------------
