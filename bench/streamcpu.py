@@ -4,12 +4,13 @@
 
 It starts `leveret serve` from this checkout (a temporary data directory, free ports), fills
 one stream with --messages 100-byte messages through bench/streamclient.py's publisher (one
-publisher with confirms, batches of 100: the publish figure), then has one subscriber read the
-stream from `first` to the end --passes times, one after another. For the fill and for each
-pass it reads the broker process's CPU time before and after (/proc/PID/task/*/schedstat, to
-the nanosecond; utime and stime from /proc/PID/stat for the split) and prints the broker's CPU
-microseconds per message, and their median, as JSON. Every chunk's CRC is checked and every
-message must arrive once and in order, as in bench/streamproto.py.
+publisher with confirms, batches of 100: the publish figure), then has one subscriber (or
+--subscribers at once) read the stream from `first` to the end --passes times, one pass
+after another. For the fill and for each pass it reads the broker process's CPU time before
+and after (/proc/PID/task/*/schedstat, to the nanosecond; utime and stime from /proc/PID/stat
+for the split) and prints the broker's CPU microseconds per message, and their median, as
+JSON. Every chunk's CRC is checked and every message must arrive once and in order, as in
+bench/streamproto.py.
 
 Linux only (/proc). It must not know how the broker delivers; it only starts and measures it.
 """
@@ -26,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -70,12 +72,20 @@ def _connect(port: int) -> StreamConnection:
             time.sleep(0.3)
 
 
+def _read(conn: StreamConnection, i: int, results: list, args: argparse.Namespace) -> None:
+    """One subscriber's pass: from `first` to the end."""
+    conn.subscribe(1, "cpu", args.credit)
+    results[i] = consume(conn, 1, args.messages, initial_credit=args.credit)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--messages", type=int, default=2_000_000)
     p.add_argument("--passes", type=int, default=5)
     p.add_argument("--body", type=int, default=100)
     p.add_argument("--credit", type=int, default=10)
+    p.add_argument("--subscribers", type=int, default=1,
+                   help="subscribers reading at once in each pass (threads)")
     p.add_argument("--attach", metavar="CMD",
                    help="a command run during the passes (stopped with SIGINT), {pid} the "
                         "broker's: e.g. 'py-spy record --pid {pid} --format raw -o out.txt'")
@@ -110,22 +120,32 @@ def main() -> int:
             spy = subprocess.Popen(args.attach.format(pid=proc.pid).split())
             time.sleep(1)
         for _ in range(args.passes):
-            conn = _connect(port)
+            conns = [_connect(port) for _ in range(args.subscribers)]
+            results: list = [None] * len(conns)
+
+            threads = [threading.Thread(target=_read, args=(conn, i, results, args))
+                       for i, conn in enumerate(conns)]
             before_u, before_s = cpu_times(proc.pid)
             before = cpu_seconds(proc.pid)
             started = time.monotonic()
-            conn.subscribe(1, "cpu", args.credit)
-            got = consume(conn, 1, args.messages, initial_credit=args.credit)
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
             after_u, after_s = cpu_times(proc.pid)
             used = cpu_seconds(proc.pid) - before
             seconds = time.monotonic() - started
-            conn.close()
-            if got.errors:
-                raise SystemExit("consume failed: " + "; ".join(got.errors))
-            passes.append({"us_per_msg": round(used * 1e6 / args.messages, 4),
-                           "user_us_per_msg": round((after_u - before_u) * 1e6 / args.messages, 4),
-                           "sys_us_per_msg": round((after_s - before_s) * 1e6 / args.messages, 4),
-                           "msgs_per_s": round(args.messages / seconds),
+            for conn in conns:
+                conn.close()
+            errors = [e for got in results for e in (got.errors if got else ["no result"])]
+            if errors:
+                raise SystemExit("consume failed: " + "; ".join(errors))
+            delivered = args.messages * len(conns)
+            got = results[0]
+            passes.append({"us_per_msg": round(used * 1e6 / delivered, 4),
+                           "user_us_per_msg": round((after_u - before_u) * 1e6 / delivered, 4),
+                           "sys_us_per_msg": round((after_s - before_s) * 1e6 / delivered, 4),
+                           "msgs_per_s": round(delivered / seconds),
                            "msgs_per_chunk": round(got.received / got.chunks, 1)})
         if spy is not None:
             spy.send_signal(signal.SIGINT)

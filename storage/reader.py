@@ -7,7 +7,8 @@ types it was not asked for and chunks whose bloom filter cannot match its Reader
 exact filter it drops the bloom filter's false positives record by record. It checks every
 chunk's CRC and reports a corrupt chunk as CorruptLogError with the file and position. When
 retention deletes segments under it, it keeps reading what it has open and then moves on to the
-oldest segment that remains, jumping its position forward.
+oldest segment that remains, jumping its position forward. Big chunks of types a caller names
+(`read(mapped=...)`) are checked in the mapped segment file and handed out without a copy.
 
 Must not know: the writer (it only calls `committed()`), tracking semantics, retention rules.
 Threading: a Reader belongs to one thread. Many readers, in any processes, may read one log.
