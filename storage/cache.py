@@ -7,7 +7,8 @@ records]`: records stay None until a reader splits the chunk (readers that only 
 record bytes never do), and that reader fills them in for the others. Entries are keyed by segment
 and file position, which never change once a chunk is written, and the cache holds at most
 `max_bytes` of chunk bodies, least recently used first out. A body is bytes, or a view of a
-mapped segment (Reader.read's `mapped`), which a reader that wants bytes swaps for a copy. It knows nothing of filters or offsets.
+mapped segment (Reader.read's `mapped`), which a reader that wants bytes swaps for a copy. It
+knows nothing of filters or offsets.
 
 Threading: used from one thread, like the Log that owns it.
 """
