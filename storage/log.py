@@ -246,12 +246,8 @@ class Log:
         the replica roll by the same size rule. So every member's segment files are the same,
         byte for byte. Retention runs after each roll, as on the leader."""
         active = self._segments[-1]
-        rolled = False
-        if active.next_offset > active.base:
-            if header.chunk_type == ck.ChunkType.TRACKING_SNAPSHOT:
-                rolled = True
-            elif self._full(active, len(chunk)):
-                rolled = True
+        rolled = active.next_offset > active.base and (
+            header.chunk_type == ck.ChunkType.TRACKING_SNAPSHOT or self._full(active, len(chunk)))
         if rolled:
             self._roll()
             self._snapshot_due = False
