@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker import logs
+from leveret.broker.cluster import stream_sac
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.cluster.link import Link, LinkError
 from leveret.broker.cluster.replication import Replicas, Shipper
@@ -74,6 +75,7 @@ class StreamReplication:
         self.following: dict[str, QueueRecord] = {}  # streams replicated here, by key
         self._epochs: dict[str, int] = {}  # a replica's epoch while it changes leader
         self.failover: Any = None
+        self.sac: Any = None  # single active consumer across nodes (stream_sac.py)
         from leveret.broker.cluster.stream_membership import StreamMembership  # imports this
 
         self.membership = StreamMembership(self)
@@ -104,6 +106,8 @@ class StreamReplication:
             self._lead(queue, record, key)
         else:
             self._replicate(queue, record, key)
+        if self.sac is not None:
+            self.sac.attached(queue)
 
     def _members_changed(self, queue: StreamQueue, record: QueueRecord) -> bool:
         """add_replica or delete_replica on the stream this node leads, the leader and epoch
@@ -157,6 +161,8 @@ class StreamReplication:
         before its log closes."""
         if not isinstance(queue, StreamQueue) or not queue.role:
             return
+        if self.sac is not None:
+            self.sac.detached(queue)
         for key, led in list(self.led.items()):
             if led.queue is queue:
                 self._stop(key, led)
@@ -373,6 +379,7 @@ def install(broker: Any) -> None:
     from leveret.broker.cluster import stream_failover  # it imports this module
 
     replication.failover = stream_failover.install(replication)
+    replication.sac = stream_sac.install(replication)
     sync = getattr(broker, "topology_sync", None)
     if sync is not None:
         sync.replication = replication

@@ -9,7 +9,14 @@ goes away, or a member joins and the choice changes, the old one stops receiving
 has settled what it was given (or after a timeout) its position is stored and the new one
 resumes right after it, so nothing is delivered twice while members ack.
 
-Single-threaded; knows the stream queue only through attach/deactivate/pump/partition_index.
+In a cluster, a replicated stream's groups live on its leader. A member on a replica's node
+that reads from that replica (a stream-protocol subscription) is handed to the queue's
+`sac_remote` (broker/cluster/stream_sac.py), which registers it with the leader's group; in
+that group it is a member whose sink has `step_up`/`step_down`: the group tells it, not the
+queue, when it becomes active or inactive.
+
+Single-threaded; knows the stream queue only through attach/deactivate/pump/partition_index
+and its `sac_remote`.
 """
 
 from __future__ import annotations
@@ -27,10 +34,16 @@ class SacGroups:
     def join(self, consumer: Consumer) -> None:
         consumer.state.tracking = True
         consumer.state.active = False
+        remote = getattr(self.stream, "sac_remote", None)
+        if remote is not None and remote.join(self.stream, consumer):
+            return  # a replica's member: the group is the leader's
         self.groups.setdefault(consumer.tag, []).append(consumer)
         self.rebalance(consumer.tag)
 
     def leave(self, consumer: Consumer) -> None:
+        remote = getattr(self.stream, "sac_remote", None)
+        if remote is not None:
+            remote.leave(self.stream, consumer)
         members = self.groups.get(consumer.tag)
         if not members or consumer not in members:
             return
@@ -54,10 +67,18 @@ class SacGroups:
         wanted = members[0] if index < 0 else members[index % len(members)]
         for member in members:
             if member is not wanted and member.state.active:
-                self.stream.deactivate(member)
+                step_down = getattr(member.sink, "step_down", None)  # a member elsewhere
+                if step_down is not None:
+                    step_down(member)
+                else:
+                    self.stream.deactivate(member)
         if any(member.state.draining for member in members):
             return  # the next owner starts once the old one has settled what it was given
         if not wanted.state.active:
+            step_up = getattr(wanted.sink, "step_up", None)
+            if step_up is not None:
+                step_up(wanted)
+                return
             self.stream.attach(wanted, prefer_stored=True)
             self.stream.pump(wanted)
 

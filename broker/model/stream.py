@@ -90,6 +90,7 @@ class StreamQueue(Queue):
     member_rows: Any = None  # stream_status's rows of every member (the replication's)
     store_remote: Any = None  # a replica: sends consumer offsets to the leader, which stores
     restarted: Any = None  # called once restart() has reopened the log (a replicated stream's)
+    sac_remote: Any = None  # a replica: registers its SAC members with the leader's group
 
     def __init__(
         self,

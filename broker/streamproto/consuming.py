@@ -126,6 +126,10 @@ def _builder(view: Any, start: int, end: int) -> Callable[[], chunk.Entries]:
 class Subscription:
     """One Subscribe of a connection: the model consumer's sink."""
 
+    # it reads from this node's member of the stream, wherever its single-active-consumer
+    # group lives (a replicated stream's is on the leader: broker/cluster/stream_sac.py)
+    reads_locally = True
+
     def __init__(self, session: StreamSession, sid: int, queue: StreamQueue, credit: int,
                  properties: dict[str, str]) -> None:
         self.session = session

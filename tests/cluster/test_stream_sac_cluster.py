@@ -1,0 +1,229 @@
+"""Single active consumer across nodes over the stream protocol (real etcd, three real `leveret
+serve` nodes, rstream, aio-pika): a replicated stream's group is one for the whole cluster, on
+its leader, whichever node each member reads from. Two rstream members with the same name on
+two replicas' nodes: one receives; when it goes, the other hears ConsumerUpdate and resumes
+after the offset the first stored. A 0.9.1 member and a stream-protocol one on two nodes: one
+active at a time. The leader's node killed: the members join the new leader's group, and one
+of them receives what comes next."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import aio_pika
+import pytest
+from support.brokers import BrokerProcess
+from support.cluster import (
+    ClusterNode,
+    api_get,
+    declare,
+    leader_of,
+    linked,
+    make_node,
+    publish_confirmed,
+    wait_until,
+)
+from support.etcd import EtcdServer
+from support.ports import free_port, wait_for_port
+
+rstream = pytest.importorskip("rstream")
+Three = tuple[ClusterNode, ClusterNode, ClusterNode]
+LOCAL = {"x-queue-leader-locator": "client-local"}
+
+
+@pytest.fixture
+def abc_streams(tmp_path: Path, etcd: EtcdServer, cluster: str,
+                nodes: list[BrokerProcess]) -> Iterator[Three]:
+    """Nodes a, b and c with stream ports and management, each linked to the other two."""
+    three = []
+    for name in ("a", "b", "c"):
+        node = make_node(tmp_path, etcd.url, cluster, name, management=True)
+        node.stream_port = free_port()  # type: ignore[attr-defined]
+        node.args += ["--stream-port", str(node.stream_port),  # type: ignore[attr-defined]
+                      "--stream-advertised-host", "127.0.0.1"]
+        three.append(node)
+    for node in three:
+        nodes.append(node.start())
+    for node in three:
+        wait_for_port(node.stream_port, 30)  # type: ignore[attr-defined]
+    wait_until(lambda: all(linked(node, 2) for node in three), timeout=60)
+    yield three[0], three[1], three[2]
+
+
+def port(node: ClusterNode) -> int:
+    return node.stream_port  # type: ignore[attr-defined,no-any-return]
+
+
+def group_states(node: ClusterNode, stream: str, reference: str) -> list[str]:
+    group = api_get(node, f"/api/leveret/consumer-groups/%2F/{stream}/{reference}")
+    return [m["state"] for m in group["members"]]
+
+
+def stored_on(node: ClusterNode, stream: str, reference: str) -> int:
+    rows = [c["stored_offset"] for c in
+            api_get(node, f"/api/leveret/streams/%2F/{stream}/tracking")["consumers"]
+            if c["reference"] == reference]
+    return rows[0] if rows else -1
+
+
+async def until(check: Any, timeout: float = 30) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.1)
+
+
+class Member:
+    """An rstream Consumer reading on `node` (rstream picks a replica at random: this one is
+    told which), subscribed to `stream` as a member of the group `name`. Its ConsumerUpdate
+    listener resumes after the offset stored for the group, as rstream's examples do; each
+    message's offset is stored as it arrives."""
+
+    def __init__(self, node: ClusterNode, stream: str, name: str) -> None:
+        self.node, self.stream, self.name = node, stream, name
+        self.got: list[bytes] = []
+        self.updates: list[bool] = []
+        self.consumer = rstream.Consumer("127.0.0.1", port=port(node), username="guest",
+                                         password="guest")
+
+    async def subscribe(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        wanted = port(self.node)
+        monkeypatch.setattr(  # the replica on this member's node
+            "rstream.consumer.random",
+            SimpleNamespace(choice=lambda rs: next(r for r in rs if r.port == wanted)))
+        await self.consumer.start()
+        await self.consumer.subscribe(
+            self.stream, self.on_message, decoder=rstream.amqp_decoder,
+            offset_specification=rstream.ConsumerOffsetSpecification(rstream.OffsetType.FIRST),
+            properties={"single-active-consumer": "true", "name": self.name},
+            consumer_update_listener=self.on_update)
+        monkeypatch.undo()
+
+    async def on_message(self, message: Any, context: Any) -> None:
+        self.got.append(bytes(message.body))
+        await context.consumer.store_offset(self.stream, self.name, context.offset)
+
+    async def on_update(self, active: bool, context: Any) -> Any:
+        self.updates.append(active)
+        if not active:
+            return rstream.OffsetSpecification(rstream.OffsetType.NEXT, 0)
+        try:
+            offset = await context.consumer.query_offset(self.stream, self.name)
+        except rstream.OffsetNotFound:
+            return rstream.OffsetSpecification(rstream.OffsetType.FIRST, 0)
+        return rstream.OffsetSpecification(rstream.OffsetType.OFFSET, offset + 1)
+
+    async def close(self) -> None:
+        await self.consumer.close()
+
+
+@pytest.fixture
+async def members() -> AsyncIterator[list[Member]]:
+    started: list[Member] = []
+    yield started
+    for member in started:
+        await member.close()
+
+
+async def test_two_members_on_two_replicas_nodes_are_one_group(
+        abc_streams: Three, members: list[Member], monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b, c = abc_streams
+    declare(a, "sac.one", **LOCAL)  # a leads; b and c hold replicas
+    bodies = [f"m{i}".encode() for i in range(10)]
+    await asyncio.to_thread(publish_confirmed, a, "sac.one", bodies)
+    on_b, on_c = Member(b, "sac.one", "grp"), Member(c, "sac.one", "grp")
+    members.extend((on_b, on_c))
+    await on_b.subscribe(monkeypatch)
+    await until(lambda: len(on_b.got) == 10)
+    await on_c.subscribe(monkeypatch)
+    await until(lambda: group_states(a, "sac.one", "grp") == ["active", "inactive"])
+    await asyncio.sleep(1)
+    assert on_b.got == bodies and on_b.updates == [True]
+    assert on_c.got == [] and on_c.updates == []  # two nodes, one group: c waits
+    for node in (b, c):  # the group is the leader's: none on the replicas' nodes
+        assert api_get(node, "/api/leveret/consumer-groups/%2F") == []
+    await until(lambda: all(stored_on(n, "sac.one", "grp") == 9 for n in (a, b, c)))
+
+    await on_b.close()  # the active one goes: c is told, and resumes after offset 9
+    members.remove(on_b)
+    await until(lambda: on_c.updates == [True])
+    await until(lambda: group_states(a, "sac.one", "grp") == ["active"])
+    await asyncio.to_thread(publish_confirmed, a, "sac.one", [b"after"])
+    await until(lambda: on_c.got == [b"after"])
+
+
+async def test_an_amqp_member_and_a_stream_member_on_two_nodes_take_turns(
+        abc_streams: Three, members: list[Member], monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b, c = abc_streams
+    declare(a, "sac.mixed", **LOCAL)
+    on_c = Member(c, "sac.mixed", "mixed")
+    members.append(on_c)
+    await on_c.subscribe(monkeypatch)
+    await until(lambda: on_c.updates == [True])
+
+    amqp_got: list[bytes] = []
+    connection = await aio_pika.connect(b.url)  # b's 0.9.1 member joins the leader's group
+    channel = await connection.channel()
+    await channel.set_qos(prefetch_count=10)
+    queue = await channel.get_queue("sac.mixed", ensure=False)
+
+    async def on_amqp(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        amqp_got.append(message.body)
+        await message.ack()
+
+    tag = await queue.consume(on_amqp, consumer_tag="mixed", arguments={
+        "x-single-active-consumer": True, "x-stream-offset": "next"})
+    await until(lambda: group_states(a, "sac.mixed", "mixed") == ["active", "inactive"])
+    await asyncio.to_thread(publish_confirmed, a, "sac.mixed", [b"one", b"two"])
+    await until(lambda: len(on_c.got) == 2)
+    await asyncio.sleep(1)
+    assert on_c.got == [b"one", b"two"] and amqp_got == []
+
+    await on_c.close()  # the stream member goes: the 0.9.1 member on b takes over
+    members.remove(on_c)
+    await until(lambda: group_states(a, "sac.mixed", "mixed") == ["active"])
+    await asyncio.to_thread(publish_confirmed, a, "sac.mixed", [b"three"])
+    await until(lambda: amqp_got == [b"three"])
+
+    # and the other way round: a stream member joining behind the active 0.9.1 one waits
+    again = Member(c, "sac.mixed", "mixed")
+    members.append(again)
+    await again.subscribe(monkeypatch)
+    await until(lambda: group_states(a, "sac.mixed", "mixed") == ["active", "inactive"])
+    await asyncio.to_thread(publish_confirmed, a, "sac.mixed", [b"four"])
+    await until(lambda: amqp_got == [b"three", b"four"])
+    await asyncio.sleep(1)
+    assert again.got == [] and again.updates == []
+    await queue.cancel(tag)
+    await until(lambda: again.updates == [True])
+    await connection.close()
+
+
+async def test_members_join_the_new_leaders_group_after_a_failover(
+        abc_streams: Three, etcd: EtcdServer, cluster: str, members: list[Member],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b, c = abc_streams
+    nodes = {"a": a, "b": b, "c": c}
+    declare(a, "sac.fail", **LOCAL)
+    on_b, on_c = Member(b, "sac.fail", "fo"), Member(c, "sac.fail", "fo")
+    members.extend((on_b, on_c))
+    await on_b.subscribe(monkeypatch)
+    await until(lambda: on_b.updates == [True])
+    await on_c.subscribe(monkeypatch)
+    await until(lambda: group_states(a, "sac.fail", "fo") == ["active", "inactive"])
+
+    a.kill()  # the group's node goes: b and c step down, and join the new leader's group
+    await asyncio.to_thread(  # (leader_of runs its own event loop)
+        wait_until, lambda: leader_of(etcd, cluster, "sac.fail") != "a", 60)
+    leader = nodes[await asyncio.to_thread(leader_of, etcd, cluster, "sac.fail")]
+    await until(lambda: sorted(group_states(leader, "sac.fail", "fo"))
+                == ["active", "inactive"], timeout=30)
+    await asyncio.to_thread(publish_confirmed, leader, "sac.fail", [b"after"])
+    await until(lambda: on_b.got + on_c.got == [b"after"])
+    await asyncio.sleep(1)
+    assert on_b.got + on_c.got == [b"after"]  # one of them, once
