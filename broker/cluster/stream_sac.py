@@ -254,7 +254,8 @@ class StreamSac:
             return
         loop = asyncio.get_running_loop()
         local = queue.log.consumer_offset(consumer.state.name)
-        if (local is None or local < stored) and loop.time() < deadline:
+        behind = stored >= 0 and (local is None or local < stored)
+        if behind and loop.time() < deadline:
             loop.call_later(CATCH_UP_POLL_S, self._activate, member, choice, stored, deadline)
             return
         queue.attach(consumer, prefer_stored=True)

@@ -9,6 +9,7 @@ of them receives what comes next."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +21,7 @@ from support.brokers import BrokerProcess
 from support.cluster import (
     ClusterNode,
     api_get,
+    connect,
     declare,
     leader_of,
     linked,
@@ -27,6 +29,7 @@ from support.cluster import (
     publish_confirmed,
     wait_until,
 )
+from support.cluster_api import ok
 from support.etcd import EtcdServer
 from support.ports import free_port, wait_for_port
 
@@ -127,7 +130,8 @@ async def members() -> AsyncIterator[list[Member]]:
     started: list[Member] = []
     yield started
     for member in started:
-        await member.close()
+        with contextlib.suppress(Exception):  # (a member whose node was killed)
+            await asyncio.wait_for(member.close(), 10)
 
 
 async def test_two_members_on_two_replicas_nodes_are_one_group(
@@ -227,3 +231,93 @@ async def test_members_join_the_new_leaders_group_after_a_failover(
     await until(lambda: on_b.got + on_c.got == [b"after"])
     await asyncio.sleep(1)
     assert on_b.got + on_c.got == [b"after"]  # one of them, once
+
+
+async def test_a_dead_members_node_leaves_the_group(
+        abc_streams: Three, members: list[Member], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kill -9` of the active member's node: the leader does not keep it active (its link
+    closed), and the other member takes over."""
+    a, b, c = abc_streams
+    declare(a, "sac.dead", **LOCAL)
+    on_b, on_c = Member(b, "sac.dead", "dead"), Member(c, "sac.dead", "dead")
+    members.extend((on_b, on_c))
+    await on_b.subscribe(monkeypatch)
+    await until(lambda: on_b.updates == [True])
+    await on_c.subscribe(monkeypatch)
+    await until(lambda: group_states(a, "sac.dead", "dead") == ["active", "inactive"])
+    b.kill()
+    await until(lambda: group_states(a, "sac.dead", "dead") == ["active"])
+    await until(lambda: on_c.updates == [True])
+    await asyncio.to_thread(publish_confirmed, a, "sac.dead", [b"to-c"])
+    await until(lambda: on_c.got == [b"to-c"])
+
+
+def all_groups(nodes: Three, reference: str) -> dict[str, list[str]]:
+    """Every node's groups named `reference`, by stream: a group is where its stream leads."""
+    found: dict[str, list[str]] = {}
+    for node in nodes:
+        for group in api_get(node, "/api/leveret/consumer-groups/%2F"):
+            if group["reference"] == reference and group["members"]:
+                assert group["stream"] not in found, "one group per stream in the cluster"
+                found[group["stream"]] = [m["state"] for m in group["members"]]
+    return found
+
+
+async def test_super_stream_members_on_different_nodes_spread_over_the_partitions(
+        abc_streams: Three, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two super-stream consumers of one group, each partition read on a different node by
+    each (partitions lead on a, b and c): partition i's active member is member i mod 2 of
+    its group, cluster-wide, so each partition is read by exactly one of them."""
+    a = abc_streams[0]
+    ok(a, "PUT", "/api/stream/super-streams/%2F/inv", {"partitions": 3})
+    got: dict[str, list[tuple[str, bytes]]] = {"low": [], "high": []}
+    told: dict[str, dict[str, bool]] = {"low": {}, "high": {}}  # what ConsumerUpdate said
+    consumers = []
+    for who, pick in (("low", min), ("high", max)):
+        consumer = rstream.SuperStreamConsumer(
+            "127.0.0.1", port=port(a), username="guest", password="guest", super_stream="inv")
+
+        async def on_message(message: Any, context: Any, who: str = who) -> None:
+            got[who].append((context.stream, bytes(message.body)))
+
+        async def on_update(active: bool, context: Any, who: str = who) -> Any:
+            told[who][context.stream] = active
+            return rstream.OffsetSpecification(rstream.OffsetType.FIRST, 0)
+
+        monkeypatch.setattr(  # each partition on one of its two replicas: low or high port
+            "rstream.consumer.random",
+            SimpleNamespace(choice=lambda rs, pick=pick: pick(rs, key=lambda r: r.port)))
+        await consumer.start()
+        await consumer.subscribe(
+            on_message, decoder=rstream.amqp_decoder,
+            properties={"single-active-consumer": "true", "name": "app",
+                        "super-stream": "inv"},
+            consumer_update_listener=on_update)
+        monkeypatch.undo()
+        consumers.append(consumer)
+        if who == "low":  # joined everywhere before the other one
+            await until(lambda: sorted(all_groups(abc_streams, "app"))
+                        == ["inv-0", "inv-1", "inv-2"])
+    try:
+        await until(lambda: all_groups(abc_streams, "app") == {
+            "inv-0": ["active", "inactive"], "inv-1": ["inactive", "active"],
+            "inv-2": ["active", "inactive"]})
+        await until(lambda: told == {"low": {"inv-0": True, "inv-1": False, "inv-2": True},
+                                     "high": {"inv-1": True}})
+        for key in ("0", "1", "2"):
+            await asyncio.to_thread(publish_confirmed_to, a, "inv", key)
+        await until(lambda: len(got["low"]) + len(got["high"]) == 3)
+        await asyncio.sleep(1)
+        assert sorted(got["low"]) == [("inv-0", b"0"), ("inv-2", b"2")]
+        assert got["high"] == [("inv-1", b"1")]
+    finally:
+        for consumer in consumers:
+            await consumer.close()
+
+
+def publish_confirmed_to(node: ClusterNode, exchange: str, key: str) -> None:
+    conn = connect(node)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish(exchange, key, key.encode(), mandatory=True)
+    conn.close()
