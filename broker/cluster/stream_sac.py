@@ -128,8 +128,12 @@ class StreamSac:
     # -- the replication's hooks: a stream's role on this node changes --------------------
 
     def attached(self, queue: StreamQueue) -> None:
-        """`queue` became the leader or a replica: members waiting join its group."""
+        """`queue` became the leader or a replica: members waiting step down (the new group
+        chooses again) and join its group."""
         waiting = [m for m in self.members.values() if m.queue is queue]
+        for member in waiting:
+            if member.consumer.state.active and not queue.deleted:
+                queue.deactivate(member.consumer)
         if queue.role == "replica":
             queue.sac_remote = self
             for member in waiting:
@@ -143,14 +147,12 @@ class StreamSac:
 
     def detached(self, queue: StreamQueue) -> None:
         """`queue` stops being the leader or a replica here (its leader moves, it restarts or
-        goes): its members step down and wait for the next group."""
+        is deleted): its members leave their group, and wait for `attached` (if it comes)."""
         queue.sac_remote = None
         if queue.role == "leader":
             self._hand_over(queue)
         for member in [m for m in self.members.values() if m.queue is queue]:
-            self._unregister(member, tell=True)
-            if queue.deleted:
-                self._forget(member)
+            self._unregister(member, tell=True, step_down=False)
 
     def _hand_over(self, queue: StreamQueue) -> None:
         """A leader steps down: its remote members are dropped (their nodes register them
@@ -165,8 +167,6 @@ class StreamSac:
                     group.remove(consumer)
                 elif getattr(sink, "reads_locally", False):
                     group.remove(consumer)
-                    if consumer.state.active:
-                        queue.deactivate(consumer)
                     self._track(queue, consumer)
             if not group:
                 del queue.groups.groups[tag]
@@ -184,7 +184,7 @@ class StreamSac:
     def leave(self, queue: StreamQueue, consumer: Consumer) -> None:
         member = self.by_consumer.get(consumer)
         if member is not None:
-            self._unregister(member, tell=True)
+            self._unregister(member, tell=True, step_down=False)  # (it goes)
             self._forget(member)
 
     def _track(self, queue: StreamQueue, consumer: Consumer) -> Member:
@@ -212,9 +212,9 @@ class StreamSac:
         member.link = link
         self._watch(link)
 
-    def _unregister(self, member: Member, tell: bool) -> None:
-        """Out of the leader's group: inactive here at once (ConsumerUpdate), and the leader
-        told when it can be."""
+    def _unregister(self, member: Member, tell: bool, step_down: bool = True) -> None:
+        """Out of the leader's group: the leader told when it can be, and (`step_down`)
+        inactive here at once (ConsumerUpdate)."""
         link, member.link = member.link, None
         member.choice += 1
         if tell and link is not None and not link.closed:
@@ -222,7 +222,7 @@ class StreamSac:
                 link.post(LEAVE, {"vhost": member.queue.vhost.name, "stream": member.queue.name,
                                   "member": member.id})
         cursor = member.consumer.state
-        if cursor is not None and cursor.active and not member.queue.deleted:
+        if step_down and cursor is not None and cursor.active and not member.queue.deleted:
             member.queue.deactivate(member.consumer)
 
     async def _state(self, link: Link, body: Any) -> None:
@@ -263,9 +263,7 @@ class StreamSac:
 
     # -- the leader's side ----------------------------------------------------------------
 
-    def _led(self, body: Any) -> StreamQueue | None:
-        if not isinstance(body, dict):
-            return None
+    def _led(self, body: dict[str, Any]) -> StreamQueue | None:
         vhost = self.replication.broker.vhosts.get(body.get("vhost"))
         queue = vhost.queues.get(body.get("stream")) if vhost is not None else None
         if isinstance(queue, StreamQueue) and queue.role == "leader" and not queue.deleted:
@@ -273,10 +271,12 @@ class StreamSac:
         return None
 
     async def _joined(self, link: Link, body: Any) -> None:
-        queue = self._led(body)
+        if not isinstance(body, dict):
+            return
         member, reference = body.get("member"), body.get("reference")
         if not isinstance(member, int) or not isinstance(reference, str):
             return
+        queue = self._led(body)
         if queue is None:  # not (or no longer, or not yet) the leader here
             with contextlib.suppress(LinkError):
                 link.post(STATE, {"member": member, "retry": True})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import struct
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,8 +18,10 @@ from typing import Any
 
 import aio_pika
 import pytest
+from streamproto.raw import RawStream, s
 from support.brokers import BrokerProcess
 from support.cluster import (
+    SECRET,
     ClusterNode,
     api_get,
     connect,
@@ -32,6 +35,9 @@ from support.cluster import (
 from support.cluster_api import ok
 from support.etcd import EtcdServer
 from support.ports import free_port, wait_for_port
+
+from leveret.broker.cluster.link import Handlers, Link, LinkConfig
+from leveret.broker.cluster.link import connect as link_connect
 
 rstream = pytest.importorskip("rstream")
 Three = tuple[ClusterNode, ClusterNode, ClusterNode]
@@ -321,3 +327,60 @@ def publish_confirmed_to(node: ClusterNode, exchange: str, key: str) -> None:
     ch.confirm_delivery()
     ch.basic_publish(exchange, key, key.encode(), mandatory=True)
     conn.close()
+
+
+async def test_the_sac_messages_on_the_link(abc_streams: Three, cluster: str) -> None:
+    """The leader's side of the protocol as another node speaks it, over a real link: a join
+    is a member at the end of the group, told when it is active (with the stored offset); a
+    node that does not lead the stream says `retry`; a leave hands over; malformed bodies are
+    ignored and the link stays up; the link's close removes every member it registered."""
+    a, b, _c = abc_streams
+    declare(a, "sac.link", **LOCAL)
+    await asyncio.to_thread(publish_confirmed, a, "sac.link", [b"x", b"y"])
+    told: asyncio.Queue[Any] = asyncio.Queue()
+    handlers = Handlers()
+
+    async def on_state(_link: Link, body: Any) -> None:
+        await told.put(body)
+
+    async def on_ping(_link: Link, _body: Any) -> dict[str, Any]:
+        return {"name": "0-test", "version": "test", "revision": 0}
+
+    handlers.on_message("sac.state", on_state)
+    handlers.on_request("node.ping", on_ping)  # (a node drops a link that does not answer)
+    config = LinkConfig(cluster=cluster, node="0-test", secret=SECRET.encode())
+    on_b = await link_connect("127.0.0.1", b.cluster_port, config, handlers)
+    on_b.post("sac.join", {"vhost": "/", "stream": "sac.link", "member": 7, "reference": "r"})
+    assert await asyncio.wait_for(told.get(), 10) == {"member": 7, "retry": True}
+    await on_b.close()
+
+    on_a = await link_connect("127.0.0.1", a.cluster_port, config, handlers)
+    for junk in ("junk", {"member": "1"}, {"vhost": "/", "stream": "sac.link", "member": 1}):
+        on_a.post("sac.join", junk)
+        on_a.post("sac.leave", junk)
+    on_a.post("sac.join", {"vhost": "/", "stream": "sac.link", "member": 1, "reference": "r"})
+    assert await asyncio.wait_for(told.get(), 10) == {"member": 1, "active": True,
+                                                      "stored": None}
+    on_a.post("sac.join", {"vhost": "/", "stream": "sac.link", "member": 2, "reference": "r"})
+    await until(lambda: group_states(a, "sac.link", "r") == ["active", "inactive"])
+    group = api_get(a, "/api/leveret/consumer-groups/%2F/sac.link/r")
+    assert group["members"][0]["connection_name"] == ""  # (on another node)
+
+    await asyncio.to_thread(store_offset_on, a, "sac.link", "r", 1)
+    await until(lambda: stored_on(a, "sac.link", "r") == 1)
+    on_a.post("sac.leave", {"vhost": "/", "stream": "sac.link", "member": 1})
+    assert await asyncio.wait_for(told.get(), 10) == {"member": 2, "active": True, "stored": 1}
+    assert group_states(a, "sac.link", "r") == ["active"]
+
+    await on_a.close()  # its node's link goes: so do its members
+    await until(lambda: all_groups(abc_streams, "r") == {})
+    assert told.empty()
+
+
+def store_offset_on(node: ClusterNode, stream: str, reference: str, offset: int) -> None:
+    client = RawStream(port(node))
+    assert client.handshake() == 1
+    client.send(0x0A, 1, s(reference) + s(stream) + struct.pack(">Q", offset))  # no answer
+    client.request(0x0B, s(reference) + s(stream))  # QueryOffset: after the store
+    client.response(0x0B)
+    client.close()
