@@ -77,13 +77,13 @@ class RemoteMember:
     def step_up(self, consumer: Consumer) -> None:
         consumer.state.active = True
         stored = self.queue.log.consumer_offset(consumer.state.name)
-        self._tell({"member": self.member, "active": True, "stored": stored})
+        self.tell({"member": self.member, "active": True, "stored": stored})
 
     def step_down(self, consumer: Consumer) -> None:
         consumer.state.active = False
-        self._tell({"member": self.member, "active": False})
+        self.tell({"member": self.member, "active": False})
 
-    def _tell(self, body: dict[str, Any]) -> None:
+    def tell(self, body: dict[str, Any]) -> None:
         try:
             self.link.post(STATE, body)
         except LinkError:  # its node is gone: the link's close removes it from the group
@@ -155,11 +155,15 @@ class StreamSac:
             self._unregister(member, tell=True, step_down=False)
 
     def _hand_over(self, queue: StreamQueue) -> None:
-        """A leader steps down: its remote members are dropped (their nodes register them
-        again with the next leader), its own stream-protocol members wait for it too."""
+        """A leader steps down (or restarts its log): its remote members are dropped and
+        their nodes told to register them again (`retry`), with whoever leads then; its own
+        stream-protocol members wait for `attached`."""
         for key, consumer in list(self.remote.items()):
             if consumer.queue is queue:
                 del self.remote[key]
+                sink = consumer.sink
+                if isinstance(sink, RemoteMember):
+                    sink.tell({"member": sink.member, "retry": True})
         for tag, group in list(queue.groups.groups.items()):
             for consumer in list(group):
                 sink = consumer.sink
@@ -232,8 +236,8 @@ class StreamSac:
         if member is None or member.link is not link:
             return  # gone, or a choice of a group it has left since
         member.choice += 1
-        if body.get("retry"):
-            member.link = None  # the retry registers it again, with whoever leads then
+        if body.get("retry"):  # out of that group: the retry registers it with whoever leads
+            self._unregister(member, tell=False)
             return
         cursor = member.consumer.state
         if not body.get("active"):

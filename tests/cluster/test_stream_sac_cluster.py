@@ -32,7 +32,7 @@ from support.cluster import (
     publish_confirmed,
     wait_until,
 )
-from support.cluster_api import ok
+from support.cluster_api import api, ok
 from support.etcd import EtcdServer
 from support.ports import free_port, wait_for_port
 
@@ -68,8 +68,9 @@ def port(node: ClusterNode) -> int:
 
 
 def group_states(node: ClusterNode, stream: str, reference: str) -> list[str]:
-    group = api_get(node, f"/api/leveret/consumer-groups/%2F/{stream}/{reference}")
-    return [m["state"] for m in group["members"]]
+    """The members' states of the group on `node` ([] when it has none)."""
+    status, group = api(node, "GET", f"/api/leveret/consumer-groups/%2F/{stream}/{reference}")
+    return [m["state"] for m in group["members"]] if status == 200 else []
 
 
 def stored_on(node: ClusterNode, stream: str, reference: str) -> int:
@@ -256,6 +257,27 @@ async def test_a_dead_members_node_leaves_the_group(
     await until(lambda: on_c.updates == [True])
     await asyncio.to_thread(publish_confirmed, a, "sac.dead", [b"to-c"])
     await until(lambda: on_c.got == [b"to-c"])
+
+
+async def test_restarting_the_leaders_log_keeps_the_group(
+        abc_streams: Three, members: list[Member], monkeypatch: pytest.MonkeyPatch) -> None:
+    """restart_stream on the leader re-attaches its log: the members on other nodes are told
+    to join again, and the group is whole again with one active member."""
+    a, b, c = abc_streams
+    declare(a, "sac.restart", **LOCAL)
+    on_b, on_c = Member(b, "sac.restart", "rs"), Member(c, "sac.restart", "rs")
+    members.extend((on_b, on_c))
+    await on_b.subscribe(monkeypatch)
+    await until(lambda: on_b.updates == [True])
+    await on_c.subscribe(monkeypatch)
+    await until(lambda: group_states(a, "sac.restart", "rs") == ["active", "inactive"])
+    assert ok(a, "POST", "/api/leveret/streams/%2F/sac.restart/restart", {}) == {"leader": "a"}
+    await until(lambda: sorted(group_states(a, "sac.restart", "rs")) == ["active", "inactive"]
+                and [m.updates[-1:] for m in (on_b, on_c)].count([True]) == 1)
+    await asyncio.to_thread(publish_confirmed, a, "sac.restart", [b"after"])
+    await until(lambda: on_b.got + on_c.got == [b"after"])
+    await asyncio.sleep(1)
+    assert on_b.got + on_c.got == [b"after"]
 
 
 def all_groups(nodes: Three, reference: str) -> dict[str, list[str]]:
