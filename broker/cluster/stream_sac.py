@@ -13,6 +13,9 @@ registered with the leader's group over the node-to-node link, and keeps reading
 - `sac.state` (the leader to the member's node; `member`, `active`, `stored`): the group made
   it active (with the offset the leader has stored for it) or inactive; with `retry`, the node
   does not lead the stream (or not yet): register again later.
+- `sac.stepped` (member's node to the leader; `vhost`, `stream`, `member`): a member made
+  inactive is done (its client answered the inactive ConsumerUpdate): as RabbitMQ's
+  coordinator, the group starts the next member only then (or after the drain timeout).
 
 On the leader a remote member is a model Consumer whose sink (`RemoteMember`) has
 `step_up`/`step_down`: the group tells the member's node instead of opening a reader. On the
@@ -50,7 +53,7 @@ if TYPE_CHECKING:
     from leveret.broker.cluster.stream_replication import StreamReplication
 
 log = logs.get("leveret.cluster.sac")
-JOIN, LEAVE, STATE = "sac.join", "sac.leave", "sac.state"
+JOIN, LEAVE, STATE, STEPPED = "sac.join", "sac.leave", "sac.state", "sac.stepped"
 RETRY_S = 0.5  # how often members without a group try to register again
 CATCH_UP_S = 5.0  # how long an activated member waits for the leader's stored offset
 CATCH_UP_POLL_S = 0.05
@@ -80,7 +83,10 @@ class RemoteMember:
         self.tell({"member": self.member, "active": True, "stored": stored})
 
     def step_down(self, consumer: Consumer) -> None:
+        """Inactive; the group waits for its node's `sac.stepped` (its client answered the
+        ConsumerUpdate) before the next member starts."""
         consumer.state.active = False
+        self.queue.await_hand_over(consumer)
         self.tell({"member": self.member, "active": False})
 
     def tell(self, body: dict[str, Any]) -> None:
@@ -114,6 +120,7 @@ class StreamSac:
         handlers.on_message(JOIN, self._joined)
         handlers.on_message(LEAVE, self._left)
         handlers.on_message(STATE, self._state)
+        handlers.on_message(STEPPED, self._stepped)
         self.members: dict[int, Member] = {}  # this node's members of groups elsewhere
         self.by_consumer: dict[Consumer, Member] = {}
         self.remote: dict[tuple[str, int], Consumer] = {}  # the leader's remote members
@@ -241,8 +248,10 @@ class StreamSac:
             return
         cursor = member.consumer.state
         if not body.get("active"):
-            if cursor.active:
+            if cursor.active:  # it says `sac.stepped` once its client has answered
                 member.queue.deactivate(member.consumer)
+            else:  # nothing to hand over
+                self.stepped_down(member.queue, member.consumer)
             return
         stored = body.get("stored")
         deadline = asyncio.get_running_loop().time() + CATCH_UP_S
@@ -264,6 +273,17 @@ class StreamSac:
             return
         queue.attach(consumer, prefer_stored=True)
         queue.pump(consumer)
+
+    def stepped_down(self, queue: StreamQueue, consumer: Consumer) -> None:
+        """A member here made inactive is done (its client answered, or it had nothing to
+        answer): the leader's group may start the next member."""
+        member = self.by_consumer.get(consumer)
+        link = member.link if member is not None else None
+        if member is None or link is None or link.closed:
+            return
+        with contextlib.suppress(LinkError):
+            link.post(STEPPED, {"vhost": queue.vhost.name, "stream": queue.name,
+                                "member": member.id})
 
     # -- the leader's side ----------------------------------------------------------------
 
@@ -305,6 +325,12 @@ class StreamSac:
         if consumer is not None and _link_of(consumer) is link:
             del self.remote[key]
             consumer.queue.groups.leave(consumer)
+
+    async def _stepped(self, link: Link, body: Any) -> None:
+        member = body.get("member") if isinstance(body, dict) else None
+        consumer = self.remote.get((link.peer_node, member)) if isinstance(member, int) else None
+        if consumer is not None and _link_of(consumer) is link:
+            consumer.queue.handed_over(consumer)
 
     # -- links ----------------------------------------------------------------------------
 

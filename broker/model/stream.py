@@ -402,15 +402,37 @@ class StreamQueue(Queue):
         cursor.records, cursor.offsets, cursor.take = [], (), 0
         cursor.active = False
         stepped_down = getattr(consumer.sink, "deactivated", None)  # the stream protocol's
-        if stepped_down is not None:
-            stepped_down(consumer)
-        if cursor.pending:
-            cursor.draining = True
-            cursor.drain_timer = self.vhost.scheduler.call_later(
-                SAC_DRAIN_TIMEOUT_MS, lambda: self._drained(consumer)
-            )
+        answer_due = bool(stepped_down(consumer)) if stepped_down is not None else False
+        if cursor.pending or answer_due:
+            self.await_hand_over(consumer)
         else:
             self._store_offsets([cursor])
+            self._stepped_down(consumer)
+
+    def await_hand_over(self, consumer: Consumer) -> None:
+        """The group waits (draining) until this member has settled what it was given, or
+        its client answered the ConsumerUpdate that made it inactive (`handed_over`), as
+        RabbitMQ's stream coordinator waits for a stepping-down member; at most
+        SAC_DRAIN_TIMEOUT_MS."""
+        cursor: Cursor = consumer.state
+        cursor.draining = True
+        if cursor.drain_timer is not None:
+            cursor.drain_timer.cancel()
+        cursor.drain_timer = self.vhost.scheduler.call_later(
+            SAC_DRAIN_TIMEOUT_MS, lambda: self._drained(consumer)
+        )
+
+    def handed_over(self, consumer: Consumer) -> None:
+        """A stepping-down member is done (its client answered the inactive ConsumerUpdate,
+        or its node said so): the next member may start."""
+        cursor: Cursor | None = consumer.state
+        if cursor is not None and cursor.draining and not cursor.pending:
+            self._drained(consumer)
+
+    def _stepped_down(self, consumer: Consumer) -> None:
+        """A replica's member whose group is on the leader: tell the leader it is done."""
+        if self.sac_remote is not None:
+            self.sac_remote.stepped_down(self, consumer)
 
     def _drained(self, consumer: Consumer) -> None:
         """The draining member settled everything (or ran out of time): hand over."""
@@ -425,6 +447,7 @@ class StreamQueue(Queue):
         cursor.pending.clear()
         if not self.deleted:
             self.groups.rebalance(consumer.tag)
+            self._stepped_down(consumer)
 
     def dispatch(self) -> None:
         for consumer in list(self.consumers):

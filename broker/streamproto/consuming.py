@@ -147,6 +147,7 @@ class Subscription:
         self.sac = properties.get("single-active-consumer") == "true"
         self.told_active = False
         self.awaiting: int | None = None
+        self.stepping_down: int | None = None  # the inactive ConsumerUpdate not answered yet
 
     # -- the ConsumerSink interface -----------------------------------------------------------
 
@@ -172,12 +173,16 @@ class Subscription:
         self.closed = True
         self.session.stream_unavailable(self.stream)
 
-    def deactivated(self, consumer: Consumer) -> None:
-        """The group made another member active: this one is told (ConsumerUpdate, inactive)."""
+    def deactivated(self, consumer: Consumer) -> bool:
+        """The group made another member active: this one is told (ConsumerUpdate, inactive).
+        True when the group must wait for the client's answer before the next member starts
+        (RabbitMQ's step-down)."""
         if self.sac and self.told_active and not self.closed:
             self.told_active = False
             self.awaiting = None
-            self._consumer_update(False)
+            self.stepping_down = self._consumer_update(False)
+            return True
+        return False
 
     # -- single active consumer ---------------------------------------------------------------
 
@@ -192,6 +197,10 @@ class Subscription:
     def update_answered(self, corr: int, spec: sargs.StartSpec | None) -> None:
         """The client chose where the newly active member starts (or kept its subscription's
         offset, when it sent none)."""
+        if corr == self.stepping_down and self.consumer is not None:
+            self.stepping_down = None
+            self.queue.handed_over(self.consumer)
+            return
         if corr != self.awaiting or self.consumer is None or self.closed:
             return
         self.awaiting = None

@@ -406,3 +406,44 @@ def store_offset_on(node: ClusterNode, stream: str, reference: str, offset: int)
     client.request(0x0B, s(reference) + s(stream))  # QueryOffset: after the store
     client.response(0x0B)
     client.close()
+
+
+async def test_a_stepping_down_remote_member_is_waited_for(
+        abc_streams: Three, cluster: str, etcd: EtcdServer) -> None:
+    """A super stream's partition 1 rebalances when a second member joins: its first member
+    is told it is inactive, and (as RabbitMQ's coordinator does) the second one is made active
+    only once the first member's node says `sac.stepped`, when its client has answered."""
+    a = abc_streams[0]
+    ok(a, "PUT", "/api/stream/super-streams/%2F/steps", {"partitions": 2})
+    leader = {node.node_name: node for node in abc_streams}[
+        await asyncio.to_thread(leader_of, etcd, cluster, "steps-1")]
+    told: asyncio.Queue[Any] = asyncio.Queue()
+    handlers = Handlers()
+
+    async def on_state(_link: Link, body: Any) -> None:
+        await told.put(body)
+
+    async def on_ping(_link: Link, _body: Any) -> dict[str, Any]:
+        return {"name": "0-test", "version": "test", "revision": 0}
+
+    handlers.on_message("sac.state", on_state)
+    handlers.on_request("node.ping", on_ping)
+    config = LinkConfig(cluster=cluster, node="0-test", secret=SECRET.encode())
+    link = await link_connect("127.0.0.1", leader.cluster_port, config, handlers)
+    try:
+        where = {"vhost": "/", "stream": "steps-1"}
+        link.post("sac.join", {**where, "member": 1, "reference": "g"})
+        assert await asyncio.wait_for(told.get(), 10) == {"member": 1, "active": True,
+                                                          "stored": None}
+        link.post("sac.join", {**where, "member": 2, "reference": "g"})  # index 1 mod 2
+        assert await asyncio.wait_for(told.get(), 10) == {"member": 1, "active": False}
+        with pytest.raises(TimeoutError):  # member 1 has not said it stepped down
+            await asyncio.wait_for(told.get(), 1.0)
+        link.post("sac.stepped", {**where, "member": 3})  # not a member: ignored
+        link.post("sac.stepped", "junk")
+        link.post("sac.stepped", {**where, "member": 1})
+        assert await asyncio.wait_for(told.get(), 10) == {"member": 2, "active": True,
+                                                          "stored": None}
+        assert group_states(leader, "steps-1", "g") == ["inactive", "active"]
+    finally:
+        await link.close()

@@ -368,3 +368,57 @@ async def test_super_stream_consumer_group(lev: StreamBroker, name: str) -> None
     await producer_.close()
     for c in members:
         await c.close()
+
+
+async def test_a_stepping_down_member_answers_before_the_next_one_starts(
+        lev: StreamBroker, name: str) -> None:
+    """A super-stream group rebalances when a member joins: partition 1 moves from a to b.
+    As RabbitMQ's coordinator does, b is made active only once a has answered the
+    ConsumerUpdate that made it inactive (here a's listener holds its answer back)."""
+    from rstream import OffsetSpecification
+
+    producer_ = SuperStreamProducer(
+        "127.0.0.1", port=lev.stream_port, username="guest", password="guest",
+        super_stream=name, routing=RouteType.Hash,
+        routing_extractor=lambda m: str(m.application_properties["id"]),
+        super_stream_creation_option=SuperStreamCreationOption(2))
+    await producer_.start()
+    updates: list[tuple[str, str, bool]] = []
+    release = asyncio.Event()
+
+    def listener(member: str) -> Any:
+        async def on_update(active: bool, context: Any) -> OffsetSpecification:
+            updates.append((member, context.stream, active))
+            if not active:
+                await release.wait()
+            return OffsetSpecification(OffsetType.NEXT, 0)
+        return on_update
+
+    async def ignore(message: AMQPMessage, context: MessageContext) -> None:
+        pass
+
+    properties = {"single-active-consumer": "true", "name": "group-s", "super-stream": name}
+    members = []
+    for member in ("a", "b"):
+        c = SuperStreamConsumer("127.0.0.1", port=lev.stream_port, username="guest",
+                                password="guest", super_stream=name)
+        await c.start()
+        await c.subscribe(ignore, decoder=amqp_decoder, properties=properties,
+                          subscriber_name="group-s", consumer_update_listener=listener(member))
+        members.append(c)
+        if member == "a":
+            await wait_for(lambda: len(updates) == 2)  # a is active on both partitions
+    partition = f"{name}-1"
+    try:
+        await wait_for(lambda: ("a", partition, False) in updates)
+        await asyncio.sleep(0.5)  # time enough for b's activation, if it did not wait
+        assert ("b", partition, True) not in updates
+    finally:
+        release.set()
+    await wait_for(lambda: ("b", partition, True) in updates)
+    assert updates.index(("a", partition, False)) < updates.index(("b", partition, True))
+    assert sorted(updates) == sorted([("a", f"{name}-0", True), ("a", partition, True),
+                                      ("a", partition, False), ("b", partition, True)])
+    await producer_.close()
+    for c in members:
+        await c.close()
