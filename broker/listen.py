@@ -6,7 +6,8 @@ bound to `::` with IPV6_V6ONLY off, so IPv4 clients arrive as IPv4-mapped addres
 Where the host has no IPv6 (`socket.has_ipv6` false, or binding `::` fails with EAFNOSUPPORT
 or EADDRNOTAVAIL) it binds `0.0.0.0` instead. Any other host is one address, bound by name by
 the caller (asyncio, aiohttp) as before. `unmapped` turns a peer's IPv4-mapped address back
-into the IPv4 one, as RabbitMQ reports it.
+into the IPv4 one, as RabbitMQ reports it, and `connection_name` names a connection as
+RabbitMQ does.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import socket
+from typing import Any
 
 from leveret.broker import logs
 
@@ -76,3 +78,20 @@ def unmapped(address: str) -> str:
     except ValueError:
         return address
     return str(mapped) if mapped is not None else address
+
+
+def local_address(transport: Any) -> tuple[str, int]:
+    """The local end of a connection's transport (unmapped), or ("", 0) without one."""
+    sock = transport.get_extra_info("sockname") if transport is not None else None
+    return (unmapped(sock[0]), sock[1]) if sock else ("", 0)
+
+
+def connection_name(peer: tuple[str, int], transport: Any) -> str:
+    """`peer:port -> local:port`, an IPv6 address in brackets, as RabbitMQ names a
+    connection (the management API's name, for both protocols)."""
+    host, port = local_address(transport)
+    return f"{_bracketed(peer[0])}:{peer[1]} -> {_bracketed(host)}:{port}"
+
+
+def _bracketed(address: str) -> str:
+    return f"[{address}]" if ":" in address else address

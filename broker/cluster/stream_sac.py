@@ -6,8 +6,9 @@ leader's queue, broker/model/sac.py); AMQP 0.9.1 consumers get there by forwardi
 stream-protocol subscription reads from its own node's member, so on a replica's node it is
 registered with the leader's group over the node-to-node link, and keeps reading locally:
 
-- `sac.join` (member's node to the leader; `vhost`, `stream`, `member`, `reference`): add a
-  remote member, at the end of its group as a local one joins.
+- `sac.join` (member's node to the leader; `vhost`, `stream`, `member`, `reference`,
+  `connection`: its connection's name there): add a remote member, at the end of its group as
+  a local one joins.
 - `sac.leave` (member's node to the leader; `vhost`, `stream`, `member`): it went
   (unsubscribed, its connection closed).
 - `sac.state` (the leader to the member's node; `member`, `active`, `stored`): the group made
@@ -73,9 +74,11 @@ class Member:
 class RemoteMember:
     """The leader's sink for a member on another node: the group's choices go there."""
 
-    def __init__(self, sac: StreamSac, link: Link, queue: StreamQueue, member: int) -> None:
+    def __init__(self, sac: StreamSac, link: Link, queue: StreamQueue, member: int,
+                 connection: str = "") -> None:
         self.sac, self.link, self.queue, self.member = sac, link, queue, member
         self.node = link.peer_node
+        self.connection_name = connection  # on its node, for the management API
 
     def step_up(self, consumer: Consumer) -> None:
         consumer.state.active = True
@@ -217,7 +220,8 @@ class StreamSac:
             return
         try:
             link.post(JOIN, {"vhost": queue.vhost.name, "stream": queue.name,
-                             "member": member.id, "reference": member.consumer.tag})
+                             "member": member.id, "reference": member.consumer.tag,
+                             "connection": getattr(member.consumer.sink, "connection_name", "")})
         except LinkError:
             return
         member.link = link
@@ -310,7 +314,10 @@ class StreamSac:
         if old is not None:
             old.queue.groups.leave(old)
         self._watch(link)
-        consumer = Consumer(reference, queue, RemoteMember(self, link, queue, member),
+        connection = body.get("connection")
+        sink = RemoteMember(self, link, queue, member,
+                            connection if isinstance(connection, str) else "")
+        consumer = Consumer(reference, queue, sink,
                             arguments={"x-single-active-consumer": True})
         consumer.state = Cursor(reference.encode("utf-8")[:255], True, sargs.StartSpec("next"))
         self.remote[key] = consumer

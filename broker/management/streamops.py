@@ -301,7 +301,10 @@ def _member(consumer: Any, committed: int) -> dict[str, Any]:
     cursor = consumer.state
     return {
         "subscription_id": consumer.tag,
-        "connection_name": views.connection_name(session) if session is not None else "",
+        "connection_name": (views.connection_name(session) if session is not None
+                            else getattr(channel, "connection_name", "")),
+        "node": getattr(channel, "node", None) or (
+            session.broker.config.node_name if session is not None else ""),
         "channel": getattr(channel, "number", 0),
         "state": "active" if cursor is not None and cursor.active else "inactive",
         "offset": max(0, cursor.delivered) if cursor is not None else 0,

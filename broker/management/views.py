@@ -18,7 +18,7 @@ import zlib
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote_plus
 
-from leveret.broker.listen import unmapped
+from leveret.broker import listen
 from leveret.broker.model.superstream import SuperStreamExchange
 
 if TYPE_CHECKING:
@@ -310,18 +310,11 @@ def default_binding_view(vhost: str, queue: Queue) -> dict[str, Any]:
 
 def connection_name(session: Session) -> str:
     """`peer:port -> local:port`, an IPv6 address in brackets, as RabbitMQ names it."""
-    host, port = local_address(session)
-    return f"{_bracketed(session.peer[0])}:{session.peer[1]} -> {_bracketed(host)}:{port}"
-
-
-def _bracketed(address: str) -> str:
-    return f"[{address}]" if ":" in address else address
+    return listen.connection_name(session.peer, session.transport)
 
 
 def local_address(session: Session) -> tuple[str, int]:
-    transport = session.transport
-    sock = transport.get_extra_info("sockname") if transport is not None else None
-    return (unmapped(sock[0]), sock[1]) if sock else ("", 0)
+    return listen.local_address(session.transport)
 
 
 def connection_view(session: Session) -> dict[str, Any]:

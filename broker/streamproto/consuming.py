@@ -24,7 +24,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from leveret.amqp import stored
-from leveret.broker import logs
+from leveret.broker import listen, logs
 from leveret.broker.model import stream_args as sargs
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.errors import BrokerError
@@ -148,6 +148,11 @@ class Subscription:
         self.told_active = False
         self.awaiting: int | None = None
         self.stepping_down: int | None = None  # the inactive ConsumerUpdate not answered yet
+
+    @property
+    def connection_name(self) -> str:
+        """Its connection's name as the management API shows it (for a group elsewhere)."""
+        return listen.connection_name(self.session.peer, self.session.transport)
 
     # -- the ConsumerSink interface -----------------------------------------------------------
 

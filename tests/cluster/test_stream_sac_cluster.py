@@ -158,6 +158,9 @@ async def test_two_members_on_two_replicas_nodes_are_one_group(
     assert on_c.got == [] and on_c.updates == []  # two nodes, one group: c waits
     for node in (b, c):  # the group is the leader's: none on the replicas' nodes
         assert api_get(node, "/api/leveret/consumer-groups/%2F") == []
+    shown = api_get(a, "/api/leveret/consumer-groups/%2F/sac.one/grp")["members"]
+    assert [(m["node"], m["connection_name"].endswith(f" -> 127.0.0.1:{port(n)}"))
+            for m, n in zip(shown, (b, c), strict=True)] == [("b", True), ("c", True)]
     await until(lambda: all(stored_on(n, "sac.one", "grp") == 9 for n in (a, b, c)))
 
     await on_b.close()  # the active one goes: c is told, and resumes after offset 9
@@ -380,13 +383,15 @@ async def test_the_sac_messages_on_the_link(abc_streams: Three, cluster: str) ->
     for junk in ("junk", {"member": "1"}, {"vhost": "/", "stream": "sac.link", "member": 1}):
         on_a.post("sac.join", junk)
         on_a.post("sac.leave", junk)
-    on_a.post("sac.join", {"vhost": "/", "stream": "sac.link", "member": 1, "reference": "r"})
+    on_a.post("sac.join", {"vhost": "/", "stream": "sac.link", "member": 1, "reference": "r",
+                           "connection": "10.0.0.9:5000 -> 10.0.0.1:5552"})
     assert await asyncio.wait_for(told.get(), 10) == {"member": 1, "active": True,
                                                       "stored": None}
     on_a.post("sac.join", {"vhost": "/", "stream": "sac.link", "member": 2, "reference": "r"})
     await until(lambda: group_states(a, "sac.link", "r") == ["active", "inactive"])
     group = api_get(a, "/api/leveret/consumer-groups/%2F/sac.link/r")
-    assert group["members"][0]["connection_name"] == ""  # (on another node)
+    assert [(m["connection_name"], m["node"]) for m in group["members"]] == [
+        ("10.0.0.9:5000 -> 10.0.0.1:5552", "0-test"), ("", "0-test")]  # on another node
 
     await asyncio.to_thread(store_offset_on, a, "sac.link", "r", 1)
     await until(lambda: stored_on(a, "sac.link", "r") == 1)
