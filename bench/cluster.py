@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -160,7 +161,12 @@ def main() -> int:
     out.write_text(json.dumps({"machine": machine(ROOT), "args": vars(args), "runs": runs,
                                "figures": figures}, indent=1))
     print(f"\nwritten to {out}")
-    return 0 if all(r.get("ok") for r in runs) else 1
+    ok = bool(runs) and all(r.get("ok") for r in runs)
+    if ok:  # the nodes' data is gigabytes: keep it only to look at a failure
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        print(f"the nodes' logs and data are kept in {tmp}", file=sys.stderr)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
