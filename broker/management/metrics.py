@@ -84,14 +84,7 @@ class BrokerCollector:
         self.totals = totals
 
     def collect(self) -> Iterator[Metric]:
-        if self.broker.cluster is None:
-            yield from self._collect()
-            return
-        node = self.broker.config.node_name
-        for metric in self._collect():
-            metric.samples = [s._replace(labels={**s.labels, "node": node})
-                              for s in metric.samples]
-            yield metric
+        return prometheus_names.node_labelled(self.broker, self._collect())
 
     def _collect(self) -> Iterator[Metric]:
         broker = self.broker

@@ -150,6 +150,18 @@ class RabbitTotals:
                 self.channels.update((c, PROTOCOL, channel_values(c)) for c in channels))
 
 
+def node_labelled(broker: Broker, metrics: Iterator[Metric]) -> Iterator[Metric]:
+    """`metrics` as they are on a single node; in cluster mode each sample also gets a `node`
+    label naming this node."""
+    if broker.cluster is None:
+        yield from metrics
+        return
+    node = broker.config.node_name
+    for metric in metrics:
+        metric.samples = [s._replace(labels={**s.labels, "node": node}) for s in metric.samples]
+        yield metric
+
+
 def gauge(name: str, doc: str, value: float | None = None,
            labels: list[str] | None = None) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value, labels=labels)
@@ -185,14 +197,7 @@ class RabbitCollector:
     def collect(self) -> Iterator[Metric]:
         """In cluster mode every series also carries a `node` label, as Leveret's own names do
         (the dashboards join on instance and job, so an extra label does not matter)."""
-        if self.broker.cluster is None:
-            yield from self._collect()
-            return
-        node = self.broker.config.node_name
-        for metric in self._collect():
-            metric.samples = [s._replace(labels={**s.labels, "node": node})
-                              for s in metric.samples]
-            yield metric
+        return node_labelled(self.broker, self._collect())
 
     def _collect(self) -> Iterator[Metric]:
         broker = self.broker
