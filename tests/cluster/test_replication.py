@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,6 +38,14 @@ class Node:
         link = await connect("127.0.0.1", other.server.port, self.config, self.handlers)
         self.links[other.name] = link
         return link
+
+    def lead(self, stream: str, log: Log, epoch: int, replicas: list[str],
+             **options: Any) -> Shipper:
+        """Ship `log` to `replicas` as the leader of `stream` in `epoch`, answering their acks."""
+        shipper = Shipper(stream, log, epoch, replicas, self.links.get, **options)
+        self.replicas.shippers[stream] = shipper
+        shipper.start()
+        return shipper
 
     async def stop(self) -> None:
         for link in self.links.values():
@@ -70,6 +79,10 @@ def records(log: Log) -> list[tuple[int, bytes]]:
     return found
 
 
+def segment_files(path: Path) -> dict[str, bytes]:
+    """Every file of a log's folder (segments and indexes), by name."""
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file()}
+
 async def until(check: Callable[[], bool]) -> None:
     async with asyncio.timeout(WAIT_S):
         while not check():
@@ -95,10 +108,8 @@ async def test_replicas_get_the_log_and_commit_follows_the_majority(
     await leader_node.dial(b)
     await leader_node.dial(c)
     commits: list[int] = []
-    shipper = Shipper("s1", leader_log, 1, ["b", "c"], leader_node.links.get, commits.append,
-                      chunk_bytes=200)
-    leader_node.replicas.shippers["s1"] = shipper
-    shipper.start()
+    shipper = leader_node.lead("s1", leader_log, 1, ["b", "c"], on_commit=commits.append,
+                               chunk_bytes=200)
     for i in range(30):
         leader_log.append([b"m%d-%d" % (i, j) for j in range(3)], publishers={b"p": i})
         shipper.appended()
@@ -141,9 +152,7 @@ async def test_a_deposed_leaders_chunks_are_refused(
     await new.dial(replica)
     await old.dial(replica)
     new_log, old_log = open_log(tmp_path / "new"), open_log(tmp_path / "old")
-    new_shipper = Shipper("s", new_log, 2, ["r"], new.links.get)
-    new.replicas.shippers["s"] = new_shipper
-    new_shipper.start()
+    new_shipper = new.lead("s", new_log, 2, ["r"])
     new_log.append([b"from-epoch-2"])
     new_shipper.appended()
     await until(lambda: replica_log.next_offset == 1)
@@ -217,9 +226,7 @@ async def test_a_replica_that_knows_its_leader_refuses_any_other_sync(
     assert not old_shipper.replicas["r"].synced
     await old_shipper.close()
     new_log = open_log(tmp_path / "new")
-    new_shipper = Shipper("s", new_log, 2, ["r"], new.links.get)
-    new.replicas.shippers["s"] = new_shipper
-    new_shipper.start()
+    new_shipper = new.lead("s", new_log, 2, ["r"])
     new_log.append([b"fresh"])
     new_shipper.appended()
     await until(lambda: new_shipper.committed == 0)
@@ -239,22 +246,15 @@ async def test_a_resync_does_not_append_the_tracking_chunks_the_replica_ends_wit
     leader_log.append([b"one"])
     leader_log.store_offsets({b"reader": 0})
     leader_log.store_offsets({b"other": 0})
-    shipper = Shipper("s", leader_log, 1, ["z"], leader.links.get)
-    leader.replicas.shippers["s"] = shipper
-    shipper.start()
+    shipper = leader.lead("s", leader_log, 1, ["z"])
 
-    def files(path: Path) -> list[bytes]:
-        return [p.read_bytes() for p in sorted(path.glob("*.segment"))]
-
-    await until(lambda: files(tmp_path / "z") == files(tmp_path / "l"))
+    await until(lambda: segment_files(tmp_path / "z") == segment_files(tmp_path / "l"))
     await shipper.close()
-    again = Shipper("s", leader_log, 1, ["z"], leader.links.get)  # the link came back
-    leader.replicas.shippers["s"] = again
-    again.start()
+    again = leader.lead("s", leader_log, 1, ["z"])  # the link came back
     leader_log.append([b"two"])
     again.appended()
     await until(lambda: again.committed == 1)
-    await until(lambda: files(tmp_path / "z") == files(tmp_path / "l"))
+    await until(lambda: segment_files(tmp_path / "z") == segment_files(tmp_path / "l"))
     assert records(replica_log) == [(0, b"one"), (1, b"two")]
     assert replica_log.consumer_offset(b"reader") == 0
     await again.close()
@@ -268,9 +268,7 @@ async def test_a_replica_that_refuses_a_chunk_is_synced_again_and_catches_up(
     leader_log, b_log = open_log(tmp_path / "a"), open_log(tmp_path / "b")
     b.replicas.add("s1", b_log)
     await leader_node.dial(b)
-    shipper = Shipper("s1", leader_log, 1, ["b"], leader_node.links.get)
-    leader_node.replicas.shippers["s1"] = shipper
-    shipper.start()
+    shipper = leader_node.lead("s1", leader_log, 1, ["b"])
     for i in range(5):
         leader_log.append([b"m%d" % i])
         shipper.appended()
@@ -282,9 +280,6 @@ async def test_a_replica_that_refuses_a_chunk_is_synced_again_and_catches_up(
     assert records(b_log) == records(leader_log)
     await shipper.close()
 
-
-def segment_files(path: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file()}
 
 
 async def test_a_new_replica_after_the_leaders_retention_starts_at_its_first_chunk(
@@ -303,9 +298,7 @@ async def test_a_new_replica_after_the_leaders_retention_starts_at_its_first_chu
     b_log = open_log(tmp_path / "b")
     b.replicas.add("s2", b_log)
     await leader_node.dial(b)
-    shipper = Shipper("s2", leader_log, 1, ["b"], leader_node.links.get)
-    leader_node.replicas.shippers["s2"] = shipper
-    shipper.start()
+    shipper = leader_node.lead("s2", leader_log, 1, ["b"])
     await until(lambda: shipper.committed == 19)
     await until(lambda: segment_files(tmp_path / "b") == segment_files(tmp_path / "a"))
     assert b_log.first_offset == first and records(b_log) == records(leader_log)
@@ -322,9 +315,7 @@ async def test_a_replica_that_lagged_past_the_leaders_retention_catches_up(
     leader_log, b_log = open_log(tmp_path / "a"), open_log(tmp_path / "b")
     b.replicas.add("s3", b_log)
     link = await leader_node.dial(b)
-    shipper = Shipper("s3", leader_log, 1, ["b"], leader_node.links.get)
-    leader_node.replicas.shippers["s3"] = shipper
-    shipper.start()
+    shipper = leader_node.lead("s3", leader_log, 1, ["b"])
     for i in range(5):
         leader_log.append([b"m%d" % i])
         shipper.appended()
@@ -336,9 +327,7 @@ async def test_a_replica_that_lagged_past_the_leaders_retention_catches_up(
     leader_log.truncate_before(20)
     assert leader_log.first_offset > 5
     await leader_node.dial(b)
-    again = Shipper("s3", leader_log, 1, ["b"], leader_node.links.get)
-    leader_node.replicas.shippers["s3"] = again
-    again.start()
+    again = leader_node.lead("s3", leader_log, 1, ["b"])
     await until(lambda: b_log.next_offset == 30)
     assert records(b_log) == records(leader_log)
     assert b_log.first_offset == leader_log.first_offset
