@@ -354,6 +354,28 @@ def publish_confirmed_to(node: ClusterNode, exchange: str, key: str) -> None:
     conn.close()
 
 
+class OtherNode:
+    """Another node ("0-test") as the leader sees it over a real link: it queues what the
+    leader tells its members (`sac.state`) and answers pings (a node drops a link that does
+    not)."""
+
+    def __init__(self, cluster: str) -> None:
+        self.told: asyncio.Queue[Any] = asyncio.Queue()
+        self.handlers = Handlers()
+        self.handlers.on_message("sac.state", self._state)
+        self.handlers.on_request("node.ping", self._ping)
+        self.config = LinkConfig(cluster=cluster, node="0-test", secret=SECRET.encode())
+
+    async def dial(self, node: ClusterNode) -> Link:
+        return await link_connect("127.0.0.1", node.cluster_port, self.config, self.handlers)
+
+    async def _state(self, _link: Link, body: Any) -> None:
+        await self.told.put(body)
+
+    async def _ping(self, _link: Link, _body: Any) -> dict[str, Any]:
+        return {"name": "0-test", "version": "test", "revision": 0}
+
+
 async def test_the_sac_messages_on_the_link(abc_streams: Three, cluster: str) -> None:
     """The leader's side of the protocol as another node speaks it, over a real link: a join
     is a member at the end of the group, told when it is active (with the stored offset); a
@@ -362,24 +384,14 @@ async def test_the_sac_messages_on_the_link(abc_streams: Three, cluster: str) ->
     a, b, _c = abc_streams
     declare(a, "sac.link", **LOCAL)
     await asyncio.to_thread(publish_confirmed, a, "sac.link", [b"x", b"y"])
-    told: asyncio.Queue[Any] = asyncio.Queue()
-    handlers = Handlers()
-
-    async def on_state(_link: Link, body: Any) -> None:
-        await told.put(body)
-
-    async def on_ping(_link: Link, _body: Any) -> dict[str, Any]:
-        return {"name": "0-test", "version": "test", "revision": 0}
-
-    handlers.on_message("sac.state", on_state)
-    handlers.on_request("node.ping", on_ping)  # (a node drops a link that does not answer)
-    config = LinkConfig(cluster=cluster, node="0-test", secret=SECRET.encode())
-    on_b = await link_connect("127.0.0.1", b.cluster_port, config, handlers)
+    other = OtherNode(cluster)
+    told = other.told
+    on_b = await other.dial(b)
     on_b.post("sac.join", {"vhost": "/", "stream": "sac.link", "member": 7, "reference": "r"})
     assert await asyncio.wait_for(told.get(), 10) == {"member": 7, "retry": True}
     await on_b.close()
 
-    on_a = await link_connect("127.0.0.1", a.cluster_port, config, handlers)
+    on_a = await other.dial(a)
     for junk in ("junk", {"member": "1"}, {"vhost": "/", "stream": "sac.link", "member": 1}):
         on_a.post("sac.join", junk)
         on_a.post("sac.leave", junk)
@@ -422,19 +434,9 @@ async def test_a_stepping_down_remote_member_is_waited_for(
     ok(a, "PUT", "/api/stream/super-streams/%2F/steps", {"partitions": 2})
     leader = {node.node_name: node for node in abc_streams}[
         await asyncio.to_thread(leader_of, etcd, cluster, "steps-1")]
-    told: asyncio.Queue[Any] = asyncio.Queue()
-    handlers = Handlers()
-
-    async def on_state(_link: Link, body: Any) -> None:
-        await told.put(body)
-
-    async def on_ping(_link: Link, _body: Any) -> dict[str, Any]:
-        return {"name": "0-test", "version": "test", "revision": 0}
-
-    handlers.on_message("sac.state", on_state)
-    handlers.on_request("node.ping", on_ping)
-    config = LinkConfig(cluster=cluster, node="0-test", secret=SECRET.encode())
-    link = await link_connect("127.0.0.1", leader.cluster_port, config, handlers)
+    other = OtherNode(cluster)
+    told = other.told
+    link = await other.dial(leader)
     try:
         where = {"vhost": "/", "stream": "steps-1"}
         link.post("sac.join", {**where, "member": 1, "reference": "g"})
