@@ -18,6 +18,10 @@ from .raw import RawStream, s, strmap
 def create_and_declare(client: RawStream, name: str, pid: int = 1) -> None:
     client.request(0x0D, s(name) + struct.pack(">i", 0))
     assert client.response(0x0D)[1] == 1
+    declare_publisher(client, name, pid)
+
+
+def declare_publisher(client: RawStream, name: str, pid: int = 1) -> None:
     client.request(0x01, struct.pack(">B", pid) + s("") + s(name))
     assert client.response(0x01)[1] == 1
 

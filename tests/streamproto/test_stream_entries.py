@@ -29,7 +29,13 @@ from leveret.storage import Log, OffsetSpec, Reader
 
 from .conftest import StreamBroker, start_stream_broker
 from .raw import RawStream
-from .test_raw_protocol import confirms, create_and_declare, deliveries, subscribe
+from .test_raw_protocol import (
+    confirms,
+    create_and_declare,
+    declare_publisher,
+    deliveries,
+    subscribe,
+)
 
 STREAM_ENTRIES = 32
 
@@ -289,10 +295,9 @@ def test_a_restart_reopens_the_log_and_serves_stream_entries(tmp_path: Path, nam
         lev.process.stop()
 
 
-def test_a_log_written_before_stream_entries_is_still_served(tmp_path: Path, name: str) -> None:
-    """0x80 records (the exchange and routing key, then the message) in USER chunks, as the
-    broker wrote stream-protocol publishes before STREAM_ENTRIES existed."""
-    data = tmp_path / "data"
+def new_stream_folder(data: Path, name: str) -> Path:
+    """The log folder of stream `name`, created by a broker on `data` that is then stopped (a
+    test writes into it as an older writer would have)."""
     lev = start_stream_broker(data)
     try:
         client = lev.raw()
@@ -301,6 +306,14 @@ def test_a_log_written_before_stream_entries_is_still_served(tmp_path: Path, nam
     finally:
         lev.process.stop()
     [folder] = [p for p in (data / "queues").iterdir() if p.is_dir()]
+    return folder
+
+
+def test_a_log_written_before_stream_entries_is_still_served(tmp_path: Path, name: str) -> None:
+    """0x80 records (the exchange and routing key, then the message) in USER chunks, as the
+    broker wrote stream-protocol publishes before STREAM_ENTRIES existed."""
+    data = tmp_path / "data"
+    folder = new_stream_folder(data, name)
     old = [amqp10(b"old-%d" % i) for i in range(5)]
     with Log.open(folder) as log:
         log.append([encode_amqp10_record("", name, m) for m in old[:3]])
@@ -308,9 +321,7 @@ def test_a_log_written_before_stream_entries_is_still_served(tmp_path: Path, nam
     lev = start_stream_broker(data)
     try:
         client = lev.raw()
-        client.request(0x01, struct.pack(">B", 1) + struct.pack(">h", 0)
-                       + struct.pack(">h", len(name)) + name.encode())
-        assert client.response(0x01)[1] == 1
+        declare_publisher(client, name)
         new = [amqp10(b"new-%d" % i) for i in range(2)]
         publish_frame(client, 1, new)
         assert confirmed(client, 2) == [1, 2]
@@ -356,14 +367,7 @@ def test_stream_entries_chunks_without_a_kept_crc_are_still_served(tmp_path: Pat
     """STREAM_ENTRIES chunks written before the writer kept their CRC (format version 2): the
     Deliver's CRC is computed as they are sent."""
     data = tmp_path / "data"
-    lev = start_stream_broker(data)
-    try:
-        client = lev.raw()
-        create_and_declare(client, name)
-        client.close()
-    finally:
-        lev.process.stop()
-    [folder] = [p for p in (data / "queues").iterdir() if p.is_dir()]
+    folder = new_stream_folder(data, name)
     old = [amqp10(b"old-%d" % i) for i in range(5)]
     with Log.open(folder) as log:
         log.append([struct.pack(">I", len(m)) + m for m in old[:2]], chunk_type=STREAM_ENTRIES)
@@ -373,9 +377,7 @@ def test_stream_entries_chunks_without_a_kept_crc_are_still_served(tmp_path: Pat
     lev = start_stream_broker(data)
     try:
         client = lev.raw()
-        client.request(0x01, struct.pack(">B", 1) + struct.pack(">h", 0)
-                       + struct.pack(">h", len(name)) + name.encode())
-        assert client.response(0x01)[1] == 1
+        declare_publisher(client, name)
         new = [amqp10(b"new-%d" % i) for i in range(3)]
         publish_frame(client, 1, new)
         assert confirmed(client, 3) == [1, 2, 3]
