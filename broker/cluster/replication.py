@@ -235,8 +235,8 @@ class Replicas:
             raise ValueError(f"{link.peer_node} does not lead this stream; "
                              f"{replica.expected} does")
         replica.epoch, replica.leader = epoch, link.peer_node
-        end = body.get("epoch_end")
-        if isinstance(end, int) and end < replica.log.next_offset:
+        end = _offset(body, "epoch_end")
+        if end is not None and end < replica.log.next_offset:
             log.info("truncating a replica's tail the leader does not have", stream=body["stream"],
                      offset=end, next_offset=replica.log.next_offset)
             end = max(end, replica.committed + 1)
@@ -244,8 +244,8 @@ class Replicas:
                 replica.log.reset_to(end)
             else:
                 replica.log.truncate_from(end)
-        start = body.get("start")
-        if isinstance(start, int) and start > replica.log.next_offset:
+        start = _offset(body, "start")
+        if start is not None and start > replica.log.next_offset:
             log.info("replica starts again at the leader's first offset", stream=body["stream"],
                      offset=start, next_offset=replica.log.next_offset)
             replica.log.reset_to(start)
@@ -317,6 +317,14 @@ def _drop_held(replica: ReplicaLog, view: memoryview) -> memoryview:
             break
         view = view[len(chunk):]
     return view
+
+
+def _offset(body: Any, key: str) -> int | None:
+    """An optional offset of a sync: None when absent or not a non-negative integer."""
+    value = body.get(key)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
 
 
 def _int(body: Any, key: str) -> int:

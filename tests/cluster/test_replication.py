@@ -332,3 +332,29 @@ async def test_a_replica_that_lagged_past_the_leaders_retention_catches_up(
     assert records(b_log) == records(leader_log)
     assert b_log.first_offset == leader_log.first_offset
     await again.close()
+
+
+async def test_a_sync_start_that_is_not_a_later_offset_resets_nothing(
+        start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path) -> None:
+    """`stream.sync`'s `start` restarts a replica only at an offset beyond its tail: a start
+    (or `epoch_end`) that is not a non-negative integer, or not past what it holds, leaves its
+    log as it is."""
+    leader, b = await start_node("a"), await start_node("b")
+    b_log = open_log(tmp_path / "b")
+    for i in range(3):
+        b_log.append([b"m%d" % i])
+    b.replicas.add("s4", b_log)
+    link = await leader.dial(b)
+    for start in ("9", None, True, 2, 3):
+        answer = await link.call("stream.sync", {"stream": "s4", "epoch": 1, "epoch_end": None,
+                                                 "start": start})
+        assert answer == {"last_epoch": 0, "next_offset": 3}
+    assert (b_log.first_offset, records(b_log)) == (0, [(0, b"m0"), (1, b"m1"), (2, b"m2")])
+    answer = await link.call("stream.sync", {"stream": "s4", "epoch": 1, "epoch_end": None,
+                                             "start": 7})
+    assert answer == {"last_epoch": 0, "next_offset": 7} and b_log.first_offset == 7
+    b_log.reset_to(0)
+    for junk in (True, -5):  # (True would pass for the integer 1)
+        answer = await link.call("stream.sync", {"stream": "s4", "epoch": 1, "epoch_end": junk,
+                                                 "start": junk})
+        assert answer == {"last_epoch": 0, "next_offset": 0}
