@@ -82,9 +82,16 @@ class FrameBuffer:
                 break
             frames.append((frame_type, channel, data[pos + 7 : end]))
             pos = end + 1
-        if self.error is None and pos < size_buf:
-            buf += memoryview(data)[pos:]  # the incomplete frame waits for more bytes
+        if pos < size_buf:  # the incomplete frame waits for more bytes (or is what failed)
+            buf += memoryview(data)[pos:]
         return frames
+
+    def take_rest(self) -> bytes:
+        """The bytes not returned as frames: an incomplete frame, or everything from the frame
+        that failed on (a wire worker passes them on as they came: docs/WORKERS.md)."""
+        rest = bytes(self._buf)
+        self._buf.clear()
+        return rest
 
     def _fail(self, explanation: str) -> None:
         self.error = frame_error(explanation)

@@ -160,7 +160,8 @@ def test_frames_before_an_error_are_returned_and_later_input_is_dropped() -> Non
     assert buf.feed(good + bad + good) == [(c.FRAME_BODY, 1, b"ok")]
     assert buf.error is not None
     assert buf.error.explanation.endswith("{invalid_frame_end_marker,205}")
-    assert buf.feed(good) == []
+    assert buf.feed(good) == []  # later input is dropped...
+    assert buf.take_rest() == bad + good  # ...and what the error stopped at is kept, whole
     assert len(buf) == 0
 
 
