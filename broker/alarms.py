@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from leveret.broker import logs
@@ -27,9 +27,17 @@ def total_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def resident_memory_bytes() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def resident_memory_bytes(pids: Iterable[int] = ()) -> int:
+    """This process's resident memory, and that of `pids` (the wire workers) that still run."""
+    total = 0
+    for pid in ("self", *pids):
+        try:
+            with open(f"/proc/{pid}/statm") as fh:
+                total += int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            if pid == "self":
+                raise
+    return total
 
 
 class Alarms:
@@ -39,6 +47,7 @@ class Alarms:
         self.memory_high_watermark = memory_high_watermark
         self.disk_free_limit_bytes = disk_free_limit_bytes
         self.on_change = on_change
+        self.worker_pids: Callable[[], list[int]] = list  # the wire workers' (server.py)
         self.memory = False
         self.disk = False
         self._task: asyncio.Task[None] | None = None
@@ -60,7 +69,7 @@ class Alarms:
     def sample(self) -> None:
         """Check both resources now; tell the broker if the alarm state changed."""
         before = self.reason
-        self.memory = resident_memory_bytes() > self.memory_limit_bytes
+        self.memory = resident_memory_bytes(self.worker_pids()) > self.memory_limit_bytes
         try:
             free = shutil.disk_usage(self.data_dir).free
             self.disk = free < self.disk_free_limit_bytes

@@ -63,6 +63,26 @@ def socket_for(host: str, port: int) -> socket.socket | None:
     return dual_stack_socket(port) if is_dual_stack(host) else None
 
 
+def sockets_for(host: str, port: int) -> list[socket.socket]:
+    """Bound, not yet listening sockets for any host: the dual-stack one for the default,
+    else one per address the name resolves to (as asyncio's create_server binds them)."""
+    sock = socket_for(host, port)
+    if sock is not None:
+        return [sock]
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                               flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, _type, _proto, _name, address in dict.fromkeys(infos):
+            sockets.append(_bound(family, str(address[0]), port))
+            port = port or sockets[0].getsockname()[1]  # port 0: every address on the same one
+    except BaseException:
+        for bound in sockets:
+            bound.close()
+        raise
+    return sockets
+
+
 def address_of(host: str, sock: socket.socket | None) -> str:
     """The address a listener reports: `::` for a dual-stack socket, `0.0.0.0` where it fell
     back, else the host it was given."""

@@ -46,6 +46,7 @@ from leveret.broker.session import forwarding
 from leveret.broker.session.connection import Session
 from leveret.broker.streamproto import server as stream_listeners
 from leveret.broker.streamproto.server import StreamServer
+from leveret.broker.workers.pool import Listener, WorkerPool
 
 log = logs.get("leveret.server")
 
@@ -97,7 +98,8 @@ class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.broker: Broker | None = None
-        self.listeners: list[asyncio.Server] = []
+        self.listeners: list[asyncio.Server | Listener] = []
+        self.pool: WorkerPool | None = None  # --workers N > 1: the wire workers
         self.stopped = asyncio.Event()
         self.on_stop: list[Callable[[], Awaitable[None]]] = []
         self.management: ManagementServer | None = None
@@ -197,6 +199,12 @@ class Server:
             except DefinitionsError as exc:
                 broker.close()
                 raise ServerError(str(exc)) from None
+        processes = config.workers or os.cpu_count() or 1
+        if processes > 1:
+            self.pool = WorkerPool(processes - 1, lambda: Session(broker), config.frame_max,
+                                   config.loop)
+            await self.pool.start()
+            broker.alarms.worker_pids = self.pool.pids
         self.listeners.append(await self._listen(broker, config.port, None, "--port"))
         log.info("listening", host=self.host, port=self.port, data_dir=str(config.data_dir))
         if context is not None:
@@ -235,9 +243,17 @@ class Server:
         self.on_stop.append(cache.close)
 
     async def _listen(self, broker: Broker, port: int, ssl_context: ssl.SSLContext | None,
-                      flag: str) -> asyncio.Server:
+                      flag: str) -> asyncio.Server | Listener:
         loop = asyncio.get_running_loop()
         host = self.config.host
+        if self.pool is not None and ssl_context is None:
+            try:
+                sockets = listen.sockets_for(host, port)
+            except OSError as exc:
+                broker.close()
+                raise ServerError(listen_error(exc, host, port, flag)) from None
+            self.host = listen.address_of(host, sockets[0] if host == listen.DUAL_STACK else None)
+            return self.pool.listen(sockets)
         try:
             sock = listen.socket_for(host, port)
             host = self.host = listen.address_of(host, sock)
@@ -300,6 +316,8 @@ class Server:
             for session in list(broker.connections):
                 session.abort()
             broker.close()
+        if self.pool is not None:
+            await self.pool.stop()
         for callback in self.on_stop:
             await callback()
         for listener in self.listeners:

@@ -80,6 +80,11 @@ def serve_command(
     definitions: Annotated[
         Path | None, typer.Option("--definitions", help="A definitions JSON file to load at boot")
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option("--workers", help="Processes serving AMQP clients: 1 is this one alone, N "
+                     "adds N-1 wire workers, 0 one per core [default: 1; env LEVERET_WORKERS]"),
+    ] = None,
     loop: Annotated[
         str | None, typer.Option("--loop", help="Event loop: asyncio or uvloop")
     ] = None,
@@ -126,6 +131,7 @@ def serve_command(
                 "stream_advertised_host": stream_advertised_host,
                 "stream_advertised_port": stream_advertised_port,
                 "loop": loop,
+                "workers": workers,
                 "log_format": log_format,
                 "etcd": etcd,
                 "node_name": node_name,

@@ -98,6 +98,9 @@ class BrokerCollector:
         yield _gauge("leveret_uptime_seconds", "Seconds since the broker started",
                      time.time() - broker.started_at)
         yield _gauge("leveret_connections", "Open AMQP connections", len(sessions))
+        yield _gauge("leveret_worker_processes",
+                     "Wire worker processes running beside this one (--workers N runs N - 1)",
+                     len(broker.alarms.worker_pids()))
         yield _gauge("leveret_channels", "Open AMQP channels", len(channels))
         yield _gauge("leveret_consumers", "Consumers on all channels",
                      sum(len(c.consumers) for c in channels))
@@ -124,7 +127,7 @@ class BrokerCollector:
         alarm.add_metric(["disk"], int(disk_alarm))
         yield alarm
         yield _gauge("leveret_memory_used_bytes", "Resident memory of the broker",
-                     resident_memory_bytes())
+                     resident_memory_bytes(broker.alarms.worker_pids()))
         try:
             free = shutil.disk_usage(broker.config.data_dir).free
         except OSError:

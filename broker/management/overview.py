@@ -75,7 +75,7 @@ def node_view(broker: Broker) -> dict[str, Any]:
         "running": True,
         "being_drained": False,
         "os_pid": str(os.getpid()),
-        "mem_used": resident_memory_bytes(),
+        "mem_used": resident_memory_bytes(broker.alarms.worker_pids()),
         "mem_limit": int(total_memory * config.vm_memory_high_watermark),
         "mem_alarm": mem_alarm,
         "disk_free": disk_free,

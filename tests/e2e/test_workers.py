@@ -1,0 +1,220 @@
+"""`leveret serve --workers N`: what a client and an operator see with wire workers.
+
+The rest of the suite runs once more with LEVERET_WORKERS=2 (.ci/run); these tests are about
+the workers themselves, so each starts its broker with `--workers 2` whatever the environment:
+a worker killed with -9 under load (its clients' connections close, a new worker takes the next
+ones, nothing confirmed is lost, its exclusive queues go and its unacked deliveries are
+requeued), a main process killed with -9 (its worker does not outlive it), and the one view of
+the management API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import pytest
+from support.brokers import BrokerProcess
+from support.ports import free_port
+
+
+def worker_pids(main_pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(main_pid), "-f", "leveret.broker.workers.worker"],
+                           capture_output=True, text=True, check=False)
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def wait_for(predicate: object, timeout: float = 15.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie is gone for us
+        return stat.read().split()[2] != "Z"
+
+
+@pytest.fixture
+def workers_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    management = free_port()
+    broker = BrokerProcess(tmp_path / "data", args=["--workers", "2"],
+                           env={"LEVERET_MANAGEMENT_PORT": str(management)})
+    broker.command = lambda: [  # type: ignore[method-assign]
+        *BrokerProcess.command(broker)[:-4], "--management-port", str(management),
+        "--stream-port", "0", *broker.args]
+    broker.management_port = management  # type: ignore[attr-defined]
+    broker.start()
+    wait_for(lambda: len(worker_pids(broker.pid)) == 1, what="the worker")
+    yield broker
+    broker.kill()
+
+
+def connect(broker: BrokerProcess) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(broker.url))
+
+
+def api(broker: BrokerProcess, path: str) -> object:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{broker.management_port}/api/{path}",  # type: ignore[attr-defined]
+        headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def server_side_owners(port: int) -> list[str]:
+    """The `users:(...)` of every established connection on the broker's side of `port`."""
+    lines = subprocess.run(["ss", "-tnpH", "state", "established", f"( sport = :{port} )"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    return [line[line.index("users:"):] for line in lines if "users:" in line]
+
+
+def test_a_worker_holds_the_clients_and_the_main_process_shows_them(
+        workers_broker: BrokerProcess) -> None:
+    first, second = (pika.BlockingConnection(pika.URLParameters(
+        workers_broker.url + f"?client_properties={{'connection_name':'{name}'}}"))
+        for name in ("first", "second"))
+    channel = first.channel()
+    channel.confirm_delivery()
+    channel.queue_declare("held")
+    channel.basic_publish("", "held", b"through a worker")
+    _method, _props, body = second.channel().basic_get("held", auto_ack=True)
+    assert body == b"through a worker"
+    worker, = worker_pids(workers_broker.pid)
+    owners = server_side_owners(workers_broker.port)
+    assert len(owners) == 2
+    assert all(f"pid={worker}," in owner for owner in owners)  # the worker's sockets
+    assert not any(f"pid={workers_broker.pid}," in owner for owner in owners)
+    connections = api(workers_broker, "connections")
+    assert isinstance(connections, list)
+    assert sorted(c["client_properties"]["connection_name"] for c in connections) == [
+        "first", "second"]
+    assert all(c["peer_host"] == "127.0.0.1" and c["peer_port"] > 0 for c in connections)
+    first.close()
+    second.close()
+
+
+def test_kill_9_of_a_worker_under_load(workers_broker: BrokerProcess) -> None:
+    setup = connect(workers_broker)
+    setup.channel().queue_declare("durable-q", durable=True)
+    setup.close()
+    confirmed: list[int] = []
+    stop = threading.Event()
+    closed: list[BaseException] = []
+
+    def publish() -> None:
+        connection = connect(workers_broker)
+        channel = connection.channel()
+        channel.confirm_delivery()
+        number = 0
+        try:
+            while not stop.is_set():
+                channel.basic_publish("", "durable-q", str(number).encode(),
+                                      pika.BasicProperties(delivery_mode=2))
+                confirmed.append(number)  # basic_publish returned: the broker confirmed it
+                number += 1
+        except (pika.exceptions.AMQPError, OSError) as exc:
+            closed.append(exc)
+
+    # what the dying worker's clients hold: an exclusive queue, and two unacked deliveries
+    holder = connect(workers_broker)
+    held = holder.channel()
+    exclusive = held.queue_declare("", exclusive=True).method.queue
+    held.queue_declare("work")
+    for body in (b"a", b"b"):
+        held.basic_publish("", "work", body)
+    held.basic_qos(prefetch_count=2)
+    got: list[bytes] = []
+    held.basic_consume("work", lambda _c, _m, _p, body: got.append(body))
+    while len(got) < 2:
+        holder.process_data_events(time_limit=0.1)
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    wait_for(lambda: len(confirmed) > 500, what="confirmed publishes")
+    old, = worker_pids(workers_broker.pid)
+    os.kill(old, signal.SIGKILL)
+    publisher.join(timeout=15)
+    stop.set()
+    assert closed, "the publisher's connection did not close with its worker"
+    with pytest.raises((pika.exceptions.AMQPError, OSError)):
+        for _ in range(50):
+            holder.process_data_events(time_limit=0.1)
+
+    # a new worker serves the next clients; the main process never stopped
+    wait_for(lambda: worker_pids(workers_broker.pid) not in ([], [old]), what="a new worker")
+    assert workers_broker.proc is not None and workers_broker.proc.poll() is None
+    after = connect(workers_broker)
+    channel = after.channel()
+    bodies = set()
+    while True:
+        method, _props, body = channel.basic_get("durable-q", auto_ack=True)
+        if method is None:
+            break
+        bodies.add(int(body))
+    assert set(confirmed) <= bodies  # every confirmed message is there
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as gone:
+        channel.queue_declare(exclusive, passive=True)
+    assert gone.value.reply_code == 404
+    channel = after.channel()
+    redelivered = []
+    for _ in range(2):
+        method, _props, body = channel.basic_get("work", auto_ack=True)
+        assert method is not None
+        redelivered.append((body, method.redelivered))
+    assert sorted(redelivered) == [(b"a", True), (b"b", True)]
+    connections = api(workers_broker, "connections")
+    assert isinstance(connections, list) and len(connections) == 1  # none of the dead ones
+    after.close()
+
+
+def test_kill_9_of_the_main_process_ends_its_worker(workers_broker: BrokerProcess) -> None:
+    client = connect(workers_broker)
+    worker, = worker_pids(workers_broker.pid)
+    workers_broker.kill()
+    wait_for(lambda: not alive(worker), what="the worker to exit")
+    with pytest.raises((pika.exceptions.AMQPError, OSError)):
+        for _ in range(50):
+            client.process_data_events(time_limit=0.1)
+
+
+def test_sigterm_ends_the_workers_after_closing_their_clients(
+        workers_broker: BrokerProcess) -> None:
+    client = connect(workers_broker)
+    worker, = worker_pids(workers_broker.pid)
+    assert workers_broker.proc is not None
+    workers_broker.proc.send_signal(signal.SIGTERM)
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
+        for _ in range(100):
+            client.process_data_events(time_limit=0.1)
+    assert info.value.reply_code == 320
+    assert workers_broker.proc.wait(15) == 0
+    wait_for(lambda: not alive(worker), what="the worker to exit")
+
+
+@pytest.mark.parametrize("value", ["-1", "two"])
+def test_a_bad_workers_value_is_one_line_and_exit_1(tmp_path: Path, value: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "leveret.cli", "serve", "--workers", value, "--port", "0",
+         "--data-dir", str(tmp_path / "d")], capture_output=True, text=True, timeout=30,
+        check=False)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "workers" in result.stderr + result.stdout
