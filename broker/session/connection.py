@@ -135,6 +135,19 @@ class Session(asyncio.Protocol):
             log.exception("connection crashed", connection=self.name)
             self.close_with(AMQPError(c.INTERNAL_ERROR, "internal error"))
 
+    def split_received(self, items: list[Any], size: int) -> None:
+        """What a wire worker received and split into frames and publishes (`size` bytes on
+        the wire): as data_received, through the wire machine's receive_split."""
+        self.last_received = time.monotonic()
+        self.bytes_received += size
+        try:
+            self.wire.receive_split(items)
+        except AMQPError as error:
+            self.close_with(error)
+        except Exception:
+            log.exception("connection crashed", connection=self.name)
+            self.close_with(AMQPError(c.INTERNAL_ERROR, "internal error"))
+
     def eof_received(self) -> bool | None:
         return None
 
@@ -412,6 +425,9 @@ class Session(asyncio.Protocol):
 
     def close_with(self, error: AMQPError) -> None:
         """Send connection.close for a hard error; drop the socket if the client lingers."""
+        # A frame error stays in the wire machine's frame buffer: without its traceback, so
+        # that it keeps no frames (and the reads in them) alive in a cycle with this session.
+        error.__traceback__ = None
         log.info("closing connection", connection=self.name, code=error.code, text=error.reply_text)
         was_closing = self.wire.state in (State.CLOSING, State.CLOSED)
         self.wire.close_connection(error)
