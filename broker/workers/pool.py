@@ -40,6 +40,7 @@ ACCEPT_PER_TURN = 64
 LINK_HIGH_WATER = 8 * 1024 * 1024  # output waiting for one worker: its sessions pause
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)
 STOP_TIMEOUT_S = 5.0
+PIPE_BUFFER = 4 * 1024 * 1024  # SO_SNDBUF of each end of a worker's data socket
 
 
 class WorkerHandle:
@@ -54,12 +55,15 @@ class WorkerHandle:
         self.conns: dict[int, WorkerTransport] = {}
         self.started_at = 0.0
         self.deaths = 0  # quick deaths in a row, for the back-off
-        self._out: list[bytes] = []
+        self._out: list[bytes | bytearray | memoryview] = []
         self._flush_scheduled = False
         self.alive = False
 
     async def start(self, frame_max: int, loop_name: str) -> None:
         data, child_data = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        for end in (data, child_data):  # a turn's output in one write (the kernel may cap it)
+            with contextlib.suppress(OSError):
+                end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, PIPE_BUFFER)
         control, child_control = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fds = (child_data.fileno(), child_control.fileno())
         try:
@@ -83,7 +87,10 @@ class WorkerHandle:
     def send(self, kind: int, conn: int, payload: bytes | bytearray | memoryview = b"") -> None:
         if not self.alive:
             return
-        self._out.append(ipc.message(kind, conn, payload))
+        out = self._out
+        out.append(ipc.HEAD.pack(kind, conn, len(payload)))
+        if payload:  # copied once, by the join of the turn's output (a bytearray at once)
+            out.append(bytes(payload) if isinstance(payload, bytearray) else payload)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)

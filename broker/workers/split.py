@@ -24,6 +24,9 @@ from leveret.broker.workers import ipc
 
 PROTOCOL_HEADER_SIZE = 8
 PUBLISH = c.BASIC_PUBLISH.to_bytes(4, "big")
+# Frames per FRAMES message. A big read leaves in pieces, each sent at once (worker.py), so that
+# the main process works on the first while this one splits the next.
+PIECE = 384
 
 
 class Splitter:
@@ -44,10 +47,10 @@ class Splitter:
             if not data:
                 return out
         frames = self.frames.feed(data)
-        if frames:
-            items = gather(frames)
-            size = sum(len(frame[2]) for frame in frames) + c.FRAME_OVERHEAD * len(frames)
-            out.append((ipc.FRAMES, ipc.COUNT.pack(size) + marshal.dumps(items)))
+        for start in range(0, len(frames), PIECE):
+            piece = frames[start:start + PIECE]
+            size = sum(len(frame[2]) for frame in piece) + c.FRAME_OVERHEAD * len(piece)
+            out.append((ipc.FRAMES, ipc.COUNT.pack(size) + marshal.dumps(gather(piece))))
         if self.frames.error is not None:
             self.raw = True
             rest = self.frames.take_rest()

@@ -31,6 +31,7 @@ from leveret.broker.workers import ipc
 from leveret.broker.workers.split import Splitter
 
 HIGH_WATER = 4 * 1024 * 1024  # of output waiting for the main process: stop reading clients
+TAKEN_EVERY_S = 0.002  # how often a socket that holds bytes back reports what it took
 
 
 class Client(asyncio.Protocol):
@@ -43,8 +44,10 @@ class Client(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.paused_by_main = False
         self.ready = False  # the orders that came before the socket was adopted are done
-        self.buffered = 0  # bytes written to the socket that it has not yet taken
-        self.full = False
+        self.written_total = 0  # bytes written to the socket
+        self.reported = 0  # of which the main process was told the socket took them
+        self.full = False  # the socket holds bytes back
+        self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -55,8 +58,11 @@ class Client(asyncio.Protocol):
             self.transport.pause_reading()  # type: ignore[union-attr]
 
     def data_received(self, data: bytes) -> None:
-        for kind, payload in self.splitter.feed(data):
+        messages = self.splitter.feed(data)
+        for kind, payload in messages:
             self.worker.send(kind, self.conn, payload)
+            if len(messages) > 1:  # a big read: the main process starts on this piece now
+                self.worker.flush()
 
     def eof_received(self) -> bool | None:
         # The client sends no more, but its replies may still be on their way from the main
@@ -66,19 +72,34 @@ class Client(asyncio.Protocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
         self.worker.lost(self.conn, exc)
 
     def pause_writing(self) -> None:
         self.full = True
+        if self.timer is None:
+            self.timer = self.worker.loop.call_later(TAKEN_EVERY_S, self.poll)
 
     def resume_writing(self) -> None:
         self.full = False
-        self.written()
+        self.taken()
 
-    def written(self) -> None:
-        if self.buffered:
-            self.worker.send(ipc.WRITTEN, self.conn, ipc.COUNT.pack(self.buffered))
-            self.buffered = 0
+    def poll(self) -> None:
+        """While the socket holds bytes back, report what it takes as it takes it, so that the
+        main process's count falls below its low mark before the socket runs dry."""
+        self.timer = None
+        self.taken()
+        if self.full and self.transport is not None and not self.transport.is_closing():
+            self.timer = self.worker.loop.call_later(TAKEN_EVERY_S, self.poll)
+
+    def taken(self) -> None:
+        transport = self.transport
+        left = transport.get_write_buffer_size() if transport is not None else 0
+        count = self.written_total - left - self.reported
+        if count > 0:
+            self.reported += count
+            self.worker.send(ipc.WRITTEN, self.conn, ipc.COUNT.pack(count))
 
     def order(self, kind: int, payload: bytes) -> None:
         """What the main process asks of this client's socket."""
@@ -87,9 +108,8 @@ class Client(asyncio.Protocol):
         if kind == ipc.DATA:
             if not transport.is_closing():
                 transport.write(payload)
-                self.buffered += len(payload)
-                if not self.full:  # the socket took it all at once
-                    self.written()
+                self.written_total += len(payload)
+                self.taken()
         elif kind == ipc.CLOSE:
             transport.close()
         elif kind == ipc.ABORT:
