@@ -32,7 +32,7 @@ from pamqp import commands
 from leveret.amqp import codec
 from leveret.amqp import constants as c
 from leveret.amqp import properties as props
-from leveret.amqp.errors import AMQPError, frame_error, frame_explanation
+from leveret.amqp.errors import AMQPError
 from leveret.amqp.frames import (
     VALID_TYPES,
     FrameBuffer,
@@ -41,6 +41,7 @@ from leveret.amqp.frames import (
     unknown_frame,
 )
 from leveret.amqp.handshake import ChannelZero, Handler, State
+from leveret.amqp.split_input import SplitInput
 
 CHANNEL_OPEN = 0x0014000A
 CHANNEL_CLOSE = 0x00140028
@@ -100,24 +101,11 @@ _CHANNEL_TABLE = {
 }
 
 
-def _frames_of(items: list[tuple[Any, ...]]) -> list[tuple[int, int, bytes]]:
-    """A worker's split items as plain frames (WireConnection.receive_split)."""
-    frames: list[tuple[int, int, bytes]] = []
-    for item in items:
-        if len(item) == 4:
-            number, method_payload, header, body = item
-            frames += [(c.FRAME_METHOD, number, method_payload),
-                       (c.FRAME_HEADER, number, header), (c.FRAME_BODY, number, body)]
-        else:
-            frames.append(item)
-    return frames
-
-
 def _ids(index: int) -> tuple[int, int]:
     return index >> 16, index & 0xFFFF
 
 
-class WireConnection(ChannelZero):
+class WireConnection(ChannelZero, SplitInput):
     """One client connection's protocol state."""
 
     def __init__(
@@ -259,56 +247,27 @@ class WireConnection(ChannelZero):
             self.close_channel(number, exc)
         return True
 
-    def receive_split(self, items: list[tuple[Any, ...]]) -> None:
-        """What a wire worker split already (docs/WORKERS.md), in the order received: a frame
-        `(type, channel, payload)`, or a publish with its header and one body frame as
-        `(channel, method payload, header, body)`. The same checks, errors and order as
-        `receive` gives the same bytes: the frame_max of the moment, each frame's rules, and
-        nothing taken after a fatal frame error."""
-        buffer = self.buffer
-        self._unread = []
-        if self.state is State.CLOSED or buffer.error is not None:
-            return
-        for i, item in enumerate(items):
-            frame_max = buffer.frame_max or 0xFFFFFFFF
-            if len(item) == 4:
-                number, method_payload, header, body = item
-                if (self.state is State.OPEN and len(method_payload) <= frame_max
-                        and len(header) <= frame_max and len(body) <= frame_max):
-                    self.frames_received += 1  # as receive() counts the method frame first
-                    try:
-                        taken = self._publish_triple(number, method_payload, header, body)
-                    except AMQPError:
-                        self._unread = _frames_of(items[i + 1 :])
-                        raise
-                    if taken:
-                        self.frames_received += 2
-                        continue
-                    self.frames_received -= 1  # counted again with its frame below
-                frames = [(c.FRAME_METHOD, number, method_payload),
-                          (c.FRAME_HEADER, number, header), (c.FRAME_BODY, number, body)]
-            else:
-                frames = [item]
-            for j, (frame_type, channel, payload) in enumerate(frames):
-                if len(payload) > frame_max:
-                    buffer.error = frame_error(frame_explanation(
-                        frame_type, b"", "frame_too_large", len(payload),
-                        frame_max - c.FRAME_OVERHEAD))
-                    if self.state not in (State.CLOSING, State.CLOSED):
-                        raise buffer.error
-                    return
-                self.frames_received += 1
-                if self.state is State.CLOSING:
-                    if channel == 0:
-                        self._closing_frame(frame_type, payload)
-                    continue
-                if self.state is State.CLOSED:  # type: ignore[comparison-overlap]
-                    return
-                try:
-                    self._frame(frame_type, channel, payload)
-                except AMQPError:
-                    self._unread = frames[j + 1 :] + _frames_of(items[i + 1 :])
-                    raise
+    def _run_fits(self, run: list[Any]) -> bool:
+        """Whether every publish of a worker's run would take `_publish_triple`'s one step
+        (split_input.py): its channel expects a method, and each frame, header and size is
+        as that way requires."""
+        channel = self.channels.get(run[0])
+        if channel is None or channel.state is not ChannelState.EXPECT_METHOD:
+            return False
+        frame_max = self.buffer.frame_max or 0xFFFFFFFF
+        if len(run[1]) > frame_max:
+            return False
+        unpack = _HEADER_PREFIX.unpack_from
+        for j in range(2, len(run), 2):
+            header, body = run[j], run[j + 1]
+            if (len(header) < _CONTENT_HEADER_MIN or len(header) > frame_max
+                    or len(body) > frame_max):
+                return False
+            class_id, weight, size = unpack(header, 0)
+            if (class_id != c.CLASS_BASIC or weight or size != len(body) or not size
+                    or size > self.max_message_size):
+                return False
+        return True
 
     def _frame(self, frame_type: int, channel: int, payload: bytes) -> None:
         """Checks every frame needs, as RabbitMQ's rabbit_command_assembler:analyze_frame."""

@@ -23,6 +23,8 @@ from leveret.amqp import constants as c
 class AMQPError(Exception):
     """An error that the peer is told about with channel.close or connection.close."""
 
+    at = 0  # for a run of publishes (Handler.on_publish_run): the index of the one that failed
+
     def __init__(self, code: int, explanation: str, class_id: int = 0, method_id: int = 0):
         super().__init__(explanation)
         self.code = code

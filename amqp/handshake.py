@@ -67,6 +67,18 @@ class Handler(Protocol):
         header: bytes,
         body: bytes,
     ) -> None: ...
+    def on_publish_run(
+        self,
+        channel: int,
+        exchange: str,
+        routing_key: str,
+        mandatory: bool,
+        immediate: bool,
+        run: list[Any],
+    ) -> None:
+        """on_publish for each `run[2::2]` header and `run[3::2]` body, in order; an
+        AMQPError raised for one of them carries its index in `at` (the later ones are not
+        taken)."""
     def on_ack(self, channel: int, delivery_tag: int, multiple: bool) -> None: ...
     def on_close(self, code: int, text: str) -> None: ...
     def on_closed(self) -> None: ...

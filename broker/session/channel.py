@@ -464,10 +464,34 @@ class Channel:
         header: bytes,
         body: bytes,
     ) -> None:
+        exchange = self._publish_target(exchange_name, immediate)
+        self._publish_one(exchange, exchange_name, routing_key, mandatory, header, body)
+
+    def publish_run(self, exchange_name: str, routing_key: str, mandatory: bool,
+                    immediate: bool, run: list[Any]) -> None:
+        """`publish` for each `run[2::2]` header and `run[3::2]` body, with the checks that
+        depend only on the exchange and the routing key made once. An error raised for one
+        of them carries its index in `at`; the later ones are not taken."""
+        at = 0
+        try:
+            exchange = self._publish_target(exchange_name, immediate)
+            publish_one = self._publish_one
+            for j in range(2, len(run), 2):
+                publish_one(exchange, exchange_name, routing_key, mandatory, run[j], run[j + 1])
+                at += 1
+        except BrokerError as error:
+            exc = to_amqp(error)
+            exc.at = at
+            raise exc from None
+        except AMQPError as exc:
+            exc.at = at
+            raise
+
+    def _publish_target(self, exchange_name: str, immediate: bool) -> Any:
+        """The exchange a publish goes to, once the rules on the publish itself allow it."""
         if immediate:
             raise NotImplementedFeature("immediate=true")
-        session = self.session
-        if session.limited_permissions:
+        if self.session.limited_permissions:
             self.check("write", "exchange", exchange_name)
         exchange = self.vhost.exchanges.get(exchange_name)
         if exchange is None:
@@ -476,6 +500,10 @@ class Channel:
             raise AccessRefused(
                 f"cannot publish to internal {self.vhost.rs('exchange', exchange_name)}"
             )
+        return exchange
+
+    def _publish_one(self, exchange: Any, exchange_name: str, routing_key: str,
+                     mandatory: bool, header: bytes, body: bytes) -> None:
         message = Message(exchange_name, routing_key, header, body)
         flags = (header[12] << 8) | header[13]
         if flags & (FLAG_EXPIRATION | FLAG_USER_ID):

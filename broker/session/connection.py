@@ -369,6 +369,24 @@ class Session(asyncio.Protocol):
         if self.broker.alarm is not None and not self.blocked:
             self.block(self.broker.alarm)
 
+    def on_publish_run(self, number: int, exchange: str, routing_key: str, mandatory: bool,
+                       immediate: bool, run: list[Any]) -> None:
+        """Publishes alike in a row on one channel (a wire worker gathered them): checked and
+        routed as a run by the channel, or one by one while the channel has a backlog."""
+        channel = self.channels[number]
+        if channel.backlog is not None:
+            for at, j in enumerate(range(2, len(run), 2)):
+                try:
+                    self.on_publish(number, exchange, routing_key, mandatory, immediate,
+                                    run[j], run[j + 1])
+                except AMQPError as exc:
+                    exc.at = at
+                    raise
+            return
+        channel.publish_run(exchange, routing_key, mandatory, immediate, run)
+        if self.broker.alarm is not None and not self.blocked:
+            self.block(self.broker.alarm)
+
     # -- resource alarms ----------------------------------------------------------------------
 
     def block(self, reason: str) -> None:

@@ -49,6 +49,12 @@ class RecordingHandler:
         self.calls.append(("channel_open", number))
         self.wire.channel_open_ok(number)
 
+    def on_publish_run(self, number: int, *args: Any) -> None:
+        """As the handler protocol defines it: on_publish for each publish of the run."""
+        *fields, run = args
+        for j in range(2, len(run), 2):
+            self.on_publish(number, *fields, run[j], run[j + 1])
+
     def __getattr__(self, name: str) -> Any:
         return lambda *args: self.calls.append((name, *map(described, args)))
 
@@ -62,16 +68,44 @@ def described(value: Any) -> Any:
     return value
 
 
-def machine() -> tuple[WireConnection, RecordingHandler, list[bytes]]:
+class FailingHandler(RecordingHandler):
+    """Refuses the `fail_at`-th publish (1-based) with `code`, as a session's channel would."""
+
+    def __init__(self, fail_at: int, code: int) -> None:
+        super().__init__()
+        self.fail_at, self.code, self.published = fail_at, code, 0
+
+    def on_publish(self, number: int, *args: Any) -> None:
+        self.calls.append(("on_publish", number, *map(described, args)))
+        self.published += 1
+        if self.published == self.fail_at:
+            raise AMQPError(self.code, f"publish {self.published} refused")
+
+    def on_publish_run(self, number: int, *args: Any) -> None:
+        *fields, run = args
+        for at, j in enumerate(range(2, len(run), 2)):
+            try:
+                self.on_publish(number, *fields, run[j], run[j + 1])
+            except AMQPError as exc:
+                exc.at = at
+                raise
+
+
+def machine(handler: RecordingHandler | None = None,
+            ) -> tuple[WireConnection, RecordingHandler, list[bytes]]:
     out: list[bytes] = []
-    handler = RecordingHandler()
+    handler = handler or RecordingHandler()
     wire = WireConnection(handler, out.append, server_properties={}, frame_max=FRAME_MAX)
     handler.wire = wire
     return wire, handler, out
 
 
-def run(pieces: list[bytes], split: bool) -> tuple[bytes, list[tuple[Any, ...]], int]:
-    wire, handler, out = machine()
+def run(pieces: list[bytes], split: bool, handler: RecordingHandler | None = None,
+        ) -> tuple[bytes, list[tuple[Any, ...]]]:
+    """What the wire machine wrote, and every call it made. (Not its frame count: after a
+    connection error, how many of the frames behind it are counted depends on how the reads
+    were cut, with or without a worker.)"""
+    wire, handler, out = machine(handler)
     splitter = Splitter(FRAME_MAX)
     try:
         for piece in pieces:
@@ -87,7 +121,7 @@ def run(pieces: list[bytes], split: bool) -> tuple[bytes, list[tuple[Any, ...]],
                     wire.close_connection(error)
     except BadProtocolHeader as bad:
         out.append(b"bad header: " + bad.reply)
-    return b"".join(out), handler.calls, wire.frames_received
+    return b"".join(out), handler.calls
 
 
 def cut(data: bytes, rng: random.Random) -> list[bytes]:
@@ -126,6 +160,37 @@ def publish(channel: int, body: bytes, routing_key: str = "q") -> bytes:
             + frame(2, channel, header) + frame(3, channel, body))
 
 
+@pytest.mark.parametrize("code", [406, 503])  # a channel error, and a connection error
+@pytest.mark.parametrize("fail_at", [1, 3, 6])
+def test_a_publish_refused_inside_a_run_ends_it_as_it_ends_frames(fail_at: int,
+                                                                   code: int) -> None:
+    """Six publishes alike in one read are one run; the session refusing the `fail_at`-th
+    must close the same channel or connection, after the same publishes, as from bytes, and
+    the frames behind it (another channel's publish, the client's connection.close) must
+    meet the same fate."""
+    from pamqp import commands
+    opened = HANDSHAKE + method_frame(2, commands.Channel.Open())
+    burst = b"".join(publish(1, b"m%d" % n) for n in range(6)) + publish(2, b"other")
+    closing = method_frame(0, commands.Connection.Close(reply_code=200, reply_text="bye"))
+    pieces = [opened, burst + closing]
+    split_run = run(pieces, True, FailingHandler(fail_at, code))
+    assert split_run == run(pieces, False, FailingHandler(fail_at, code))
+    published = [call for call in split_run[1] if call[0] == "on_publish"]
+    # the refused one and those before it; a channel error spares channel 2's publish
+    assert len(published) == fail_at + (1 if code == 406 else 0)
+
+
+def test_publishes_alike_in_a_row_travel_as_one_run() -> None:
+    splitter = Splitter(FRAME_MAX)
+    splitter.feed(b"AMQP\x00\x00\x09\x01")
+    wire_bytes = (publish(1, b"a") + publish(1, b"b") + publish(1, b"c", "other")
+                  + publish(2, b"d") + publish(2, b"e"))
+    (_, payload), = splitter.feed(wire_bytes)
+    items = marshal.loads(payload[4:])
+    assert [(item[0], item[3::2]) for item in items] == [
+        (1, [b"a", b"b"]), (1, [b"c"]), (2, [b"d", b"e"])]
+
+
 def test_publishes_travel_as_one_item_each_and_other_frames_as_frames() -> None:
     splitter = Splitter(FRAME_MAX)
     assert splitter.feed(b"AMQP\x00\x00\x09\x01") == [(ipc.DATA, b"AMQP\x00\x00\x09\x01")]
@@ -135,7 +200,7 @@ def test_publishes_travel_as_one_item_each_and_other_frames_as_frames() -> None:
     assert kind == ipc.FRAMES
     assert struct.unpack(">I", payload[:4])[0] == len(wire_bytes)  # the bytes on the wire
     items = marshal.loads(payload[4:])
-    assert [len(item) for item in items] == [4, 3, 4]
+    assert [len(item) for item in items] == [4, 3, 4]  # a run of one, a frame, a run of one
     assert items[0][0] == 1 and items[0][3] == b"one"
     assert items[1] == (8, 0, b"")
     assert items[2][0] == 2 and items[2][3] == b"two"
