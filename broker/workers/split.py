@@ -35,6 +35,8 @@ PIECE = 384
 
 
 class Splitter:
+    __slots__ = ("frame_max", "frames", "header_left", "raw", "tuned")
+
     def __init__(self, frame_max: int) -> None:
         # The main process's frame buffer's limit, followed: the protocol minimum until the
         # client's tune-ok, then what it asked for (so that a frame too large is refused on

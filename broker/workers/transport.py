@@ -29,6 +29,10 @@ _GONE = asyncio.Protocol()  # what a lost transport's protocol is
 
 
 class WorkerTransport(asyncio.Transport):
+    __slots__ = ("_buffered", "_client_full", "_closing", "_eof_held", "_held", "_high",
+                 "_link_full", "_lost", "_low", "_paused", "_reading", "conn", "protocol",
+                 "worker")
+
     def __init__(self, worker: WorkerHandle, conn: int, protocol: asyncio.Protocol,
                  peername: Any, sockname: Any) -> None:
         super().__init__()

@@ -37,6 +37,9 @@ TAKEN_EVERY_S = 0.002  # how often a socket that holds bytes back reports what i
 class Client(asyncio.Protocol):
     """One client socket, relayed to the main process as connection `conn`."""
 
+    __slots__ = ("conn", "full", "paused_by_main", "ready", "reported", "splitter", "timer",
+                 "transport", "worker", "written_total")
+
     def __init__(self, worker: Worker, conn: int) -> None:
         self.worker = worker
         self.conn = conn

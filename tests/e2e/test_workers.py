@@ -185,6 +185,35 @@ def test_kill_9_of_a_worker_under_load(workers_broker: BrokerProcess) -> None:
     after.close()
 
 
+def test_a_client_that_no_worker_can_take_is_served_by_the_main_process(
+        workers_broker: BrokerProcess) -> None:
+    """A worker that keeps dying within 10 s of its start is restarted after 0, 0.5, then 1 s;
+    a client that comes while there is none is served by the main process itself."""
+    for _ in range(2):
+        dying, = worker_pids(workers_broker.pid)
+        os.kill(dying, signal.SIGKILL)
+        wait_for(lambda: worker_pids(workers_broker.pid) not in ([], [dying]),  # noqa: B023
+                 what="a new worker")
+    last, = worker_pids(workers_broker.pid)
+    os.kill(last, signal.SIGKILL)
+    wait_for(lambda: not alive(last), what="the third worker to die")
+    client = connect(workers_broker)  # no worker now: the restart waits 1 s
+    owners = server_side_owners(workers_broker.port)
+    assert len(owners) == 1 and f"pid={workers_broker.pid}," in owners[0]
+    channel = client.channel()
+    channel.confirm_delivery()
+    channel.queue_declare("served-by-main")
+    channel.basic_publish("", "served-by-main", b"still served")
+    assert channel.basic_get("served-by-main", auto_ack=True)[2] == b"still served"
+    wait_for(lambda: len(worker_pids(workers_broker.pid)) == 1, what="the fourth worker")
+    assert "worker exited; starting a new one" in workers_broker.log()
+    metrics = urllib.request.urlopen(  # the main process counts its workers
+        f"http://127.0.0.1:{workers_broker.management_port}/metrics",  # type: ignore[attr-defined]
+        timeout=10).read().decode()
+    assert "leveret_worker_processes 1.0" in metrics
+    client.close()
+
+
 def test_kill_9_of_the_main_process_ends_its_worker(workers_broker: BrokerProcess) -> None:
     client = connect(workers_broker)
     worker, = worker_pids(workers_broker.pid)
