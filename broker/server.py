@@ -203,7 +203,12 @@ class Server:
         if processes > 1:
             self.pool = WorkerPool(processes - 1, lambda: Session(broker), config.frame_max,
                                    config.loop)
-            await self.pool.start()
+            try:
+                await self.pool.start()
+            except OSError as exc:
+                await self.pool.stop()
+                broker.close()
+                raise ServerError(f"cannot start the wire workers: {exc}") from None
             broker.alarms.worker_pids = self.pool.pids
         self.listeners.append(await self._listen(broker, config.port, None, "--port"))
         log.info("listening", host=self.host, port=self.port, data_dir=str(config.data_dir))

@@ -72,6 +72,10 @@ class WorkerHandle:
                  str(fds[1]), str(frame_max), loop_name],
                 pass_fds=fds, stdin=subprocess.DEVNULL,
             )
+        except OSError:
+            data.close()
+            control.close()
+            raise
         finally:
             child_data.close()
             child_control.close()

@@ -247,3 +247,23 @@ def test_a_bad_workers_value_is_one_line_and_exit_1(tmp_path: Path, value: str) 
     assert result.returncode != 0
     assert "Traceback" not in result.stderr + result.stdout
     assert "workers" in result.stderr + result.stdout
+
+
+def test_a_worker_that_cannot_be_started_is_one_line(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """fork refused (EAGAIN, as under a process limit): `leveret serve` says so in one line
+    (ServerError, which the CLI prints and exits 1 with) and leaves nothing running."""
+    import errno
+
+    from support.brokers import InProcessBroker
+
+    from leveret.broker.server import ServerError
+    from leveret.broker.workers import pool
+
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(pool.subprocess, "Popen", refuse)
+    broker = InProcessBroker(tmp_path / "data", workers=2)
+    with pytest.raises(ServerError, match=r"^cannot start the wire workers: .*Resource tempor"):
+        broker.start()
