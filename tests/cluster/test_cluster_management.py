@@ -343,6 +343,10 @@ def test_consumers_overview_totals_and_closing_another_nodes_connection(
         on_b.process_data_events(time_limit=5)
     assert (closed.value.reply_code, closed.value.reply_text) == \
         (320, "CONNECTION_FORCED - go away")
+    # gone once b has closed the socket (a round trip later when a wire worker holds it)
+    deadline = time.monotonic() + 5
+    while api(a, "GET", f"/api/connections/{quoted}")[0] != 404 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert api(a, "DELETE", f"/api/connections/{quoted}")[0] == 404
 
 

@@ -377,6 +377,12 @@ def test_connections_channels_and_exchanges(page: Any, ui_broker: UiBroker) -> N
     with pytest.raises(pika.exceptions.ConnectionClosed):
         for _ in range(300):
             connection.process_data_events(time_limit=0.1)
+    # gone from the API once the broker has closed the socket: at once with one process, a
+    # round trip later with a wire worker (which closes it and says so)
+    for _ in range(50):
+        if http.get(f"/api/connections/{q(name)}").status == 404:
+            break
+        threading.Event().wait(0.1)
     assert http.get(f"/api/connections/{q(name)}").status == 404
 
     page.click("nav >> text=Exchanges")
