@@ -5,8 +5,9 @@ permissions), opens and closes Channels, buffers outbound frames into one socket
 loop turn, keeps heartbeats, and follows the transport's flow control (a paused transport
 stops deliveries; a resource alarm stops reading from publishers).
 
-The only broad `except` of a connection sits in `data_received`: an unexpected error closes
-this connection with 541 and is logged; the broker and other connections carry on.
+The only broad `except` of a connection sits in `_take`, under `data_received` and
+`split_received`: an unexpected error closes this connection with 541 and is logged; the
+broker and other connections carry on.
 """
 
 from __future__ import annotations
@@ -124,24 +125,22 @@ class Session(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.last_received = time.monotonic()
         self.bytes_received += len(data)
-        try:
-            self.wire.receive(data)
-        except BadProtocolHeader as bad:
-            self._write_now(bad.reply)
-            self.abort()
-        except AMQPError as error:
-            self.close_with(error)
-        except Exception:
-            log.exception("connection crashed", connection=self.name)
-            self.close_with(AMQPError(c.INTERNAL_ERROR, "internal error"))
+        self._take(self.wire.receive, data)
 
     def split_received(self, items: list[Any], size: int) -> None:
         """What a wire worker received and split into frames and publishes (`size` bytes on
         the wire): as data_received, through the wire machine's receive_split."""
         self.last_received = time.monotonic()
         self.bytes_received += size
+        self._take(self.wire.receive_split, items)
+
+    def _take(self, feed: Callable[[Any], None], received: Any) -> None:
+        """Hand what the client sent to the wire machine; its errors close this connection."""
         try:
-            self.wire.receive_split(items)
+            feed(received)
+        except BadProtocolHeader as bad:
+            self._write_now(bad.reply)
+            self.abort()
         except AMQPError as error:
             self.close_with(error)
         except Exception:
