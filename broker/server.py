@@ -257,7 +257,7 @@ class Server:
             except OSError as exc:
                 broker.close()
                 raise ServerError(listen_error(exc, host, port, flag)) from None
-            self.host = listen.address_of(host, sockets[0] if host == listen.DUAL_STACK else None)
+            self.host = listen.address_of(host, sockets[0] if listen.is_dual_stack(host) else None)
             return self.pool.listen(sockets)
         try:
             sock = listen.socket_for(host, port)

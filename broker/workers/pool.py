@@ -293,10 +293,6 @@ class WorkerPool:
         """The running workers' process ids (their memory counts towards the memory alarm)."""
         return [w.process.pid for w in self.workers if w.alive and w.process is not None]
 
-    def connections(self) -> dict[int, int]:
-        """Connections held, by worker number (the management API and /metrics)."""
-        return {worker.number: len(worker.conns) for worker in self.workers}
-
     def worker_gone(self, worker: WorkerHandle) -> None:
         if self._stopping:
             return
