@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -212,6 +213,45 @@ def test_a_client_that_no_worker_can_take_is_served_by_the_main_process(
         timeout=10).read().decode()
     assert "leveret_worker_processes 1.0" in metrics
     client.close()
+
+
+def publish_burst_with_a_bad_third(port: int) -> tuple[object, ...]:
+    """Five publishes to one queue in one write (a worker makes them one run), the third with
+    an expiration that is no integer: what closes the channel, and how many the queue took."""
+    from pamqp import commands
+    from support.fuzzwire import frame, method_frame
+    from support.rawamqp import RawClient
+
+    def header(expiration: bytes) -> bytes:
+        if not expiration:
+            return struct.pack(">HHQH", 60, 0, 1, 0)
+        return struct.pack(">HHQH", 60, 0, 1, 0x0100) + bytes([len(expiration)]) + expiration
+
+    setup = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    setup.channel().queue_declare("run-q", auto_delete=False)
+    setup.close()
+    burst = b"".join(
+        method_frame(1, commands.Basic.Publish(exchange="", routing_key="run-q"))
+        + frame(2, 1, header(b"abc" if n == 2 else b"")) + frame(3, 1, b"x") for n in range(5))
+    with RawClient(port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.sock.sendall(burst)
+        close = raw.expect(commands.Channel.Close, 1)
+    check = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    channel = check.channel()
+    taken = channel.queue_declare("run-q", passive=True).method.message_count
+    channel.queue_delete("run-q")
+    check.close()
+    return close.reply_code, close.reply_text, close.class_id, close.method_id, taken
+
+
+def test_a_run_refused_in_its_middle_closes_the_channel_as_rabbitmq_does(
+        workers_broker: BrokerProcess, reference: object) -> None:
+    leveret = publish_burst_with_a_bad_third(workers_broker.port)
+    assert leveret == publish_burst_with_a_bad_third(reference.port)  # type: ignore[attr-defined]
+    assert leveret == (406, "PRECONDITION_FAILED - invalid expiration 'abc': no_integer",
+                       60, 40, 2)
 
 
 def test_kill_9_of_the_main_process_ends_its_worker(workers_broker: BrokerProcess) -> None:
