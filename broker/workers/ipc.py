@@ -8,11 +8,11 @@ process) and `length` (u32), then `length` bytes of payload. The kinds:
   `WireConnection.receive_split` takes them; marshal is safe here because only this
   interpreter's own worker writes it), EOF (the client half-closed: it sends no more, but
   still reads), LOST (the client's socket closed; the payload is the reason, UTF-8, empty for
-  a clean close), WRITTEN (u32: that many more of the bytes sent for the client have left the
-  worker for the kernel, so the main process counts the bytes still buffered for a client as
-  a socket's write buffer does);
-- main to worker: DATA (bytes for the client), CLOSE (close once what is buffered is written),
-  ABORT (close now), PAUSE_READING and RESUME_READING.
+  a clean close);
+- main to worker, without payload: CLOSE and ABORT (close the worker's descriptor: the main
+  process is done with the connection), PAUSE_READING and RESUME_READING.
+
+Nothing the clients are sent crosses here: the main process writes to their sockets itself.
 
 Sockets themselves cross on a second Unix socket, as SCM_RIGHTS with a 4-byte conn id
 (`pass_socket`, `take_socket`).
@@ -31,13 +31,13 @@ COUNT = struct.Struct(">I")
 
 DATA = 1
 LOST = 2
-WRITTEN = 3
 CLOSE = 4
 ABORT = 5
 PAUSE_READING = 6
 RESUME_READING = 7
 FRAMES = 8
 EOF = 9
+KINDS = frozenset((DATA, LOST, CLOSE, ABORT, PAUSE_READING, RESUME_READING, FRAMES, EOF))
 
 MAX_PAYLOAD = 1 << 30  # far above any read or write of one turn; a larger head is corruption
 
@@ -68,7 +68,7 @@ class Decoder:
         head = HEAD.size
         while end - pos >= head:
             kind, conn, length = HEAD.unpack_from(data, pos)
-            if not DATA <= kind <= EOF or length > MAX_PAYLOAD:
+            if kind not in KINDS or length > MAX_PAYLOAD:
                 raise IPCError(f"bad message head: kind {kind}, length {length}")
             start = pos + head
             if end - start < length:

@@ -3,10 +3,12 @@
 `WorkerPool.start()` starts the worker processes (`python -m leveret.broker.workers.worker`),
 each with a data socket (ipc.py's messages) and a control socket (accepted sockets, as
 SCM_RIGHTS). `listen(sockets)` accepts on the AMQP listener in this process and hands each
-accepted socket to the worker with the fewest connections; the connection's session is made here,
-on a `WorkerTransport`, so every session, channel, queue and stream stays in this one process and
-behaves exactly as with one process. With no worker able to take a socket (all restarting, or a
-control socket full), this process serves the client itself.
+accepted socket to the worker with the fewest connections, which reads it. This process keeps its
+own descriptor of the socket and writes to it: the connection's session is made here, on a
+`WorkerTransport`, so every session, channel, queue and stream stays in this one process and
+behaves exactly as with one process, and what the session sends leaves from here. With no
+worker able to take a socket (all restarting, or a control socket full), this process serves the
+client itself.
 
 A worker that dies (its data socket closes) loses its clients: each of their sessions gets
 `connection_lost`, as if its socket had closed, so exclusive queues go, unacked deliveries are
@@ -37,7 +39,6 @@ from leveret.broker.workers.transport import WorkerTransport
 log = logs.get("leveret.workers")
 
 ACCEPT_PER_TURN = 64
-LINK_HIGH_WATER = 8 * 1024 * 1024  # output waiting for one worker: its sessions pause
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)
 STOP_TIMEOUT_S = 5.0
 PIPE_BUFFER = 4 * 1024 * 1024  # SO_SNDBUF of each end of a worker's data socket
@@ -83,7 +84,6 @@ class WorkerHandle:
         self.control = control
         loop = asyncio.get_running_loop()
         self.link, _ = await loop.connect_accepted_socket(lambda: _Link(self), data)
-        self.link.set_write_buffer_limits(high=LINK_HIGH_WATER)
         self.started_at = time.monotonic()
         self.alive = True
         log.info("worker started", worker=self.number, pid=self.process.pid)
@@ -104,10 +104,6 @@ class WorkerHandle:
         out, self._out = self._out, []
         if out and self.link is not None and not self.link.is_closing():
             self.link.write(b"".join(out))
-
-    def buffered_bytes(self) -> int:
-        link = self.link
-        return link.get_write_buffer_size() if link is not None else 0
 
     def adopt(self, conn: int, sock: socket.socket) -> bool:
         """Hand an accepted socket over; False if the control socket cannot take it now."""
@@ -134,14 +130,7 @@ class WorkerHandle:
         elif kind == ipc.EOF:
             transport.eof()
         elif kind == ipc.LOST:
-            del self.conns[conn]
             transport.lost(payload.decode("utf-8", "replace"))
-        elif kind == ipc.WRITTEN:
-            transport.written(ipc.COUNT.unpack(payload)[0])
-
-    def link_full(self, full: bool) -> None:
-        for transport in list(self.conns.values()):
-            transport.link_full(full)
 
     def gone(self, reason: str) -> None:
         """The data socket closed: every client of this worker is lost."""
@@ -198,12 +187,6 @@ class _Link(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.worker.gone("the worker process holding this connection exited")
-
-    def pause_writing(self) -> None:
-        self.worker.link_full(True)
-
-    def resume_writing(self) -> None:
-        self.worker.link_full(False)
 
 
 class Listener:
@@ -270,17 +253,15 @@ class WorkerPool:
             return
         loop = asyncio.get_running_loop()
         conn = next(self._ids)
+        sock.setblocking(False)
         for worker in sorted((w for w in self.workers if w.alive), key=lambda w: len(w.conns)):
             if worker.adopt(conn, sock):
-                sock.close()  # the worker holds its own descriptor now
+                # The worker reads through its own descriptor; this one stays, for writing.
                 session = self.session_factory()
-                transport = WorkerTransport(worker, conn, session, peername, sockname)
+                transport = WorkerTransport(worker, conn, session, sock, peername, sockname)
                 worker.conns[conn] = transport
                 session.connection_made(transport)
-                if worker.buffered_bytes() > LINK_HIGH_WATER:
-                    transport.link_full(True)
                 return
-        sock.setblocking(False)
         task = loop.create_task(self._serve_here(sock))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -1,14 +1,26 @@
-"""The transport a session in the main process sees for a client held by a wire worker.
+"""The transport a session in the main process sees for a client whose socket a wire worker reads.
 
 It stands where asyncio's socket transport stands (`Session.connection_made`), with the same
-methods and the same contract: `write` sends bytes to the worker's socket for this client
-(counted as buffered until the worker says the socket took them, against the same high and low
-marks as a socket transport's),
-`close` closes it once they are written, `abort` at once, `pause_reading` stops reading the
-client, and the session's `connection_lost` comes when the worker reports the socket closed.
-Bytes that arrive while reading is paused (they were on their way) are held and handed over on
-`resume_reading`, so the session never gets data while paused, as with a socket. The session is
-told to pause writing while the client's socket is full or the link to the worker is.
+methods and the same contract. The client's socket is open in both processes: the worker reads
+it (and splits what arrives into frames), and this transport writes to it, from this process,
+so that what the session sends never crosses the pipe to the worker.
+
+- Writing is asyncio's: send at once, keep what the socket cannot take and send it when the
+  socket is writable, and tell the session to pause writing above the high mark (4 MiB, the
+  session's) and to resume at the low mark.
+- Reading is the worker's: `pause_reading` and `resume_reading` are orders to it, and what it
+  reads arrives through `received` and `received_split`. Bytes that arrive while reading is
+  paused (they were on their way) are held and handed over on `resume_reading`, so the session
+  never gets data while paused, as with a socket.
+- Closing: `close` has the worker stop reading and close its descriptor at once, and closes this
+  process's descriptor once what is buffered is written (the kernel closes the connection when
+  both are closed); `abort` closes both at once. The session's `connection_lost` follows, as
+  with asyncio's transport, in a later callback. The worker's report that the client closed or
+  reset (`lost`), the worker's death and a failed send close both at once.
+
+Why not asyncio's own transport for the writing half: it starts reading the socket after
+`connection_made` on uvloop, whatever the protocol asks, and a byte read here is a byte the
+worker's frame splitter never sees. This is the write half of it, and only that.
 
 It must not know AMQP or the session's insides: it calls the asyncio.Protocol methods only.
 Asyncio: the main process's event loop.
@@ -17,6 +29,7 @@ Asyncio: the main process's event loop.
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker.workers import ipc
@@ -25,42 +38,72 @@ if TYPE_CHECKING:
     from leveret.broker.workers.pool import WorkerHandle
 
 
-_GONE = asyncio.Protocol()  # what a lost transport's protocol is
+_GONE = asyncio.Protocol()  # what a closed transport's protocol is
 
 
 class WorkerTransport(asyncio.Transport):
-    __slots__ = ("_buffered", "_client_full", "_closing", "_eof_held", "_held", "_high",
-                 "_link_full", "_lost", "_low", "_paused", "_reading", "conn", "protocol",
-                 "worker")
+    __slots__ = ("_closing", "_eof_held", "_extra", "_fd", "_held", "_high", "_loop", "_lost",
+                 "_low", "_out", "_paused", "_reading", "_sock", "conn", "protocol", "worker")
 
     def __init__(self, worker: WorkerHandle, conn: int, protocol: asyncio.Protocol,
-                 peername: Any, sockname: Any) -> None:
+                 sock: socket.socket, peername: Any, sockname: Any) -> None:
         super().__init__()
         self.worker = worker
         self.conn = conn
         self.protocol = protocol
+        self._sock = sock  # non-blocking; this process's descriptor of the client's socket
+        self._fd = sock.fileno()
+        self._loop = asyncio.get_running_loop()
         self._extra = {"peername": peername, "sockname": sockname}
         self._closing = False
         self._lost = False
         self._reading = True
         self._held: list[bytes | tuple[Any, int]] = []
-        self._buffered = 0  # written, and not yet taken by the client's socket
+        self._out = bytearray()  # written, and not yet taken by the socket
         self._high, self._low = 64 * 1024, 16 * 1024  # asyncio's defaults, until the session's
-        self._client_full = False  # the bytes buffered for the client went over the high mark
-        self._link_full = False  # the link to the worker is
         self._paused = False
         self._eof_held = False
 
     # -- what the session calls ---------------------------------------------------------------
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._closing:
+        if self._closing or not data:
             return
-        self.worker.send(ipc.DATA, self.conn, data)
-        self._buffered += len(data)
-        if self._buffered > self._high and not self._client_full:
-            self._client_full = True  # at once, as asyncio's transport pauses in write()
-            self._follow()
+        out = self._out
+        if not out:
+            try:
+                sent = self._sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                self._fail(exc)
+                return
+            if sent == len(data):
+                return
+            data = memoryview(data)[sent:]
+            self._loop.add_writer(self._fd, self._write_ready)
+        out += data
+        if len(out) > self._high and not self._paused:
+            self._paused = True
+            self.protocol.pause_writing()
+
+    def _write_ready(self) -> None:
+        out = self._out
+        try:
+            sent = self._sock.send(out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._fail(exc)
+            return
+        del out[:sent]
+        if self._paused and len(out) <= self._low:
+            self._paused = False
+            self.protocol.resume_writing()
+        if not out:
+            self._loop.remove_writer(self._fd)
+            if self._closing:
+                self._finish(None)
 
     def writelines(self, parts: Any) -> None:
         self.write(b"".join(parts))
@@ -69,14 +112,18 @@ class WorkerTransport(asyncio.Transport):
         return self._closing
 
     def close(self) -> None:
-        if not self._closing:
-            self._closing = True
-            self.worker.send(ipc.CLOSE, self.conn)
+        if self._closing:
+            return
+        self._closing = True
+        self.worker.send(ipc.CLOSE, self.conn)
+        if not self._out:
+            self._finish(None)
 
     def abort(self) -> None:
-        if not self._lost:
-            self._closing = True
-            self.worker.send(ipc.ABORT, self.conn)
+        if self._lost:
+            return
+        self.worker.send(ipc.ABORT, self.conn)
+        self._finish(None)
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self._extra.get(name, default)
@@ -87,9 +134,7 @@ class WorkerTransport(asyncio.Transport):
         self._low = self._high // 4 if low is None else low
 
     def get_write_buffer_size(self) -> int:
-        """Bytes written for the client that its socket has not yet taken (they are in the
-        pipe to the worker or in the worker's buffer)."""
-        return self._buffered
+        return len(self._out)
 
     def pause_reading(self) -> None:
         if self._reading and not self._closing:
@@ -102,7 +147,7 @@ class WorkerTransport(asyncio.Transport):
         self._reading = True
         self.worker.send(ipc.RESUME_READING, self.conn)
         if self._held:
-            asyncio.get_running_loop().call_soon(self._hand_over_held)
+            self._loop.call_soon(self._hand_over_held)
 
     def is_reading(self) -> bool:
         return self._reading
@@ -151,32 +196,27 @@ class WorkerTransport(asyncio.Transport):
             self.close()
 
     def lost(self, reason: str) -> None:
+        """The worker's descriptor is gone: the client closed or reset, or the worker died."""
+        self._finish(ConnectionResetError(reason) if reason else None)
+
+    # -- the end ------------------------------------------------------------------------------
+
+    def _fail(self, exc: OSError) -> None:
+        """A send failed (the client reset): the worker closes its descriptor too."""
+        self.worker.send(ipc.ABORT, self.conn)
+        self._finish(exc)
+
+    def _finish(self, exc: Exception | None) -> None:
         if self._lost:
             return
         self._lost = self._closing = True
         self._held.clear()
-        protocol, self.protocol = self.protocol, _GONE
-        protocol.connection_lost(ConnectionResetError(reason) if reason else None)
+        if self._out:
+            self._loop.remove_writer(self._fd)
+            self._out.clear()
+        self._sock.close()
+        self.worker.conns.pop(self.conn, None)
         # The session and this transport refer to each other: let go, as asyncio's transport
         # does, so that reference counting frees both (the cyclic collector runs rarely).
-
-    def written(self, count: int) -> None:
-        """The worker says the client's socket took `count` more bytes."""
-        self._buffered -= count
-        if self._client_full and self._buffered <= self._low:
-            self._client_full = False
-            self._follow()
-
-    def link_full(self, full: bool) -> None:
-        self._link_full = full
-        self._follow()
-
-    def _follow(self) -> None:
-        paused = self._client_full or self._link_full
-        if paused == self._paused or self._lost:
-            return
-        self._paused = paused
-        if paused:
-            self.protocol.pause_writing()
-        else:
-            self.protocol.resume_writing()
+        protocol, self.protocol = self.protocol, _GONE
+        self._loop.call_soon(protocol.connection_lost, exc)

@@ -1,17 +1,15 @@
-"""A wire worker: the process that holds client sockets and moves their bytes.
+"""A wire worker: the process that reads client sockets for the main process.
 
 `python -m leveret.broker.workers.worker DATA_FD CONTROL_FD FRAME_MAX asyncio|uvloop` is
 started by the main process (pool.py), never by hand (docs/WORKERS.md). Accepted client
 sockets arrive on the control socket (`ipc.take_socket`); this process reads them and passes
-what the clients send to the main process on the data socket (split into frames by split.py),
-and writes to each client what the main process sends back. Each
-turn's output to the main process leaves in one write.
+what the clients send to the main process on the data socket (split into frames by split.py).
+It writes nothing to a client: the main process keeps its own descriptor of each socket and
+writes to it itself (transport.py). Each turn's output to the main process leaves in one write.
 
-Flow control follows the sockets: the bytes a client's socket has taken are reported (WRITTEN),
-so that the main process counts what is still buffered for it and pauses its deliveries as a
-socket's write buffer would, and the main process's PAUSE_READING stops reading one client
-(a resource alarm). When the main process reads too
-slowly, every client socket stops being read until it catches up.
+The main process's PAUSE_READING stops reading one client (a resource alarm), and CLOSE and
+ABORT close this process's descriptor. When the main process reads too slowly, every client
+socket stops being read until it catches up.
 
 When the data socket closes (the main process stopped or died), the worker closes every
 client socket and exits.
@@ -31,14 +29,14 @@ from leveret.broker.workers import ipc
 from leveret.broker.workers.split import Splitter
 
 HIGH_WATER = 4 * 1024 * 1024  # of output waiting for the main process: stop reading clients
-TAKEN_EVERY_S = 0.002  # how often a socket that holds bytes back reports what it took
 
 
 class Client(asyncio.Protocol):
-    """One client socket, relayed to the main process as connection `conn`."""
+    """One client socket, read for the main process as connection `conn`. It never writes:
+    the main process writes to the socket through its own descriptor."""
 
-    __slots__ = ("conn", "full", "paused_by_main", "ready", "reported", "splitter", "timer",
-                 "transport", "worker", "written_total")
+    __slots__ = ("closed_by_main", "conn", "paused_by_main", "ready", "splitter", "transport",
+                 "worker")
 
     def __init__(self, worker: Worker, conn: int) -> None:
         self.worker = worker
@@ -46,17 +44,11 @@ class Client(asyncio.Protocol):
         self.splitter = Splitter(worker.frame_max)
         self.transport: asyncio.Transport | None = None
         self.paused_by_main = False
+        self.closed_by_main = False  # the main process knows: no LOST for it
         self.ready = False  # the orders that came before the socket was adopted are done
-        self.written_total = 0  # bytes written to the socket
-        self.reported = 0  # of which the main process was told the socket took them
-        self.full = False  # the socket holds bytes back
-        self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        # Told of every byte the socket cannot take at once (high 0), and when it took all:
-        # the main process keeps the client's write buffer mark itself (WRITTEN).
-        self.transport.set_write_buffer_limits(high=0)  # type: ignore[union-attr]
         if self.worker.reading_paused or self.paused_by_main:
             self.transport.pause_reading()  # type: ignore[union-attr]
 
@@ -68,55 +60,21 @@ class Client(asyncio.Protocol):
                 self.worker.flush()
 
     def eof_received(self) -> bool | None:
-        # The client sends no more, but its replies may still be on their way from the main
-        # process: keep the socket open for them; the main process closes it (as a session
-        # closes its socket on EOF) behind what it wrote.
+        # The client sends no more, but it may still read what the main process writes: keep
+        # the descriptor open; the main process closes the connection (CLOSE) when it is done.
         self.worker.send(ipc.EOF, self.conn)
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        self.worker.lost(self.conn, exc)
+        self.worker.lost(self.conn, exc, report=not self.closed_by_main)
 
-    def pause_writing(self) -> None:
-        self.full = True
-        if self.timer is None:
-            self.timer = self.worker.loop.call_later(TAKEN_EVERY_S, self.poll)
-
-    def resume_writing(self) -> None:
-        self.full = False
-        self.taken()
-
-    def poll(self) -> None:
-        """While the socket holds bytes back, report what it takes as it takes it, so that the
-        main process's count falls below its low mark before the socket runs dry."""
-        self.timer = None
-        self.taken()
-        if self.full and self.transport is not None and not self.transport.is_closing():
-            self.timer = self.worker.loop.call_later(TAKEN_EVERY_S, self.poll)
-
-    def taken(self) -> None:
-        transport = self.transport
-        left = transport.get_write_buffer_size() if transport is not None else 0
-        count = self.written_total - left - self.reported
-        if count > 0:
-            self.reported += count
-            self.worker.send(ipc.WRITTEN, self.conn, ipc.COUNT.pack(count))
-
-    def order(self, kind: int, payload: bytes) -> None:
+    def order(self, kind: int) -> None:
         """What the main process asks of this client's socket."""
         transport = self.transport
         assert transport is not None
-        if kind == ipc.DATA:
-            if not transport.is_closing():
-                transport.write(payload)
-                self.written_total += len(payload)
-                self.taken()
-        elif kind == ipc.CLOSE:
-            transport.close()
-        elif kind == ipc.ABORT:
-            transport.abort()
+        if kind == ipc.CLOSE or kind == ipc.ABORT:
+            self.closed_by_main = True
+            transport.abort()  # nothing is buffered here: both close at once
         elif kind == ipc.PAUSE_READING:
             self.paused_by_main = True
             if not self.worker.reading_paused and not transport.is_closing():
@@ -135,8 +93,8 @@ class MainLink(asyncio.Protocol):
         self.decoder = ipc.Decoder()
 
     def data_received(self, data: bytes) -> None:
-        for kind, conn, payload in self.decoder.feed(data):
-            self.worker.order(kind, conn, payload)
+        for kind, conn, _payload in self.decoder.feed(data):
+            self.worker.order(kind, conn)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.worker.done.set()
@@ -154,7 +112,7 @@ class Worker:
         self.frame_max = frame_max
         self.control = control
         self.clients: dict[int, Client] = {}
-        self.early: dict[int, list[tuple[int, bytes]]] = {}  # orders for a socket not yet here
+        self.early: dict[int, list[int]] = {}  # orders for a socket not yet here
         self.last_taken = 0  # ids grow: an order for a lower id not in `clients` is for one gone
         self.link: asyncio.Transport | None = None
         self.out: list[bytes] = []
@@ -174,16 +132,16 @@ class Worker:
             self.link.write(b"".join(self.out))
         self.out.clear()
 
-    def lost(self, conn: int, exc: Exception | None) -> None:
-        if self.clients.pop(conn, None) is not None:
+    def lost(self, conn: int, exc: Exception | None, report: bool = True) -> None:
+        if self.clients.pop(conn, None) is not None and report:
             self.send(ipc.LOST, conn, str(exc or "").encode())
 
-    def order(self, kind: int, conn: int, payload: bytes) -> None:
+    def order(self, kind: int, conn: int) -> None:
         client = self.clients.get(conn)
         if client is not None and client.ready:
-            client.order(kind, payload)
+            client.order(kind)
         elif client is not None or conn > self.last_taken:
-            self.early.setdefault(conn, []).append((kind, payload))
+            self.early.setdefault(conn, []).append(kind)
 
     def set_reading(self, on: bool) -> None:
         self.reading_paused = not on
@@ -219,8 +177,8 @@ class Worker:
             self.early.pop(client.conn, None)
             self.lost(client.conn, exc)
             return
-        for kind, payload in self.early.pop(client.conn, ()):
-            client.order(kind, payload)
+        for kind in self.early.pop(client.conn, ()):
+            client.order(kind)
         client.ready = True
 
     async def run(self, data: socket.socket) -> None:
