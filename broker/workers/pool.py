@@ -293,15 +293,15 @@ class WorkerPool:
             return
         worker = WorkerHandle(self, old.number)
         worker.deaths = old.deaths
+        # In the list before it starts (nothing uses it until it is alive), so that a start
+        # that fails leaves in the list the handle that the next attempt replaces.
+        self.workers[self.workers.index(old)] = worker
         try:
             await worker.start(self.frame_max, self.loop_name)
         except OSError as exc:
             log.error("cannot start a worker", worker=old.number, error=str(exc))
-            worker.started_at = time.monotonic()
-            worker.deaths += 1
+            worker.started_at = time.monotonic()  # a quick death: the back-off grows
             self.worker_gone(worker)
-            return
-        self.workers[self.workers.index(old)] = worker
 
     async def stop(self) -> None:
         """Close the data sockets (the workers end) and wait for every worker to exit."""
