@@ -7,7 +7,8 @@ What RabbitMQ 3.10 does, and these tests hold both brokers to:
 - the deleting channel sends delete-ok first, then the cancels of its own consumers (RabbitMQ's
   channel hears that the queue went only once it has replied). For a classic queue the other
   channels' cancels race with that delete-ok in RabbitMQ, so only each channel's own order is
-  checked; a stream's deletion reaches every channel of the deleting connection after it;
+  checked; in Leveret a stream's deletion reaches every channel of the deleting connection
+  after it (in RabbitMQ usually, but not always);
 - delete-ok counts the ready messages only; the unacked deliveries are lost: acking them is
   harmless, and nacking them neither requeues nor dead-letters them (nor are the ready ones
   dead-lettered).
@@ -146,7 +147,10 @@ def test_every_consumer_of_every_connection_is_cancelled(mq: Amqp, raws: list[Ra
     delete(deleter, 3, name)
     seen = named(methods(deleter))
     assert sorted(seen) == [(1, "cancel one"), (2, "cancel two"), (3, "delete-ok 0")]
-    if kind == "stream":  # a stream's deletion reaches the channels after delete-ok
+    if kind == "stream" and mq.is_leveret:
+        # Leveret's stream deletion reaches the channels after delete-ok. RabbitMQ's channel
+        # processes write to the socket each on its own, so its order across channels varies
+        # from run to run (it once sent "cancel one" first, on a busy machine).
         assert seen[0] == (3, "delete-ok 0")
     assert named(methods(other)) == [(1, "cancel other")]
     assert named(methods(deaf)) == []
@@ -185,7 +189,9 @@ def test_unacked_deliveries_are_lost_not_requeued_nor_dead_lettered(
     for number in range(5):
         client.publish(1, b"m%d" % number, routing_key=name)
     delivered = [m for _ch, m in methods(client) if isinstance(m, commands.Basic.Deliver)]
-    assert [m.consumer_tag for m in delivered] == ["two", "three"]
+    # One each (prefetch 1); in RabbitMQ the two channels' deliveries reach the wire in
+    # either order.
+    assert sorted(m.consumer_tag for m in delivered) == ["three", "two"]
 
     delete(client, 1, name)
     seen = named(methods(client))
