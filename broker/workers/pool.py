@@ -254,6 +254,8 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         conn = next(self._ids)
         sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):  # as asyncio's transports do
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for worker in sorted((w for w in self.workers if w.alive), key=lambda w: len(w.conns)):
             if worker.adopt(conn, sock):
                 # The worker reads through its own descriptor; this one stays, for writing.

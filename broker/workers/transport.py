@@ -42,8 +42,10 @@ _GONE = asyncio.Protocol()  # what a closed transport's protocol is
 
 
 class WorkerTransport(asyncio.Transport):
-    __slots__ = ("_closing", "_eof_held", "_extra", "_fd", "_held", "_high", "_loop", "_lost",
-                 "_low", "_out", "_paused", "_reading", "_sock", "conn", "protocol", "worker")
+    # Slots, and no dict of extra info: a thousand idle connections pay for every field.
+    __slots__ = ("_closing", "_eof_held", "_fd", "_held", "_high", "_loop", "_lost", "_low",
+                 "_out", "_paused", "_peername", "_reading", "_sock", "_sockname", "conn",
+                 "protocol", "worker")
 
     def __init__(self, worker: WorkerHandle, conn: int, protocol: asyncio.Protocol,
                  sock: socket.socket, peername: Any, sockname: Any) -> None:
@@ -54,11 +56,12 @@ class WorkerTransport(asyncio.Transport):
         self._sock = sock  # non-blocking; this process's descriptor of the client's socket
         self._fd = sock.fileno()
         self._loop = asyncio.get_running_loop()
-        self._extra = {"peername": peername, "sockname": sockname}
+        self._peername = peername
+        self._sockname = sockname
         self._closing = False
         self._lost = False
         self._reading = True
-        self._held: list[bytes | tuple[Any, int]] = []
+        self._held: list[bytes | tuple[Any, int]] | None = None  # made when first needed
         self._out = bytearray()  # written, and not yet taken by the socket
         self._high, self._low = 64 * 1024, 16 * 1024  # asyncio's defaults, until the session's
         self._paused = False
@@ -126,7 +129,11 @@ class WorkerTransport(asyncio.Transport):
         self._finish(None)
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._extra.get(name, default)
+        if name == "peername":
+            return self._peername
+        if name == "sockname":
+            return self._sockname
+        return default
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         """As asyncio's: high defaults to 64 KiB, low to a quarter of high."""
@@ -163,7 +170,7 @@ class WorkerTransport(asyncio.Transport):
         if self._reading and not self._held:
             self.protocol.data_received(data)
         else:
-            self._held.append(data)
+            self._hold(data)
 
     def received_split(self, items: Any, size: int) -> None:
         if self._closing:
@@ -171,7 +178,12 @@ class WorkerTransport(asyncio.Transport):
         if self._reading and not self._held:
             self.protocol.split_received(items, size)  # type: ignore[attr-defined]
         else:
-            self._held.append((items, size))
+            self._hold((items, size))
+
+    def _hold(self, what: bytes | tuple[Any, int]) -> None:
+        if self._held is None:
+            self._held = []
+        self._held.append(what)
 
     def _hand_over_held(self) -> None:
         while self._held and self._reading and not self._closing:
@@ -210,7 +222,7 @@ class WorkerTransport(asyncio.Transport):
         if self._lost:
             return
         self._lost = self._closing = True
-        self._held.clear()
+        self._held = None
         if self._out:
             self._loop.remove_writer(self._fd)
             self._out.clear()

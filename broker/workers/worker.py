@@ -29,60 +29,79 @@ from leveret.broker.workers import ipc
 from leveret.broker.workers.split import Splitter
 
 HIGH_WATER = 4 * 1024 * 1024  # of output waiting for the main process: stop reading clients
+MAX_READ = 256 * 1024  # a read of one client's socket, as asyncio's transports read
 
 
-class Client(asyncio.Protocol):
-    """One client socket, read for the main process as connection `conn`. It never writes:
-    the main process writes to the socket through its own descriptor."""
+class Client:
+    """One client socket, read for the main process as connection `conn`.
 
-    __slots__ = ("closed_by_main", "conn", "paused_by_main", "ready", "splitter", "transport",
-                 "worker")
+    It never writes (the main process writes through its own descriptor), so it is the read
+    half of a socket transport only: read when readable, EOF and errors reported, reading
+    paused and resumed. Not asyncio's transport: an idle connection costs a worker about
+    1.9 KB with one and 0.5 KB without, and the worker's memory counts against each connection
+    (docs/WORKERS.md)."""
 
-    def __init__(self, worker: Worker, conn: int) -> None:
+    __slots__ = ("conn", "fd", "paused_by_main", "reading", "sock", "splitter", "worker")
+
+    def __init__(self, worker: Worker, conn: int, sock: socket.socket) -> None:
         self.worker = worker
         self.conn = conn
+        self.sock = sock
+        self.fd = sock.fileno()
         self.splitter = Splitter(worker.frame_max)
-        self.transport: asyncio.Transport | None = None
         self.paused_by_main = False
-        self.closed_by_main = False  # the main process knows: no LOST for it
-        self.ready = False  # the orders that came before the socket was adopted are done
+        self.reading = False
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        if self.worker.reading_paused or self.paused_by_main:
-            self.transport.pause_reading()  # type: ignore[union-attr]
+    def follow(self) -> None:
+        """Read while neither the main process nor a full link says stop."""
+        reading = not self.paused_by_main and not self.worker.reading_paused
+        if reading != self.reading and self.fd >= 0:
+            self.reading = reading
+            if reading:
+                self.worker.loop.add_reader(self.fd, self.readable)
+            else:
+                self.worker.loop.remove_reader(self.fd)
 
-    def data_received(self, data: bytes) -> None:
+    def readable(self) -> None:
+        if self.fd < 0:
+            return
+        try:
+            data = self.sock.recv(MAX_READ)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self.close(exc, report=True)
+            return
+        if not data:
+            # The client sends no more, but it may still read what the main process writes:
+            # keep the descriptor; the main process closes the connection (CLOSE) when done.
+            self.paused_by_main = True  # a socket at EOF is read no more
+            self.follow()
+            self.worker.send(ipc.EOF, self.conn)
+            return
         messages = self.splitter.feed(data)
         for kind, payload in messages:
             self.worker.send(kind, self.conn, payload)
             if len(messages) > 1:  # a big read: the main process starts on this piece now
                 self.worker.flush()
 
-    def eof_received(self) -> bool | None:
-        # The client sends no more, but it may still read what the main process writes: keep
-        # the descriptor open; the main process closes the connection (CLOSE) when it is done.
-        self.worker.send(ipc.EOF, self.conn)
-        return True
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.worker.lost(self.conn, exc, report=not self.closed_by_main)
-
     def order(self, kind: int) -> None:
         """What the main process asks of this client's socket."""
-        transport = self.transport
-        assert transport is not None
         if kind == ipc.CLOSE or kind == ipc.ABORT:
-            self.closed_by_main = True
-            transport.abort()  # nothing is buffered here: both close at once
-        elif kind == ipc.PAUSE_READING:
-            self.paused_by_main = True
-            if not self.worker.reading_paused and not transport.is_closing():
-                transport.pause_reading()
-        elif kind == ipc.RESUME_READING:
-            self.paused_by_main = False
-            if not self.worker.reading_paused and not transport.is_closing():
-                transport.resume_reading()
+            self.close(None, report=False)  # the main process knows
+        elif kind == ipc.PAUSE_READING or kind == ipc.RESUME_READING:
+            self.paused_by_main = kind == ipc.PAUSE_READING
+            self.follow()
+
+    def close(self, exc: Exception | None, report: bool) -> None:
+        if self.fd < 0:
+            return
+        if self.reading:
+            self.worker.loop.remove_reader(self.fd)
+            self.reading = False
+        self.fd = -1
+        self.sock.close()
+        self.worker.lost(self.conn, exc, report)
 
 
 class MainLink(asyncio.Protocol):
@@ -138,21 +157,15 @@ class Worker:
 
     def order(self, kind: int, conn: int) -> None:
         client = self.clients.get(conn)
-        if client is not None and client.ready:
+        if client is not None:
             client.order(kind)
-        elif client is not None or conn > self.last_taken:
+        elif conn > self.last_taken:  # its socket is still on its way on the control socket
             self.early.setdefault(conn, []).append(kind)
 
     def set_reading(self, on: bool) -> None:
         self.reading_paused = not on
-        for client in self.clients.values():
-            transport = client.transport
-            if transport is None or transport.is_closing() or client.paused_by_main:
-                continue
-            if on:
-                transport.resume_reading()
-            else:
-                transport.pause_reading()
+        for client in list(self.clients.values()):
+            client.follow()
 
     def take(self) -> None:
         """The control socket is readable: adopt the socket the main process accepted."""
@@ -166,20 +179,11 @@ class Worker:
         conn, sock = taken
         self.last_taken = conn
         sock.setblocking(False)
-        client = Client(self, conn)
+        client = Client(self, conn, sock)
         self.clients[conn] = client
-        self.loop.create_task(self._adopt(client, sock))
-
-    async def _adopt(self, client: Client, sock: socket.socket) -> None:
-        try:
-            await self.loop.connect_accepted_socket(lambda: client, sock)
-        except OSError as exc:
-            self.early.pop(client.conn, None)
-            self.lost(client.conn, exc)
-            return
-        for kind in self.early.pop(client.conn, ()):
+        for kind in self.early.pop(conn, ()):
             client.order(kind)
-        client.ready = True
+        client.follow()
 
     async def run(self, data: socket.socket) -> None:
         self.link, _ = await self.loop.connect_accepted_socket(lambda: MainLink(self), data)
@@ -188,8 +192,7 @@ class Worker:
         self.loop.add_reader(self.control, self.take)
         await self.done.wait()
         for client in list(self.clients.values()):
-            if client.transport is not None:
-                client.transport.abort()
+            client.close(None, report=False)
 
 
 def main(argv: list[str]) -> int:
