@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import marshal
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 from leveret.amqp import constants as c
@@ -49,29 +50,44 @@ class Splitter:
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
         """(kind, payload) messages for the main process, in order."""
-        out: list[tuple[int, bytes]] = []
+        return list(self.pieces(data))
+
+    def pieces(self, data: bytes) -> Iterator[tuple[int, bytes]]:
+        """The same messages, each split only when the one before it has been taken: the
+        worker sends a piece to the main process before it splits the next."""
         if self.raw:
-            return [(ipc.DATA, data)]
+            yield ipc.DATA, data
+            return
         if self.header_left:
             head, data = data[:self.header_left], data[self.header_left:]
             self.header_left -= len(head)
-            out.append((ipc.DATA, head))
+            yield ipc.DATA, head
             if not data:
-                return out
-        frames = self.frames.feed(data)
+                return
         if not self.tuned:
+            # Before the tune-ok, the whole read at the protocol minimum, as the main process
+            # frames it: the tune-ok's frame_max applies from the next read on.
+            frames = self.frames.feed(data)
             self._follow_tune_ok(frames)
-        for start in range(0, len(frames), PIECE):
-            piece = frames[start:start + PIECE]
-            size = sum(len(frame[2]) for frame in piece) + c.FRAME_OVERHEAD * len(piece)
-            out.append((ipc.FRAMES, ipc.COUNT.pack(size) + marshal.dumps(gather(piece))))
+            for start in range(0, len(frames), PIECE):
+                yield self._message(frames[start:start + PIECE])
+        else:
+            frames = self.frames.feed(data, PIECE)
+            while frames:
+                yield self._message(frames)
+                if len(frames) < PIECE:
+                    break
+                frames = self.frames.feed(b"", PIECE)
         if self.frames.error is not None:
             self.raw = True
             rest = self.frames.take_rest()
             if rest:
-                out.append((ipc.DATA, rest))
-        return out
+                yield ipc.DATA, rest
 
+    @staticmethod
+    def _message(piece: list[tuple[int, int, bytes]]) -> tuple[int, bytes]:
+        size = sum(len(frame[2]) for frame in piece) + c.FRAME_OVERHEAD * len(piece)
+        return ipc.FRAMES, ipc.COUNT.pack(size) + marshal.dumps(gather(piece))
 
     def _follow_tune_ok(self, frames: list[tuple[int, int, bytes]]) -> None:
         for frame_type, channel, payload in frames:

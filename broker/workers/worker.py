@@ -30,6 +30,7 @@ from leveret.broker.workers.split import Splitter
 
 HIGH_WATER = 4 * 1024 * 1024  # of output waiting for the main process: stop reading clients
 MAX_READ = 256 * 1024  # a read of one client's socket, as asyncio's transports read
+MORE = 4096  # bytes left to split after a piece that make it worth sending that piece at once
 
 
 class Client:
@@ -79,11 +80,11 @@ class Client:
             self.follow()
             self.worker.send(ipc.EOF, self.conn)
             return
-        messages = self.splitter.feed(data)
-        for kind, payload in messages:
+        splitter = self.splitter
+        for kind, payload in splitter.pieces(data):
             self.worker.send(kind, self.conn, payload)
-            if len(messages) > 1:  # a big read: the main process starts on this piece now
-                self.worker.flush()
+            if len(splitter.frames) >= MORE:  # a big read: the main process starts on this
+                self.worker.flush()           # piece while the next one is split
 
     def order(self, kind: int) -> None:
         """What the main process asks of this client's socket."""
