@@ -56,9 +56,9 @@ class Config:
     stream_tls_port: int = 5551
     stream_advertised_host: str = ""  # "" = the address the client connected to
     stream_advertised_port: int = 0  # 0 = the port the client connected to
-    # processes serving AMQP clients (docs/WORKERS.md): 1 = this one only; N > 1 adds N - 1 wire
-    # worker processes that hold the client sockets; 0 = one per core
-    workers: int = 1
+    # processes serving AMQP clients (docs/WORKERS.md): 0 (the default) = one per core; 1 = this
+    # one only; N > 1 adds N - 1 wire worker processes that read the client sockets
+    workers: int = 0
     vm_memory_high_watermark: float = 0.4
     disk_free_limit_bytes: int = 50_000_000
     # cluster mode (docs/CLUSTER.md): none of these matter unless `etcd` names an endpoint
@@ -151,7 +151,7 @@ def load(
     if statistics not in ("none", "coarse", "fine"):
         raise ConfigError(f"invalid value '{statistics}' for setting 'collect_statistics': "
                           "none, coarse or fine")
-    if values.get("workers", 1) < 0:
+    if values.get("workers", 0) < 0:
         raise ConfigError(f"invalid value {values['workers']} for setting 'workers': "
                           "a number of processes, or 0 for one per core")
     return Config(**values)

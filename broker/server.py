@@ -46,7 +46,7 @@ from leveret.broker.session import forwarding
 from leveret.broker.session.connection import Session
 from leveret.broker.streamproto import server as stream_listeners
 from leveret.broker.streamproto.server import StreamServer
-from leveret.broker.workers.pool import Listener, WorkerPool
+from leveret.broker.workers.pool import Listener, WorkerPool, usable_cores
 
 log = logs.get("leveret.server")
 
@@ -199,7 +199,7 @@ class Server:
             except DefinitionsError as exc:
                 broker.close()
                 raise ServerError(str(exc)) from None
-        processes = config.workers or os.cpu_count() or 1
+        processes = config.workers or usable_cores()
         if processes > 1:
             self.pool = WorkerPool(processes - 1, lambda: Session(broker), config.frame_max,
                                    config.loop)

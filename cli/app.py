@@ -82,8 +82,8 @@ def serve_command(
     ] = None,
     workers: Annotated[
         int | None,
-        typer.Option("--workers", help="Processes serving AMQP clients: 1 is this one alone, N "
-                     "adds N-1 wire workers, 0 one per core [default: 1; env LEVERET_WORKERS]"),
+        typer.Option("--workers", help="Processes serving AMQP clients: 0 is one per core, 1 this "
+                     "one alone, N adds N-1 wire workers [default: 0; env LEVERET_WORKERS]"),
     ] = None,
     loop: Annotated[
         str | None, typer.Option("--loop", help="Event loop: asyncio or uvloop")

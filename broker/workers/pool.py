@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import itertools
 import marshal
+import os
 import socket
 import subprocess
 import sys
@@ -42,6 +43,14 @@ ACCEPT_PER_TURN = 64
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)
 STOP_TIMEOUT_S = 5.0
 PIPE_BUFFER = 4 * 1024 * 1024  # SO_SNDBUF of each end of a worker's data socket
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a container's cpuset, `taskset`),
+    else the machine's count. `workers = 0`, the default, runs one process per core."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 class WorkerHandle:

@@ -308,3 +308,27 @@ def test_a_worker_that_cannot_be_started_is_one_line(tmp_path: Path,
     broker = InProcessBroker(tmp_path / "data", workers=2)
     with pytest.raises(ServerError, match=r"^cannot start the wire workers: .*Resource tempor"):
         broker.start()
+
+
+def test_by_default_one_process_per_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No --workers and no LEVERET_WORKERS: a worker for each usable core but the main
+    process's; pinned to one core (a cpuset, taskset), one process alone."""
+    monkeypatch.delenv("LEVERET_WORKERS", raising=False)
+    cores = sorted(os.sched_getaffinity(0))
+    machines = [(BrokerProcess(tmp_path / "all" / "data"), len(cores) - 1),
+                (BrokerProcess(tmp_path / "one" / "data",
+                               preexec=lambda: os.sched_setaffinity(0, cores[:1])), 0)]
+    for broker, workers in machines:
+        broker.data_dir.parent.mkdir(parents=True)
+        broker.start()
+        try:
+            assert len(worker_pids(broker.pid)) == workers  # started before the port opened
+            connection = connect(broker)
+            channel = connection.channel()
+            channel.queue_declare("default")
+            channel.basic_publish("", "default", b"served")
+            _method, _props, body = channel.basic_get("default", auto_ack=True)
+            assert body == b"served"
+            connection.close()
+        finally:
+            broker.kill()

@@ -33,8 +33,10 @@ class InProcessBroker:
         overrides.setdefault("management_port", 0)
         overrides.setdefault("stream_port", 0)  # a test that wants it asks for a free port
         overrides.setdefault("host", "127.0.0.1")
-        # the suite runs once as one process and once with wire workers (.ci/run)
-        overrides.setdefault("workers", int(os.environ.get("LEVERET_WORKERS", "1")))
+        # the suite runs once as one process and once with wire workers (.ci/run); without
+        # LEVERET_WORKERS, the default (one process per core), as `leveret serve`'s
+        if "LEVERET_WORKERS" in os.environ:
+            overrides.setdefault("workers", int(os.environ["LEVERET_WORKERS"]))
         self.config = Config(port=0, data_dir=data_dir, **overrides)
         self.loop = asyncio.new_event_loop()
         self.server = Server(self.config)
