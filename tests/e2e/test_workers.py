@@ -332,3 +332,71 @@ def test_by_default_one_process_per_core(tmp_path: Path, monkeypatch: pytest.Mon
             connection.close()
         finally:
             broker.kill()
+
+
+def stream_burst(port: int) -> tuple[list[int], dict[str, list[tuple[bytes, object]]]]:
+    """Seventeen confirmed publishes in one write, as a worker gathers them into runs: six plain
+    ones to a stream (one run, taken by the stream in one call), three to it with headers on
+    the middle one, four through a fanout to two streams, four through a direct exchange to one
+    stream. The acks, and what each stream holds, in order."""
+    from pamqp import commands
+    from pamqp.commands import Basic
+    from support.rawamqp import RawClient
+
+    setup = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    channel = setup.channel()
+    for stream in ("burst-s1", "burst-s2"):
+        channel.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+    channel.exchange_declare("burst-fan", "fanout")
+    channel.exchange_declare("burst-direct", "direct")
+    for stream in ("burst-s1", "burst-s2"):
+        channel.queue_bind(stream, "burst-fan")
+    channel.queue_bind("burst-s2", "burst-direct", "to-s2")
+    plain = commands.Basic.Properties(content_type="text/plain")
+    with_headers = commands.Basic.Properties(headers={"k": "v"})
+    sends = ([("", "burst-s1", b"a%d" % n, plain) for n in range(6)]
+             + [("", "burst-s1", b"b%d" % n, with_headers if n == 1 else plain) for n in range(3)]
+             + [("burst-fan", "", b"c%d" % n, plain) for n in range(4)]
+             + [("burst-direct", "to-s2", b"d%d" % n, plain) for n in range(4)])
+    with RawClient(port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send_method(1, commands.Confirm.Select())
+        raw.expect(commands.Confirm.SelectOk, 1)
+        raw.send(b"".join(b"".join(RawClient.publish_frames(1, body, exchange, key, props))
+                          for exchange, key, body, props in sends))
+        confirmed: set[int] = set()
+        while len(confirmed) < len(sends):  # acks may come in any grouping and order
+            ack = raw.expect(Basic.Ack, 1)
+            confirmed.update(range(1, ack.delivery_tag + 1) if ack.multiple
+                             else [ack.delivery_tag])
+        acked = sorted(confirmed)
+    held: dict[str, list[tuple[bytes, object]]] = {}
+    channel.basic_qos(prefetch_count=100)
+    for stream in ("burst-s1", "burst-s2"):
+        got: list[tuple[bytes, object]] = []
+        for _method, props, body in channel.consume(stream, arguments={
+                "x-stream-offset": "first"}, inactivity_timeout=2):
+            if body is None:
+                break
+            headers = {k: v for k, v in (props.headers or {}).items() if k != "x-stream-offset"}
+            got.append((body, headers))
+        channel.cancel()
+        held[stream] = got
+        channel.queue_delete(stream)
+    channel.exchange_delete("burst-fan")
+    channel.exchange_delete("burst-direct")
+    setup.close()
+    return acked, held
+
+
+def test_runs_into_streams_hold_what_rabbitmq_holds(workers_broker: BrokerProcess,
+                                                     reference: object) -> None:
+    acked, held = stream_burst(workers_broker.port)
+    assert acked == list(range(1, 18))
+    assert [body for body, _h in held["burst-s1"]] == [
+        b"a0", b"a1", b"a2", b"a3", b"a4", b"a5", b"b0", b"b1", b"b2", b"c0", b"c1", b"c2", b"c3"]
+    assert [body for body, _h in held["burst-s2"]] == [
+        b"c0", b"c1", b"c2", b"c3", b"d0", b"d1", b"d2", b"d3"]
+    assert held["burst-s1"][7][1] == {"k": "v"}
+    assert (acked, held) == stream_burst(reference.port)  # type: ignore[attr-defined]
