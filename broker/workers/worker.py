@@ -39,10 +39,11 @@ class Client:
     It never writes (the main process writes through its own descriptor), so it is the read
     half of a socket transport only: read when readable, EOF and errors reported, reading
     paused and resumed. Not asyncio's transport: an idle connection costs a worker about
-    1.9 KB with one and 0.5 KB without, and the worker's memory counts against each connection
+    1.9 KB with one and 0.8 KB without, and the worker's memory counts against each connection
     (docs/WORKERS.md)."""
 
-    __slots__ = ("conn", "fd", "paused_by_main", "reading", "sock", "splitter", "worker")
+    __slots__ = ("at_eof", "conn", "fd", "paused_by_main", "reading", "sock", "splitter",
+                 "worker")
 
     def __init__(self, worker: Worker, conn: int, sock: socket.socket) -> None:
         self.worker = worker
@@ -51,11 +52,12 @@ class Client:
         self.fd = sock.fileno()
         self.splitter = Splitter(worker.frame_max)
         self.paused_by_main = False
+        self.at_eof = False  # the client half-closed: nothing more to read
         self.reading = False
 
     def follow(self) -> None:
-        """Read while neither the main process nor a full link says stop."""
-        reading = not self.paused_by_main and not self.worker.reading_paused
+        """Read while neither the main process nor a full link says stop, until EOF."""
+        reading = not (self.paused_by_main or self.worker.reading_paused or self.at_eof)
         if reading != self.reading and self.fd >= 0:
             self.reading = reading
             if reading:
@@ -76,7 +78,7 @@ class Client:
         if not data:
             # The client sends no more, but it may still read what the main process writes:
             # keep the descriptor; the main process closes the connection (CLOSE) when done.
-            self.paused_by_main = True  # a socket at EOF is read no more
+            self.at_eof = True
             self.follow()
             self.worker.send(ipc.EOF, self.conn)
             return
