@@ -16,6 +16,7 @@ import gc
 import os
 import resource
 import signal
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -200,17 +201,22 @@ class Server:
                 broker.close()
                 raise ServerError(str(exc)) from None
         processes = config.workers or usable_cores()
+        bound: list[socket.socket] | None = None
         if processes > 1:
+            # The port first: a port in use is one line, with no worker started for nothing.
+            bound = self._bind(broker, config.port, "--port")
             self.pool = WorkerPool(processes - 1, lambda: Session(broker), config.frame_max,
                                    config.loop)
             try:
                 await self.pool.start()
             except OSError as exc:
                 await self.pool.stop()
+                for sock in bound:
+                    sock.close()
                 broker.close()
                 raise ServerError(f"cannot start the wire workers: {exc}") from None
             broker.alarms.worker_pids = self.pool.pids
-        self.listeners.append(await self._listen(broker, config.port, None, "--port"))
+        self.listeners.append(await self._listen(broker, config.port, None, "--port", bound))
         log.info("listening", host=self.host, port=self.port, data_dir=str(config.data_dir))
         if context is not None:
             tls = await self._listen(broker, config.tls_port, context, "tls_port")
@@ -247,16 +253,22 @@ class Server:
             raise ServerError(f"cannot read the cluster's topology from etcd: {exc}") from None
         self.on_stop.append(cache.close)
 
+    def _bind(self, broker: Broker, port: int, flag: str) -> list[socket.socket]:
+        """The AMQP port's sockets, bound, for the wire workers' listener."""
+        host = self.config.host
+        try:
+            return listen.sockets_for(host, port)
+        except OSError as exc:
+            broker.close()
+            raise ServerError(listen_error(exc, host, port, flag)) from None
+
     async def _listen(self, broker: Broker, port: int, ssl_context: ssl.SSLContext | None,
-                      flag: str) -> asyncio.Server | Listener:
+                      flag: str, bound: list[socket.socket] | None = None,
+                      ) -> asyncio.Server | Listener:
         loop = asyncio.get_running_loop()
         host = self.config.host
         if self.pool is not None and ssl_context is None:
-            try:
-                sockets = listen.sockets_for(host, port)
-            except OSError as exc:
-                broker.close()
-                raise ServerError(listen_error(exc, host, port, flag)) from None
+            sockets = bound if bound is not None else self._bind(broker, port, flag)
             self.host = listen.address_of(host, sockets[0] if listen.is_dual_stack(host) else None)
             return self.pool.listen(sockets)
         try:
