@@ -65,7 +65,7 @@ class WorkerHandle:
         self.conns: dict[int, WorkerTransport] = {}
         self.started_at = 0.0
         self.deaths = 0  # quick deaths in a row, for the back-off
-        self._out: list[bytes | bytearray | memoryview] = []
+        self._out: list[bytes] = []
         self._flush_scheduled = False
         self.alive = False
 
@@ -97,13 +97,12 @@ class WorkerHandle:
         self.alive = True
         log.info("worker started", worker=self.number, pid=self.process.pid)
 
-    def send(self, kind: int, conn: int, payload: bytes | bytearray | memoryview = b"") -> None:
+    def send(self, kind: int, conn: int) -> None:
+        """An order for one client's socket (ipc.py: CLOSE, ABORT, PAUSE_READING,
+        RESUME_READING), which has no payload: what clients are sent never crosses here."""
         if not self.alive:
             return
-        out = self._out
-        out.append(ipc.HEAD.pack(kind, conn, len(payload)))
-        if payload:  # copied once, by the join of the turn's output (a bytearray at once)
-            out.append(bytes(payload) if isinstance(payload, bytearray) else payload)
+        self._out.append(ipc.HEAD.pack(kind, conn, 0))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
