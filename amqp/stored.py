@@ -47,6 +47,7 @@ import struct
 from collections.abc import Callable, Sequence
 
 from leveret.amqp import constants as c
+from leveret.amqp.codec import short_str
 from leveret.amqp.content import Message
 from leveret.amqp.properties import FLAG_CONTENT_ENCODING, FLAG_CONTENT_TYPE, FLAG_HEADERS
 
@@ -79,7 +80,7 @@ def set_amqp10_converter(convert: Callable[[bytes | memoryview], bytes]) -> None
 
 def encode_amqp10_record(exchange: str, routing_key: str, message: bytes) -> bytes:
     """The stored form of an AMQP 1.0 message (its sections, as sent)."""
-    return b"".join((b"\x80", _names(exchange, routing_key), message))
+    return b"".join((b"\x80", deliver_names(exchange, routing_key), message))
 
 
 def stream_entry(message: bytes | memoryview) -> bytes:
@@ -90,7 +91,7 @@ def stream_entry(message: bytes | memoryview) -> bytes:
 def stream_entries_as_records(records: Sequence[bytes], stream: str) -> list[bytes]:
     """STREAM_ENTRIES records as 0x80 records: exchange "" and the stream's name as the
     routing key, as RabbitMQ 3.13 delivers a stream-protocol message over 0.9.1."""
-    prefix = b"\x80" + _names("", stream)
+    prefix = b"\x80" + deliver_names("", stream)
     return [prefix + r[4:] for r in records]
 
 
@@ -124,18 +125,15 @@ _NAMES: dict[tuple[str, str], bytes] = {}
 _NAMES_MAX = 4096  # distinct (exchange, routing key) pairs remembered, then forgotten
 
 
-def _names(exchange: str, routing_key: str) -> bytes:
-    """The two shortstrs of basic.deliver, encoded once per distinct pair."""
+def deliver_names(exchange: str, routing_key: str) -> bytes:
+    """The two shortstrs of basic.deliver, encoded once per distinct pair (a name over 255
+    bytes, such as a long x-dead-letter-routing-key, is cut as codec.short_str cuts it)."""
     key = (exchange, routing_key)
     names = _NAMES.get(key)
     if names is None:
         if len(_NAMES) >= _NAMES_MAX:
             _NAMES.clear()
-        raw_exchange = exchange.encode("utf-8")
-        raw_key = routing_key.encode("utf-8")
-        names = _NAMES[key] = b"".join(
-            (bytes((len(raw_exchange),)), raw_exchange, bytes((len(raw_key),)), raw_key)
-        )
+        names = _NAMES[key] = short_str(exchange) + short_str(routing_key)
     return names
 
 
@@ -155,24 +153,40 @@ def encode_record(message: Message) -> bytes:
     else:  # the table, if any, is the first property: right after the flags
         prefix = _PREFIX.pack(1 if high & 0x20 else 0, 14, len(header))
     return b"".join(
-        (prefix, _names(message.exchange, message.routing_key), header, message.body)
+        (prefix, deliver_names(message.exchange, message.routing_key), header, message.body)
     )
 
 
-def decode_record(record: bytes) -> Message:
-    """Back to a Message (for basic.get-style reads, dead-lettering, inspection)."""
-    if record[0] == AMQP10:
-        record = _to_091(record)
-    _flags, _insert_at, header_len = _PREFIX.unpack_from(record, 0)
-    pos = 7
-    ex_len = record[pos]
-    exchange = bytes(record[pos + 1 : pos + 1 + ex_len]).decode("utf-8")
-    pos += 1 + ex_len
-    rk_len = record[pos]
-    routing_key = bytes(record[pos + 1 : pos + 1 + rk_len]).decode("utf-8")
-    pos += 1 + rk_len
-    header = bytes(record[pos : pos + header_len])
-    return Message(exchange, routing_key, header, bytes(record[pos + header_len :]))
+_PAIRS: dict[bytes, tuple[str, str]] = {}  # deliver_names backwards, as bounded
+
+
+def _pair(names: bytes) -> tuple[str, str]:
+    """The exchange and routing key of basic.deliver's two shortstrs, decoded once per pair."""
+    pair = _PAIRS.get(names)
+    if pair is None:
+        if len(_PAIRS) >= _NAMES_MAX:
+            _PAIRS.clear()
+        ex_end = 1 + names[0]
+        pair = _PAIRS[names] = (names[1:ex_end].decode("utf-8"),
+                                names[ex_end + 1 :].decode("utf-8"))
+    return pair
+
+
+def decode_record(record: bytes | memoryview, at: int = 0) -> Message:
+    """Back to a Message (for basic.get-style reads, dead-lettering, inspection); the record
+    starts `at` that position of `record` (a durable queue's entry has its own head first)."""
+    if type(record) is not bytes:
+        record = bytes(record)
+    if record[at] == AMQP10:
+        record = _to_091(record[at:])
+        at = 0
+    header_len = _U32.unpack_from(record, at + 3)[0]
+    names_at = at + 7
+    names_end = names_at + 1 + record[names_at]
+    names_end += 1 + record[names_end]
+    exchange, routing_key = _pair(record[names_at:names_end])
+    header_end = names_end + header_len
+    return Message(exchange, routing_key, record[names_end:header_end], record[header_end:])
 
 
 def deliver_frames(

@@ -126,11 +126,11 @@ class PagedStore:
         self.queue.writer.flush()
         self.tail_from = self.queue.page_in(self.tail_from, self)
 
-    def adopt(self, entry: QueuedMessage) -> None:
-        """A message read back from the tail joins the head."""
-        self.head.push(entry)
-        self.tail_count -= 1
-        self.tail_bytes -= len(entry.message.body)
+    def adopt(self, entries: list[QueuedMessage], size: int) -> None:
+        """Messages read back from the tail (`size` body bytes in all) join the head."""
+        self.head.extend(entries, size)
+        self.tail_count -= len(entries)
+        self.tail_bytes -= size
 
     def peek(self) -> QueuedMessage | None:
         if not len(self.head):
@@ -281,29 +281,46 @@ class DurableClassicQueue(ClassicQueue):
 
     # -- reading back -------------------------------------------------------------------------
 
-    def _unpack(self, offset: int, record: Any) -> QueuedMessage:
+    def _unpack(self, offset: int, record: bytes) -> QueuedMessage:
         _flags, seq, expires_at, priority, _size = _HEAD.unpack_from(record, 0)
-        message = self.env.decode_record(bytes(record[_HEAD.size:]))
-        entry = QueuedMessage(message, seq, None if expires_at < 0 else expires_at, priority)
+        entry = QueuedMessage(self.env.decode_record(record, _HEAD.size), seq,
+                              None if expires_at < 0 else expires_at, priority)
         entry.store_ref = offset
         entry.redelivered = offset in self.delivered_offsets
         return entry
 
     def page_in(self, start: int, store: PagedStore) -> int:
-        """Read tail messages from `start` into the head; returns where the tail now starts."""
+        """Read tail messages from `start` into the head; returns where the tail now starts.
+
+        The hot path of consuming a long queue: the settled and delivered ranges are looked
+        up once per chunk (they rarely touch the tail), not once per record."""
         self.writer.commit()  # readers stop at the committed offset (fsync every N ms)
         reader = self.log.reader(OffsetSpec.offset(start))
+        settled, delivered = self.settled_offsets, self.delivered_offsets
+        decode, unpack, skip = self.env.decode_record, _HEAD.unpack_from, _HEAD.size
         try:
             while store.tail_count and len(store.head) < PAGE_MESSAGES:
                 chunk = reader.read()
                 if chunk is None:
                     break
+                low, high = chunk.first_offset, chunk.next_offset
+                any_settled = settled.count_in(low, high) > 0
+                any_delivered = delivered.count_in(low, high) > 0
+                entries: list[QueuedMessage] = []
+                size = 0
                 for offset, record in chunk.items():
-                    if offset < start or offset in self.settled_offsets:
+                    if offset < start or (any_settled and offset in settled):
                         continue
-                    store.adopt(self._unpack(offset, record))
-                    start = offset + 1
-                start = max(start, chunk.first_offset + len(chunk.records))
+                    _flags, seq, expires_at, priority, body_size = unpack(record, 0)
+                    entry = QueuedMessage(decode(record, skip), seq,
+                                          None if expires_at < 0 else expires_at, priority)
+                    entry.store_ref = offset
+                    if any_delivered and offset in delivered:
+                        entry.redelivered = True
+                    entries.append(entry)
+                    size += body_size
+                store.adopt(entries, size)
+                start = max(start, high)
             return start
         finally:
             reader.close()

@@ -35,6 +35,10 @@ class IntervalSet:
         return len(self._starts)
 
     def add(self, value: int) -> None:
+        ends = self._ends
+        if ends and ends[-1] == value:  # the common case: one past the highest member
+            ends[-1] = value + 1
+            return
         self.add_range(value, value + 1)
 
     def add_range(self, start: int, end: int) -> None:

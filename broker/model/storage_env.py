@@ -35,7 +35,7 @@ def _no_entries(records: Sequence[bytes], stream: str) -> list[bytes]:
 class StorageEnv:
     root: Path
     encode_record: Callable[[InboundMessage], bytes]
-    decode_record: Callable[[bytes], InboundMessage]
+    decode_record: Callable[[bytes, int], InboundMessage]  # the record, where it starts
     fsync: str | int = "never"  # "never", "always" or every N ms (storage.LogConfig)
     # STREAM_ENTRIES records as records of the encoding (given the stream's name)
     entries_as_records: Callable[[Sequence[bytes], str], list[bytes]] = _no_entries

@@ -48,6 +48,11 @@ class MemoryStore:
         self._entries.append(entry)
         self.bytes += len(entry.message.body)
 
+    def extend(self, entries: list[QueuedMessage], size: int) -> None:
+        """Push entries whose bodies come to `size` bytes in all."""
+        self._entries.extend(entries)
+        self.bytes += size
+
     def peek(self) -> QueuedMessage | None:
         return self._entries[0] if self._entries else None
 

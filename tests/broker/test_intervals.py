@@ -11,6 +11,7 @@ from leveret.broker.model.intervals import IntervalSet
 
 ops = st.lists(st.one_of(
     st.tuples(st.just("add"), st.integers(0, 200)),
+    st.tuples(st.just("next"), st.just(0)),  # one past the highest member: add()'s fast path
     st.tuples(st.just("range"), st.integers(0, 200), st.integers(0, 30)),
     st.tuples(st.just("below"), st.integers(0, 200)),
 ), max_size=60)
@@ -22,7 +23,11 @@ def test_matches_a_plain_set(operations, probe, lo, width) -> None:  # type: ign
     model: set[int] = set()
     intervals = IntervalSet()
     for op in operations:
-        if op[0] == "add":
+        if op[0] == "next":
+            value = max(model, default=-1) + 1
+            model.add(value)
+            intervals.add(value)
+        elif op[0] == "add":
             model.add(op[1])
             intervals.add(op[1])
         elif op[0] == "range":

@@ -56,6 +56,39 @@ def test_persistent_messages_survive_with_order_and_redelivered_flag(
     conn.close()
 
 
+def test_paged_out_messages_keep_their_redelivered_flag_and_acks_after_kill_9(
+        broker_process: BrokerProcess) -> None:
+    """Past the first page, a restarted queue reads its messages back from the log a page at
+    a time: those delivered before the kill come back redelivered, the acked ones not at all,
+    in chunks that hold all three kinds."""
+    conn = connect(broker_process.port)
+    ch = conn.channel()
+    ch.queue_declare("paged", durable=True)
+    for i in range(5000):  # no confirms: many messages to a chunk
+        ch.basic_publish("", "paged", b"%05d" % i, PERSISTENT)
+    assert ch.queue_declare("paged", passive=True).method.message_count == 5000
+    ch.basic_qos(prefetch_count=3000)
+    tags = []
+    for method, _props, _body in ch.consume("paged", inactivity_timeout=10):
+        assert method is not None, "fewer than 3,000 deliveries"
+        tags.append(method.delivery_tag)
+        if len(tags) == 3000:
+            break
+    ch.cancel()  # no more deliveries once the acks open the prefetch window
+    acked = set(range(2200, 3000, 3))
+    for index in sorted(acked):
+        ch.basic_ack(tags[index])
+    drain(conn, lambda: False, 0.3)
+    broker_process.kill()
+    broker_process.restart()
+    conn = connect(broker_process.port)
+    ch = conn.channel()
+    expected = [(b"%05d" % i, i < 3000) for i in range(5000) if i not in acked]
+    assert ch.queue_declare("paged", durable=True).method.message_count == len(expected)
+    assert get_all(ch, "paged") == expected
+    conn.close()
+
+
 def test_fully_acked_segments_are_deleted(broker_process: BrokerProcess) -> None:
     conn = connect(broker_process.port)
     ch = conn.channel()
