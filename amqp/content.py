@@ -23,6 +23,8 @@ from leveret.amqp import tables
 from leveret.amqp.errors import DECODE_ERRORS, AMQPError
 
 _FRAME_HEAD = struct.Struct(">BHI")
+_METHOD_HEAD = struct.Struct(">BHIHH")  # frame type, channel, size, class, method
+_TAG_BIT = struct.Struct(">QB")
 _END = c.FRAME_END_BYTE
 _KEEP: Any = object()
 
@@ -244,3 +246,33 @@ def content_frames(
         piece = view[start : start + max_body]
         parts += (_FRAME_HEAD.pack(c.FRAME_BODY, channel, len(piece)), piece, _END)
     return parts
+
+
+def deliver_parts(
+    channel: int,
+    consumer_tag: bytes,
+    delivery_tag: int,
+    redelivered: bool,
+    names: bytes,
+    header: bytes,
+    body: bytes,
+    frame_max: int,
+) -> list[bytes | memoryview]:
+    """A whole basic.deliver: its method frame, then the content frames, as byte strings to
+    write. `consumer_tag` is the encoded shortstr, and `names` the exchange's and routing key's
+    two encoded shortstrs, as basic.deliver carries them."""
+    size = len(body)
+    method = (
+        _METHOD_HEAD.pack(c.FRAME_METHOD, channel, len(consumer_tag) + len(names) + 13, 60, 60),
+        consumer_tag,
+        _TAG_BIT.pack(delivery_tag, 1 if redelivered else 0),
+        names,
+        _END,
+    )
+    if 0 < size <= (frame_max - c.FRAME_OVERHEAD if frame_max else size):  # one body frame
+        return [
+            *method,
+            _FRAME_HEAD.pack(c.FRAME_HEADER, channel, len(header)), header, _END,
+            _FRAME_HEAD.pack(c.FRAME_BODY, channel, size), body, _END,
+        ]
+    return [*method, *content_frames(channel, header, body, frame_max)]

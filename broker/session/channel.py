@@ -20,9 +20,9 @@ from pamqp import commands as m
 
 from leveret.amqp import codec
 from leveret.amqp import constants as c
-from leveret.amqp.content import Message, content_frames
+from leveret.amqp.content import Message, content_frames, deliver_parts
 from leveret.amqp.errors import AMQPError
-from leveret.amqp.stored import deliver_batch
+from leveret.amqp.stored import deliver_batch, deliver_names
 from leveret.broker.model import args as qargs
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.errors import (
@@ -284,18 +284,12 @@ class Channel:
             queue.stats_redeliver += 1
         message = entry.message
         session = self.session
-        session.write(
-            codec.encode_deliver(
-                self.number,
-                consumer.tag_bytes,
-                tag,
-                entry.redelivered,
-                codec.short_str(message.exchange),
-                codec.short_str(message.routing_key),
-            )
-        )
+        body = message.body
         session.write_many(
-            content_frames(self.number, message.header, message.body, session.frame_max)
+            deliver_parts(self.number, consumer.tag_bytes, tag, entry.redelivered,
+                          deliver_names(message.exchange, message.routing_key), message.header,
+                          body, session.frame_max),
+            len(body) + 100,  # near enough for the flush-early mark
         )
 
     def credit(self, consumer: Consumer) -> int:

@@ -193,9 +193,10 @@ class Session(asyncio.Protocol):
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
-    def write_many(self, parts: list[bytes | memoryview]) -> None:
+    def write_many(self, parts: list[bytes | memoryview], size: int = -1) -> None:
+        """Send `parts` (`size` bytes in all, if the caller knows)."""
         self._out += parts
-        self._out_bytes += sum(map(len, parts))
+        self._out_bytes += size if size >= 0 else sum(map(len, parts))
         if self._out_bytes > self.flush_early_bytes:
             # A consumer without a prefetch limit (or no_ack) on a long queue: write now, so
             # that a peer that reads slowly pauses the transport (and so the deliveries)

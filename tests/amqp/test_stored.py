@@ -7,9 +7,15 @@ from hypothesis import strategies as st
 from pamqp import commands, frame
 from pamqp.header import ContentHeader
 
-from leveret.amqp.content import Message
+from leveret.amqp.content import Message, deliver_parts
 from leveret.amqp.frames import FrameBuffer
-from leveret.amqp.stored import decode_record, deliver_batch, deliver_frames, encode_record
+from leveret.amqp.stored import (
+    decode_record,
+    deliver_batch,
+    deliver_frames,
+    deliver_names,
+    encode_record,
+)
 
 names = st.text(max_size=40).filter(lambda s: len(s.encode()) <= 255)
 headers = st.dictionaries(st.text(min_size=1, max_size=8), st.integers(-1000, 1000), max_size=3)
@@ -42,6 +48,47 @@ def test_record_round_trip(message: Message) -> None:
     back = decode_record(encode_record(message))
     assert (back.exchange, back.routing_key, back.header, back.body) == (
         message.exchange, message.routing_key, message.header, message.body)
+
+
+@settings(max_examples=100, deadline=None)
+@given(messages, st.binary(max_size=30))
+def test_a_record_read_where_it_starts_in_a_longer_buffer(message: Message, head: bytes) -> None:
+    """A durable queue's entry is its own head, then the record: read in place."""
+    back = decode_record(head + encode_record(message), len(head))
+    assert (back.exchange, back.routing_key, back.header, back.body) == (
+        message.exchange, message.routing_key, message.header, message.body)
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages, st.integers(1, 2**40), st.booleans(), st.sampled_from([0, 4096, 131072]),
+       st.sampled_from([0, 1, 4088, 4089, 10000]))
+def test_a_classic_delivery_is_the_message_as_published(
+        message: Message, tag: int, redelivered: bool, frame_max: int, size: int) -> None:
+    body = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    message = Message.build(message.exchange, message.routing_key, body, message.properties)
+    parts = deliver_parts(5, b"\x03abc", tag, redelivered,
+                          deliver_names(message.exchange, message.routing_key), message.header,
+                          body, frame_max)
+    deliver, content_header, *bodies = decode_all(b"".join(bytes(p) for p in parts))
+    assert isinstance(deliver, commands.Basic.Deliver)
+    assert (deliver.consumer_tag, deliver.delivery_tag, deliver.redelivered) == (
+        "abc", tag, redelivered)
+    assert (deliver.exchange, deliver.routing_key) == (message.exchange, message.routing_key)
+    assert isinstance(content_header, ContentHeader)
+    assert content_header.body_size == size
+    assert content_header.properties == message.properties
+    assert b"".join(b.value for b in bodies) == body
+    limit = frame_max - 8 if frame_max else size
+    assert all(len(b.value) <= limit for b in bodies)
+    assert len(bodies) == (-(-size // limit) if size else 0)
+
+
+def test_names_over_255_bytes_are_cut_as_shortstrs_are() -> None:
+    """A dead-letter routing key is a queue argument (a longstr), so it can be longer than
+    basic.deliver can carry: cut at 255 bytes on a character boundary, never an error."""
+    names = deliver_names("dlx", "é" * 200)
+    assert names[:4] == b"\x03dlx"
+    assert names[4] == 254 and names[5:].decode("utf-8") == "é" * 127
 
 
 @settings(max_examples=200, deadline=None)
