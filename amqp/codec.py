@@ -200,14 +200,18 @@ def encode_deliver(
     consumer_tag: bytes,
     delivery_tag: int,
     redelivered: bool,
-    exchange: bytes,
-    routing_key: bytes,
+    names: bytes | memoryview,
 ) -> bytes:
-    """A whole basic.deliver method frame. The three names come pre-encoded as shortstrs."""
-    args = b"".join(
-        (consumer_tag, _U64_BIT.pack(delivery_tag, 1 if redelivered else 0), exchange, routing_key)
-    )
-    return _DELIVER_HEAD.pack(c.FRAME_METHOD, channel, len(args) + 4, 60, 60) + args + _END
+    """A whole basic.deliver method frame. The names come pre-encoded: the consumer tag's
+    shortstr, and `names`, the exchange's and routing key's two shortstrs as they follow each
+    other in the method (stored.deliver_names, or a stored record's bytes)."""
+    return b"".join((
+        _DELIVER_HEAD.pack(c.FRAME_METHOD, channel, len(consumer_tag) + len(names) + 13, 60, 60),
+        consumer_tag,
+        _U64_BIT.pack(delivery_tag, 1 if redelivered else 0),
+        names,
+        _END,
+    ))
 
 
 def encode_get_ok(

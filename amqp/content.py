@@ -20,11 +20,10 @@ from pamqp import decode
 from leveret.amqp import constants as c
 from leveret.amqp import properties as props
 from leveret.amqp import tables
+from leveret.amqp.codec import encode_deliver
 from leveret.amqp.errors import DECODE_ERRORS, AMQPError
 
 _FRAME_HEAD = struct.Struct(">BHI")
-_METHOD_HEAD = struct.Struct(">BHIHH")  # frame type, channel, size, class, method
-_TAG_BIT = struct.Struct(">QB")
 _END = c.FRAME_END_BYTE
 _KEEP: Any = object()
 
@@ -262,17 +261,11 @@ def deliver_parts(
     write. `consumer_tag` is the encoded shortstr, and `names` the exchange's and routing key's
     two encoded shortstrs, as basic.deliver carries them."""
     size = len(body)
-    method = (
-        _METHOD_HEAD.pack(c.FRAME_METHOD, channel, len(consumer_tag) + len(names) + 13, 60, 60),
-        consumer_tag,
-        _TAG_BIT.pack(delivery_tag, 1 if redelivered else 0),
-        names,
-        _END,
-    )
+    method = encode_deliver(channel, consumer_tag, delivery_tag, redelivered, names)
     if 0 < size <= (frame_max - c.FRAME_OVERHEAD if frame_max else size):  # one body frame
         return [
-            *method,
+            method,
             _FRAME_HEAD.pack(c.FRAME_HEADER, channel, len(header)), header, _END,
             _FRAME_HEAD.pack(c.FRAME_BODY, channel, size), body, _END,
         ]
-    return [*method, *content_frames(channel, header, body, frame_max)]
+    return [method, *content_frames(channel, header, body, frame_max)]

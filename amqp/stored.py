@@ -47,7 +47,7 @@ import struct
 from collections.abc import Callable, Sequence
 
 from leveret.amqp import constants as c
-from leveret.amqp.codec import short_str
+from leveret.amqp.codec import encode_deliver, short_str
 from leveret.amqp.content import Message
 from leveret.amqp.properties import FLAG_CONTENT_ENCODING, FLAG_CONTENT_TYPE, FLAG_HEADERS
 
@@ -210,7 +210,6 @@ def deliver_frames(
     entry = _OFFSET_KEY + b"l" + offset.to_bytes(8, "big", signed=True)
     header_start = names_end
     at = header_start + insert_at
-    args_len = len(consumer_tag) + 9 + len(names)
     if flags & 1:
         table_len = _U32.unpack_from(record, at)[0]
         new_header_len = header_len + 25
@@ -233,11 +232,7 @@ def deliver_frames(
         )
     body_len = len(record) - header_end
     out += (
-        _DELIVER_HEAD.pack(c.FRAME_METHOD, channel, args_len + 4, 60, 60),
-        consumer_tag,
-        _TAG_BIT.pack(delivery_tag, 0),
-        names,
-        _END,
+        encode_deliver(channel, consumer_tag, delivery_tag, False, names),
         _FRAME_HEAD.pack(c.FRAME_HEADER, channel, new_header_len),
         *header_parts,
         _END,

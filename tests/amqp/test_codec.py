@@ -153,7 +153,7 @@ def test_deliver_codecs_match_pamqp(
         ),
         channel,
     )
-    ours = codec.encode_deliver(channel, ss(ctag), tag, redelivered, ss(exchange), ss(routing_key))
+    ours = codec.encode_deliver(channel, ss(ctag), tag, redelivered, ss(exchange) + ss(routing_key))
     assert ours == expected
     got_channel, method = unmarshal(ours)
     assert got_channel == channel
@@ -182,7 +182,7 @@ def test_deliver_codecs_match_pamqp_unicode(
             channel,
         )
     assert (
-        codec.encode_deliver(channel, ss(ctag), tag, redelivered, ss(exchange), ss(routing_key))
+        codec.encode_deliver(channel, ss(ctag), tag, redelivered, ss(exchange) + ss(routing_key))
         == expected
     )
     assert codec.decode_deliver(expected[7:-1]) == (ctag, tag, redelivered, exchange, routing_key)
