@@ -281,12 +281,12 @@ class DurableClassicQueue(ClassicQueue):
 
     # -- reading back -------------------------------------------------------------------------
 
-    def _unpack(self, offset: int, record: bytes) -> QueuedMessage:
+    def _unpack(self, offset: int, record: bytes, redelivered: bool) -> QueuedMessage:
         _flags, seq, expires_at, priority, _size = _HEAD.unpack_from(record, 0)
         entry = QueuedMessage(self.env.decode_record(record, _HEAD.size), seq,
                               None if expires_at < 0 else expires_at, priority)
         entry.store_ref = offset
-        entry.redelivered = offset in self.delivered_offsets
+        entry.redelivered = redelivered
         return entry
 
     def page_in(self, start: int, store: PagedStore) -> int:
@@ -297,7 +297,7 @@ class DurableClassicQueue(ClassicQueue):
         self.writer.commit()  # readers stop at the committed offset (fsync every N ms)
         reader = self.log.reader(OffsetSpec.offset(start))
         settled, delivered = self.settled_offsets, self.delivered_offsets
-        decode, unpack, skip = self.env.decode_record, _HEAD.unpack_from, _HEAD.size
+        unpack = self._unpack
         try:
             while store.tail_count and len(store.head) < PAGE_MESSAGES:
                 chunk = reader.read()
@@ -311,14 +311,9 @@ class DurableClassicQueue(ClassicQueue):
                 for offset, record in chunk.items():
                     if offset < start or (any_settled and offset in settled):
                         continue
-                    _flags, seq, expires_at, priority, body_size = unpack(record, 0)
-                    entry = QueuedMessage(decode(record, skip), seq,
-                                          None if expires_at < 0 else expires_at, priority)
-                    entry.store_ref = offset
-                    if any_delivered and offset in delivered:
-                        entry.redelivered = True
+                    entry = unpack(offset, record, any_delivered and offset in delivered)
                     entries.append(entry)
-                    size += body_size
+                    size += len(entry.message.body)
                 store.adopt(entries, size)
                 start = max(start, high)
             return start
@@ -356,7 +351,7 @@ class DurableClassicQueue(ClassicQueue):
                     store.tail_bytes += size
                 else:
                     into = store.head if isinstance(store, PagedStore) else store
-                    into.push(self._unpack(offset, record))
+                    into.push(self._unpack(offset, record, offset in self.delivered_offsets))
         reader.close()
         self._seq = highest_seq
         if transient.range_count:
