@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import os
 import shutil
 from collections.abc import Callable, Iterable
@@ -47,10 +46,11 @@ def resident_memory_bytes(pids: Iterable[int] = ()) -> int:
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
+    """glibc's malloc_trim, looked up among the symbols the process already has (no search
+    for the library, which would run ldconfig at start-up); None with another C library."""
     try:
-        trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim  # glibc only
-    except (OSError, AttributeError, TypeError):
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
         return None
     return trim
 
