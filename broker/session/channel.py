@@ -49,6 +49,9 @@ FLAG_USER_ID = 1 << 4
 # A message with none of these properties has nothing to check and routes by its routing key
 # alone (no CC or BCC headers, nothing for a headers exchange or a deduplication to read).
 NOT_PLAIN = FLAG_EXPIRATION | FLAG_USER_ID | (1 << 13)  # 1 << 13: the headers property
+# what a delivery's frames add to its message's bytes, near enough for the session's
+# flush-early mark
+FRAMING_BYTES = 100
 
 
 class Unacked:
@@ -289,7 +292,7 @@ class Channel:
             deliver_parts(self.number, consumer.tag_bytes, tag, entry.redelivered,
                           deliver_names(message.exchange, message.routing_key), message.header,
                           body, session.frame_max),
-            len(body) + 100,  # near enough for the flush-early mark
+            len(body) + FRAMING_BYTES,
         )
 
     def credit(self, consumer: Consumer) -> int:
@@ -313,8 +316,7 @@ class Channel:
         out: list[Any] = []
         deliver_batch(self.number, consumer.tag_bytes, first, offsets, records,
                       self.session.frame_max, out)
-        # near enough for the flush-early mark: the records, and a delivery's frames around each
-        self.session.write_many(out, sum(map(len, records)) + 100 * len(records))
+        self.session.write_many(out, sum(map(len, records)) + FRAMING_BYTES * len(records))
 
     def server_cancel(self, consumer: Consumer) -> None:
         """The queue went away (or ended the consumer): forget it, and tell the client."""

@@ -111,19 +111,26 @@ def test_a_delivery_is_the_message_with_its_offset(
     assert all(len(b.value) <= frame_max - 8 for b in bodies)
 
 
+def assert_batch_is_one_by_one(channel: int, consumer_tag: bytes, first_tag: int,
+                               offsets: range, batch: list[Message], frame_max: int) -> None:
+    """deliver_batch writes the same bytes as deliver_frames for each record in turn."""
+    records = [encode_record(m) for m in batch]
+    one_by_one: list[bytes | memoryview] = []
+    for i, (offset, record) in enumerate(zip(offsets, records, strict=True)):
+        deliver_frames(channel, consumer_tag, first_tag + i, offset, record, frame_max,
+                       one_by_one)
+    batched: list[bytes | memoryview] = []
+    deliver_batch(channel, consumer_tag, first_tag, list(offsets), records, frame_max, batched)
+    assert b"".join(bytes(p) for p in batched) == b"".join(bytes(p) for p in one_by_one)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(messages, min_size=1, max_size=20), st.integers(1, 2**40),
        st.sampled_from([4096, 131072]))
 def test_a_batch_is_the_same_bytes_as_one_by_one(
         batch: list[Message], first_tag: int, frame_max: int) -> None:
-    records = [encode_record(m) for m in batch]
-    offsets = list(range(100, 100 + len(records)))
-    one_by_one: list[bytes | memoryview] = []
-    for i, (offset, record) in enumerate(zip(offsets, records, strict=True)):
-        deliver_frames(7, b"\x01c", first_tag + i, offset, record, frame_max, one_by_one)
-    batched: list[bytes | memoryview] = []
-    deliver_batch(7, b"\x01c", first_tag, offsets, records, frame_max, batched)
-    assert b"".join(bytes(p) for p in batched) == b"".join(bytes(p) for p in one_by_one)
+    assert_batch_is_one_by_one(7, b"\x01c", first_tag, range(100, 100 + len(batch)), batch,
+                               frame_max)
 
 
 bare = st.builds(  # messages without properties, of few layouts: runs of one layout are likely
@@ -140,14 +147,8 @@ def test_runs_of_one_layout_are_the_same_bytes_as_one_by_one(
         batch: list[Message], first_tag: int, frame_max: int) -> None:
     """deliver_batch's shortcut for a record laid out as the one before it (same length, same
     bytes up to the body) changes no byte."""
-    records = [encode_record(m) for m in batch]
-    offsets = list(range(7, 7 + 3 * len(records), 3))
-    one_by_one: list[bytes | memoryview] = []
-    for i, (offset, record) in enumerate(zip(offsets, records, strict=True)):
-        deliver_frames(2, b"\x02ct", first_tag + i, offset, record, frame_max, one_by_one)
-    batched: list[bytes | memoryview] = []
-    deliver_batch(2, b"\x02ct", first_tag, offsets, records, frame_max, batched)
-    assert b"".join(bytes(p) for p in batched) == b"".join(bytes(p) for p in one_by_one)
+    assert_batch_is_one_by_one(2, b"\x02ct", first_tag, range(7, 7 + 3 * len(batch), 3), batch,
+                               frame_max)
 
 
 def test_a_published_offset_header_is_replaced_not_duplicated() -> None:
