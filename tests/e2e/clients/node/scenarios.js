@@ -70,8 +70,9 @@ const scenarios = {
     return { received: got };
   },
 
-  // A refused secret closes the connection with the broker's code and text.
-  async update_secret_refused(conn) {
+  // A secret that is not the password: the broker answers update-secret-ok, or closes the
+  // connection with its code and text if it refuses the secret.
+  async update_secret_wrong_password(conn) {
     const closed = new Promise((resolve) => conn.once('close', () => resolve(true)));
     const errored = nextError(conn, 5000);
     const answered = conn.updateSecret(Buffer.from('not-the-password'), 'token refresh')
