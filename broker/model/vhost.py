@@ -25,7 +25,6 @@ from leveret.broker.model.deadletter import (
 from leveret.broker.model.errors import (
     AccessRefused,
     BrokerError,
-    CommandInvalid,
     InternalError,
     NotFound,
     PreconditionFailed,
@@ -166,8 +165,8 @@ class VHost:
             return self.exchange(name)
         qargs.check_nesting(arguments, self.rs("exchange", name))
         cls = exchange_class(type_)
-        if cls is None:
-            raise CommandInvalid(f"unknown exchange type '{type_}'")
+        if cls is None:  # a channel error since RabbitMQ 3.13 (3.10: 503, on the connection)
+            raise PreconditionFailed(f"unknown exchange type '{type_}'")
         if name == "":
             raise AccessRefused(DEFAULT_EXCHANGE_TEXT)
         check("configure", "exchange", name)

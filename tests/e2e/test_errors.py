@@ -67,7 +67,7 @@ CASES: list[tuple[str, Callable[[RawClient, str, str], None], str, int, str, int
      60, 40),
     ("unknown exchange type",
      lambda r, x, q: r.send_method(1, M.Exchange.Declare(exchange=x, exchange_type="zzq-" + x)),
-     "connection", 503, "COMMAND_INVALID - unknown exchange type 'zzq-{x}'", 40, 10),
+     "channel", 406, "PRECONDITION_FAILED - unknown exchange type 'zzq-{x}'", 40, 10),
     ("prefetch_size", lambda r, x, q: r.send_method(1, M.Basic.Qos(prefetch_size=1)),
      "connection", 540, "NOT_IMPLEMENTED - prefetch_size!=0 (1)", 60, 10),
     ("recover requeue=false", lambda r, x, q: r.send_method(1, M.Basic.Recover(requeue=False)),
@@ -77,12 +77,22 @@ CASES: list[tuple[str, Callable[[RawClient, str, str], None], str, int, str, int
 ]  # fmt: skip
 
 
+# Where RabbitMQ changed after 3.10 and Leveret follows the later release (README, "Differences
+# from RabbitMQ"): what the reference RabbitMQ 3.10 answers instead, checked on it.
+RABBITMQ_3_10: dict[str, tuple[str, int, str]] = {
+    # 3.13 made an unknown type a channel error (rabbit_exchange:check_type)
+    "unknown exchange type": ("connection", 503,
+                              "COMMAND_INVALID - unknown exchange type 'zzq-{x}'"),
+}
+
+
 @pytest.mark.parametrize(
-    ("send", "kind", "code", "text", "class_id", "method_id"),
-    [pytest.param(*case[1:], id=case[0]) for case in CASES],
+    ("case", "send", "kind", "code", "text", "class_id", "method_id"),
+    [pytest.param(*case, id=case[0]) for case in CASES],
 )
 def test_error_codes_texts_and_method_ids(
     mq: Amqp,
+    case: str,
     send: Callable[[RawClient, str, str], None],
     kind: str,
     code: int,
@@ -90,6 +100,8 @@ def test_error_codes_texts_and_method_ids(
     class_id: int,
     method_id: int,
 ) -> None:
+    if not mq.is_leveret and case in RABBITMQ_3_10:
+        kind, code, text = RABBITMQ_3_10[case]
     raw = mq.raw()
     missing = mq.uid("missing")
     queue = mq.uid("q")
