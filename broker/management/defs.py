@@ -2,8 +2,10 @@
 
 GET exports in RabbitMQ's format (`?download=<file>` adds a Content-Disposition header, as
 RabbitMQ's UI asks); POST imports a document, or a `file` field of a multipart form. Both are
-for administrators. In cluster mode an import goes through etcd (etcd unreachable: 503).
-Runs on the event loop.
+for administrators. Unlike the API's other changes, which take a JSON body whatever its content
+type, an import must say `application/json` or `multipart/form-data`, or gets 415, as
+RabbitMQ's definitions endpoint answers. In cluster mode an import goes through etcd (etcd
+unreachable: 503). Runs on the event loop.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from aiohttp import web
 
 from leveret.broker import definitions
 from leveret.broker.management.http import (
+    ApiError,
     bad_request,
     broker_of,
     no_content,
@@ -44,7 +47,12 @@ async def get_vhost(request: web.Request) -> web.Response:
 
 
 async def _document(request: web.Request) -> object:
-    if request.content_type.startswith("multipart/"):
+    # aiohttp reads a request without Content-Type as application/octet-stream: refused too
+    if request.content_type not in ("application/json", "multipart/form-data"):
+        raise ApiError(415, "unsupported_media_type",
+                       "definitions are imported as Content-Type: application/json, or as the "
+                       "file field of a multipart/form-data upload")
+    if request.content_type == "multipart/form-data":
         form = await request.post()
         field = form.get("file")
         raw = field.file.read() if isinstance(field, web.FileField) else str(field or "").encode()

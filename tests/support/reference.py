@@ -32,6 +32,7 @@ class Reference:
     version: str = ""
     ctl_env: dict[str, str] | None = None  # set for a local rabbitmq-server: rabbitmqctl works
     stream_port: int = 0  # the stream protocol's listener (start_stream_reference)
+    management_port: int = 0  # the management HTTP API (start_management_reference)
 
     def ctl(self, *args: str) -> str:
         """Run rabbitmqctl against this node; skips the test when that is not possible."""
@@ -168,4 +169,17 @@ def start_stream_reference() -> Reference | str:
     reference = _start_local(("rabbitmq_stream",), f"stream.listeners.tcp.1 = {stream_port}\n"
                              "stream.advertised_host = localhost\n")
     reference.stream_port = stream_port
+    return reference
+
+
+def start_management_reference() -> Reference | str:
+    """A local rabbitmq-server with its management plugin (the HTTP API on a free port,
+    management_port), or the reason there is none."""
+    if not RABBITMQ_SERVER.exists():
+        return "no local rabbitmq-server for the management API (apt-get install rabbitmq-server)"
+    management_port = free_port()
+    reference = _start_local(("rabbitmq_management",),
+                             f"management.tcp.port = {management_port}\n"
+                             "management.tcp.ip = 127.0.0.1\n")
+    reference.management_port = management_port
     return reference

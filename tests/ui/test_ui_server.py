@@ -8,8 +8,6 @@ import pika
 from support.brokers import InProcessBroker
 from support.management import Http
 
-JSON = {"Content-Type": "application/json"}
-
 
 def test_the_page_and_its_files_need_no_login(managed_broker: InProcessBroker) -> None:
     http = Http.of(managed_broker)
@@ -33,25 +31,6 @@ def test_the_uis_401_has_no_www_authenticate(managed_broker: InProcessBroker) ->
                        headers={"X-Requested-With": "leveret-ui"})
     assert from_ui.status == 401 and "WWW-Authenticate" not in from_ui.headers
     assert from_ui.body == {"error": "not_authorised", "reason": "Login failed"}
-
-
-def test_a_change_must_send_json(managed_broker: InProcessBroker) -> None:
-    http = Http.of(managed_broker)
-    for kind in ("application/x-www-form-urlencoded", "text/plain", "multipart/form-data; b=x"):
-        reply = http.call("PUT", "/api/vhosts/forged", raw=b'{"a":"=b"}',
-                          headers={"Content-Type": kind})
-        assert reply.status == 415, kind
-        assert reply.body == {"error": "unsupported_media_type", "reason":
-                              "a request that changes the broker must send its body as "
-                              "Content-Type: application/json"}
-    # a form's empty POST is refused too, whatever its path
-    empty_form = http.call("POST", "/api/definitions", raw=b"",
-                           headers={"Content-Type": "text/plain"})
-    assert empty_form.status == 415
-    assert http.get("/api/vhosts/forged").status == 404
-    # JSON, and a DELETE with no body, are what curl, rabbitmqadmin and the UI send
-    assert http.put("/api/vhosts/real", {}).status == 201
-    assert http.delete("/api/vhosts/real").status == 204
 
 
 def test_a_browsers_cross_site_change_is_refused(managed_broker: InProcessBroker) -> None:
