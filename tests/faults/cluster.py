@@ -51,6 +51,15 @@ def lease_ttl_s() -> int:
     return int(os.environ.get("LEVERET_FAULT_LEASE_TTL_S", "5"))
 
 
+def _node_code() -> dict[str, str]:
+    """LEVERET_FAULT_NODE_PYTHONPATH runs the nodes on another tree's code: a folder holding a
+    `leveret` directory that links amqp, broker, cli, spark and storage (a tree's own
+    `mypy-path`, e.g. of `git archive HEAD` unpacked somewhere) goes before the editable
+    install. The harness and the checker keep this tree's code."""
+    other = os.environ.get("LEVERET_FAULT_NODE_PYTHONPATH")
+    return {"PYTHONPATH": other} if other else {}
+
+
 class BridgeEtcd(EtcdServer):
     """support.etcd's server, with its client URL on a bridge address instead of loopback (its
     peer URL stays on loopback)."""
@@ -79,7 +88,7 @@ class FaultNode(BrokerProcess):
             env={"LEVERET_CLUSTER_SECRET": SECRET,
                  "LEVERET_CLUSTER_LEASE_TTL_S": str(lease_ttl_s()),
                  "LEVERET_LOOPBACK_USERS": "",  # guest from the bridge's client address
-                 "LEVERET_LOG_LEVEL": "info"})
+                 "LEVERET_LOG_LEVEL": "info", **_node_code()})
         self.name, self.ns = name, ns
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.paused = False

@@ -1,0 +1,72 @@
+"""The fault suite for replicated streams: rounds of a nemesis against three real nodes in their
+own network namespaces, with publishers and consumers on every node, then the checker.
+
+The short variant runs LEVERET_FAULT_ROUNDS rounds (default 2) of each nemesis in every CI run;
+the slow one (`pytest -m slow tests/faults`) runs LEVERET_FAULT_SLOW_ROUNDS rounds (default
+100), each with a nemesis drawn from its seed. Every round prints its seed; to replay one, set
+LEVERET_FAULT_SEED (one round with that seed, in each selected test), for instance:
+
+    LEVERET_FAULT_SEED=123 pytest tests/faults -k 'pause_leader' -s
+
+Set LEVERET_FAULT_REPORT to a file to get one JSON line per round (stats, failover times).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+from faults.cluster import FaultCluster
+from faults.nemesis import NEMESES, Nemesis
+from faults.rounds import RoundResult, run_round
+
+SHORT_ROUNDS = int(os.environ.get("LEVERET_FAULT_ROUNDS", "2"))
+SLOW_ROUNDS = int(os.environ.get("LEVERET_FAULT_SLOW_ROUNDS", "100"))
+
+
+def seeds(count: int) -> list[int]:
+    replay = os.environ.get("LEVERET_FAULT_SEED")
+    if replay:
+        return [int(replay)]
+    fresh = random.SystemRandom()
+    return [fresh.randrange(2**32) for _ in range(count)]
+
+
+def nemesis_of(seed: int) -> Nemesis:
+    """The slow variant's nemesis for a seed (the round's own rng starts afresh from it)."""
+    names = sorted(NEMESES)
+    return NEMESES[names[random.Random(seed ^ 0x5EED).randrange(len(names))]]
+
+
+def run_rounds(cluster: FaultCluster, plan: list[tuple[Nemesis, int]], replay: str,
+               everything: list[RoundResult]) -> None:
+    results: list[RoundResult] = []
+    for n, (nemesis, seed) in enumerate(plan, start=1):
+        print(f"\nround {n}/{len(plan)}: {nemesis.name}, seed {seed}", flush=True)
+        result = run_round(cluster, nemesis, seed)
+        print(result.report(), flush=True)
+        results.append(result)
+        everything.append(result)
+    failed = [r for r in results if not r.ok]
+    times = [r.failover.confirmed_s for r in results
+             if r.failover is not None and r.failover.confirmed_s is not None]
+    print(f"\n{len(results) - len(failed)} of {len(results)} rounds passed; failover to a "
+          f"confirm: {', '.join(f'{t:.2f}s' for t in times) or 'none seen'}", flush=True)
+    assert not failed, "\n\n".join(
+        r.report() + f"\n  replay: LEVERET_FAULT_SEED={r.seed} {replay}" for r in failed)
+
+
+@pytest.mark.parametrize("name", sorted(NEMESES))
+def test_a_replicated_stream_keeps_its_promises_under(
+        fault_cluster: FaultCluster, round_results: list[RoundResult], name: str) -> None:
+    plan = [(NEMESES[name], seed) for seed in seeds(SHORT_ROUNDS)]
+    test = test_a_replicated_stream_keeps_its_promises_under.__name__
+    run_rounds(fault_cluster, plan, f"pytest '{__file__}::{test}[{name}]' -s", round_results)
+
+
+@pytest.mark.slow
+def test_a_replicated_stream_keeps_its_promises_over_a_hundred_rounds(
+        fault_cluster: FaultCluster, round_results: list[RoundResult]) -> None:
+    plan = [(nemesis_of(seed), seed) for seed in seeds(SLOW_ROUNDS)]
+    run_rounds(fault_cluster, plan, "pytest -m slow tests/faults -k hundred -s", round_results)
