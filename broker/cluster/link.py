@@ -45,13 +45,14 @@ from leveret.broker.cluster.link_handshake import (
     LinkConfig,
     LinkError,
     NodeNameRejected,
+    PeerStarting,
     VersionMismatch,
 )
 
 __all__ = [
     "AuthenticationFailed", "CallTimeout", "Chunk", "ClusterMismatch", "Handlers",
     "HandshakeError", "Link", "LinkClosed", "LinkConfig", "LinkError", "LinkServer",
-    "NodeNameRejected", "RemoteError", "VersionMismatch", "connect",
+    "NodeNameRejected", "PeerStarting", "RemoteError", "VersionMismatch", "connect",
 ]
 
 log = logs.get("leveret.cluster.link")
@@ -282,12 +283,12 @@ class Link:
             self._pending.extend(self._decoder.feed(data))
         return self._pending.popleft()
 
-    async def _handshake(self, client: bool) -> None:
+    async def _handshake(self, client: bool, admit: Callable[[], bool] | None = None) -> None:
         """Run one side of the handshake; any failure is a HandshakeError, and closes."""
         done = False
         try:
             async with asyncio.timeout(self.config.handshake_timeout_s):
-                self.peer_node = await Handshake(self, self.config, client).run()
+                self.peer_node = await Handshake(self, self.config, client, admit).run()
             done = True
         except HandshakeError as exc:
             self._abort(str(exc))
@@ -421,17 +422,36 @@ class Link:
             self._request_slots.release()
 
     async def _heartbeat(self) -> None:
+        """Send a HEARTBEAT every interval while nothing else waits to be sent, and drop the
+        link once the reader has waited on the socket `heartbeat_timeout_s` with nothing
+        arriving. Any frame counts, not only heartbeats (a link busy with chunks sends none),
+        and a reader held up by a slow handler is not the peer's silence. A tick that wakes an
+        interval late means this node's own loop stalled (a pause, a long synchronous call):
+        what the peer sent meanwhile may still be unread, so the peer gets one more interval
+        before its silence counts."""
         interval = self.config.heartbeat_interval_s
-        limit = interval * self.config.heartbeat_misses
+        timeout = self.config.heartbeat_timeout_s
+        loop = self._loop
+        beat_at = loop.time() + interval
+        grace_until = 0.0
         while self.close_reason is None:
-            await asyncio.sleep(interval)
-            if self._waiting and self._loop.time() - self._last_rx > limit:
+            now = loop.time()
+            if self._waiting and now >= grace_until and now - self._last_rx >= timeout:
                 self._drop("cluster link closed: peer silent",
-                           f"nothing received for {limit:g} s (heartbeat timeout)")
+                           f"nothing received for {timeout:g} s (heartbeat timeout)")
                 return
-            transport = self._writer.transport
-            if not transport.is_closing() and transport.get_write_buffer_size() == 0:
-                self._writer.write(HEARTBEAT)  # unsent bytes would not reach the peer sooner
+            if now >= beat_at:
+                transport = self._writer.transport
+                if not transport.is_closing() and transport.get_write_buffer_size() == 0:
+                    self._writer.write(HEARTBEAT)  # unsent bytes would not reach the peer sooner
+                beat_at = now + interval
+            wake = beat_at
+            if self._waiting:
+                wake = min(wake, max(self._last_rx + timeout, grace_until))
+            await asyncio.sleep(max(0.0, wake - now))
+            woke = loop.time()
+            if woke - max(wake, now) > interval:
+                grace_until = woke + interval
 
 
 async def connect(host: str, port: int, config: LinkConfig, handlers: Handlers) -> Link:
@@ -447,14 +467,18 @@ async def connect(host: str, port: int, config: LinkConfig, handlers: Handlers) 
 
 class LinkServer:
     """Listens on the cluster port; each peer that passes the handshake is handed to
-    `on_link`. A refused peer is logged as one line and given to `on_refused`, if set."""
+    `on_link`. A refused peer is logged as one line and given to `on_refused`, if set. While
+    `admit()` answers False (the node is starting), peers are refused with `PeerStarting`
+    (logged at debug level: the dialer tries again soon)."""
 
     def __init__(self, config: LinkConfig, handlers: Handlers,
                  on_link: Callable[[Link], Awaitable[None]] | None = None, *,
                  on_refused: Callable[[HandshakeError], None] | None = None,
-                 host: str = listen.DUAL_STACK, port: int = 0) -> None:
+                 host: str = listen.DUAL_STACK, port: int = 0,
+                 admit: Callable[[], bool] | None = None) -> None:
         self.config = config
         self.handlers = handlers
+        self.admit = admit
         self.host = host
         self.links: set[Link] = set()
         self._port = port
@@ -483,9 +507,10 @@ class LinkServer:
         address = f"{listen.unmapped(str(peername[0]))}:{peername[1]}" if peername else "?"
         link = Link(reader, writer, self.config, self.handlers, address)
         try:
-            await link._handshake(client=False)
+            await link._handshake(client=False, admit=self.admit)
         except HandshakeError as exc:
-            log.warning("cluster link refused", peer=address, code=exc.code, reason=str(exc))
+            level = log.debug if isinstance(exc, PeerStarting) else log.warning
+            level("cluster link refused", peer=address, code=exc.code, reason=str(exc))
             if self._on_refused is not None:
                 self._on_refused(exc)
             return

@@ -20,6 +20,7 @@ import hashlib
 import hmac
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,8 +38,11 @@ class LinkConfig:
     node: str
     secret: bytes
     max_payload: int = lf.DEFAULT_MAX_PAYLOAD
-    heartbeat_interval_s: float = 5.0
-    heartbeat_misses: int = 3  # a peer silent this many intervals is dropped
+    # a HEARTBEAT goes out every interval while nothing else waits to be sent; a peer from
+    # which nothing at all (any frame) has arrived for the timeout is dropped. The broker
+    # passes its `cluster_heartbeat_*` settings (docs/CONFIGURATION.md#failure-detection)
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 2.0
     handshake_timeout_s: float = 10.0
     call_timeout_s: float = 30.0
     max_outstanding_calls: int = 1024
@@ -78,9 +82,16 @@ class NodeNameRejected(HandshakeError):
     code = "node"
 
 
+class PeerStarting(HandshakeError):
+    """The server is a node still starting (its handlers are not all registered): the dialer
+    tries again soon, and neither side counts it as a link."""
+
+    code = "starting"
+
+
 REFUSALS: dict[str, type[HandshakeError]] = {
     cls.code: cls for cls in (AuthenticationFailed, ClusterMismatch, VersionMismatch,
-                              NodeNameRejected)
+                              NodeNameRejected, PeerStarting)
 }
 
 
@@ -117,12 +128,15 @@ def _hex(obj: dict[str, Any], name: str, frame_type: FrameType) -> bytes:
 
 
 class Handshake:
-    """One side's handshake over a FrameIO; `run()` returns the peer's node name."""
+    """One side's handshake over a FrameIO; `run()` returns the peer's node name. A server
+    whose `admit()` answers False refuses a valid HELLO with `PeerStarting`."""
 
-    def __init__(self, io: FrameIO, config: LinkConfig, client: bool) -> None:
+    def __init__(self, io: FrameIO, config: LinkConfig, client: bool,
+                 admit: Callable[[], bool] | None = None) -> None:
         self.io = io
         self.config = config
         self.client = client
+        self.admit = admit
 
     async def run(self) -> str:
         return await (self._client() if self.client else self._server())
@@ -187,6 +201,9 @@ class Handshake:
         cfg = self.config
         obj = await self._expect(FrameType.HELLO)
         client = self._check_hello(obj)
+        if self.admit is not None and not self.admit():
+            raise self._refuse(PeerStarting(f"node {cfg.node!r} is starting",
+                                            self.io.peer_address))
         client_nonce = _hex(obj, "nonce", FrameType.HELLO)
         nonce = os.urandom(NONCE_SIZE)
         answer = proof(cfg.secret, b"server", client_nonce, client, cfg.node, cfg.cluster)

@@ -37,6 +37,7 @@ SECRET = b"s3cret-shared-by-the-nodes"
 SERVER = LinkConfig(cluster="c1", node="a", secret=SECRET)
 CLIENT = LinkConfig(cluster="c1", node="b", secret=SECRET)
 WAIT_S = 5.0
+FAST_BEATS = {"heartbeat_interval_s": 0.05, "heartbeat_timeout_s": 0.15}
 
 
 class Server:
@@ -321,7 +322,7 @@ async def test_a_bad_frame_closes_that_link_only(
 
 
 async def test_a_silent_peer_is_dropped(start_server: Callable[..., Awaitable[Server]]) -> None:
-    server = await start_server(replace(SERVER, heartbeat_interval_s=0.05, heartbeat_misses=3))
+    server = await start_server(replace(SERVER, **FAST_BEATS))
     peer = await RawPeer.open(server.port)
     [accepted] = await server.link_count(1)
     loop = asyncio.get_running_loop()
@@ -334,8 +335,8 @@ async def test_a_silent_peer_is_dropped(start_server: Callable[..., Awaitable[Se
 
 async def test_heartbeats_keep_an_idle_link_up(
         start_server: Callable[..., Awaitable[Server]]) -> None:
-    server = await start_server(replace(SERVER, heartbeat_interval_s=0.05, heartbeat_misses=3))
-    link = await open_link(server, replace(CLIENT, heartbeat_interval_s=0.05, heartbeat_misses=3))
+    server = await start_server(replace(SERVER, **FAST_BEATS))
+    link = await open_link(server, replace(CLIENT, **FAST_BEATS))
     await asyncio.sleep(0.6)
     assert not link.closed
     assert (await link.call("echo", 1))["body"] == 1
