@@ -10,8 +10,12 @@ link when the record goes (lease expired, node stopped) or names another process
 While this node is out of the cluster (membership's lease lost) it closes every link, refuses
 new ones and dials nobody, until it rejoins.
 
-Callers register their kinds on `handlers` before `listen()`, so that no frame arrives before its
-handler; `link_to(node)` gives the link to a node, or None. The first kind is `node.ping`: each
+Callers register their kinds on `handlers` before `start()`: until then the node refuses links
+in the handshake (`PeerStarting`), and a dialer refused so tries again after 0.2 s, so that no
+frame arrives before its handler and links come up as soon as both nodes have started.
+`link_to(node)` gives the link to a node, or None; `wait_linked(nodes, timeout_s)` waits for
+links (a declaration placing a stream on nodes still starting); `read_records()` learns the
+running nodes before `start()`. The first kind is `node.ping`: each
 side asks the other's name, version and the etcd revision it has applied, once a link is up.
 
 It must not know AMQP, the model or the broker; it knows etcd only through the client and the
@@ -27,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 from leveret.broker import listen, logs
@@ -39,6 +43,7 @@ from leveret.broker.cluster.link import (
     LinkConfig,
     LinkError,
     LinkServer,
+    PeerStarting,
     connect,
 )
 from leveret.broker.cluster.membership import ClusterKeys
@@ -81,8 +86,11 @@ class ClusterLinks:
         # now was lost, rather than still starting (stream failover counts on it)
         self.ever_linked: set[str] = set()
         self._outbound: set[Link] = set()
+        # a node refuses links until it has started: its handlers are registered by then
         self._server = LinkServer(self.config, self.handlers, self._accepted, host=host,
-                                  port=port)
+                                  port=port, admit=lambda: self.started)
+        self._first: RangeResult | None = None  # read_records' answer, for start's watch
+        self._linked = asyncio.Event()  # set, and replaced, whenever a link is adopted
         self._dialers: dict[str, asyncio.Task[None]] = {}
         self._wake: dict[str, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -108,14 +116,27 @@ class ClusterLinks:
         """Bind the cluster port (OSError if it cannot). Links are refused until `start`."""
         await self._server.start()
 
-    async def start(self) -> None:
-        """Follow the node records and keep the links (after the node has joined)."""
-        first: RangeResult | None = None
-        try:  # the first read here: the node starts knowing its peers, if etcd answers
-            first = await self.client.range(self.keys.nodes, prefix=True)
-            self.revision = first.revision
+    async def read_records(self) -> None:
+        """Read the node records once, before `start` (whose watch goes on from there), so
+        that the running nodes are known from the moment the node serves clients, before
+        any link is up. Nothing is dialed yet."""
+        try:
+            self._first = await self.client.range(self.keys.nodes, prefix=True)
         except EtcdException as exc:
             log.warning("cannot read the node records yet; retrying", error=str(exc))
+            return
+        self.revision = self._first.revision
+        self._resync(self._first)
+
+    async def start(self) -> None:
+        """Follow the node records and keep the links (after the node has joined)."""
+        first, self._first = self._first, None
+        if first is None:
+            try:  # the first read here: the node starts knowing its peers, if etcd answers
+                first = await self.client.range(self.keys.nodes, prefix=True)
+                self.revision = first.revision
+            except EtcdException as exc:
+                log.warning("cannot read the node records yet; retrying", error=str(exc))
         self.started = True
         self._watcher = asyncio.create_task(self._watch(first), name="cluster-peers")
 
@@ -147,6 +168,21 @@ class ClusterLinks:
             task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks))
+
+    async def wait_linked(self, nodes: Iterable[str], timeout_s: float) -> set[str]:
+        """Wait, at most `timeout_s`, until this node has a link to each of `nodes` (a dialer
+        waiting out its backoff is woken); the nodes still without one."""
+        wanted = set(nodes) - {self.node}
+        for name in wanted:
+            if name in self._wake:
+                self._wake[name].set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            missing = {name for name in wanted if self.link_to(name) is None}
+            if not missing or loop.time() >= deadline:
+                return missing
+            await _wait(self._linked, deadline - loop.time())
 
     def link_views(self) -> list[dict[str, Any]]:
         """The links as /api/nodes shows them (RabbitMQ's `cluster_links`, plus what the peer
@@ -242,6 +278,10 @@ class ClusterLinks:
             wake.clear()
             try:
                 link = await connect(host, port, self.config, self.handlers)
+            except PeerStarting:  # it links as soon as it has started: try again soon
+                log.debug("a peer is starting; retrying", peer_node=name, retry_s=BACKOFF_MIN_S)
+                await _wait(wake, BACKOFF_MIN_S)
+                continue
             except (OSError, TimeoutError, HandshakeError) as exc:
                 level = log.warning if isinstance(exc, HandshakeError) else log.debug
                 level("cannot link to a peer; retrying", peer_node=name, peer=f"{host}:{port}",
@@ -263,9 +303,8 @@ class ClusterLinks:
 
     async def _accepted(self, link: Link) -> None:
         name = link.peer_node
-        if not self.active:
-            reason = "this node is not in the cluster" if self.started else "node starting"
-            await link.close(reason)
+        if not self.active:  # (before `start` the handshake refused it: PeerStarting)
+            await link.close("this node is not in the cluster")
         elif self.dials(name):
             await link.close(f"'{self.node}' dials '{name}', not the other way round")
         else:
@@ -277,6 +316,8 @@ class ClusterLinks:
             self._close(old, "replaced by a new link")
         self.links[name] = link
         self.ever_linked.add(name)
+        self._linked.set()
+        self._linked = asyncio.Event()
         link.on_close(lambda closed: self._forget(name, closed))
         if link in self._outbound:  # the LinkServer logs the links it accepts
             log.info("cluster link up", peer_node=name, peer=link.peer_address,

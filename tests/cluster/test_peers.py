@@ -35,6 +35,7 @@ from leveret.broker.cluster.link import (
     Handlers,
     Link,
     LinkConfig,
+    PeerStarting,
     connect,
 )
 from leveret.broker.cluster.peers import PING, ClusterLinks
@@ -281,6 +282,31 @@ async def test_links_follow_the_records_and_the_lease(etcd_client: EtcdClient,
             await links.close()
 
 
+async def test_a_starting_peer_is_linked_as_soon_as_it_starts(etcd_client: EtcdClient,
+                                                              cluster: str) -> None:
+    (a,) = await running_links(etcd_client, cluster, "a")
+    b = ClusterLinks(etcd_client, cluster, "b", b"s", version="test", host="127.0.0.1", port=0)
+    try:
+        await b.listen()
+        await put_record(etcd_client, cluster, "b", b.port)
+        b.set_in_cluster(True)
+        await b.read_records()  # b knows the running nodes before it starts
+        assert set(b.records) == {"a"} and not b.links
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        assert await a.wait_linked(["b"], 0.5) == {"b"}  # refused while b starts: the bound
+        assert 0.5 <= loop.time() - began < 1.0
+        await asyncio.sleep(3.0)  # a backoff doubling from 0.2 s would wait 3.2 s by now
+        await b.start()
+        await until(lambda: a.link_to("b") is not None, timeout=0.8)  # a tries every 0.2 s
+        assert await a.wait_linked(["b", "a"], 5.0) == set()  # (its own name: nothing to wait)
+        assert await b.wait_linked(["a"], 5.0) == set()
+        assert await a.wait_linked(["nobody"], 0.2) == {"nobody"}
+    finally:
+        for links in (a, b):
+            await links.close()
+
+
 async def test_bad_records_and_a_peer_with_another_secret_are_retried(
         etcd_client: EtcdClient, cluster: str) -> None:
     (a,) = await running_links(etcd_client, cluster, "a")
@@ -335,10 +361,8 @@ async def test_links_are_refused_until_started(etcd_client: EtcdClient, cluster:
                          port=0)
     await links.listen()
     try:
-        early = await connect("127.0.0.1", links.port, LinkConfig(cluster, "a", b"s"),
-                              Handlers())
-        await asyncio.wait_for(early.wait_closed(), 5)
-        assert "node starting" in (early.close_reason or "")
+        with pytest.raises(PeerStarting, match="node 'm' is starting"):  # in the handshake
+            await connect("127.0.0.1", links.port, LinkConfig(cluster, "a", b"s"), Handlers())
         links.set_in_cluster(False)
         await links.start()
         out = await connect("127.0.0.1", links.port, LinkConfig(cluster, "a", b"s"),
