@@ -68,7 +68,7 @@ MEMBERS = {"x-initial-cluster-size": 3}
 LEASE_ENV = "LEVERET_CLUSTER_LEASE_TTL_S"
 TUNING = ("After kill -9 every link to the dead leader breaks at once; once a quorum of the "
           "members has been without its link for LEVERET_STREAM_FAILOVER_AFTER_S "
-          "(stream_failover_after_s, default 2 s) they elect a new leader in one etcd "
+          "(stream_failover_after_s, default 1 s) they elect a new leader in one etcd "
           "transaction, checked every 0.5 s (stream_failover.CHECK_S). Lower it to fail over "
           "sooner (a link that breaks and comes back within it elects nobody). A leader that is "
           "cut off from etcd rather than from its peers is replaced when its lease expires "

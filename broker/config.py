@@ -9,6 +9,7 @@ that name the key.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import platform
 import tomllib
@@ -70,9 +71,14 @@ class Config:
     cluster_secret: str = ""  # better given as LEVERET_CLUSTER_SECRET or cluster_secret_file
     cluster_secret_file: Path | None = None
     cluster_lease_ttl_s: int = 10
+    # failure detection on the node-to-node links (docs/CONFIGURATION.md#failure-detection): a
+    # heartbeat every interval while a link is idle; a link that has received nothing (no frame
+    # of any kind) for the timeout is dropped, and the peer counts as unreachable
+    cluster_heartbeat_interval_s: float = 0.5
+    cluster_heartbeat_timeout_s: float = 2.0
     # a replicated stream's members elect a new leader once a quorum of them has lost its link
     # to the leader's node this long, without waiting for its lease to expire (docs/REPLICATION.md)
-    stream_failover_after_s: float = 2.0
+    stream_failover_after_s: float = 1.0
     # where a new queue's leader goes when neither the x-queue-leader-locator argument nor the
     # queue-leader-locator policy key says (client-local | balanced), as RabbitMQ's setting
     queue_leader_locator: str = "client-local"
@@ -115,6 +121,26 @@ def _coerce(name: str, value: Any) -> Any:
         raise ConfigError(f"invalid value {value!r} for setting '{name}'") from None
 
 
+def _check_failure_detection(values: Mapping[str, Any]) -> None:
+    """The cluster's timing settings are finite and above zero (the failover delay may be
+    zero), and a link's heartbeat timeout is longer than its interval: a timeout no longer
+    than the interval would drop idle links between two heartbeats."""
+    defaults = Config()
+    for name in ("cluster_heartbeat_interval_s", "cluster_heartbeat_timeout_s",
+                 "cluster_lease_ttl_s", "stream_failover_after_s"):
+        value = values.get(name, getattr(defaults, name))
+        floor_ok = value >= 0 if name == "stream_failover_after_s" else value > 0
+        if not (math.isfinite(value) and floor_ok):
+            what = "0 or more" if name == "stream_failover_after_s" else "more than 0"
+            raise ConfigError(f"invalid value {value:g} for setting '{name}': a number of "
+                              f"seconds, {what}")
+    interval = values.get("cluster_heartbeat_interval_s", defaults.cluster_heartbeat_interval_s)
+    timeout = values.get("cluster_heartbeat_timeout_s", defaults.cluster_heartbeat_timeout_s)
+    if timeout <= interval:
+        raise ConfigError(f"invalid value {timeout:g} for setting 'cluster_heartbeat_timeout_s': "
+                          f"it must be longer than cluster_heartbeat_interval_s ({interval:g})")
+
+
 def load(
     config_file: Path | None = None,
     env: Mapping[str, str] | None = None,
@@ -151,6 +177,7 @@ def load(
     if statistics not in ("none", "coarse", "fine"):
         raise ConfigError(f"invalid value '{statistics}' for setting 'collect_statistics': "
                           "none, coarse or fine")
+    _check_failure_detection(values)
     if values.get("workers", 0) < 0:
         raise ConfigError(f"invalid value {values['workers']} for setting 'workers': "
                           "a number of processes, or 0 for one per core")

@@ -25,6 +25,7 @@ from leveret.broker import listen, logs
 from leveret.broker.broker import VERSION, Broker
 from leveret.broker.cluster import access_sync, topology_sync
 from leveret.broker.cluster.etcd import EtcdClient, EtcdException
+from leveret.broker.cluster.link import LinkConfig
 from leveret.broker.cluster.membership import (
     ClusterKeys,
     Membership,
@@ -153,8 +154,12 @@ class Server:
         except MembershipError as exc:
             raise ServerError(str(exc)) from None
         client = EtcdClient(endpoints)
+        link_config = LinkConfig(config.cluster_name, config.node_name, secret.encode(),
+                                 heartbeat_interval_s=config.cluster_heartbeat_interval_s,
+                                 heartbeat_timeout_s=config.cluster_heartbeat_timeout_s)
         links = ClusterLinks(client, config.cluster_name, config.node_name, secret.encode(),
-                             version=VERSION, host=config.host, port=config.cluster_port)
+                             version=VERSION, host=config.host, port=config.cluster_port,
+                             config=link_config)
         try:
             await links.listen()  # before the record: a peer that sees it can link at once
         except OSError as exc:
@@ -176,6 +181,7 @@ class Server:
             await links.close()
             await membership.close()
             raise ServerError(str(exc)) from None
+        await links.read_records()  # the running nodes, known before any link is up
         self.membership = membership
         self.cluster_links = links
         self.etcd = client

@@ -115,6 +115,19 @@ def serve_command(
         typer.Option("--cluster-secret-file", help="File holding the cluster's shared secret "
                      "[env LEVERET_CLUSTER_SECRET_FILE, or the secret in LEVERET_CLUSTER_SECRET]"),
     ] = None,
+    # str, not float: `load` turns a bad value into its one-line error, as from TOML or env
+    cluster_heartbeat_interval_s: Annotated[
+        str | None,
+        typer.Option("--cluster-heartbeat-interval-s", metavar="SECONDS",
+                     help="A heartbeat on each idle node-to-node link this often [default: 0.5; "
+                     "env LEVERET_CLUSTER_HEARTBEAT_INTERVAL_S]"),
+    ] = None,
+    cluster_heartbeat_timeout_s: Annotated[
+        str | None,
+        typer.Option("--cluster-heartbeat-timeout-s", metavar="SECONDS",
+                     help="Drop a node-to-node link that received nothing this long: the peer "
+                     "is unreachable [default: 2.0; env LEVERET_CLUSTER_HEARTBEAT_TIMEOUT_S]"),
+    ] = None,
 ) -> None:
     """Run the broker with its embedded defaults, overridden by a file, LEVERET_* and flags."""
     try:
@@ -139,6 +152,8 @@ def serve_command(
                 "cluster_port": cluster_port,
                 "advertise_host": advertise_host,
                 "cluster_secret_file": cluster_secret_file,
+                "cluster_heartbeat_interval_s": cluster_heartbeat_interval_s,
+                "cluster_heartbeat_timeout_s": cluster_heartbeat_timeout_s,
             },
         )
     except ConfigError as exc:
