@@ -25,10 +25,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from faults.checker import CONFIRMED, History, Verdict, Violation, check
@@ -180,8 +182,7 @@ def run_round(cluster: FaultCluster, nemesis: Nemesis, seed: int) -> RoundResult
     if result.ok:
         _cleanup(workload, cluster, leader)
     else:  # left as it is, for a look at the members' files and the nodes' logs
-        result.kept = ", ".join(f"{n}: {cluster.stream_dir(n, stream)} (log "
-                                f"{cluster.nodes[n].log_path})" for n in cluster.names)
+        result.kept = _keep(cluster, stream, f"{nemesis.name}-{seed}")
     result.seconds["round"] = clock() - started
     _record(result)
     return result
@@ -251,6 +252,22 @@ def settle(cluster: FaultCluster, stream: str) -> tuple[str, int, list[Violation
 def _committed(state: dict[str, Any], leader: str) -> int:
     row = (state.get("rows") or {}).get(leader)
     return int(row["committed_offset"]) if row else -1
+
+
+def _keep(cluster: FaultCluster, stream: str, label: str) -> str:
+    """Where a failed round's members and the nodes' logs are: copied under
+    $LEVERET_FAULT_KEEP/<nemesis>-<seed>/ when that is set (pytest's own temporary folders are
+    pruned by later runs), else left in the nodes' data dirs."""
+    keep = os.environ.get("LEVERET_FAULT_KEEP")
+    if not keep:
+        return ", ".join(f"{n}: {cluster.stream_dir(n, stream)} (log {cluster.nodes[n].log_path})"
+                         for n in cluster.names)
+    target = Path(keep) / label
+    for name in cluster.names:
+        shutil.copytree(cluster.stream_dir(name, stream), target / name / "stream",
+                        dirs_exist_ok=True)
+        shutil.copy2(cluster.nodes[name].log_path, target / name / "leveret.log")
+    return str(target)
 
 
 def _cleanup(workload: StreamWorkload, cluster: FaultCluster, leader: str) -> None:

@@ -8,7 +8,9 @@ LEVERET_FAULT_SEED (one round with that seed, in each selected test), for instan
 
     LEVERET_FAULT_SEED=123 pytest tests/faults -k 'pause_leader' -s
 
-Set LEVERET_FAULT_REPORT to a file to get one JSON line per round (stats, failover times).
+Set LEVERET_FAULT_REPORT to a file to get one JSON line per round (stats, failover times), and
+LEVERET_FAULT_KEEP to a folder to get a copy of each failed round's member folders and node logs.
+LEVERET_FAULT_NODE_PYTHONPATH runs the nodes on another tree's code (faults/cluster.py).
 """
 
 from __future__ import annotations
