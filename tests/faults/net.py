@@ -188,7 +188,7 @@ class TestNet:
 
     def _build(self, nodes: int) -> None:
         prefix = self.subnet.prefixlen
-        run("ip", "route", "add", "unreachable", str(self.subnet), "metric", "4000")
+        run("ip", "route", "replace", "unreachable", str(self.subnet), "metric", "4000")
         _no_ipv6(None, self.bridge)
         run("ip", "addr", "add", f"{self.client_ip}/{prefix}", "dev", self.bridge)
         run("ip", "addr", "add", f"{self.etcd_ip}/{prefix}", "dev", self.bridge)
