@@ -29,7 +29,7 @@ from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, Literal
 
 from leveret.broker import admin
-from leveret.broker.cluster import stream_placement
+from leveret.broker.cluster import running_nodes, stream_placement
 from leveret.broker.cluster.etcd import EtcdException, EtcdUnavailable
 from leveret.broker.cluster.topology import Created
 from leveret.broker.cluster.topology_records import (
@@ -391,7 +391,7 @@ class ClusterAccess(AccessStore):
         node = self.cluster.node
         members: tuple[str, ...] = ()
         if queue_type == "stream" and _existing is None:  # replicated: docs/REPLICATION.md
-            node, members = self._place_stream(model, name, arguments)
+            node, members = await self._place_stream(model, name, arguments)
         record = QueueRecord(
             vhost, name, type=queue_type, durable=durable, auto_delete=auto_delete,
             arguments=arguments, node=node,
@@ -402,20 +402,15 @@ class ClusterAccess(AccessStore):
         await self._settle(result.revision)
         return isinstance(result, Created)
 
-    def _place_stream(self, model: Any, name: str,
-                      arguments: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
-        """A new stream's leader and members, as a queue.declare places them; one member is
-        a stream as on one node (no members)."""
-        cluster = self.cluster
+    async def _place_stream(self, model: Any, name: str,
+                            arguments: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+        """A new stream's leader and members, as a queue.declare places them (it may wait for
+        their links); one member is a stream as on one node (no members)."""
         policy = effective(model.policies, "queues", "stream", name)
-        running = {cluster.node} | {n for n, link in cluster.links.links.items()
-                                    if not link.closed}
-        records = [r for r in cluster.cache.all("queues") if isinstance(r, QueueRecord)]
-        leader, members = stream_placement.place_stream(
-            cluster.node, running, records, arguments.get("x-initial-cluster-size"),
+        return await running_nodes.place_new_stream(
+            self.cluster, model.name, name, arguments.get("x-initial-cluster-size"),
             stream_placement.locator(policy.definition if policy is not None else None,
                                      arguments, self.broker.config.queue_leader_locator))
-        return leader, (members if len(members) > 1 else ())
 
     async def add_binding(self, vhost: str, source: str, destination_type: str,
                           destination: str, routing_key: Any = "", arguments: Any = None,

@@ -23,6 +23,7 @@ Single-threaded: runs on the event loop thread of its connection.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
@@ -32,7 +33,7 @@ from pamqp import commands as m
 
 from leveret.amqp import codec
 from leveret.broker import logs
-from leveret.broker.cluster import stream_placement
+from leveret.broker.cluster import running_nodes, stream_placement
 from leveret.broker.cluster.etcd import EtcdException, EtcdUnavailable
 from leveret.broker.cluster.runtime import SETTLE_TIMEOUT_S
 from leveret.broker.cluster.topology import Created
@@ -279,21 +280,6 @@ def _locator(channel: Channel, queue_type: str, name: str, arguments: dict[str, 
         getattr(channel.session.broker.config, "queue_leader_locator", "client-local"))
 
 
-def _running(cluster: ClusterRuntime) -> set[str]:
-    return {cluster.node} | {node for node, link in cluster.links.links.items()
-                             if not link.closed}
-
-
-def place_stream(channel: Channel, name: str, arguments: dict[str, Any]) -> tuple[str,
-                                                                                   tuple[str, ...]]:
-    """A new stream's leader and members (docs/REPLICATION.md, "Membership")."""
-    cluster = _cluster(channel)
-    records = [r for r in cluster.cache.all("queues") if isinstance(r, QueueRecord)]
-    return stream_placement.place_stream(
-        cluster.node, _running(cluster), records, arguments.get("x-initial-cluster-size"),
-        _locator(channel, "stream", name, arguments))
-
-
 def place(channel: Channel, queue_type: str, name: str, arguments: dict[str, Any],
           exclusive: bool) -> str:
     """The node that will hold a new queue: this one (`client-local`, and always for an
@@ -304,8 +290,7 @@ def place(channel: Channel, queue_type: str, name: str, arguments: dict[str, Any
         return cluster.node
     if _locator(channel, queue_type, name, arguments) == "client-local":
         return cluster.node  # the others ask for balanced (RabbitMQ 3.10+)
-    running = _running(cluster)
-    held = dict.fromkeys(running, 0)
+    held = dict.fromkeys(running_nodes.reachable_nodes(cluster), 0)
     for record in cluster.cache.all("queues"):
         if isinstance(record, QueueRecord) and record.node in held:
             held[record.node] += 1
@@ -326,11 +311,10 @@ def queue_declare(channel: Channel, method: Any) -> None:
         check=channel.check)
     durable = method.durable and not method.exclusive
     cluster = _cluster(channel)
-    members: tuple[str, ...] = ()
+    stream_locator: str | None = None  # a new stream: placed in the step (it may wait)
     if queue_type == "stream" and _existing is None:
-        node, members = place_stream(channel, name, arguments)
-        if len(members) == 1:
-            members = ()  # one member: a stream as on one node, nothing to replicate
+        stream_locator = _locator(channel, "stream", name, arguments)
+        node = cluster.node
     else:
         node = place(channel, queue_type, name, arguments, method.exclusive)
     record = QueueRecord(
@@ -338,9 +322,9 @@ def queue_declare(channel: Channel, method: Any) -> None:
         exclusive=method.exclusive, arguments=arguments, node=node,
         storage_id=uuid.uuid4().hex,  # the declaration's identity; a durable one's folder
         owner_node=cluster.node if method.exclusive else None,
-        exclusive_owner=session.broker.cluster_key(session) if method.exclusive else None,
-        members=members)
-    backlog.run_step(channel, method.index, _declare_queue(channel, method, record))
+        exclusive_owner=session.broker.cluster_key(session) if method.exclusive else None)
+    backlog.run_step(channel, method.index,
+                     _declare_queue(channel, method, record, stream_locator))
 
 
 def _passive_queue(channel: Channel, method: Any, queue: Queue) -> None:
@@ -356,9 +340,15 @@ def _passive_queue(channel: Channel, method: Any, queue: Queue) -> None:
     return None
 
 
-async def _declare_queue(channel: Channel, method: Any, record: QueueRecord) -> None:
+async def _declare_queue(channel: Channel, method: Any, record: QueueRecord,
+                         stream_locator: str | None = None) -> None:
     cluster, sync, vhost = _cluster(channel), _sync(channel), channel.vhost
     action = f"declare {vhost.rs('queue', record.name)}"
+    if stream_locator is not None:  # its members and leader (docs/REPLICATION.md, "Membership")
+        node, members = await running_nodes.place_new_stream(
+            cluster, vhost.name, record.name, record.arguments.get("x-initial-cluster-size"),
+            stream_locator)
+        record = dataclasses.replace(record, node=node, members=members)
     leased = record.exclusive or record.auto_delete or not record.durable
     lease = _lease(cluster, action) if leased else 0
     await sync.deleted(record.vhost, record.name)  # the model let it go: etcd first

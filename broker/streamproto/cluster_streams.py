@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from leveret.broker import logs
 from leveret.broker.access_store import ClusterAccess, TopologyUnavailable
-from leveret.broker.cluster import stream_placement
+from leveret.broker.cluster import running_nodes
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.cluster.topology import Created
 from leveret.broker.cluster.topology_records import QueueRecord
@@ -67,16 +67,14 @@ def _locator(s: StreamSession, name: str, arguments: dict[str, Any]) -> str:
     return found if found in qargs.LEADER_LOCATORS else "client-local"
 
 
-def _record(s: StreamSession, cluster: ClusterRuntime, name: str,
-            arguments: dict[str, Any]) -> QueueRecord:
-    running = {cluster.node} | {n for n, link in cluster.links.links.items() if not link.closed}
-    records = [r for r in cluster.cache.all("queues") if isinstance(r, QueueRecord)]
-    node, members = stream_placement.place_stream(
-        cluster.node, running, records, arguments.get("x-initial-cluster-size"),
-        _locator(s, name, arguments))
+async def _record(s: StreamSession, cluster: ClusterRuntime, name: str,
+                  arguments: dict[str, Any], locator: str) -> QueueRecord:
+    """The new stream's record, placed on the running nodes (it may wait for their links:
+    broker/cluster/running_nodes.py)."""
+    node, members = await running_nodes.place_new_stream(
+        cluster, s.vhost.name, name, arguments.get("x-initial-cluster-size"), locator)
     return QueueRecord(s.vhost.name, name, "stream", durable=True, arguments=arguments,
-                       node=node, storage_id=uuid.uuid4().hex,
-                       members=members if len(members) > 1 else ())
+                       node=node, storage_id=uuid.uuid4().hex, members=members)
 
 
 def create(s: StreamSession, d: f.Decoder, version: int) -> None:
@@ -104,11 +102,12 @@ def create(s: StreamSession, d: f.Decoder, version: int) -> None:
     except (PreconditionFailed, BrokerError):
         _answer(s, k.CREATE, corr, k.PRECONDITION_FAILED)
         return
-    _spawn(_create(s, cluster, corr, _record(s, cluster, name, args)))
+    _spawn(_create(s, cluster, corr, name, args, _locator(s, name, args)))
 
 
-async def _create(s: StreamSession, cluster: ClusterRuntime, corr: int,
-                  record: QueueRecord) -> None:
+async def _create(s: StreamSession, cluster: ClusterRuntime, corr: int, name: str,
+                  arguments: dict[str, Any], locator: str) -> None:
+    record = await _record(s, cluster, name, arguments, locator)
     try:
         result = await cluster.store.declare_queue(record)
         if not isinstance(result, Created):  # declared meanwhile, by someone else
