@@ -14,9 +14,14 @@ Role: in cluster mode `/api/queues` on any node lists every queue, and `/api/con
 - `mgmt.purge` and `mgmt.get` `{"vhost", "name", ...}`: the API's purge and get of a queue it
   holds (the asking node has checked the user's permissions), through `on_holder`.
 
-An asking node waits at most `ASK_TIMEOUT_S` per node, all nodes at once. A queue whose node
-cannot answer (down, no link, too slow) shows `state: "down"` without message counts, as
-RabbitMQ shows a queue whose node is down; connections of such a node are left out.
+A replicated stream is shown on every node as its leader shows it: `node` and `leader` the
+leader, `members` as its queue record in etcd names them (the leader first, what
+`stream_status` lists), `online` those the leader has a link to; a replica's node holds a copy
+but asks the leader, as a node without one does. An asking node waits at most `ASK_TIMEOUT_S`
+per node, all nodes at once. A queue whose node (a stream's leader) cannot answer (down, no
+link, too slow) shows `state: "down"` with its node, leader and members but without message
+counts or figures, as RabbitMQ shows a queue whose node is down; connections of such a node are
+left out.
 
 It must not know AMQP frames; it reads the model and the sessions as the other views do.
 Runs on the broker's event loop.
@@ -50,7 +55,10 @@ PURGE = "mgmt.purge"
 GET = "mgmt.get"
 ASK_TIMEOUT_S = 2.0
 DOWN_DROPS = ("messages", "messages_ready", "messages_unacknowledged", "messages_details",
-              "messages_ready_details", "messages_unacknowledged_details", "message_bytes")
+              "messages_ready_details", "messages_unacknowledged_details", "message_bytes",
+              # a stream's figures: a replica's own copy is not the stream's view
+              "readers", "first_offset", "last_offset", "committed_offset", "next_offset",
+              "segments", "bytes")
 
 
 def node_of(broker: Broker, queue: Queue) -> str:
@@ -61,6 +69,39 @@ def node_of(broker: Broker, queue: Queue) -> str:
 
 def is_remote(broker: Broker, queue: Queue) -> bool:
     return broker.cluster is not None and node_of(broker, queue) != broker.config.node_name
+
+
+def stream_placement(broker: Broker, queue: Queue) -> tuple[str, tuple[str, ...]] | None:
+    """A replicated stream's leader and members as its queue record in etcd names them (what
+    `stream_status` answers on every node), or None for any other queue."""
+    cluster = broker.cluster
+    if cluster is None or queue.type != "stream":
+        return None
+    record = cluster.cache.queue(queue.vhost.name, queue.name)
+    if record is None or not record.members:
+        return None
+    return record.node, record.members
+
+
+def view_node(broker: Broker, queue: Queue) -> str:
+    """The node whose view of `queue` the API shows: a replicated stream's leader (a replica's
+    node holds a copy, but the leader's is the stream's view), else the queue's holder."""
+    placed = stream_placement(broker, queue)
+    return placed[0] if placed is not None else node_of(broker, queue)
+
+
+def own_view(broker: Broker, queue: Queue) -> dict[str, Any]:
+    """This node's view of `queue`, named after `view_node`; a replicated stream's with its
+    members and those online (this node and the members it has a link to)."""
+    placed = stream_placement(broker, queue)
+    if placed is None:
+        return views.queue_view(queue, node_of(broker, queue))
+    leader, members = placed
+    cluster = broker.cluster
+    assert cluster is not None  # (the placement came from its cache)
+    this = broker.config.node_name
+    online = [m for m in members if m == this or cluster.links.link_to(m) is not None]
+    return views.queue_view(queue, leader, members=members, online=online)
 
 
 def local_sessions(broker: Broker) -> list[Session]:
@@ -83,10 +124,10 @@ def install(broker: Broker) -> None:
             vhost = broker.vhosts.get(str(item[0])) if isinstance(item, list) and item else None
             queue = vhost.queues.get(str(item[1])) if vhost is not None and len(item) > 1 \
                 else None
-            if queue is None or is_remote(broker, queue):
+            if queue is None or view_node(broker, queue) != broker.config.node_name:
                 out.append(None)
             else:
-                out.append(views.queue_view(queue, broker.config.node_name))
+                out.append(own_view(broker, queue))
         return out
 
     async def connections(_link: Link, _body: Any) -> list[dict[str, Any]]:
@@ -164,11 +205,14 @@ async def _ask_all(broker: Broker, ask: Callable[[str, Link], Awaitable[Any]],
 
 
 async def queue_views(broker: Broker, queues: list[Queue]) -> list[dict[str, Any]]:
-    """The views of `queues`: this node's from its model, the others' from their holders."""
+    """The views of `queues`: this node's from its model, the others' from their holders (a
+    replicated stream's from its leader, as every node shows it the same)."""
+    this = broker.config.node_name
+    holders = {id(queue): view_node(broker, queue) for queue in queues}
     remote: dict[str, list[Queue]] = {}
     for queue in queues:
-        if is_remote(broker, queue):
-            remote.setdefault(node_of(broker, queue), []).append(queue)
+        if holders[id(queue)] != this:
+            remote.setdefault(holders[id(queue)], []).append(queue)
 
     async def ask(node: str, link: Link) -> Any:
         names = [[q.vhost.name, q.name] for q in remote[node]]
@@ -184,13 +228,12 @@ async def queue_views(broker: Broker, queues: list[Queue]) -> list[dict[str, Any
                     found[id(queue)] = view
     out = []
     for queue in queues:
-        node = node_of(broker, queue)
-        if not is_remote(broker, queue):
-            out.append(views.queue_view(queue, node))
+        if holders[id(queue)] == this:
+            out.append(own_view(broker, queue))
         elif id(queue) in found:
             out.append(found[id(queue)])
-        else:
-            view = views.queue_view(queue, node)
+        else:  # its holder (leader) does not answer: its identity without counts
+            view = own_view(broker, queue)
             for key in DOWN_DROPS:
                 view.pop(key, None)
             view["state"] = "down"

@@ -15,6 +15,7 @@ import datetime
 import decimal
 import json
 import zlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote_plus
 
@@ -194,17 +195,24 @@ def exchange_view(vhost: VHost, exchange: Exchange) -> dict[str, Any]:
     return view
 
 
-def stream_extras(queue: Any, node: str) -> dict[str, Any]:
-    """A stream's offsets, segments and bytes (Leveret's additions to RabbitMQ's fields);
-    `node` holds it."""
+def stream_extras(queue: Any, node: str, members: Sequence[str] | None = None,
+                  online: Sequence[str] | None = None) -> dict[str, Any]:
+    """A stream's leader, members and online members (`node` leads it; by default its only
+    member), and, from the queue's own log when it has one here, its offsets, segments and
+    bytes (Leveret's additions to RabbitMQ's fields)."""
+    listed = list(members) if members else [node]
+    extras: dict[str, Any] = {
+        "leader": node,
+        "members": listed,
+        "online": list(online) if online is not None else listed,
+    }
+    if getattr(queue, "log", None) is None:  # held elsewhere, and not answering
+        return extras
     summary = queue.log.summary()
     readers = sum(
         1 for c in queue.consumers if c.state is not None and c.state.reader is not None
     )
-    extras: dict[str, Any] = {
-        "leader": node,
-        "members": [node],
-        "online": [node],
+    extras.update({
         "readers": {node: readers},
         "first_offset": summary["first_offset"],
         "last_offset": summary["last_offset"],
@@ -213,7 +221,7 @@ def stream_extras(queue: Any, node: str) -> dict[str, Any]:
         "segments": len(summary["segments"]),
         "bytes": summary["bytes"],
         "message_bytes": summary["bytes"],
-    }
+    })
     index = queue.partition_index()
     if index >= 0:
         for exchange in queue.vhost.exchanges.values():
@@ -224,9 +232,11 @@ def stream_extras(queue: Any, node: str) -> dict[str, Any]:
     return extras
 
 
-def queue_view(queue: Queue, node: str,
-               consumers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """A queue held on `node` (this one, or a remote queue's holder)."""
+def queue_view(queue: Queue, node: str, consumers: list[dict[str, Any]] | None = None,
+               members: Sequence[str] | None = None,
+               online: Sequence[str] | None = None) -> dict[str, Any]:
+    """A queue held on `node` (this one, or a remote queue's holder); a replicated stream's
+    `node` is its leader, with its `members` and those `online`."""
     vhost = queue.vhost
     policy = vhost.policy_for("queues", queue.name)
     unacked = int(getattr(queue, "unacked", 0))
@@ -261,7 +271,7 @@ def queue_view(queue: Queue, node: str,
         "message_stats": with_details(queue_counts(queue)),
     }
     if queue.type == "stream":
-        view.update(stream_extras(queue, node))
+        view.update(stream_extras(queue, node, members, online))
     if consumers is not None:
         view["consumer_details"] = consumers
     return view
