@@ -9,7 +9,8 @@ A round, all of it decided by its seed (`random.Random(seed)`):
    nemesis on the stream's leader of that moment, heal, restore, let the clients see the healed
    cluster a moment, and stop them;
 4. settle: wait (polling) until the leader's stream_status shows every member at its offset and
-   commit point, and every member's files as long as the leader's;
+   commit point, and every member's files as long as the leader's (a cluster that did not
+   recover in step 3 fails the round as `unrecovered`, with nothing settled or compared);
 5. read every member's log from disk and run the checker.
 
 While the nemesis runs, a monitor thread polls the stream's leadership key in etcd, so the round
@@ -165,6 +166,8 @@ def run_round(cluster: FaultCluster, nemesis: Nemesis, seed: int) -> RoundResult
         result.seconds["fault"] = fault.healed_at - fault.applied_at
         result.seconds["recover"] = cluster.restore()
         time.sleep(rng.uniform(1.0, 2.0))  # the clients see the healed cluster
+    except (AssertionError, RuntimeError) as exc:  # a node did not come back, or not linked
+        result.violations.append(Violation("unrecovered", f"after healing: {exc}"))
     finally:
         history = workload.stop()
         monitor.stop()
@@ -172,6 +175,10 @@ def run_round(cluster: FaultCluster, nemesis: Nemesis, seed: int) -> RoundResult
     result.notes = history.notes
     if fault is not None and fault.majority_cut:
         result.failover = failover(fault, monitor.changes, history)
+    if any(v.kind == "unrecovered" for v in result.violations):  # the next round restores
+        result.seconds["round"] = clock() - started
+        _record(result)
+        return result
     settle_started = clock()
     leader, committed, unsettled = settle(cluster, stream)
     result.seconds["settle"] = clock() - settle_started
