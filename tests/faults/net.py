@@ -287,13 +287,14 @@ def sweep_stale() -> None:
 
 
 def _start_time(pid: int) -> int:
-    """The process's start time in clock ticks since boot (0 if it is gone): with the pid,
-    it names one process, whatever later reuses the pid."""
+    """The process's start time in clock ticks since boot (0 if it is gone or a zombie): with
+    the pid, it names one process, whatever later reuses the pid."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return 0
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat.rsplit(")", 1)[1].split()
+    return 0 if fields[0] in ("Z", "X") else int(fields[19])
 
 
 def _alive(process: list[int]) -> bool:
