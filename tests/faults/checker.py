@@ -14,6 +14,9 @@ then returns every `Violation` of the invariants docs/REPLICATION.md states:
   (chunk by chunk: epochs, offsets, records and CRCs), or that lacks part of it;
 - dirty-read: a consumer delivered, at some offset, anything but what the final committed log
   holds there (an entry that was never committed, or was cut);
+- gap: a consumer (reading from `first`, resuming after its last offset when it reconnects)
+  that skipped offsets: committed entries it was never given. Offsets delivered again (a
+  resumed reader starts at its chunk's start, as RabbitMQ's) are not gaps;
 - phantom: an entry in the committed log that no publisher sent; corrupt: a chunk whose CRC
   fails, or a segment file that cannot be read.
 
@@ -71,7 +74,7 @@ class History:
 
 @dataclass(frozen=True)
 class Violation:
-    kind: str  # lost | duplicate | order | diverged | dirty-read | phantom | corrupt
+    kind: str  # lost | duplicate | order | diverged | dirty-read | gap | phantom | corrupt
     detail: str
 
     def __str__(self) -> str:
@@ -132,6 +135,7 @@ def check(history: History, members: dict[str, StoredLog], leader: str, committe
     violations += _duplicates(log_ids)
     violations += _order(history.publishes, position)
     violations += _dirty_reads(history.deliveries, dict(log_ids))
+    violations += _gaps(history.deliveries, first=log_ids[0][0] if log_ids else 0)
     stored = set(position)
     stats = {
         "sent": len(history.publishes),
@@ -255,4 +259,18 @@ def _dirty_reads(deliveries: Iterable[Delivery], final: dict[int, str | None]) -
             out.append(Violation("dirty-read", (
                 f"{d.consumer} via {d.node} got {d.id} at offset {d.offset}, where the committed "
                 f"log holds {final[d.offset]}")))
+    return out
+
+
+def _gaps(deliveries: Iterable[Delivery], first: int) -> list[Violation]:
+    """Each consumer, in the order it was given messages, saw every offset from `first` on."""
+    expected: dict[str, int] = {}
+    out = []
+    for d in sorted(deliveries, key=lambda d: d.at):
+        want = expected.get(d.consumer, first)
+        if d.offset > want:
+            out.append(Violation("gap", (
+                f"{d.consumer} via {d.node} skipped offsets {want}..{d.offset - 1} (got "
+                f"{d.offset} next)")))
+        expected[d.consumer] = max(want, d.offset + 1)
     return out

@@ -1,8 +1,9 @@
 """The checker on hand-made histories and logs: a clean round passes, and each kind of damage
 (a lost confirmed id, an id stored twice, a publisher's order broken on a channel or across a
-confirm, members that differ or one that lacks committed chunks, a dirty read, a record nobody
-sent, a chunk whose CRC fails) is reported as what it is. Also the on-disk reader on a real log
-written by leveret.storage. Needs no root and no broker."""
+confirm, members that differ or one that lacks committed chunks, a dirty read, a consumer that
+skipped offsets, a record nobody sent, a chunk whose CRC fails) is reported as what it is.
+Also the on-disk reader on a real log written by leveret.storage. Needs no root and no broker.
+"""
 
 from __future__ import annotations
 
@@ -120,10 +121,23 @@ def test_a_member_lacking_committed_chunks_has_diverged() -> None:
 def test_a_delivery_the_committed_log_does_not_hold_is_a_dirty_read() -> None:
     history, members = clean()
     history.publishes += publishes("p9", ["z1"], outcome=NACKED)
-    history.deliveries.append(Delivery("c2", "n3", 2, "z1", 9.0))  # offset 2 holds a2
+    history.deliveries.append(Delivery("c1", "n2", 2, "z1", 9.2))  # offset 2 holds a2
     assert kinds(history, members) == ["dirty-read"]
-    history.deliveries[-1] = Delivery("c2", "n3", 5, "z1", 9.0)  # past the committed log
+    history.deliveries[-1:] = [Delivery("c1", "n2", 2, "a2", 9.2),
+                               Delivery("c1", "n2", 3, "b2", 9.3),
+                               Delivery("c1", "n2", 4, "a3", 9.4),
+                               Delivery("c1", "n2", 5, "z1", 9.5)]  # past the committed log
     assert kinds(history, members) == ["dirty-read"]
+
+
+def test_a_consumer_that_skips_offsets_has_a_gap_but_one_given_offsets_again_has_not() -> None:
+    history, members = clean()
+    history.deliveries += [Delivery("c1", "n2", 1, "b1", 9.2),  # again, after a reconnect
+                           Delivery("c1", "n2", 2, "a2", 9.3), Delivery("c1", "n2", 3, "b2", 9.4)]
+    assert kinds(history, members) == []
+    history.deliveries.append(Delivery("c3", "n3", 1, "b1", 9.5))  # c3 never got offset 0
+    found = check(history, members, "n1", 4, plain).violations
+    assert [v.kind for v in found] == ["gap"] and "skipped offsets 0..0" in found[0].detail
 
 
 def test_a_record_nobody_sent_and_a_damaged_chunk_are_reported() -> None:
