@@ -30,6 +30,7 @@ import shutil
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from faults.checker import CONFIRMED, History, Verdict, Violation, check
 from faults.cluster import AMQP_PORT, FaultCluster, wait_for
 from faults.nemesis import Fault, Nemesis
 from faults.storedlog import StoredLog, read_log
-from faults.workload import StreamWorkload
+from faults.workload import StreamWorkload, Workload
 
 SETTLE_S = 30.0  # a member not caught up this long after healing is stuck
 
@@ -142,7 +143,11 @@ def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} s"
 
 
-def run_round(cluster: FaultCluster, nemesis: Nemesis, seed: int) -> RoundResult:
+WorkloadFactory = Callable[[dict[str, tuple[str, int]], str], Workload]
+
+
+def run_round(cluster: FaultCluster, nemesis: Nemesis, seed: int,
+              make_workload: WorkloadFactory = StreamWorkload) -> RoundResult:
     rng = random.Random(seed)
     result = RoundResult(nemesis.name, seed)
     clock = time.monotonic
@@ -150,7 +155,7 @@ def run_round(cluster: FaultCluster, nemesis: Nemesis, seed: int) -> RoundResult
     result.seconds["restore"] = cluster.restore()
     stream = f"faults-{nemesis.name}-{seed}"
     endpoints = {name: (node.ns.ip, AMQP_PORT) for name, node in cluster.nodes.items()}
-    workload = StreamWorkload(endpoints, stream)
+    workload = make_workload(endpoints, stream)
     declared_on = rng.choice(cluster.names)
     workload.declare(declared_on)
     result.violations += _placement(cluster, stream)
@@ -277,7 +282,7 @@ def _keep(cluster: FaultCluster, stream: str, label: str) -> str:
     return str(target)
 
 
-def _cleanup(workload: StreamWorkload, cluster: FaultCluster, leader: str) -> None:
+def _cleanup(workload: Workload, cluster: FaultCluster, leader: str) -> None:
     """Delete the round's stream, so later rounds' nemeses move only their own."""
     try:
         workload.delete(leader if cluster.nodes[leader].alive else cluster.names[0])

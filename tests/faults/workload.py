@@ -29,7 +29,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import pika
 import pika.exceptions
@@ -252,6 +252,19 @@ class Consumer(_Client):
         if offset >= 0:
             self.next_offset = offset + 1
         channel.basic_ack(method.delivery_tag)
+
+
+class Workload(Protocol):
+    """What a round needs of a workload: a queue kind whose members each keep a log under the
+    queue's storage folder (a replicated stream today; a quorum queue would be another)."""
+
+    kind: str
+
+    def declare(self, via: str) -> None: ...
+    def start(self) -> None: ...
+    def stop(self, timeout: float = 20.0) -> History: ...
+    def delete(self, via: str) -> None: ...
+    def decode(self, record: bytes) -> str | None: ...
 
 
 class StreamWorkload:
