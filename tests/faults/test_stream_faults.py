@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 
 import pytest
-from faults.cluster import FaultCluster
+from faults.cluster import AMQP_PORT, LINK_PORT, FaultCluster
 from faults.nemesis import NEMESES, Nemesis
+from faults.net import Namespace
 from faults.rounds import RoundResult, run_round
 
 SHORT_ROUNDS = int(os.environ.get("LEVERET_FAULT_ROUNDS", "2"))
@@ -57,6 +60,34 @@ def run_rounds(cluster: FaultCluster, plan: list[tuple[Nemesis, int]], replay: s
           f"confirm: {', '.join(f'{t:.2f}s' for t in times) or 'none seen'}", flush=True)
     assert not failed, "\n\n".join(
         r.report() + f"\n  replay: LEVERET_FAULT_SEED={r.seed} {replay}" for r in failed)
+
+
+def reaches(ns: Namespace | None, ip: str, port: int) -> bool:
+    """Whether a TCP connect from namespace `ns` (None: the root one, as a client) to ip:port
+    succeeds within a second."""
+    probe = f"import socket; socket.create_connection(({ip!r}, {port}), timeout=1).close()"
+    prefix = ns.exec_prefix() if ns else []
+    return subprocess.run([*prefix, sys.executable, "-c", probe], capture_output=True,
+                          timeout=30, check=False).returncode == 0
+
+
+def test_a_cut_drops_the_named_addresses_and_nothing_else(fault_cluster: FaultCluster) -> None:
+    """The harness itself: n1 cut from n2 and etcd cannot reach them nor be reached by n2,
+    while n3 and the clients still reach n1; healed, everything is reachable again."""
+    n1, n2, n3 = (fault_cluster.nodes[n] for n in ("n1", "n2", "n3"))
+    etcd = (fault_cluster.net.etcd_ip, fault_cluster.etcd.client_port)
+    n1.ns.cut(drop_in=[n2.ns.ip, etcd[0]], drop_out=[n2.ns.ip, etcd[0]])
+    try:
+        assert not reaches(n2.ns, n1.ns.ip, LINK_PORT)
+        assert not reaches(n1.ns, n2.ns.ip, LINK_PORT)
+        assert not reaches(n1.ns, *etcd)
+        assert reaches(n3.ns, n1.ns.ip, LINK_PORT)
+        assert reaches(None, n1.ns.ip, AMQP_PORT)
+        assert reaches(n2.ns, *etcd)
+    finally:
+        fault_cluster.net.heal_all()
+    assert reaches(n2.ns, n1.ns.ip, LINK_PORT) and reaches(n1.ns, *etcd)
+    fault_cluster.wait_healthy(60)
 
 
 @pytest.mark.parametrize("name", sorted(NEMESES))
