@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from leveret.storage import chunk as ck
-from leveret.storage import inspect, layout, recovery, retention, shipping, tracking
+from leveret.storage import fence, inspect, layout, recovery, retention, shipping, tracking
 from leveret.storage import segment as seg
 from leveret.storage.cache import ChunkCache
 from leveret.storage.config import LogConfig, check_retention
@@ -68,6 +68,7 @@ class Log:
         epochs = [s.last_epoch for s in self._segments if s.chunks]
         self._last_epoch = epochs[-1] if epochs else 0  # the epoch of the last chunk written
         self._epoch = self._last_epoch  # the epoch new chunks are stamped with
+        self._fence = fence.read(directory)
         self._last_sync_ms = config.clock()
         self._unsynced = False
         self._snapshot_due = False
@@ -116,6 +117,11 @@ class Log:
         return self._next - 1
 
     @property
+    def empty(self) -> bool:
+        """No chunk at all (a tracking chunk counts)."""
+        return not any(segment.chunks for segment in self._segments)
+
+    @property
     def committed_offset(self) -> int:
         return self._committed
 
@@ -138,6 +144,32 @@ class Log:
         last epoch is `epoch` agrees with this log up to there (and truncates after it)."""
         self._check_open()
         return shipping.epoch_end(self._dir, epoch, self._next)
+
+    def epoch_ranges(self) -> list[tuple[int, int]]:
+        """Each epoch of this log's chunks, oldest first, with the offset after its last chunk
+        (shipping.epoch_ranges): what a replica sends its leader on a sync."""
+        self._check_open()
+        return shipping.epoch_ranges(self._dir, self._next)
+
+    def mark_epoch(self) -> None:
+        """Write an empty tracking chunk (it takes no offset) stamped with the current epoch: a
+        new leader's first chunk, which a quorum must hold before anything it inherited counts
+        as committed (docs/REPLICATION.md, "Commit rule")."""
+        self._check_writable()
+        self._write_chunk(ck.encode_chunk(ck.ChunkType.TRACKING_DELTA, self._next,
+                                          self._timestamp(), [], epoch=self._epoch))
+
+    @property
+    def fence(self) -> int:
+        """The oldest leader epoch this member takes chunks from (storage/fence.py)."""
+        return self._fence
+
+    def raise_fence(self, epoch: int) -> None:
+        """Refuse every epoch older than `epoch` from now on, durably. Fences never go back."""
+        self._check_writable()
+        if epoch > self._fence:
+            fence.write(self._dir, epoch)
+            self._fence = epoch
 
     @property
     def tail(self) -> tuple[int, int]:
@@ -284,9 +316,10 @@ class Log:
 
     def truncate_from(self, offset: int) -> None:
         """Remove every chunk whose records start at `offset` or later (a replica's tail that
-        a new leader does not have: never committed). Tracking state is rebuilt."""
+        a new leader does not have: never committed), tracking chunks at `offset` included,
+        which the leader ships again. Tracking state is rebuilt."""
         self._check_writable()
-        if offset >= self._next:
+        if offset > self._next or (offset == self._next and not self._chunks_from(offset)):
             return
         if offset < self.first_offset:
             raise ValueError(f"cannot truncate below the log's first offset {self.first_offset}")
@@ -297,6 +330,11 @@ class Log:
             recovery.truncate_from(self._dir, [s.base for s in self._segments], offset)
         finally:
             self._load()
+
+    def _chunks_from(self, offset: int) -> bool:
+        """Whether any chunk starts at `offset` or later (at the next offset: tracking ones)."""
+        cursor = shipping.cursor_at(self._dir, offset)
+        return cursor.position < os.path.getsize(layout.segment_path(self._dir, cursor.base))
 
     def _timestamp(self) -> int:
         self._last_ts = max(self._config.clock(), self._last_ts)

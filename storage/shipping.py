@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,19 +63,21 @@ class Cursor:
 
 
 def cursor_at(directory: Path, offset: int) -> Cursor:
-    """A cursor at the first chunk whose records start at `offset` or later, in the segment
-    holding `offset` (a tracking chunk at `offset` comes first): for a replica whose log ends
-    just before `offset`."""
+    """A cursor at the first chunk whose records start at `offset` or later (tracking chunks at
+    `offset` come first, even those that end the segment before the one holding `offset`): for
+    a replica whose log ends just before `offset`."""
     bases = layout.list_bases(directory)
     if not bases:
         return Cursor(0, seg.FIRST_CHUNK_POSITION, offset)
-    base = bases[max(0, bisect.bisect_right(bases, offset) - 1)]
-    with _Segment(directory, base) as segment:
-        entries = segment.entries
-        i = bisect.bisect_left(entries, offset, key=lambda e: e.first_offset)
-        if i < len(entries):
-            return Cursor(base, entries[i].position, offset)
-        return Cursor(base, os.fstat(segment.fd).st_size, offset)
+    k = max(0, bisect.bisect_left(bases, offset) - 1)  # the last segment based below `offset`
+    for base in bases[k:]:
+        with _Segment(directory, base) as segment:
+            entries = segment.entries
+            i = bisect.bisect_left(entries, offset, key=lambda e: e.first_offset)
+            if i < len(entries):
+                return Cursor(base, entries[i].position, offset)
+            end = os.fstat(segment.fd).st_size
+    return Cursor(bases[-1], end, offset)
 
 
 def read_chunks(directory: Path, cursor: Cursor, max_bytes: int,
@@ -135,17 +138,38 @@ def epoch_end(directory: Path, epoch: int, next_offset: int) -> int:
     """The offset after the last chunk whose epoch is `epoch` or older (`next_offset`, the
     writer's, if every chunk is): where a log holding chunks of newer epochs parts from one
     whose last epoch is `epoch`."""
+    found = _first_chunk_above(directory, epoch)
+    return next_offset if found is None else found[1]
+
+
+def epoch_ranges(directory: Path, next_offset: int) -> list[tuple[int, int]]:
+    """The log's epochs, oldest first, each with the offset after its last chunk: what a
+    replica tells its leader on a sync, so that the leader finds where their logs part. Found
+    by bisecting (epochs never decrease along a log): a few header reads per epoch."""
+    found = _first_chunk_above(directory, -1)
+    ranges: list[tuple[int, int]] = []
+    while found is not None:
+        epoch = found[0]
+        found = _first_chunk_above(directory, epoch)
+        ranges.append((epoch, next_offset if found is None else found[1]))
+    return ranges
+
+
+def _first_chunk_above(directory: Path, epoch: int) -> tuple[int, int] | None:
+    """(epoch, first offset) of the first chunk whose epoch is newer than `epoch`, or None."""
     bases = layout.list_bases(directory)
 
-    def last_epoch(base: int) -> int:
+    def last_epoch(base: int) -> int:  # an empty segment (a new log's, or just rolled) last
         with _Segment(directory, base) as segment:
             n = len(segment.entries)
-            return segment.epoch(n - 1) if n else -1
+            return segment.epoch(n - 1) if n else sys.maxsize
 
     k = bisect.bisect_right(bases, epoch, key=last_epoch)  # segments entirely within `epoch`
-    if k >= len(bases):
-        return next_offset
-    with _Segment(directory, bases[k]) as segment:
-        entries = segment.entries
-        i = bisect.bisect_right(range(len(entries)), epoch, key=segment.epoch)
-        return entries[i].first_offset if i < len(entries) else next_offset
+    while k < len(bases):
+        with _Segment(directory, bases[k]) as segment:
+            entries = segment.entries
+            i = bisect.bisect_right(range(len(entries)), epoch, key=segment.epoch)
+            if i < len(entries):
+                return segment.epoch(i), entries[i].first_offset
+        k += 1  # an empty segment (the active one, just rolled)
+    return None

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from leveret.storage import Log, OffsetSpec
-from leveret.storage.errors import BadChunk
+from leveret.storage.errors import BadChunk, CorruptLogError
 
 
 def _records(log: Log, spec: OffsetSpec | None = None) -> list[tuple[int, bytes]]:
@@ -198,3 +198,83 @@ def test_a_replica_behind_the_leaders_retention_restarts_at_its_first_chunk(
     assert replica.first_offset == leader.first_offset
     assert (replica.publisher_id(b"pub"), replica.consumer_offset(b"reader")) == (11, 1)
     assert _files(replica) == _files(leader)
+
+
+def test_epoch_ranges_list_each_epoch_with_where_it_ends(open_log: Callable[..., Log],
+                                                         tmp_path: Path) -> None:
+    """Found by bisecting, across segments, with tracking chunks and an empty rolled segment."""
+    log = open_log(tmp_path / "r", max_segment_chunks=2)
+    assert log.epoch_ranges() == []
+    log.set_epoch(1)
+    log.append([b"a", b"b"])
+    log.append([b"c"])
+    log.set_epoch(4)
+    log.store_offsets({b"x": 1})  # a tracking chunk of epoch 4 at offset 3
+    log.append([b"d"])
+    log.set_epoch(7)
+    log.mark_epoch()  # nothing but its epoch, at offset 4
+    assert log.epoch_ranges() == [(1, 3), (4, 4), (7, 4)]
+    assert [log.epoch_end(e) for e in (0, 1, 4, 7)] == [0, 3, 4, 4]
+    assert log.tail == (7, 4) and _records(log) == [(0, b"a"), (1, b"b"), (2, b"c"), (3, b"d")]
+
+
+def test_shipping_from_an_offset_starts_with_the_tracking_chunks_there(
+        open_log: Callable[..., Log], tmp_path: Path) -> None:
+    """Tracking chunks at an offset may end the segment before the one that holds the offset
+    (it rolled after them): a replica cut at that offset gets them again, and the two logs are
+    the same, file for file."""
+    leader = open_log(tmp_path / "leader", max_segment_chunks=3)
+    replica = open_log(tmp_path / "replica", max_segment_chunks=3)
+    leader.append([b"one"])
+    leader.store_offsets({b"a": 0})
+    leader.store_offsets({b"b": 0})  # the segment is full: the next chunk rolls
+    leader.append([b"two"])
+    _ship(leader, replica)
+    replica.truncate_from(1)  # the tracking chunks at 1 go too
+    assert replica.tail == (0, 1) and replica.consumer_offset(b"a") is None
+    cursor = leader.ship_from(1)
+    while True:
+        data, cursor = leader.read_chunks(cursor, 1 << 20)
+        if not data:
+            break
+        replica.append_chunks(data)
+    for name in ("00000000000000000000.segment", "00000000000000000001.segment"):
+        assert (tmp_path / "replica" / name).read_bytes() == (
+            tmp_path / "leader" / name).read_bytes()
+    assert replica.consumer_offset(b"b") == 0
+
+
+def test_truncating_at_the_next_offset_drops_the_tracking_chunks_there(
+        open_log: Callable[..., Log]) -> None:
+    log = open_log()
+    log.append([b"one"])
+    log.store_offsets({b"a": 0})
+    log.truncate_from(1)
+    assert log.consumer_offset(b"a") is None and log.epoch_ranges() == [(0, 1)]
+    log.truncate_from(1)  # nothing there: nothing changes
+    assert _records(log) == [(0, b"one")]
+
+
+def test_a_fence_outlives_a_restart_and_never_goes_back(open_log: Callable[..., Log],
+                                                        tmp_path: Path) -> None:
+    log = open_log()
+    assert log.fence == 0
+    log.raise_fence(5)
+    log.raise_fence(3)
+    assert log.fence == 5
+    log.close()
+    assert open_log().fence == 5
+    assert (tmp_path / "log" / "fence").read_bytes()[:4] == b"LVFN"
+
+
+def test_a_damaged_fence_is_reported_not_ignored(open_log: Callable[..., Log],
+                                                  tmp_path: Path) -> None:
+    log = open_log()
+    log.raise_fence(2)
+    log.close()
+    (tmp_path / "log" / "fence").write_bytes(b"LVFN\x01\x00\x00\x00\x02")
+    with pytest.raises(CorruptLogError, match="9 bytes, expected 16"):
+        open_log()
+    (tmp_path / "log" / "fence").write_bytes(b"XXXX" + bytes(12))
+    with pytest.raises(CorruptLogError, match="bad magic"):
+        open_log()
