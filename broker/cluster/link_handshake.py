@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from leveret.broker.cluster import link_frames as lf
 from leveret.broker.cluster.link_frames import Frame, FrameType
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the two-call stream.sync with epoch ranges, fenced tails
 MAGIC = "leveret-link"
 NONCE_SIZE = 32
 

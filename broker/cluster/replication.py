@@ -1,22 +1,32 @@
 """A replicated stream's log: the leader ships its chunks to the replicas, and commits at a quorum.
 
-Leader side, `Shipper` (one per stream, on its leader): for each replica a task first syncs with
-it (`stream.sync`: the replica takes the leader's epoch and answers its tail; if its last epoch
-is older than the leader's, it truncates to where that epoch ends in the leader's log, as osiris
-does), then sends whole chunks from the leader's log (`Log.read_chunks`, the bytes as they are on
-disk, each with its two CRCs) as CHUNK frames stamped with the epoch, as fast as the link's
-backpressure lets it, and waits for the writer's next append when it has caught up. A replica
-answers each frame with `stream.ack` (the next offset it holds). The committed offset is the
-highest offset held by a majority of members, the leader included; `on_commit` reports each
-advance, and `stream.commit` tells the replicas, whose readers see only committed data. A replica
-that goes away is synced again, from its own tail, once its link is back: only the delta is sent.
-A replica whose tail is below the leader's first offset (the leader's retention removed what it
-lacks, or it is a new member) starts again, empty, at that first offset, as osiris's do.
+The protocol and its invariants are in docs/REPLICATION.md; in short:
+
+Leader side, `Shipper` (one per stream, on its leader, for one epoch): for each replica a task
+syncs with it in two calls. The first (`stream.sync` with the epoch) makes the replica take the
+leader's epoch (if its fence allows it: an election may have fenced it at a newer one, and then
+the answer says so and the leader's `on_fenced` is told) and answer the epochs of its log with
+where each ends. The leader finds where the two logs part (`agreement`: chunks of one epoch are
+one leader's, written once, so two logs agree up to the end of the last epoch range they share),
+and the second call (`agree`) makes the replica cut everything from there, tracking chunks at
+that offset included, or start again at the leader's first offset if retention here removed
+what it lacks. Only then is the replica *verified*: it takes chunks and commit points from this
+leader. The leader ships whole chunks from its log (`Log.read_chunks`, the bytes as on disk, each
+with its two CRCs) as CHUNK frames stamped with the epoch, and each replica answers `stream.ack`
+(its next offset and the epoch of its last chunk).
+
+The commit rule (Raft's, for the same reason): the committed offset is the highest offset held by
+a quorum of members whose last chunk is of the current epoch, the leader included. A new leader
+that inherited chunks first writes an empty tracking chunk of its epoch (`Log.mark_epoch`), so
+that what it inherited is committed once a quorum holds that chunk, and an election, which picks
+the greatest (last epoch, next offset) among a quorum of fenced members, can never pick a member
+that lacks a committed chunk. `on_commit` reports each advance, and `stream.commit` tells the
+verified replicas, whose readers see only committed data.
 
 Replica side, `Replicas` (one per node): the logs this node holds as a replica, by stream. It
-appends a chunk only from the stream's current epoch (the one of the last sync), so a deposed
-leader's chunks are refused (fencing); a chunk that does not follow the log closes nothing but is
-dropped and logged, and the leader's next sync repairs the gap.
+takes a chunk only from the verified sync's leader and epoch, so a deposed leader's chunks are
+refused (and told so, with the fence, in the ack); `fence` raises a log's fence (durably, in the
+log's folder) for an election, after which the old leader's chunks and commits are refused too.
 
 Who leads which stream, with which epoch and replicas, is the caller's (the stream coordinator's,
 through etcd). It must not know AMQP, the model's queues or etcd.
@@ -28,13 +38,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from leveret.broker import logs
 from leveret.broker.cluster.link import Chunk, Handlers, Link, LinkError
-from leveret.storage import Log
-from leveret.storage import chunk as ck
+from leveret.storage import Log, shipping
 from leveret.storage.errors import BadChunk, StorageError
 
 log = logs.get("leveret.cluster.replication")
@@ -43,6 +52,7 @@ ACK = "stream.ack"
 COMMIT = "stream.commit"
 CHUNK_BYTES = 1 << 20  # read and sent per frame, at most (one bigger chunk goes whole)
 RETRY_S = 0.2
+IDLE_CHECK_S = 1.0  # a caught-up sender looks at the log again this often, appended or not
 
 
 def quorum(members: int) -> int:
@@ -60,6 +70,7 @@ def committed_offset(tails: list[int], members: int) -> int:
 class ReplicaState:
     node: str
     next_offset: int = 0  # what it holds, as it last acknowledged
+    last_epoch: int = -1  # the epoch of its last chunk, as it last acknowledged
     synced: bool = False
 
 
@@ -67,18 +78,23 @@ class Shipper:
     def __init__(self, stream: str, log_: Log, epoch: int, replicas: list[str],
                  link_to: Callable[[str], Link | None],
                  on_commit: Callable[[int], None] = lambda _offset: None,
-                 chunk_bytes: int = CHUNK_BYTES) -> None:
+                 chunk_bytes: int = CHUNK_BYTES,
+                 on_fenced: Callable[[int], None] = lambda _epoch: None) -> None:
         self.stream = stream
         self.log = log_
         self.epoch = epoch
         self.replicas = {node: ReplicaState(node) for node in replicas}
         self.link_to = link_to
         self.on_commit = on_commit
+        self.on_fenced = on_fenced
         self.chunk_bytes = chunk_bytes
         self.committed = -1
         self._appended = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         log_.set_epoch(epoch)
+        log_.raise_fence(epoch)
+        if not log_.empty and log_.tail[0] < epoch:
+            log_.mark_epoch()  # what this leader inherited commits with its first chunk
 
     @property
     def members(self) -> int:
@@ -102,7 +118,8 @@ class Shipper:
         self._appended.set()
         self._advance()
 
-    def acked(self, node: str, epoch: int, next_offset: int, resync: bool = False) -> None:
+    def acked(self, node: str, epoch: int, next_offset: int, last_epoch: int,
+              resync: bool = False) -> None:
         state = self.replicas.get(node)
         if state is None or epoch != self.epoch or not state.synced:
             return
@@ -110,21 +127,35 @@ class Shipper:
             state.synced = False
             self._appended.set()
             return
-        state.next_offset = max(state.next_offset, next_offset)
+        if next_offset >= state.next_offset:
+            state.next_offset, state.last_epoch = next_offset, last_epoch
         self._advance()
 
+    def fenced(self, node: str, fence: int) -> None:
+        """`node` refused this leader's epoch: an election fenced it at `fence`."""
+        state = self.replicas.get(node)
+        if state is not None and fence > self.epoch:
+            state.synced = False
+            self.on_fenced(fence)
+
     def _advance(self) -> None:
-        tails = [self.log.next_offset] + [s.next_offset for s in self.replicas.values()]
-        committed = committed_offset(tails, self.members)
+        current = [self.log.next_offset] if self.log.tail[0] == self.epoch else []
+        current += [s.next_offset for s in self.replicas.values()
+                    if s.synced and s.last_epoch == self.epoch]
+        committed = committed_offset(current, self.members)
         if committed > self.committed:
             self.committed = committed
             self.on_commit(committed)
-            for node in self.replicas:
-                link = self.link_to(node)
-                if link is not None and not link.closed:
-                    with contextlib.suppress(LinkError):
-                        link.post(COMMIT, {"stream": self.stream, "epoch": self.epoch,
-                                           "committed": committed})
+            for state in self.replicas.values():
+                if state.synced:
+                    self._post_commit(state.node)
+
+    def _post_commit(self, node: str) -> None:
+        link = self.link_to(node)
+        if link is not None and not link.closed:
+            with contextlib.suppress(LinkError):
+                link.post(COMMIT, {"stream": self.stream, "epoch": self.epoch,
+                                   "committed": self.committed})
 
     async def _ship(self, state: ReplicaState) -> None:
         while True:
@@ -135,34 +166,15 @@ class Shipper:
                 continue
             try:
                 await self._sync_and_send(link, state)
-            except (LinkError, StorageError, BadChunk, Resync) as exc:
+            except (LinkError, StorageError, BadChunk, Resync, ValueError, KeyError,
+                    TypeError) as exc:  # (the last three: a malformed answer)
                 log.info("replica sync interrupted", stream=self.stream, replica=state.node,
                          error=str(exc))
                 state.synced = False
                 await asyncio.sleep(RETRY_S)
 
     async def _sync_and_send(self, link: Link, state: ReplicaState) -> None:
-        answer = await link.call(SYNC, {"stream": self.stream, "epoch": self.epoch,
-                                        "epoch_end": None})
-        last_epoch, next_offset = int(answer["last_epoch"]), int(answer["next_offset"])
-        if last_epoch < self.epoch:
-            agree = min(self.log.epoch_end(last_epoch), next_offset)
-            if agree < next_offset:
-                answer = await link.call(SYNC, {"stream": self.stream, "epoch": self.epoch,
-                                                "epoch_end": agree})
-                next_offset = int(answer["next_offset"])
-        first = self.log.first_offset
-        if next_offset < first:  # retention here removed what it lacks: it starts at our first
-            answer = await link.call(SYNC, {"stream": self.stream, "epoch": self.epoch,
-                                            "epoch_end": None, "start": first})
-            next_offset = int(answer["next_offset"])
-        state.next_offset, state.synced = next_offset, True
-        self._advance()
-        if self.committed >= 0:  # a replica that came back learns the commit point at once
-            with contextlib.suppress(LinkError):
-                link.post(COMMIT, {"stream": self.stream, "epoch": self.epoch,
-                                   "committed": self.committed})
-        cursor = self.log.ship_from(next_offset)
+        cursor = await self._sync(link, state)
         while not link.closed:
             if not state.synced:
                 raise Resync(f"{state.node} refused a chunk and is synced again")
@@ -172,13 +184,57 @@ class Shipper:
                 continue
             self._appended.clear()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):  # and look again: another replica cleared it
-                    await self._appended.wait()
+                async with asyncio.timeout(IDLE_CHECK_S):  # and look again: another replica
+                    await self._appended.wait()            # may have cleared it
         raise LinkError(f"link to {state.node} closed")
+
+    async def _sync(self, link: Link, state: ReplicaState) -> shipping.Cursor:
+        """The two calls of a sync; returns where shipping to the replica starts."""
+        hello = await link.call(SYNC, {"stream": self.stream, "epoch": self.epoch})
+        fence = hello.get("fenced")
+        if isinstance(fence, int):
+            self.fenced(state.node, fence)
+            raise Resync(f"{state.node} is fenced at epoch {fence}, newer than {self.epoch}")
+        agree = agreement(self.log, _ranges(hello), _int(hello, "first_offset"))
+        body: dict[str, Any] = {"stream": self.stream, "epoch": self.epoch, "agree": agree}
+        if agree < self.log.first_offset:  # retention here removed what it lacks
+            agree = body["start"] = self.log.first_offset
+        answer = await link.call(SYNC, body)
+        state.next_offset, state.last_epoch = _int(answer, "next_offset"), _int(answer,
+                                                                                "last_epoch")
+        state.synced = True
+        self._advance()
+        if self.committed >= 0:  # a replica that came back learns the commit point at once
+            self._post_commit(state.node)
+        return self.log.ship_from(agree)
+
+
+def agreement(log_: Log, ranges: list[tuple[int, int]], first_offset: int) -> int:
+    """Where a replica's log parts from `log_` (the leader's): the offset up to which every
+    chunk of the replica is, byte for byte, the leader's. `ranges` are the replica's epochs
+    with the offset after each one's last chunk (Log.epoch_ranges), `first_offset` its first.
+
+    Chunks of one epoch are written once, by that epoch's leader, each after the one before, so
+    two logs holding chunks of epoch e from the same offset agree until one's e-chunks end. The
+    leader's e-chunks run from epoch_end(e - 1) to epoch_end(e). A range the leader's
+    retention already removed cannot be compared, and is taken as agreed (it was committed)."""
+    agree = first_offset
+    for epoch, end in ranges:
+        if end <= log_.first_offset:
+            agree = end
+            continue
+        start = max(agree, log_.first_offset)
+        mine_from, mine_to = log_.epoch_end(epoch - 1), log_.epoch_end(epoch)
+        if mine_from > start or mine_to <= start:
+            return agree  # the leader has other chunks where this epoch starts here
+        agree = min(end, mine_to)
+        if agree < end:
+            return agree
+    return agree
 
 
 class Resync(Exception):
-    """A replica refused a chunk: its sender syncs it again."""
+    """A replica refused a chunk or the leader's epoch: its sender syncs it again."""
 
 
 @dataclass
@@ -186,16 +242,16 @@ class ReplicaLog:
     log: Log
     epoch: int = -1  # the epoch of the last sync: chunks of any other epoch are refused
     leader: str = ""
+    verified: bool = False  # the last sync cut what its leader does not have: chunks may come
     committed: int = -1  # what this replica's readers may read: announced and held here
     announced: int = -1  # the leader's last commit point
     expected: str = ""  # the node the stream's record names as leader ("": any)
-    # after a sync: the tracking chunks this log ends with (they take no offset, so the leader
-    # ships them again from the replica's next offset); dropped when they come back
-    held: list[bytes] = field(default_factory=list)
     on_commit: Callable[[int], None] = lambda _offset: None
 
     def advance(self) -> None:
-        """The commit point here: the leader's, as far as this log holds it."""
+        """The commit point here: the leader's, as far as this log holds it, once verified."""
+        if not self.verified:
+            return
         committed = min(self.announced, self.log.next_offset - 1)
         if committed > self.committed:
             self.committed = committed
@@ -218,75 +274,115 @@ class Replicas:
             leader: str = "", epoch: int = -1) -> ReplicaLog:
         """Hold `log_` as a replica of `stream`. With `leader`, only that node may sync it (a
         deposed leader is refused even before it learns of the new epoch); `epoch` is the
-        oldest epoch still accepted."""
-        replica = self.logs[stream] = ReplicaLog(log_, epoch=epoch, on_commit=on_commit,
-                                                 expected=leader)
+        oldest epoch still accepted (the log's fence is raised to it)."""
+        log_.raise_fence(epoch)
+        replica = self.logs[stream] = ReplicaLog(log_, on_commit=on_commit, expected=leader)
         return replica
 
     def remove(self, stream: str) -> None:
         self.logs.pop(stream, None)
 
-    async def _sync(self, link: Link, body: Any) -> dict[str, int]:
+    def fence(self, stream: str, epoch: int) -> tuple[int, int] | None:
+        """An election: from now on, nothing of an epoch older than `epoch` is taken (durably),
+        and the current leader, if older, is verified no more. Returns the log's tail after
+        that (it can no longer grow in an older epoch), or None if this node holds no replica
+        of `stream`."""
+        replica = self.logs.get(stream)
+        if replica is None:
+            return None
+        replica.log.raise_fence(epoch)
+        if replica.epoch < epoch:
+            replica.verified = False
+        return replica.log.tail
+
+    async def _sync(self, link: Link, body: Any) -> dict[str, Any]:
         replica = self._replica(body)
         epoch = _int(body, "epoch")
-        if epoch < replica.epoch:
-            raise ValueError(f"epoch {epoch} is older than this replica's {replica.epoch}")
         if replica.expected and link.peer_node != replica.expected:
             raise ValueError(f"{link.peer_node} does not lead this stream; "
                              f"{replica.expected} does")
-        replica.epoch, replica.leader = epoch, link.peer_node
-        end = _offset(body, "epoch_end")
-        if end is not None and end < replica.log.next_offset:
-            log.info("truncating a replica's tail the leader does not have", stream=body["stream"],
-                     offset=end, next_offset=replica.log.next_offset)
-            end = max(end, replica.committed + 1)
-            if end < replica.log.first_offset:  # its own retention removed where they agree
-                replica.log.reset_to(end)
-            else:
-                replica.log.truncate_from(end)
-        start = _offset(body, "start")
-        if start is not None and start > replica.log.next_offset:
-            log.info("replica starts again at the leader's first offset", stream=body["stream"],
-                     offset=start, next_offset=replica.log.next_offset)
-            replica.log.reset_to(start)
+        if "agree" not in body:
+            return self._hello(replica, link, epoch)
+        if epoch != replica.epoch or link.peer_node != replica.leader:
+            raise ValueError("a sync's second call from another leader or epoch")
+        self._cut(replica, body)
+        replica.verified = True
+        replica.advance()
         last_epoch, next_offset = replica.log.tail
-        tail, _cursor = replica.log.read_chunks(replica.log.ship_from(next_offset), CHUNK_BYTES)
-        replica.held = _split(tail)
         return {"last_epoch": last_epoch, "next_offset": next_offset}
+
+    @staticmethod
+    def _hello(replica: ReplicaLog, link: Link, epoch: int) -> dict[str, Any]:
+        """The first call of a sync: take the leader's epoch, unverified, and answer this log's
+        epochs; or, fenced at a newer epoch, say so."""
+        if epoch < replica.log.fence:
+            return {"fenced": replica.log.fence}
+        replica.log.raise_fence(epoch)
+        replica.epoch, replica.leader, replica.verified = epoch, link.peer_node, False
+        return {"ranges": replica.log.epoch_ranges(), "first_offset": replica.log.first_offset}
+
+    @staticmethod
+    def _cut(replica: ReplicaLog, body: Any) -> None:
+        """The second call: cut from where the leader says the logs part."""
+        log_ = replica.log
+        agree, start = _offset(body, "agree"), _offset(body, "start")
+        if agree is None:
+            raise ValueError("agree must be a non-negative integer")
+        if start is not None and (start > log_.next_offset or agree < log_.first_offset):
+            log.info("replica starts again at the leader's first offset",
+                     offset=start, next_offset=log_.next_offset)
+            log_.reset_to(start)
+            return
+        if agree <= min(replica.committed, log_.next_offset - 1):  # never: a committed chunk
+            # is on every later leader
+            raise ValueError(f"the leader would cut offset {agree}, committed here")
+        if agree < log_.next_offset:
+            log.info("truncating a replica's tail the leader does not have",
+                     offset=agree, next_offset=log_.next_offset)
+        log_.truncate_from(agree)
 
     async def _chunk(self, link: Link, chunk: Chunk) -> None:
         replica = self.logs.get(chunk.stream)
-        if replica is None or chunk.epoch != replica.epoch or link.peer_node != replica.leader:
-            log.warning("chunk refused: not from this stream's current leader",
+        if (replica is None or not replica.verified or chunk.epoch != replica.epoch
+                or link.peer_node != replica.leader):
+            log.warning("chunk refused: not from this stream's verified leader",
                         stream=chunk.stream, epoch=chunk.epoch, peer_node=link.peer_node)
+            if replica is not None and chunk.epoch < replica.log.fence:
+                self._post_ack(link, chunk, replica, fenced=replica.log.fence)
             return
-        data: bytes | memoryview = chunk.data
-        if replica.held:  # the first frame after a sync: what this log already ends with
-            data = _drop_held(replica, memoryview(chunk.data))
         try:
-            next_offset = replica.log.append_chunks(data)
+            replica.log.append_chunks(chunk.data)
         except BadChunk as exc:
             log.warning("chunk refused; asking the leader to sync again", stream=chunk.stream,
                         reason=str(exc))
-            replica.epoch = -1  # nothing more until the leader syncs again, which it is asked
-            with contextlib.suppress(LinkError):
-                link.post(ACK, {"stream": chunk.stream, "epoch": chunk.epoch,
-                                "next_offset": replica.log.next_offset, "resync": True})
+            replica.verified = False  # nothing more until the leader syncs again, as asked
+            self._post_ack(link, chunk, replica, resync=True)
             return
+        self._post_ack(link, chunk, replica)
+        replica.advance()
+
+    @staticmethod
+    def _post_ack(link: Link, chunk: Chunk, replica: ReplicaLog, **extra: Any) -> None:
+        last_epoch, next_offset = replica.log.tail
         with contextlib.suppress(LinkError):
             link.post(ACK, {"stream": chunk.stream, "epoch": chunk.epoch,
-                            "next_offset": next_offset})
-        replica.advance()
+                            "next_offset": next_offset, "last_epoch": last_epoch, **extra})
 
     async def _ack(self, link: Link, body: Any) -> None:
         shipper = self.shippers.get(str(body.get("stream")))
-        if shipper is not None:
-            shipper.acked(link.peer_node, _int(body, "epoch"), _int(body, "next_offset"),
-                          resync=body.get("resync") is True)
+        if shipper is None:
+            return
+        fence = body.get("fenced")
+        if isinstance(fence, int) and not isinstance(fence, bool):
+            shipper.fenced(link.peer_node, fence)
+            return
+        shipper.acked(link.peer_node, _int(body, "epoch"), _int(body, "next_offset"),
+                      _int(body, "last_epoch"), resync=body.get("resync") is True)
 
     async def _commit(self, link: Link, body: Any) -> None:
         replica = self.logs.get(str(body.get("stream")))
-        if replica is None or _int(body, "epoch") != replica.epoch:
+        if (replica is None or not replica.verified or _int(body, "epoch") != replica.epoch
+                or link.peer_node != replica.leader):
             return
         replica.announced = max(replica.announced, _int(body, "committed"))
         replica.advance()
@@ -299,24 +395,17 @@ class Replicas:
         return replica
 
 
-def _split(data: bytes) -> list[bytes]:
-    chunks, view = [], memoryview(data)
-    while view:
-        size = ck.decode_header(view).total_size
-        chunks.append(bytes(view[:size]))
-        view = view[size:]
-    return chunks
-
-
-def _drop_held(replica: ReplicaLog, view: memoryview) -> memoryview:
-    """Skip the leading chunks of `view` that are, byte for byte, the tracking chunks the
-    replica's log already ends with; anything else ends the skipping."""
-    held, replica.held = replica.held, []
-    for chunk in held:
-        if bytes(view[:len(chunk)]) != chunk:
-            break
-        view = view[len(chunk):]
-    return view
+def _ranges(body: Any) -> list[tuple[int, int]]:
+    ranges = body.get("ranges") if isinstance(body, dict) else None
+    if not isinstance(ranges, list):
+        raise ValueError("ranges must be a list")
+    out = []
+    for item in ranges:
+        if (not isinstance(item, list) or len(item) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in item)):
+            raise ValueError("each range is [epoch, end offset]")
+        out.append((item[0], item[1]))
+    return out
 
 
 def _offset(body: Any, key: str) -> int | None:

@@ -39,7 +39,7 @@ from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.cluster.etcd_types import Compare, Put
 from leveret.broker.cluster.link import Link, LinkError
 from leveret.broker.cluster.replication import quorum
-from leveret.broker.cluster.stream_leadership import StreamLeadership, Tail, choose_leader
+from leveret.broker.cluster.stream_leadership import StreamLeadership, Tail, fenced_election
 from leveret.broker.cluster.stream_leadership import _encode as encode_leadership
 from leveret.broker.cluster.topology_records import QueueRecord, encode
 
@@ -67,11 +67,21 @@ class Failover:
             self._task = asyncio.get_running_loop().create_task(self._watch())
 
     async def _tail(self, _link: Link, body: Any) -> dict[str, int]:
+        """A member's tail, and whether it lost the leader too; with `fence` (an election's
+        next epoch), the replica is fenced at it first, durably, so the tail cannot grow in the
+        old epoch after it was told."""
         key = body.get("stream") if isinstance(body, dict) else None
         found = self.replication.log_of(key) if isinstance(key, str) else None
         if found is None or not isinstance(key, str):
             raise LookupError(f"this node holds no log of stream {key!r}")
-        epoch, next_offset = found.tail
+        fence = body.get("fence")
+        if isinstance(fence, int) and not isinstance(fence, bool):
+            tail = self.replication.replicas.fence(key, fence)
+            if tail is None:
+                raise LookupError(f"this node holds no replica of stream {key!r}")
+            epoch, next_offset = tail
+        else:
+            epoch, next_offset = found.tail
         record = self.replication.following.get(key)
         lost = record is not None and self._leader_lost(record.node)
         return {"epoch": epoch, "next_offset": next_offset, "leader_lost": lost}
@@ -122,44 +132,53 @@ class Failover:
         return done
 
     async def _elect(self, key: str, record: QueueRecord) -> None:
+        """Ask the members whether they lost the leader too; with a quorum that did, fence a
+        quorum at the next epoch and compare their tails (stream_leadership.fenced_election);
+        the chosen member takes over in one txn."""
         me = self.cluster.node
-        tails: dict[str, Tail] = {}
-        own = self.replication.log_of(key)
-        if own is None:
+        if self.replication.replicas.logs.get(key) is None:
             return
-        tails[me] = own.tail
         asks = [m for m in record.members if m not in (me, record.node)]
         answers = await asyncio.gather(*(self._ask(m, key) for m in asks))
-        lost_by = 1  # members that lost the leader: this one, and those that answer so
-        for member, answer in zip(asks, answers, strict=True):
-            if answer is not None:
-                tails[member], lost = answer
-                lost_by += lost
+        lost_by = 1 + sum(1 for answer in answers if answer is not None and answer[1])
         if record.node in self.cluster.links.records and lost_by < quorum(len(record.members)):
             return  # its record is there and a quorum still reaches it: only this link broke
-        chosen = choose_leader(record.members, tails)
-        if chosen != me:
-            if chosen is None:
-                log.warning("no quorum of members to elect a stream's leader", stream=record.name,
-                            vhost=record.vhost, answered=sorted(tails))
-            return  # the chosen member acts; every member checks again while the leader is down
         try:
             current = await self.replication.leaderships.get(record.vhost, record.name)
             if current is None or current.leader != record.node:
                 return  # already elected, or gone
+            chosen = await fenced_election(
+                me, record.members, record.node, current.epoch + 1,
+                lambda fence: self.replication.replicas.fence(key, fence),
+                lambda member, fence: self._ask_fenced(member, key, fence))
+            if chosen != me:
+                if chosen is None:
+                    log.warning("no quorum of members to elect a stream's leader",
+                                stream=record.name, vhost=record.vhost)
+                return  # the chosen member acts; every member checks again meanwhile
             await self._take_over(record, current)
         except EtcdException as exc:
             log.warning("cannot elect a stream's leader yet", stream=record.name, error=str(exc))
 
     async def _ask(self, node: str, key: str) -> tuple[Tail, bool] | None:
         """A member's tail, and whether it lost the leader too."""
+        answer = await self._call_tail(node, {"stream": key})
+        if answer is None:
+            return None
+        return (int(answer["epoch"]), int(answer["next_offset"])), answer.get("leader_lost") is True
+
+    async def _ask_fenced(self, node: str, key: str, fence: int) -> Tail | None:
+        answer = await self._call_tail(node, {"stream": key, "fence": fence})
+        return None if answer is None else (int(answer["epoch"]), int(answer["next_offset"]))
+
+    async def _call_tail(self, node: str, body: dict[str, Any]) -> Any:
         link = self.cluster.links.link_to(node)
         if link is None or link.closed:
             return None
         with contextlib.suppress(LinkError, TimeoutError, ValueError, KeyError, TypeError):
-            answer = await link.call(TAIL, {"stream": key}, timeout=TAIL_TIMEOUT_S)
-            tail = int(answer["epoch"]), int(answer["next_offset"])
-            return tail, answer.get("leader_lost") is True
+            answer = await link.call(TAIL, body, timeout=TAIL_TIMEOUT_S)
+            int(answer["epoch"]), int(answer["next_offset"])
+            return answer
         return None
 
     async def _take_over(self, record: QueueRecord, current: StreamLeadership) -> None:

@@ -17,7 +17,9 @@ Asyncio: one event loop.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +60,32 @@ def choose_leader(members: tuple[str, ...], tails: dict[str, Tail]) -> str | Non
     if len(answered) < quorum(len(members)):
         return None
     return max(answered, key=lambda node: (answered[node], _reverse(node)))
+
+
+def needs_new_epoch(epoch: int, last_chunk_epoch: int, fenced_at: int) -> bool:
+    """Whether a leader must take the next epoch rather than lead in `epoch` (its leadership
+    key's): its log already holds chunks of `epoch` (it led in it before a restart, and every
+    epoch must be one run of one leader, which the replicas' sync relies on), or a replica was
+    fenced past it by an election that did not finish (which no sync in `epoch` passes)."""
+    return last_chunk_epoch >= epoch or fenced_at > epoch
+
+
+async def fenced_election(me: str, members: tuple[str, ...], leader: str, fence: int,
+                          fence_own: Callable[[int], Tail | None],
+                          ask: Callable[[str, int], Awaitable[Tail | None]]) -> str | None:
+    """An election by `me` of a new leader in epoch `fence` (the leadership's next): fence this
+    member and ask every other member but the old leader to fence itself and answer its tail,
+    then choose among those that did. A fenced member takes nothing more of the old epoch, so
+    with a quorum fenced the old leader can commit nothing more, and the greatest tail among
+    them holds every committed chunk. None without a quorum of fenced answers."""
+    own = fence_own(fence)
+    if own is None:
+        return None
+    others = [m for m in members if m not in (me, leader)]
+    answers = await asyncio.gather(*(ask(m, fence) for m in others))
+    tails = {me: own} | {m: tail for m, tail in zip(others, answers, strict=True)
+                          if tail is not None}
+    return choose_leader(members, tails)
 
 
 def _reverse(name: str) -> tuple[int, ...]:

@@ -37,7 +37,11 @@ from leveret.broker.cluster import stream_sac
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.cluster.link import Link, LinkError
 from leveret.broker.cluster.replication import Replicas, Shipper
-from leveret.broker.cluster.stream_leadership import StreamLeaderships
+from leveret.broker.cluster.stream_leadership import (
+    StaleLeadership,
+    StreamLeaderships,
+    needs_new_epoch,
+)
 from leveret.broker.cluster.topology_records import QueueRecord
 from leveret.broker.model.remote_queue import RemoteQueue
 from leveret.broker.model.stream import StreamQueue
@@ -61,6 +65,7 @@ class Led:
     shipper: Shipper | None = None
     task: asyncio.Task[None] | None = None
     closed: bool = field(default=False)
+    fence: int = 0  # the newest epoch a replica said it was fenced at
 
 
 class StreamReplication:
@@ -73,7 +78,6 @@ class StreamReplication:
         cluster.links.handlers.on_message(OFFSETS, self._store_offsets)
         self.led: dict[str, Led] = {}
         self.following: dict[str, QueueRecord] = {}  # streams replicated here, by key
-        self._epochs: dict[str, int] = {}  # a replica's epoch while it changes leader
         self.failover: Any = None
         self.sac: Any = None  # single active consumer across nodes (stream_sac.py)
         from leveret.broker.cluster.stream_membership import StreamMembership  # imports this
@@ -127,7 +131,8 @@ class StreamReplication:
         _closing.add(closing)
         closing.add_done_callback(_closing.discard)
         led.shipper = None
-        led.task = asyncio.get_running_loop().create_task(self._start_shipping(led, record))
+        led.task = asyncio.get_running_loop().create_task(
+            self._start_shipping(led, record, epoch=old.epoch))
         log.info("a replicated stream's members changed", stream=record.name,
                  vhost=record.vhost, members=list(record.members))
         return True
@@ -168,7 +173,6 @@ class StreamReplication:
                 self._stop(key, led)
         for key, replica in list(self.replicas.logs.items()):
             if replica.log is queue.log or key == queue.storage_id:  # (a restart's new log)
-                self._epochs[key] = replica.epoch  # a new leader's epoch is newer still
                 self.replicas.remove(key)
                 self.following.pop(key, None)
         queue.forward_to = None
@@ -236,17 +240,21 @@ class StreamReplication:
         log.info("leading a replicated stream", stream=record.name, vhost=record.vhost,
                  members=list(record.members))
 
-    async def _start_shipping(self, led: Led, record: QueueRecord) -> None:
-        """Read the stream's epoch from its leadership key, then ship."""
-        epoch = None
+    async def _start_shipping(self, led: Led, record: QueueRecord,
+                              epoch: int | None = None) -> None:
+        """Take the stream's epoch from its leadership key, then ship (`epoch`: keep that one,
+        for new members under the same leader)."""
         while epoch is None and not led.closed:
             try:
-                found = await self.leaderships.get(record.vhost, record.name)
-                epoch = found.epoch if found is not None else 1
+                epoch = await self._leading_epoch(led, record)
+            except StaleLeadership:
+                continue  # changed meanwhile: read it again
             except EtcdException as exc:
                 log.warning("cannot read a stream's leadership yet; retrying",
                             stream=record.name, error=str(exc))
                 await asyncio.sleep(RETRY_S)
+            if epoch is None:
+                return  # another node leads: the topology's record moves this one on
         if led.closed or epoch is None:
             return
         queue = led.queue
@@ -263,12 +271,49 @@ class StreamReplication:
                 queue.writer.committed_up_to(offset)
 
         shipper = Shipper(led.key, queue.log, epoch, replicas, self.cluster.links.link_to,
-                          on_commit=committed)
+                          on_commit=committed, on_fenced=lambda fence: self._fenced(led, fence))
         led.shipper = shipper
         self.replicas.shippers[led.key] = shipper
         queue.writer.on_append = shipper.appended
         shipper.start()
         queue.writer.release()  # what waited goes out in the new epoch
+
+    async def _leading_epoch(self, led: Led, record: QueueRecord) -> int | None:
+        """The epoch to lead in: the leadership key's, or the next one, written there, when
+        `needs_new_epoch`. None if the key names another leader."""
+        found = await self.leaderships.get(record.vhost, record.name)
+        if found is None:
+            return 1
+        if found.leader != self.cluster.node:
+            log.warning("the stream's leadership names another node; not leading",
+                        stream=record.name, vhost=record.vhost, leader=found.leader)
+            return None
+        if needs_new_epoch(found.epoch, led.queue.log.tail[0], led.fence):
+            found = await self.leaderships.elect(found, self.cluster.node)
+            log.info("leading a replicated stream in a new epoch", stream=record.name,
+                     vhost=record.vhost, epoch=found.epoch)
+        return found.epoch
+
+    def _fenced(self, led: Led, fence: int) -> None:
+        """A replica was fenced at a newer epoch by an election: write nothing more in this
+        epoch; read the leadership again and lead on in a newer epoch, or let the new record
+        move this node on (what waits in the writer is then nack'ed)."""
+        led.fence = max(led.fence, fence)
+        if led.closed or led.shipper is None or (led.task is not None and not led.task.done()):
+            return
+        shipper, led.shipper = led.shipper, None
+        self.replicas.shippers.pop(led.key, None)
+        led.queue.writer.on_append = None
+        led.queue.writer.hold()
+        log.warning("a replica was fenced by an election; checking the stream's leadership",
+                    stream=led.record.name, vhost=led.record.vhost, epoch=shipper.epoch,
+                    fence=fence)
+
+        async def again() -> None:
+            await shipper.close()
+            await self._start_shipping(led, led.record)
+
+        led.task = asyncio.get_running_loop().create_task(again())
 
     async def stop_leading(self, key: str) -> Led | None:
         """delete_replica of the leader's own membership, before another member is elected:
@@ -321,8 +366,7 @@ class StreamReplication:
             queue.commit_bound = max(offset, queue.commit_bound or -1)
             queue.dispatch()
 
-        self.replicas.add(key, queue.log, on_commit=committed, leader=record.node,
-                          epoch=self._epochs.pop(key, -1))
+        self.replicas.add(key, queue.log, on_commit=committed, leader=record.node)
         self.following[key] = record
         queue.store_remote = lambda offsets: self._send_offsets(key, record.node, offsets)
         queue.forward_to = RemoteQueue(

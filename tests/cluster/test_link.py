@@ -31,7 +31,7 @@ from leveret.broker.cluster.link import (
     connect,
 )
 from leveret.broker.cluster.link_frames import FrameDecoder, FrameError, FrameType
-from leveret.broker.cluster.link_handshake import hello, proof
+from leveret.broker.cluster.link_handshake import PROTOCOL_VERSION, hello, proof
 
 SECRET = b"s3cret-shared-by-the-nodes"
 SERVER = LinkConfig(cluster="c1", node="a", secret=SECRET)
@@ -196,7 +196,8 @@ async def test_other_protocol_version_is_refused(
         start_server: Callable[..., Awaitable[Server]]) -> None:
     server = await start_server()
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(lf.encode_json(FrameType.HELLO, {**hello(CLIENT, os.urandom(32)), "version": 2}))
+    newer = {**hello(CLIENT, os.urandom(32)), "version": PROTOCOL_VERSION + 1}
+    writer.write(lf.encode_json(FrameType.HELLO, newer))
     peer = RawPeer(reader, writer)
     close = lf.decode_json(await peer.frame())
     assert close["code"] == "version"

@@ -12,8 +12,15 @@ from typing import Any
 
 import pytest
 
-from leveret.broker.cluster.link import Handlers, Link, LinkConfig, LinkServer, connect
-from leveret.broker.cluster.replication import Replicas, Shipper, committed_offset
+from leveret.broker.cluster.link import (
+    Handlers,
+    Link,
+    LinkConfig,
+    LinkServer,
+    RemoteError,
+    connect,
+)
+from leveret.broker.cluster.replication import Replicas, Shipper, agreement, committed_offset
 from leveret.storage import Log, LogConfig, OffsetSpec
 
 SECRET = b"replication-test-secret"
@@ -87,6 +94,39 @@ async def until(check: Callable[[], bool]) -> None:
     async with asyncio.timeout(WAIT_S):
         while not check():
             await asyncio.sleep(0.01)
+
+
+def write_epochs(log: Log, epochs: list[int]) -> Log:
+    """One single-record chunk per entry, stamped with that epoch."""
+    for i, epoch in enumerate(epochs):
+        log.set_epoch(epoch)
+        log.append([b"e%d-%d" % (epoch, i)])
+    return log
+
+
+@pytest.mark.parametrize(("leader", "replica", "agree"), [
+    ([1, 1, 2, 2, 4], [1, 1, 3], 2),  # its epoch-3 chunk sits where the leader has epoch 2
+    ([1, 1, 2, 2, 4], [1, 1, 2], 3),  # a prefix: all of it agrees
+    ([1, 1, 2], [1, 1, 2, 2, 2], 3),  # longer in the same epoch: cut after the leader's end
+    ([1, 2, 2], [1, 1, 1], 1),  # the deposed leader of 1 wrote on after the election
+    ([3, 3], [1, 1], 0),  # nothing in common
+    ([], [1], 0),
+    ([1, 1], [], 0),
+])
+def test_where_a_replicas_log_parts_from_the_leaders(
+        tmp_path: Path, leader: list[int], replica: list[int], agree: int) -> None:
+    leader_log = write_epochs(open_log(tmp_path / "l"), leader)
+    replica_log = write_epochs(open_log(tmp_path / "r"), replica)
+    ranges = replica_log.epoch_ranges()
+    assert agreement(leader_log, ranges, replica_log.first_offset) == agree
+
+
+def test_a_range_the_leaders_retention_removed_is_taken_as_agreed(tmp_path: Path) -> None:
+    leader_log = write_epochs(open_log(tmp_path / "l"), [1] * 9 + [2, 2])
+    leader_log.truncate_before(8)
+    assert leader_log.first_offset > 0
+    replica_log = write_epochs(open_log(tmp_path / "r"), [1] * 9 + [3])
+    assert agreement(leader_log, replica_log.epoch_ranges(), 0) == 9
 
 
 def test_the_commit_point_is_the_majority() -> None:
@@ -337,24 +377,56 @@ async def test_a_replica_that_lagged_past_the_leaders_retention_catches_up(
 async def test_a_sync_start_that_is_not_a_later_offset_resets_nothing(
         start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path) -> None:
     """`stream.sync`'s `start` restarts a replica only at an offset beyond its tail: a start
-    (or `epoch_end`) that is not a non-negative integer, or not past what it holds, leaves its
-    log as it is."""
+    that is not a non-negative integer, or not past what it holds, leaves its log as it is; an
+    `agree` that is not a non-negative integer is refused and cuts nothing."""
     leader, b = await start_node("a"), await start_node("b")
     b_log = open_log(tmp_path / "b")
     for i in range(3):
         b_log.append([b"m%d" % i])
     b.replicas.add("s4", b_log)
     link = await leader.dial(b)
+
+    async def sync(**second: Any) -> Any:
+        hello = await link.call("stream.sync", {"stream": "s4", "epoch": 1})
+        assert hello == {"ranges": [[0, b_log.next_offset]], "first_offset": b_log.first_offset}
+        return await link.call("stream.sync", {"stream": "s4", "epoch": 1, **second})
+
     for start in ("9", None, True, 2, 3):
-        answer = await link.call("stream.sync", {"stream": "s4", "epoch": 1, "epoch_end": None,
-                                                 "start": start})
+        answer = await sync(agree=3, start=start)
         assert answer == {"last_epoch": 0, "next_offset": 3}
     assert (b_log.first_offset, records(b_log)) == (0, [(0, b"m0"), (1, b"m1"), (2, b"m2")])
-    answer = await link.call("stream.sync", {"stream": "s4", "epoch": 1, "epoch_end": None,
-                                             "start": 7})
+    answer = await sync(agree=3, start=7)
     assert answer == {"last_epoch": 0, "next_offset": 7} and b_log.first_offset == 7
     b_log.reset_to(0)
-    for junk in (True, -5):  # (True would pass for the integer 1)
-        answer = await link.call("stream.sync", {"stream": "s4", "epoch": 1, "epoch_end": junk,
-                                                 "start": junk})
-        assert answer == {"last_epoch": 0, "next_offset": 0}
+    b_log.append([b"m0"])
+    for junk in (True, -5, "0", None):  # (True would pass for the integer 1)
+        with pytest.raises(RemoteError, match="agree must be a non-negative integer"):
+            await sync(agree=junk, start=junk)
+        assert records(b_log) == [(0, b"m0")]
+
+
+async def test_a_commit_before_the_sync_has_cut_the_tail_counts_nothing(
+        start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path) -> None:
+    """Issue 26's loss: a deposed leader's log ends with a chunk the new leader never had; a
+    commit point that reaches it between the two calls of the new leader's sync must not make
+    that chunk committed (it was, before: the replica counted its own tail up to the announced
+    commit point). After the second call the tail is cut and the commit point counts."""
+    leader, deposed = await start_node("new"), await start_node("old")
+    deposed_log = write_epochs(open_log(tmp_path / "old"), [1, 1])  # offset 1: never committed
+    commits: list[int] = []
+    deposed.replicas.add("s", deposed_log, commits.append)
+    link = await leader.dial(deposed)
+    leader_log = write_epochs(open_log(tmp_path / "new"), [1, 2, 2])
+    hello = await link.call("stream.sync", {"stream": "s", "epoch": 2})
+    assert hello == {"ranges": [[1, 2]], "first_offset": 0}
+    link.post("stream.commit", {"stream": "s", "epoch": 2, "committed": 2})
+    chunk_data, _ = leader_log.read_chunks(leader_log.ship_from(1), 1 << 20)
+    await link.send_chunk("s", 2, chunk_data)  # and the chunks that follow: refused too
+    answer = await link.call("stream.sync", {"stream": "s", "epoch": 2,
+                                             "agree": agreement(leader_log, [(1, 2)], 0)})
+    assert commits == [] and answer == {"last_epoch": 1, "next_offset": 1}
+    assert records(deposed_log) == [(0, b"e1-0")]
+    await link.send_chunk("s", 2, chunk_data)
+    link.post("stream.commit", {"stream": "s", "epoch": 2, "committed": 2})
+    await until(lambda: commits == [2])
+    assert records(deposed_log) == records(leader_log)

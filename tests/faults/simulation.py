@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,9 +36,11 @@ from typing import Any
 
 from leveret.broker.cluster.link import CallTimeout, Chunk, Handlers, LinkClosed, RemoteError
 from leveret.broker.cluster.replication import Replicas, Shipper, quorum
+from leveret.broker.cluster.stream_leadership import fenced_election, needs_new_epoch
 from leveret.storage import Log, LogConfig
 
 STREAM = "vh/stream"
+TAIL = "stream.tail"
 CALL_TIMEOUT_S = 30.0  # the link's default (LinkConfig.call_timeout_s)
 
 
@@ -117,7 +120,7 @@ class FakeLink:
         timeout_s = CALL_TIMEOUT_S if timeout is None else timeout
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.calls.append(future)
-        self._queue(Message("request", (kind, body), future))
+        self._queue(Message("request", (kind, _wire(body)), future))
         try:
             async with asyncio.timeout(timeout_s):
                 return await future
@@ -127,7 +130,7 @@ class FakeLink:
             self.calls.remove(future)
 
     def post(self, kind: str, body: Any = None) -> None:
-        self._queue(Message("post", (kind, body)))
+        self._queue(Message("post", (kind, _wire(body))))
 
     async def send(self, kind: str, body: Any = None) -> None:
         self.post(kind, body)
@@ -216,8 +219,8 @@ class Network:
             return
         request = handlers.requests[kind]
         try:
-            reply: tuple[bool, Any] = (True, await request(link, body))  # type: ignore[arg-type]
-        except Exception as exc:  # the peer's handler failed: the caller gets RemoteError
+            reply: tuple[bool, Any] = (True, _wire(await request(link, body)))  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001 (as the link: the caller gets RemoteError)
             reply = (False, RemoteError(kind, type(exc).__name__, str(exc)))
         with contextlib.suppress(LinkClosed):
             if not link.closed:
@@ -234,6 +237,8 @@ class Node:
     shipper: Shipper | None = None
     role: str = ""
     epoch: int = 0  # the epoch of the record it applied
+    leader: str = ""  # the leader of the record it applied
+    fenced_at: int = 0  # as leader: the newest fence a replica answered
     up: bool = True
     committed: int = -1  # the commit point its readers see
     confirmed: int = -1  # as leader: the publishes confirmed up to here
@@ -287,13 +292,14 @@ class Simulation:
         self._spawn(self._elect(node))
 
     def apply(self, name: str) -> None:
-        """The node's topology sync applies the current leadership record."""
+        """The node's topology sync applies the queue record, which names the leader that the
+        leadership key names (an election writes both in one txn)."""
         node = self.nodes[name]
         if not node.up:
             return
         current = self.etcd.get()
-        if node.role and node.epoch == current.epoch:
-            return
+        if node.role and node.leader == current.leader:
+            return  # (a leader taking the next epoch changes the leadership key only)
         self._take_role(node, current)
 
     def crash(self, name: str) -> None:
@@ -375,12 +381,23 @@ class Simulation:
         handlers = Handlers()
         self.net.handlers[node.name] = handlers
         node.replicas = Replicas(handlers)
-        node.role, node.epoch, node.committed = "", 0, -1
+        handlers.on_request(TAIL, self._tail_handler(node.replicas))
+        node.role, node.epoch, node.committed, node.fenced_at = "", 0, -1, 0
         self._take_role(node, self.etcd.get())
+
+    @staticmethod
+    def _tail_handler(replicas: Replicas) -> Any:
+        """stream_failover's answer to a fenced tail request."""
+        async def tail(_link: Any, body: Any) -> dict[str, int]:
+            found = replicas.fence(body["stream"], body["fence"])
+            if found is None:
+                raise LookupError("no replica of this stream here")
+            return {"epoch": found[0], "next_offset": found[1]}
+        return tail
 
     def _take_role(self, node: Node, record: Leadership) -> None:
         self._stop_role(node)
-        node.epoch = record.epoch
+        node.epoch, node.leader = record.epoch, record.leader
         assert node.log is not None and node.replicas is not None
         if record.leader == node.name:
             node.role = "leader"
@@ -391,25 +408,38 @@ class Simulation:
             def committed(offset: int, node: Node = node) -> None:
                 node.committed = max(node.committed, offset)
 
-            node.replicas.add(STREAM, node.log, on_commit=committed, leader=record.leader,
-                              epoch=self._replica_epoch(node))
-
-    def _replica_epoch(self, node: Node) -> int:
-        return -1
+            node.replicas.add(STREAM, node.log, on_commit=committed, leader=record.leader)
 
     async def _lead(self, node: Node, record: Leadership) -> None:
+        """As StreamReplication._start_shipping: the leadership's epoch, or the next one when
+        `needs_new_epoch`, then a Shipper; a fenced replica makes it do this again."""
         assert node.log is not None and node.replicas is not None
-        log_ = node.log
+        log_, replicas = node.log, node.replicas
+        current = self.etcd.get()
+        if current.leader != node.name:
+            return  # another node leads: its record will move this one on
+        if needs_new_epoch(current.epoch, log_.tail[0], node.fenced_at):
+            if not self.etcd.swap(current, node.name, current.epoch + 1):
+                return
+            current = self.etcd.get()
 
         def committed(offset: int) -> None:
             node.committed = max(node.committed, offset)
             self._confirm(node, offset)
 
-        shipper = Shipper(STREAM, log_, record.epoch,
+        def fenced(fence: int) -> None:
+            node.fenced_at = max(node.fenced_at, fence)
+            if node.shipper is shipper:
+                self._stop_role(node)
+                node.role = "leader"
+                self._spawn(self._lead(node, record))
+
+        shipper = Shipper(STREAM, log_, current.epoch,
                           [m for m in record.members if m != node.name],
-                          lambda peer: self.net.link(node.name, peer), on_commit=committed)
+                          lambda peer: self.net.link(node.name, peer), on_commit=committed,
+                          on_fenced=fenced)
         node.shipper = shipper
-        node.replicas.shippers[STREAM] = shipper
+        replicas.shippers[STREAM] = shipper
         shipper.start()
 
     def _stop_role(self, node: Node) -> None:
@@ -430,19 +460,27 @@ class Simulation:
             self.confirmed.setdefault(record_offset, record)
 
     async def _elect(self, node: Node) -> None:
-        """Today's failover: the tails of a quorum, the greatest wins, one txn."""
+        """The candidate's failover, as stream_failover's `_elect` once a quorum lost the
+        leader: read the leadership, fence a quorum at its next epoch and compare tails
+        (stream_leadership.fenced_election), and the chosen candidate writes the next epoch
+        with one compare-and-set."""
         current = self.etcd.get()
-        tails = {}
-        for member in current.members:
-            if member == current.leader:
-                continue
-            peer = self.nodes[member]
-            if member == node.name or self.net.link(node.name, member) is not None:
-                if peer.up and peer.log is not None:
-                    tails[member] = peer.log.tail
-        from leveret.broker.cluster.stream_leadership import choose_leader
+        if current.leader != node.leader or node.replicas is None:
+            return  # already elected, as far as the candidate's record says
 
-        chosen = choose_leader(current.members, tails)
+        async def ask(member: str, fence: int) -> tuple[int, int] | None:
+            link = self.net.link(node.name, member)
+            if link is None:
+                return None
+            with contextlib.suppress(LinkClosed, RemoteError, CallTimeout):
+                answer = await link.call(TAIL, {"stream": STREAM, "fence": fence})
+                return int(answer["epoch"]), int(answer["next_offset"])
+            return None
+
+        replicas = node.replicas
+        chosen = await fenced_election(node.name, current.members, current.leader,
+                                       current.epoch + 1,
+                                       lambda fence: replicas.fence(STREAM, fence), ask)
         if chosen == node.name:
             self.etcd.swap(current, node.name, current.epoch + 1)
 
@@ -480,6 +518,11 @@ class Simulation:
             finally:
                 node_log.close()
         return self._records(node.log, offset).get(offset) == record
+
+
+def _wire(body: Any) -> Any:
+    """A body as the peer reads it: the link carries JSON (tuples arrive as lists)."""
+    return json.loads(json.dumps(body))
 
 
 def _decode(data: bytes) -> list[tuple[int, bytes]]:

@@ -93,12 +93,16 @@ class Replication(RuleBasedStateMachine):
             for node_ in self.sim.nodes.values():
                 if node_.log is not None:
                     node_.log.close()
-            tasks = asyncio.all_tasks(self.loop)
-            for task in tasks:
-                task.cancel()
-            self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self.loop.run_until_complete(self._cancel_all())
             self.loop.close()
             shutil.rmtree(self.root, ignore_errors=True)
+
+    @staticmethod
+    async def _cancel_all() -> None:
+        tasks = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _drain(self) -> None:
         """Heal everything, let every node apply the record, deliver until quiet: the stream
@@ -108,9 +112,9 @@ class Replication(RuleBasedStateMachine):
             sim.restart(a)
             for b in NODES:
                 sim.heal(a, b)
-        for name in NODES:
-            sim.apply(name)
         for _ in range(400):
+            for name in NODES:  # (an election still under way may finish meanwhile)
+                sim.apply(name)
             sim.wait(0.2)
             await sim.settle()
             if not sim.net.pending() and sim.converged():
@@ -132,3 +136,4 @@ TestReplication.settings = settings(
 class TestReplicationLong(Replication.TestCase):  # type: ignore[misc,valid-type]
     settings = settings(max_examples=3000, stateful_step_count=120, deadline=None,
                         suppress_health_check=[HealthCheck.too_slow])
+
