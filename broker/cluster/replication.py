@@ -53,6 +53,8 @@ COMMIT = "stream.commit"
 CHUNK_BYTES = 1 << 20  # read and sent per frame, at most (one bigger chunk goes whole)
 RETRY_S = 0.2
 IDLE_CHECK_S = 1.0  # a caught-up sender looks at the log again this often, appended or not
+TICK_S = 0.25  # how often a leader notes that its event loop runs
+STALL_S = 1.0  # a leader whose loop did not run for this long syncs its replicas again
 
 
 def quorum(members: int) -> int:
@@ -89,8 +91,10 @@ class Shipper:
         self.on_fenced = on_fenced
         self.chunk_bytes = chunk_bytes
         self.committed = -1
+        self.on_contact: Callable[[], None] = lambda: None  # may_write() may say yes again
         self._appended = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._ticked = 0.0
         log_.set_epoch(epoch)
         log_.raise_fence(epoch)
         if not log_.empty and log_.tail[0] < epoch:
@@ -102,8 +106,37 @@ class Shipper:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
+        self._ticked = loop.time()
         self._tasks = [loop.create_task(self._ship(state)) for state in self.replicas.values()]
+        self._tasks.append(loop.create_task(self._tick()))
         self._advance()
+
+    def may_write(self) -> bool:
+        """Whether this leader may append now: it was not stalled (a process paused or starved
+        past STALL_S may have been deposed meanwhile: it syncs every replica again, and the
+        first sync of a deposed leader is answered with the fence), and a quorum of members,
+        itself included, is synced over an open link. A leader cut off from its quorum writes
+        nothing more, so the publishes its sockets still hold wait, then go to the next leader's
+        node or are nack'ed; they are never written in an epoch that is over."""
+        self._check_stall()
+        linked = sum(1 for state in self.replicas.values() if state.synced
+                     and (link := self.link_to(state.node)) is not None and not link.closed)
+        return linked + 1 >= quorum(self.members)
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            self._check_stall()
+
+    def _check_stall(self) -> None:
+        now = asyncio.get_running_loop().time()
+        if now - self._ticked > STALL_S:
+            log.warning("this leader's process stalled; syncing its replicas again",
+                        stream=self.stream, stalled_s=round(now - self._ticked, 1))
+            for state in self.replicas.values():
+                state.synced = False
+            self._appended.set()
+        self._ticked = now
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -204,6 +237,7 @@ class Shipper:
                                                                                 "last_epoch")
         state.synced = True
         self._advance()
+        self.on_contact()
         if self.committed >= 0:  # a replica that came back learns the commit point at once
             self._post_commit(state.node)
         return self.log.ship_from(agree)

@@ -275,6 +275,8 @@ class StreamReplication:
         led.shipper = shipper
         self.replicas.shippers[led.key] = shipper
         queue.writer.on_append = shipper.appended
+        queue.writer.may_append = shipper.may_write
+        shipper.on_contact = queue.writer.resume
         shipper.start()
         queue.writer.release()  # what waited goes out in the new epoch
 
@@ -304,6 +306,7 @@ class StreamReplication:
         shipper, led.shipper = led.shipper, None
         self.replicas.shippers.pop(led.key, None)
         led.queue.writer.on_append = None
+        led.queue.writer.may_append = None
         led.queue.writer.hold()
         log.warning("a replica was fenced by an election; checking the stream's leadership",
                     stream=led.record.name, vhost=led.record.vhost, epoch=shipper.epoch,
@@ -344,9 +347,10 @@ class StreamReplication:
         if led.task is not None:
             led.task.cancel()
         led.queue.writer.on_append = None
+        led.queue.writer.may_append = None
         # no longer the leader: what waits for a quorum here is nack'ed, never left unanswered,
-        # and what waited for the epoch is nack'ed unwritten
-        if led.queue.writer.held:
+        # and what waited for the epoch or for contact with a quorum is nack'ed unwritten
+        if led.queue.writer.held or led.queue.writer.waiting:
             led.queue.writer.discard()
         led.queue.writer.committer.close()
         shipper = led.shipper

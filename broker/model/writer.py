@@ -55,6 +55,10 @@ class Writer(Generic[B]):
         self.on_append: Callable[[], None] | None = None
         # a replicated stream's new leader before it knows its epoch: it gathers, appends nothing
         self.held = False
+        # a replicated stream's leader: may it write now (in contact with a quorum)? If not,
+        # the batch waits (`waiting`) until resume() or discard()
+        self.may_append: Callable[[], bool] | None = None
+        self.waiting = False
 
     @property
     def timer_armed(self) -> bool:
@@ -78,6 +82,9 @@ class Writer(Generic[B]):
         self.scheduled = False
         if self.held and not self.deleted:
             return  # release() writes it, or discard() nacks it
+        if self.may_append is not None and not self.deleted and not self.may_append():
+            self.waiting = True  # resume() writes it, or discard() nacks it
+            return
         batch, self.batch = self.batch, self._new_batch()
         confirms, self.confirms = self.confirms, []
         if self.deleted:
@@ -102,9 +109,16 @@ class Writer(Generic[B]):
         self.held = False
         self.flush()
 
+    def resume(self) -> None:
+        """`may_append` may say yes again: write what waited for it."""
+        if self.waiting:
+            self.waiting = False
+            self.schedule()
+
     def discard(self) -> None:
         """Drop what waited unwritten and nack its confirms (this node will not write it)."""
         self.held = False
+        self.waiting = False
         self.scheduled = False
         self.batch = self._new_batch()
         confirms, self.confirms = self.confirms, []
@@ -129,7 +143,7 @@ class Writer(Generic[B]):
     def close(self) -> None:
         """Shutdown or a restart of the log (before it closes): write this turn's batch, cancel
         the timer, fsync what is pending and settle its confirms."""
-        if self.held:
+        if self.held or self.waiting:
             self.discard()
         if not self.deleted:
             self.flush()

@@ -203,3 +203,35 @@ def test_a_held_writer_discarded_or_closed_nacks_what_waited_and_writes_nothing(
     s.publish(3)
     s.writer.close()
     assert s.chunks() == [] and s.settled[-1] == (3, False)
+
+
+def test_a_writer_whose_leader_lost_its_quorum_waits_then_writes_or_nacks(
+        make: Callable[..., Setup]) -> None:
+    """A replicated stream's leader out of contact with a quorum (`may_append` says no) writes
+    nothing: what is published waits, unconfirmed, and goes out in one chunk when contact is
+    back (resume), or is nacked unwritten if this node stops leading (discard) or closes."""
+    s = make()
+    contact = [False]
+    s.writer.may_append = lambda: contact[0]
+    s.publish(1, 2)
+    s.loop.turn()
+    s.publish(3)
+    s.loop.turn()
+    assert s.chunks() == [] and s.settled == [] and s.writer.waiting
+    s.writer.resume()  # still no contact: it waits on
+    s.loop.turn()
+    assert s.chunks() == [] and s.writer.waiting
+    contact[0] = True
+    s.writer.resume()
+    s.loop.turn()
+    assert s.chunks() == [[b"m1", b"m2", b"m3"]] and s.settled == [(1, True), (2, True),
+                                                                     (3, True)]
+    contact[0] = False
+    s.publish(4)
+    s.loop.turn()
+    s.writer.discard()
+    assert s.chunks() == [[b"m1", b"m2", b"m3"]] and s.settled[-1] == (4, False)
+    s.publish(5)
+    s.loop.turn()
+    s.writer.close()
+    assert s.chunks() == [[b"m1", b"m2", b"m3"]] and s.settled[-1] == (5, False)

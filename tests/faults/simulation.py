@@ -267,6 +267,8 @@ class Simulation:
         node = self.nodes[name]
         if not node.up or node.role != "leader" or node.shipper is None or node.log is None:
             return
+        if not node.shipper.may_write():
+            return  # the writer waits (then forwards or nacks): nothing is written
         records = []
         for _ in range(count):
             self.sequence += 1
