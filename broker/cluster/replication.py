@@ -52,8 +52,7 @@ ACK = "stream.ack"
 COMMIT = "stream.commit"
 CHUNK_BYTES = 1 << 20  # read and sent per frame, at most (one bigger chunk goes whole)
 RETRY_S = 0.2
-IDLE_CHECK_S = 1.0  # a caught-up sender looks at the log again this often, appended or not
-TICK_S = 0.25  # how often a leader notes that its event loop runs
+IDLE_CHECK_S = 0.5  # a caught-up sender looks at the log (and the clock) this often at least
 STALL_S = 1.0  # a leader whose loop did not run for this long syncs its replicas again
 
 
@@ -108,7 +107,6 @@ class Shipper:
         loop = asyncio.get_running_loop()
         self._ticked = loop.time()
         self._tasks = [loop.create_task(self._ship(state)) for state in self.replicas.values()]
-        self._tasks.append(loop.create_task(self._tick()))
         self._advance()
 
     def may_write(self) -> bool:
@@ -123,12 +121,8 @@ class Shipper:
                      and (link := self.link_to(state.node)) is not None and not link.closed)
         return linked + 1 >= quorum(self.members)
 
-    async def _tick(self) -> None:
-        while True:
-            await asyncio.sleep(TICK_S)
-            self._check_stall()
-
     def _check_stall(self) -> None:
+        """Called at least every IDLE_CHECK_S by each replica's task, and before each write."""
         now = asyncio.get_running_loop().time()
         if now - self._ticked > STALL_S:
             log.warning("this leader's process stalled; syncing its replicas again",
@@ -196,6 +190,7 @@ class Shipper:
             if link is None or link.closed:
                 state.synced = False
                 await asyncio.sleep(RETRY_S)
+                self._check_stall()
                 continue
             try:
                 await self._sync_and_send(link, state)
@@ -219,6 +214,7 @@ class Shipper:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(IDLE_CHECK_S):  # and look again: another replica
                     await self._appended.wait()            # may have cleared it
+            self._check_stall()
         raise LinkError(f"link to {state.node} closed")
 
     async def _sync(self, link: Link, state: ReplicaState) -> shipping.Cursor:
