@@ -2,26 +2,26 @@
 advanced log becomes the leader, fenced by one etcd transaction.
 
 Every node checks, twice a second, the replicated streams it holds as a replica: when the
-leader's node is lost while this node is in the cluster, it asks the running members for their
-log's tail (`stream.tail`: epoch of the last chunk, next offset, and whether they lost the
-leader too) and `choose_leader` names the one with the greatest tail among a quorum of answers
-(osiris's rule: it holds every chunk a quorum acknowledged). The leader's node is lost when its
-node record is gone from etcd (a clean stop, or its lease expired), or, sooner, when a quorum of
-the members (this one included) has been without a link to it for `stream_failover_after_s`
-(2 s by default): `kill -9` breaks every link at once, and the lease takes 10 s to expire. A
-node's link only counts once it has been up since the node's record appeared, so a node still
-starting is never taken for lost. (osiris's rule: it holds every chunk a quorum
-acknowledged). Only the chosen node acts: one txn compares the leadership key's and the queue
-record's mod revisions with those it read, and puts both: the leadership with the next epoch,
-and the queue record with the new leader as `node` (members reordered, leader first). Of two
-candidates acting on the same state exactly one wins. Every node's topology sync then applies
-the record: the new leader's replica becomes the leader (`StreamReplication.rerole`: its
-writer ships and commits at the quorum, in the new epoch), the other members follow it (their
-logs synced, a divergent uncommitted tail cut), and publishes through any node go to it.
+leader's node is lost while this node is in the cluster, it asks the running members whether
+they lost the leader too (`stream.tail`). The leader's node is lost when its node record is gone
+from etcd (a clean stop, or its lease expired), or, sooner, when a quorum of the members (this
+one included) has been without a link to it for `stream_failover_after_s`: `kill -9` breaks
+every link at once, and the lease takes longer to expire. A node's link only counts once it has
+been up since the node's record appeared, so a node still starting is never taken for lost.
 
-Not handled here: a leader that is alive but lost its own lease (paused) goes on shipping to
-replicas that refuse its older epoch, so it confirms nothing more; it converges when it
-restarts as a replica.
+With a quorum that lost it, the election (`stream_leadership.fenced_election`): read the
+leadership key, fence this member and ask the others but the old leader to fence themselves at
+the next epoch (`stream.tail` with `fence`: from then on they take nothing of the old epoch, so
+the old leader commits nothing more) and answer their tails; the greatest tail among a fenced
+quorum holds every committed chunk and is chosen (ties by name). Only the chosen node acts: one
+txn compares the leadership key's and the queue record's mod revisions with those it read, and
+puts both: the leadership with the next epoch, and the queue record with the new leader as
+`node` (members reordered, leader first). Of two candidates acting on the same state exactly
+one wins. Every node's topology sync then applies the record: the new leader's replica becomes
+the leader (`StreamReplication.rerole`: its writer ships and commits at the quorum, in the new
+epoch), the other members follow it (their logs synced, a divergent uncommitted tail cut), and
+publishes through any node go to it. An election that fenced but never finished costs the old
+leader a new epoch: its next sync is answered with the fence (stream_replication.py).
 
 It knows the replication wiring (`stream_replication`), the leadership key and the queue
 record; nothing of AMQP. Asyncio: one event loop.
