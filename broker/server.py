@@ -40,7 +40,7 @@ from leveret.broker.cluster.topology_cache import TopologyCache
 from leveret.broker.cluster.topology_keys import TopologyKeys
 from leveret.broker.config import Config
 from leveret.broker.definitions import DefinitionsError, load_file
-from leveret.broker.management import cluster_views
+from leveret.broker.management import cluster_views, local_token
 from leveret.broker.management.app import ManagementServer
 from leveret.broker.metadata import RestoreError
 from leveret.broker.metastore import MetastoreError
@@ -297,8 +297,12 @@ class Server:
         """The management HTTP API on the same loop (config.management_port, 0 = off)."""
         config = self.config
         host = config.management_host or config.host
+        # the operator tools' credential (docs/CLI.md#the-local-credential)
+        token = local_token.token_for(read_secret(config.cluster_secret, config.cluster_secret_file)
+                                      if config.etcd else None)
+        local_token.write_token(config.data_dir, token)
         management = ManagementServer(broker, host, config.management_port, self.port,
-                                      amqp_host=self.host)
+                                      amqp_host=self.host, cli_token=token)
         try:
             await management.start()
         except OSError as exc:

@@ -25,11 +25,13 @@ from aiohttp import web
 
 from leveret.broker import listen, logs
 from leveret.broker.admin import MANAGEMENT_TAGS
+from leveret.broker.auth import Permission, User
 from leveret.broker.management import (
     access,
     csrf,
     defs,
     live,
+    local_token,
     metrics,
     overview,
     policies,
@@ -43,6 +45,7 @@ from leveret.broker.management.http import (
     AMQP_HOST,
     AMQP_PORT,
     BROKER,
+    CLI_TOKEN,
     CURRENT_USER,
     HTTP_HOST,
     ApiError,
@@ -52,7 +55,6 @@ from leveret.broker.management.http import (
 from leveret.broker.model.errors import BrokerError
 
 if TYPE_CHECKING:
-    from leveret.broker.auth import User
     from leveret.broker.broker import Broker
 
 log = logs.get("leveret.management")
@@ -74,6 +76,10 @@ def _loopback(host: str | None) -> bool:
 
 def authenticate(broker: Broker, request: web.Request) -> User:
     header = request.headers.get("Authorization", "")
+    if local_token.matches(header, request.app.get(CLI_TOKEN)) and _loopback(request.remote):
+        # the operator tools on the node's machine (local_token): an administrator everywhere
+        return User(local_token.USER, "", ["administrator"],
+                    {name: Permission() for name in broker.vhosts})
     scheme, _, encoded = header.partition(" ")
     if scheme.lower() != "basic" or not encoded:
         raise not_authorised("Login failed")
@@ -124,12 +130,14 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 
 def create_app(broker: Broker, amqp_port: int | None = None, amqp_host: str | None = None,
-               http_host: str | None = None) -> web.Application:
+               http_host: str | None = None, cli_token: str | None = None) -> web.Application:
     app = web.Application(middlewares=[ui.quiet_401, errors_middleware, csrf.guard,
                                        auth_middleware, rates.fill],
                           client_max_size=64 * 1024 * 1024)
     config = broker.config
     app[BROKER] = broker
+    if cli_token is not None:
+        app[CLI_TOKEN] = cli_token
     app[AMQP_PORT] = amqp_port if amqp_port is not None else config.port
     app[AMQP_HOST] = amqp_host if amqp_host is not None else config.host
     app[HTTP_HOST] = http_host if http_host is not None else config.management_host or config.host
@@ -143,8 +151,9 @@ class ManagementServer:
     """The management API's listener on the broker's loop."""
 
     def __init__(self, broker: Broker, host: str, port: int, amqp_port: int | None = None,
-                 amqp_host: str | None = None) -> None:
+                 amqp_host: str | None = None, cli_token: str | None = None) -> None:
         self.broker = broker
+        self.cli_token = cli_token
         self.amqp_port = amqp_port
         self.amqp_host = amqp_host
         self.host = host
@@ -157,7 +166,8 @@ class ManagementServer:
         sock = listen.socket_for(self.host, self.requested_port)
         self.address = listen.address_of(self.host, sock)
         self.runner = web.AppRunner(
-            create_app(self.broker, self.amqp_port, self.amqp_host, self.address),
+            create_app(self.broker, self.amqp_port, self.amqp_host, self.address,
+                       self.cli_token),
             access_log=None, handle_signals=False,
         )
         await self.runner.setup()

@@ -34,6 +34,8 @@ AMQP_PORT: web.AppKey[int] = web.AppKey("amqp-port")
 # `::` for the default dual-stack listener, as RabbitMQ reports it
 AMQP_HOST: web.AppKey[str] = web.AppKey("amqp-host")
 HTTP_HOST: web.AppKey[str] = web.AppKey("http-host")
+# the operator tools' local credential (local_token), when the node wrote one
+CLI_TOKEN: web.AppKey[str] = web.AppKey("cli-token")
 # The logged-in user of the request being handled: each request runs in its own task, so the
 # authentication middleware's value is what that request's handler sees.
 CURRENT_USER: contextvars.ContextVar[User] = contextvars.ContextVar("management_user")

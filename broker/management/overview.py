@@ -27,10 +27,14 @@ from leveret.broker.management.http import (
     AMQP_HOST,
     AMQP_PORT,
     HTTP_HOST,
+    bad_request,
+    body,
     broker_of,
     listing,
+    no_content,
     not_found,
     ok,
+    require_admin,
     single,
     user_of,
     vhost_for_read,
@@ -262,9 +266,24 @@ async def aliveness(request: web.Request) -> web.Response:
     return ok({"status": "ok"})
 
 
+async def put_memory_watermark(request: web.Request) -> web.Response:
+    """`leveretctl set_vm_memory_high_watermark`: a new fraction, for this run of the node (as
+    RabbitMQ's command), checked against at once."""
+    require_admin(request)
+    fraction = (await body(request)).get("fraction")
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) \
+            or not 0.0 <= fraction <= 1.0:
+        raise bad_request("The threshold should be a fraction between 0.0 and 1.0")
+    broker = broker_of(request)
+    broker.config.vm_memory_high_watermark = broker.alarms.memory_high_watermark = float(fraction)
+    broker.alarms.sample()
+    return no_content()
+
+
 def setup(app: web.Application) -> None:
     r = app.router
     r.add_get("/api/overview", get_overview)
+    r.add_put("/api/leveret/vm-memory-high-watermark", put_memory_watermark)
     r.add_get("/api/nodes", get_nodes)
     r.add_get("/api/nodes/{node}", get_node)
     r.add_get("/api/cluster-name", get_cluster_name)

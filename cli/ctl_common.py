@@ -1,0 +1,300 @@
+"""What `leveretctl` and `leveret-diagnostics` share: their global options, the local node and
+its credential, the management API client, rabbitmqctl's exit codes and its output formats.
+
+Presentation only. The node is found from the same settings as `leveret serve`
+(`broker.config.load`: a TOML file, LEVERET_* and flags); the credential is the token the node
+writes into its data directory (docs/CLI.md#the-local-credential). Stdlib urllib for HTTP.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.error import HTTPError, URLError
+from urllib.parse import quote, urlsplit
+from urllib.request import Request, urlopen
+
+import typer
+
+from leveret.broker.config import ConfigError, load
+from leveret.broker.management.local_token import TOKEN_FILE
+
+# rabbitmqctl's exit codes (sysexits.h), as it gives them
+EX_OK = 0
+EX_USAGE = 64  # a usage mistake: unknown command or option, missing argument, bad column
+EX_DATAERR = 65  # bad data: an unknown vhost for some commands, a bad JSON definition
+EX_NOINPUT = 66  # an input file that cannot be read
+EX_NOUSER = 67  # an unknown user
+EX_UNAVAILABLE = 69  # the node cannot be reached, a failed health check, some "not found"s
+EX_SOFTWARE = 70  # what RabbitMQ reports as an internal error (e.g. a user that exists)
+
+
+class CtlError(Exception):
+    """A failure to report in one line, with its exit code."""
+
+    def __init__(self, message: str, code: int = EX_SOFTWARE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ApiStatus(Exception):
+    """The management API answered with an error status."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+# -- global options: anywhere on the command line, as rabbitmqctl takes them ------------------
+
+VALUED = {"-n": "node", "--node": "node", "--formatter": "formatter", "-p": "vhost",
+          "--vhost": "vhost", "-t": "timeout", "--timeout": "timeout", "--config": "config",
+          "--data-dir": "data_dir", "--management-port": "management_port"}
+FLAGS = {"-q": "quiet", "--quiet": "quiet", "--no-table-headers": "no_headers",
+         "-s": "silent", "--silent": "silent"}
+
+
+@dataclass
+class Options:
+    node: str | None = None
+    formatter: str = "table"
+    vhost: str = "/"
+    timeout: float = 60.0
+    config: str | None = None
+    data_dir: str | None = None
+    management_port: str | None = None
+    quiet: bool = False
+    silent: bool = False
+    no_headers: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def json(self) -> bool:
+        return self.formatter == "json"
+
+
+OPTIONS = Options()
+
+
+def usage_error(message: str) -> NoReturn:
+    typer.echo(f"Error (argument validation): {message}", err=True)
+    sys.exit(EX_USAGE)
+
+
+def split_globals(argv: list[str]) -> list[str]:
+    """Take the global options out of argv into OPTIONS; the rest is for the command."""
+    rest: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--":
+            rest.append(arg)
+            rest.extend(args)
+            break
+        name, eq, inline = arg.partition("=")
+        if arg in FLAGS:
+            setattr(OPTIONS, FLAGS[arg], True)
+        elif name in VALUED:
+            value = inline if eq else next(args, None)
+            if value is None:
+                usage_error(f"option {name} needs a value")
+            setattr(OPTIONS, VALUED[name], value)
+        else:
+            rest.append(arg)
+    if OPTIONS.formatter not in ("table", "json"):
+        usage_error(f"unsupported formatter '{OPTIONS.formatter}'; use table or json")
+    try:
+        OPTIONS.timeout = float(OPTIONS.timeout)
+    except ValueError:
+        usage_error(f"invalid timeout '{OPTIONS.timeout}'")
+    OPTIONS.quiet = OPTIONS.quiet or OPTIONS.silent
+    return rest
+
+
+def run(app: typer.Typer, argv: list[str] | None = None) -> None:
+    """Run a command: usage mistakes exit 64, CtlError its own code, each in one line."""
+    args = split_globals(list(sys.argv[1:] if argv is None else argv))
+    try:
+        code = app(args=args, standalone_mode=False)
+    except CtlError as error:
+        typer.echo(f"Error: {error}", err=True)
+        sys.exit(error.code)
+    except typer.Abort:
+        typer.echo("Error: aborted", err=True)
+        sys.exit(EX_SOFTWARE)
+    except typer.TyperException as error:  # click's UsageError, BadParameter, NoSuchOption
+        format_message = getattr(error, "format_message", None)
+        message = format_message() if callable(format_message) else str(error)
+        usage_error(" ".join(message.split()))
+    sys.exit(code if isinstance(code, int) else EX_OK)
+
+
+# -- the node and its credential ----------------------------------------------------------------
+
+
+class Node:
+    """The management API of the target node: the local one from `leveret serve`'s settings,
+    or `--node HOST:PORT` / `--node http://HOST:PORT`, with the local node's token."""
+
+    def __init__(self) -> None:
+        try:
+            config = load(Path(OPTIONS.config) if OPTIONS.config else None, overrides={
+                "data_dir": OPTIONS.data_dir, "management_port": OPTIONS.management_port})
+        except ConfigError as exc:
+            raise CtlError(str(exc), EX_USAGE) from None
+        host = config.management_host or config.host
+        if host in ("", "::", "0.0.0.0"):
+            host = "127.0.0.1"
+        self.base = f"http://{f'[{host}]' if ':' in host else host}:{config.management_port}"
+        if OPTIONS.node:
+            self.base = _node_url(OPTIONS.node)
+        if not config.management_port and not OPTIONS.node:
+            raise CtlError("the node's management API is disabled (management_port = 0); "
+                           "Leveret's CLI tools talk to it", EX_UNAVAILABLE)
+        self.token_path = config.data_dir / TOKEN_FILE
+        self.name: str | None = None
+
+    def _authorization(self) -> str:
+        try:
+            token = self.token_path.read_text().strip()
+        except FileNotFoundError:
+            raise CtlError(f"no local credential at {self.token_path}: is the node running "
+                           "with this data directory (--data-dir, LEVERET_DATA_DIR)?",
+                           EX_UNAVAILABLE) from None
+        except OSError as exc:
+            raise CtlError(f"cannot read the local credential {self.token_path} "
+                           f"({exc.strerror}): run as the node's user", 77) from None
+        return f"Bearer {token}"
+
+    def call(self, method: str, path: str, body: Any = None,
+             headers: dict[str, str] | None = None, timeout: float | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = Request(self.base + path, data=data, method=method)
+        request.add_header("Authorization", self._authorization())
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        for key, value in (headers or {}).items():
+            request.add_header(key, value)
+        try:
+            with urlopen(request, timeout=timeout or OPTIONS.timeout) as response:
+                raw = response.read()
+        except HTTPError as error:
+            status = ApiStatus(error.code, _reason(error))
+            if error.code == 401:
+                raise CtlError(f"the node at {self.base} refused the local credential "
+                               f"({status.reason}); is it the node of this data directory?",
+                               EX_UNAVAILABLE) from None
+            raise status from None
+        except (URLError, OSError) as error:
+            cause = getattr(error, "reason", error)
+            raise CtlError(f"unable to perform an operation on node {self.base} ({cause}); "
+                           "is the node running with its management port open?",
+                           EX_UNAVAILABLE) from None
+        return json.loads(raw) if raw.strip() else None
+
+    def get(self, path: str) -> Any:
+        return self.call("GET", path)
+
+    def node_name(self) -> str:
+        if self.name is None:
+            self.name = str(self.get("/api/overview?columns=node")["node"])
+        return self.name
+
+
+def _node_url(node: str) -> str:
+    url = node if "://" in node else f"http://{node}"
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        usage_error(f"--node takes a node's management address, HOST:PORT or "
+                    f"http://HOST:PORT, not '{node}'")
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
+def _reason(error: HTTPError) -> str:
+    try:
+        body = json.loads(error.read() or b"{}")
+    except (json.JSONDecodeError, OSError):
+        body = {}
+    reason = body.get("reason") if isinstance(body, dict) else None
+    return str(reason or f"HTTP {error.code} {error.reason}").strip()
+
+
+def q(value: str) -> str:
+    return quote(value, safe="")
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+# -- output, as rabbitmqctl's -------------------------------------------------------------------
+
+
+def banner(*lines: str) -> None:
+    """The lines rabbitmqctl prints before a result; none with -q or --formatter json."""
+    if not OPTIONS.quiet and not OPTIONS.json:
+        for line in lines:
+            typer.echo(line)
+
+
+def say(text: str) -> None:
+    """A result line of a command that changes something (not printed with -q)."""
+    if not OPTIONS.quiet:
+        typer.echo(text)
+
+
+def cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "[" + ", ".join(value) + "]"
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return str(value)
+
+
+def json_rows(rows: Iterable[dict[str, Any]]) -> str:
+    """rabbitmqctl's JSON for a list: one object a line, the comma leading."""
+    items = [json.dumps(r, separators=(",", ":"), ensure_ascii=False) for r in rows]
+    return "[\n" + "\n,".join(items) + ("\n" if items else "") + "]"
+
+
+def emit_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    rows = [{c: r.get(c) for c in columns} for r in rows]
+    if OPTIONS.json:
+        typer.echo(json_rows(rows))
+        return
+    if not rows:
+        return
+    if not OPTIONS.no_headers:
+        typer.echo("\t".join(columns))
+    for row in rows:
+        typer.echo("\t".join(cell(row[c]) for c in columns))
+
+
+def pick_columns(requested: list[str] | None, default: list[str], valid: list[str],
+                 command: str) -> list[str]:
+    if not requested:
+        return default
+    columns = [c for item in requested for c in item.split(",") if c]
+    unknown = [c for c in columns if c not in valid]
+    if unknown:
+        usage_error(f"Info key(s) {','.join(unknown)} are not supported (valid for {command}: "
+                    f"{', '.join(valid)})")
+    return columns
+
+
+def mapped(rows: list[dict[str, Any]], mapping: Callable[[dict[str, Any]], dict[str, Any]],
+           ) -> list[dict[str, Any]]:
+    return [{**row, **mapping(row)} for row in rows]
