@@ -73,6 +73,7 @@ class ReplicaState:
     next_offset: int = 0  # what it holds, as it last acknowledged
     last_epoch: int = -1  # the epoch of its last chunk, as it last acknowledged
     synced: bool = False
+    link: Link | None = None  # the link its last sync went over (a new link is synced anew)
 
 
 class Shipper:
@@ -118,7 +119,7 @@ class Shipper:
         node or are nack'ed; they are never written in an epoch that is over."""
         self._check_stall()
         linked = sum(1 for state in self.replicas.values() if state.synced
-                     and (link := self.link_to(state.node)) is not None and not link.closed)
+                     and state.link is not None and not state.link.closed)
         return linked + 1 >= quorum(self.members)
 
     def _check_stall(self) -> None:
@@ -231,7 +232,7 @@ class Shipper:
         answer = await link.call(SYNC, body)
         state.next_offset, state.last_epoch = _int(answer, "next_offset"), _int(answer,
                                                                                 "last_epoch")
-        state.synced = True
+        state.synced, state.link = True, link
         self._advance()
         self.on_contact()
         if self.committed >= 0:  # a replica that came back learns the commit point at once
