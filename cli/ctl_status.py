@@ -53,7 +53,7 @@ def status_command() -> None:
     overview, me = local_node(node)
     name = overview["node"]
     alarms = alarms_of(me)
-    data = {
+    data: dict[str, Any] = {
         "pid": int(me.get("os_pid") or 0), "os": "Linux", "product_name": "Leveret",
         "product_version": overview.get("product_version"),
         "rabbitmq_version": overview.get("rabbitmq_version"), "uptime": int(me["uptime"]) // 1000,
@@ -102,7 +102,7 @@ def cluster_status_command() -> None:
     nodes: list[dict[str, Any]] = node.get("/api/nodes")
     running = [n["name"] for n in nodes if n.get("running")]
     version = overview.get("product_version")
-    data = {
+    data: dict[str, Any] = {
         "cluster_name": overview.get("cluster_name"),
         "disk_nodes": [n["name"] for n in nodes],
         "running_nodes": running,
