@@ -57,6 +57,11 @@ def test_wheel_holds_every_package_folder(tmp_path: Path) -> None:
     assert "broker/management/ui/static/vendor/uplot-1.6.32/LICENSE" in static
     for name in static:
         assert f"leveret/{name}" in names
+    # the console scripts, the operator tools among them
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
+    for script in ("leveret =", "leveret-streams =", "leveretctl =", "leveret-diagnostics ="):
+        assert script in scripts, scripts
 
 
 def test_wheel_in_fresh_venv_serves_pika(tmp_path: Path) -> None:
