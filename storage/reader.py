@@ -31,7 +31,7 @@ from leveret.storage.cache import ChunkCache
 from leveret.storage.errors import BadChunk, CorruptLogError, LogClosedError, io_error
 from leveret.storage.locate import OffsetSpec, Start, locate
 from leveret.storage.segment import FIRST_CHUNK_POSITION
-from leveret.storage.tracking import Tracking, TrackingState
+from leveret.storage.tracking import PUBLISHER, Tracking, TrackingState, decode_entries
 
 log = logging.getLogger("leveret.storage.reader")
 
@@ -129,6 +129,26 @@ class ChunkView:
         return self.num_records if self.offsets is None else len(self.offsets)
 
     @property
+    def epoch(self) -> int:
+        """The epoch of the writer that wrote the chunk (0 in a chunk written before epochs)."""
+        return self._header.epoch
+
+    @property
+    def publishers(self) -> dict[bytes, int]:
+        """The last publishing id of each publisher the chunk's trailer tracks (decoded each
+        time it is asked for; {} for a chunk without a trailer)."""
+        header = self._header
+        if not header.trailer_size or header.chunk_type == ck.ChunkType.TRACKING_SNAPSHOT:
+            return {}
+        start = header.trailer_start
+        trailer = bytes(self._body[start : start + header.trailer_size])
+        try:
+            return {bytes(name): value for kind, name, value, _ref in decode_entries(trailer)
+                    if kind == PUBLISHER}
+        except BadChunk as exc:  # the body's CRC matched: only a writer's bug gets here
+            raise CorruptLogError(*self._where, exc.reason) from None
+
+    @property
     def records_crc(self) -> int | None:
         """The zlib CRC-32 of record_bytes(), if the writer kept it (Log.append's
         `records_crc`); None if it did not."""
@@ -194,6 +214,11 @@ class Reader:
         self._seg_path: Path | None = None
         self._buf = b""
         self._buf_at = 0
+        # the committed bound when the buffer was read, and the one of this read() call: bytes
+        # of a chunk that was not committed when they were read may have been cut and written
+        # again since (a replica's uncommitted tail, truncated on a sync), so they are read anew
+        self._buf_committed = -1
+        self._reading_committed = -1
         self._ahead = READAHEAD_BYTES
         self._closed = False
 
@@ -249,6 +274,7 @@ class Reader:
             raise io_error(self._path, exc) from exc
 
     def _read(self, committed: int, mapped: frozenset[int] = frozenset()) -> ChunkView | None:
+        self._reading_committed = committed
         while True:
             if self._position > committed and not self._sees_trackless:
                 return None
@@ -257,6 +283,13 @@ class Reader:
                 header.first_offset, header.num_records, committed
             ):
                 return None
+            if not ck.is_committed(header.first_offset, header.num_records,
+                                   self._buf_committed):
+                header = self._header_at(self._pos, committed, fresh=True)  # read before its
+                if header is None or not ck.is_committed(          # commit: read it again
+                    header.first_offset, header.num_records, committed
+                ):
+                    return None
             view = self._take(header, committed, mapped)
             if view is _NOT_YET:
                 return None
@@ -295,7 +328,7 @@ class Reader:
         self._seg_path = None
         if self._base is not None:
             self._fd = os.open(self._path, os.O_RDONLY)
-            self._buf, self._buf_at = b"", 0
+            self._buf, self._buf_at, self._buf_committed = b"", 0, -1
 
     def _next_header(self, committed: int) -> ck.ChunkHeader | None:
         while True:
@@ -348,6 +381,7 @@ class Reader:
         assert self._fd is not None
         self._buf = os.pread(self._fd, max(size, self._ahead), position)
         self._buf_at = position
+        self._buf_committed = self._reading_committed
         return self._buf[:size]
 
     def _header_at(

@@ -463,3 +463,22 @@ def test_record_bytes_needs_the_whole_chunk(open_log: OpenLog) -> None:
         assert view is not None and view.records == [b"b", b"c"] and view.count == 2
         with pytest.raises(ValueError, match="whole chunk"):
             view.record_bytes()
+
+
+def test_a_chunk_read_ahead_before_its_commit_is_read_again_once_committed(
+        open_log: OpenLog) -> None:
+    """A replica's reader reads ahead past its commit point; the sync of a new leader then cuts
+    that uncommitted tail and the new leader's chunks take the same offsets and file positions
+    (issue 26's dirty read in the fault suite). Once they commit, the reader must hand out the
+    chunks on disk, not the ones it had read ahead."""
+    log = open_log()
+    bound = [0]
+    log.append([b"committed"])
+    log.append([b"old-1", b"old-2"])  # uncommitted: the deposed leader's
+    reader = log.reader(OffsetSpec.first(), limit=lambda: bound[0])
+    assert [bytes(r) for v in reader for r in v.records] == [b"committed"]  # (read ahead)
+    log.truncate_from(1)
+    log.append([b"new-1", b"new-2"])
+    bound[0] = 2
+    assert [bytes(r) for v in reader for r in v.records] == [b"new-1", b"new-2"]
+    reader.close()
