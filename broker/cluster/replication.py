@@ -52,7 +52,8 @@ ACK = "stream.ack"
 COMMIT = "stream.commit"
 CHUNK_BYTES = 1 << 20  # read and sent per frame, at most (one bigger chunk goes whole)
 RETRY_S = 0.2
-IDLE_CHECK_S = 0.5  # a caught-up sender looks at the log (and the clock) this often at least
+IDLE_CHECK_S = 1.0  # a caught-up sender looks at the log again this often, appended or not
+TICK_S = 0.25  # a leader notes that its event loop runs this often (a timer)
 STALL_S = 1.0  # a leader whose loop did not run for this long syncs its replicas again
 
 
@@ -95,6 +96,7 @@ class Shipper:
         self._appended = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._ticked = 0.0
+        self._timer: asyncio.TimerHandle | None = None
         log_.set_epoch(epoch)
         log_.raise_fence(epoch)
         if not log_.empty and log_.tail[0] < epoch:
@@ -107,6 +109,7 @@ class Shipper:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._ticked = loop.time()
+        self._timer = loop.call_later(TICK_S, self._tick)
         self._tasks = [loop.create_task(self._ship(state)) for state in self.replicas.values()]
         self._advance()
 
@@ -122,8 +125,12 @@ class Shipper:
                      and state.link is not None and not state.link.closed)
         return linked + 1 >= quorum(self.members)
 
+    def _tick(self) -> None:
+        self._check_stall()
+        self._timer = asyncio.get_running_loop().call_later(TICK_S, self._tick)
+
     def _check_stall(self) -> None:
-        """Called at least every IDLE_CHECK_S by each replica's task, and before each write."""
+        """Called every TICK_S (a timer, not a task) and before each write."""
         now = asyncio.get_running_loop().time()
         if now - self._ticked > STALL_S:
             log.warning("this leader's process stalled; syncing its replicas again",
@@ -133,9 +140,15 @@ class Shipper:
             self._appended.set()
         self._ticked = now
 
-    async def close(self) -> None:
+    def stop(self) -> None:
+        """Ship nothing more (close() also waits for the senders to end)."""
+        if self._timer is not None:
+            self._timer.cancel()
         for task in self._tasks:
             task.cancel()
+
+    async def close(self) -> None:
+        self.stop()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -191,7 +204,6 @@ class Shipper:
             if link is None or link.closed:
                 state.synced = False
                 await asyncio.sleep(RETRY_S)
-                self._check_stall()
                 continue
             try:
                 await self._sync_and_send(link, state)
@@ -215,7 +227,6 @@ class Shipper:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(IDLE_CHECK_S):  # and look again: another replica
                     await self._appended.wait()            # may have cleared it
-            self._check_stall()
         raise LinkError(f"link to {state.node} closed")
 
     async def _sync(self, link: Link, state: ReplicaState) -> shipping.Cursor:
@@ -277,6 +288,7 @@ class ReplicaLog:
     committed: int = -1  # what this replica's readers may read: announced and held here
     announced: int = -1  # the leader's last commit point
     expected: str = ""  # the node the stream's record names as leader ("": any)
+    link: Link | None = None  # the leader's link, of the last sync
     on_commit: Callable[[int], None] = lambda _offset: None
 
     def advance(self) -> None:
@@ -324,6 +336,12 @@ class Replicas:
         replica.log.raise_fence(epoch)
         if replica.epoch < epoch:
             replica.verified = False
+            if replica.link is not None and not replica.link.closed:  # tell the leader now,
+                last_epoch, next_offset = replica.log.tail          # not at its next chunk
+                with contextlib.suppress(LinkError):
+                    replica.link.post(ACK, {"stream": stream, "epoch": replica.epoch,
+                                            "next_offset": next_offset,
+                                            "last_epoch": last_epoch, "fenced": epoch})
         return replica.log.tail
 
     async def _sync(self, link: Link, body: Any) -> dict[str, Any]:
@@ -350,6 +368,7 @@ class Replicas:
             return {"fenced": replica.log.fence}
         replica.log.raise_fence(epoch)
         replica.epoch, replica.leader, replica.verified = epoch, link.peer_node, False
+        replica.link = link
         return {"ranges": replica.log.epoch_ranges(), "first_offset": replica.log.first_offset}
 
     @staticmethod

@@ -430,3 +430,28 @@ async def test_a_commit_before_the_sync_has_cut_the_tail_counts_nothing(
     link.post("stream.commit", {"stream": "s", "epoch": 2, "committed": 2})
     await until(lambda: commits == [2])
     assert records(deposed_log) == records(leader_log)
+
+
+async def test_a_replica_fenced_by_an_election_tells_its_leader_at_once(
+        start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path) -> None:
+    """An election fences a replica at the next epoch; if the election then does not finish,
+    the leader must learn of the fence without waiting for its next chunk (which may never
+    come), so that it leads on in a newer epoch and the replica takes its commit point again."""
+    leader, replica = await start_node("l"), await start_node("r")
+    replica_log = open_log(tmp_path / "r")
+    replica.replicas.add("s", replica_log)
+    await leader.dial(replica)
+    leader_log = write_epochs(open_log(tmp_path / "l"), [1])
+    fences: list[int] = []
+    shipper = leader.lead("s", leader_log, 1, ["r"], on_fenced=fences.append)
+    shipper.appended()
+    await until(lambda: replica_log.next_offset == 1)
+    assert replica.replicas.fence("s", 2) == (1, 1)
+    await until(lambda: fences == [2])
+    assert replica_log.fence == 2
+    await shipper.close()
+    again = leader.lead("s", leader_log, 2, ["r"])  # the leader, in a newer epoch
+    leader_log.append([b"next"])
+    again.appended()
+    await until(lambda: again.committed == 1)
+    await again.close()

@@ -449,8 +449,7 @@ class Simulation:
             shipper, node.shipper = node.shipper, None
             if node.replicas is not None:
                 node.replicas.shippers.pop(STREAM, None)
-            for task in shipper._tasks:
-                task.cancel()
+            shipper.stop()
         if node.replicas is not None:
             node.replicas.remove(STREAM)
         node.role = ""
