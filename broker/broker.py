@@ -89,7 +89,10 @@ class Broker:
         # the wire layer's record codec: every message the model stores is one it built
         encode = cast("Callable[[InboundMessage], bytes]", encode_record)
         self.stream_env = StorageEnv(queues_dir, encode, decode_record,
-                                     _fsync(config.stream_fsync), stream_entries_as_records)
+                                     _fsync(config.stream_fsync), stream_entries_as_records,
+                                     config.stream_chunk_min_records,
+                                     config.stream_chunk_max_records,
+                                     config.stream_chunk_max_bytes)
         self.queue_env = StorageEnv(queues_dir, encode, decode_record,
                                     _fsync(config.queue_fsync))
         self.metastore = Metastore(config.data_dir / "metadata.sqlite3")

@@ -44,6 +44,13 @@ class Config:
     log_level: str = "info"
     loop: str = "asyncio"  # asyncio | uvloop
     stream_fsync: str = "never"  # never | always | <ms>
+    # a stream's chunks (docs/STREAMS.md#chunks): a turn's publishes are cut into chunks of at
+    # most this many records, a bound that starts at the min, doubles each time a chunk fills
+    # and halves after a turn that took less than half of it, as osiris's writer batches; and of
+    # about this many bytes
+    stream_chunk_min_records: int = 32
+    stream_chunk_max_records: int = 8192
+    stream_chunk_max_bytes: int = 8_388_608
     queue_fsync: str = "never"  # for durable classic queues: never | always | <ms>
     definitions: Path | None = None
     tls_port: int = 0  # 0 = no amqps listener
@@ -178,6 +185,9 @@ def load(
         raise ConfigError(f"invalid value '{statistics}' for setting 'collect_statistics': "
                           "none, coarse or fine")
     _check_failure_detection(values)
+    for name in ("stream_chunk_min_records", "stream_chunk_max_records", "stream_chunk_max_bytes"):
+        if values.get(name, 1) < 1:
+            raise ConfigError(f"invalid value {values[name]} for setting '{name}': 1 or more")
     if values.get("workers", 0) < 0:
         raise ConfigError(f"invalid value {values['workers']} for setting 'workers': "
                           "a number of processes, or 0 for one per core")

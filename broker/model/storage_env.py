@@ -39,6 +39,11 @@ class StorageEnv:
     fsync: str | int = "never"  # "never", "always" or every N ms (storage.LogConfig)
     # STREAM_ENTRIES records as records of the encoding (given the stream's name)
     entries_as_records: Callable[[Sequence[bytes], str], list[bytes]] = _no_entries
+    # a stream's chunk bound (stream.ChunkBound): records from min to max, as osiris's writer
+    # batches (gen_batch_server's 32 and 8,192), and bytes
+    chunk_min_records: int = 32
+    chunk_max_records: int = 8192
+    chunk_max_bytes: int = 8 * 1024 * 1024
 
     @property
     def fsync_policy(self) -> FsyncPolicy:

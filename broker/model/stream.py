@@ -4,7 +4,9 @@ Publishing goes through the stream's writer (writer.py): whatever arrived during
 event loop becomes chunks of the storage engine's log, one per run of one record kind (AMQP 0.9.1
 records in USER chunks, stream-protocol messages in STREAM_ENTRIES chunks: amqp/stored.py), with
 their filter values and publisher ids, and every publish of the turn is confirmed at once, at
-the commit point. Publisher
+the commit point. A run is cut into several chunks at a bound that adapts as RabbitMQ's writer
+batch does (`ChunkBound`), so that a burst makes chunks of growing size and `last` means its last
+part, as on RabbitMQ. Publisher
 deduplication (x-stream-publisher-name / x-stream-publishing-id) drops a publish whose id is not
 above that publisher's last stored id, and still confirms it. Each consumer is a cursor with
 its own reader: it reads chunks from the files, up to the committed offset, spending the credit
@@ -46,11 +48,41 @@ SAC_DRAIN_TIMEOUT_MS = 30_000
 RETENTION_CHECK_MS = 60_000
 
 
-@dataclass
+class ChunkBound:
+    """How many records (and bytes) a stream's next chunk takes, as osiris's writer batches:
+    gen_batch_server starts a writer's batch at 32 commands, doubles it each time a batch
+    fills (up to 8,192) and halves it (down to 32 again) each time the writer's mailbox runs
+    dry first; each batch is one chunk. Here a turn's run of publishes is one chunk until it
+    reaches `records` (which then doubles, for the next chunk of the turn), and a turn that
+    ends having taken less than half of `records` halves it (where osiris halves at every
+    batch that ends short: a turn is not a mailbox, and a steady load of turns that needs the
+    bound keeps it, one chunk a turn, rather than two). A chunk also ends once its records
+    reach `max_bytes` (osiris has no such bound; a chunk holds at least one record)."""
+
+    __slots__ = ("max_bytes", "max_records", "min_records", "records")
+
+    def __init__(self, min_records: int, max_records: int, max_bytes: int) -> None:
+        self.min_records = max(1, min_records)
+        self.max_records = max(self.min_records, max_records)
+        self.max_bytes = max(1, max_bytes)
+        self.records = self.min_records
+
+    def filled(self) -> None:
+        self.records = min(self.max_records, self.records * 2)
+
+    def ran_dry(self) -> None:
+        self.records = max(self.min_records, self.records // 2)
+
+
+@dataclass(slots=True)
 class _Run:
-    """Consecutive publishes of one record kind: one chunk of that type."""
+    """Consecutive publishes of one record kind: one chunk of that type, of at most `bound`
+    records and about the byte bound. `limit` is the record count at which it is looked at
+    next (_Batch.check): its bound, or before that a count of its bytes."""
 
     chunk_type: int
+    bound: int
+    limit: int
     records: list[bytes] = field(default_factory=list)
     filters: list[bytes | None] = field(default_factory=list)
     # the last publishing id of each publisher of this run, stored with its chunk
@@ -61,20 +93,62 @@ class _Run:
 @dataclass
 class _Batch:
     """A turn's publishes, as runs in arrival order: 0.9.1 records (USER chunks) and
-    stream-protocol entries (STREAM_ENTRIES chunks) each make one chunk per run."""
+    stream-protocol entries (STREAM_ENTRIES chunks) each make one chunk per run, cut at the
+    stream's ChunkBound. After adding a record to the `open` run, a publish calls check() once
+    the run reached its `limit` (one comparison per record on the publish path)."""
 
+    bound: ChunkBound
     runs: list[_Run] = field(default_factory=list)
     # the last publishing id of each publisher, by its x-stream-publisher-name as it came (a
     # str, or bytes when it is not UTF-8: the two never name the same publisher)
     publishers: dict[str | bytes, int] = field(default_factory=dict)
+    open: _Run | None = None  # the run the next record of its type goes to (None: a new one)
 
     def run(self, chunk_type: int) -> _Run:
-        runs = self.runs
-        if runs and runs[-1].chunk_type == chunk_type:
-            return runs[-1]
-        run = _Run(chunk_type)
-        runs.append(run)
+        """The run the next record of this type goes to: the open one, or a new one when
+        that is of another type or full."""
+        run = self.open
+        if run is not None and run.chunk_type == chunk_type:
+            return run
+        records = self.bound.records
+        run = self.open = _Run(chunk_type, records, 1)  # its bytes counted at its first record
+        self.runs.append(run)
         return run
+
+    def check(self, run: _Run) -> None:
+        """`run` reached its limit: it is full at its bound in records (which then doubles)
+        or once its records reach the bound in bytes; otherwise its next limit is as many
+        more records as its largest one so far fits in the bytes it has left."""
+        records = run.records
+        count = len(records)
+        if count >= run.bound:
+            self.open = None
+            self.bound.filled()
+            return
+        room = self.bound.max_bytes - sum(map(len, records))
+        if room <= 0:
+            self.open = None
+            return
+        run.limit = min(run.bound, count + max(1, room // max(map(len, records))))
+
+    def extend(self, chunk_type: int, records: list[bytes]) -> None:
+        """Add records without filter values or publishers, cut at the bound."""
+        while records:
+            run = self.run(chunk_type)
+            room = run.limit - len(run.records)
+            part = records[:room] if len(records) > room else records
+            run.records += part
+            run.filters += [None] * len(part)
+            if len(run.records) >= run.limit:
+                self.check(run)
+            records = records[len(part):]
+
+    def ended(self) -> None:
+        """The turn is over: one that took less than half the bound halves it (a steady
+        load that needs the bound keeps it, and its turns stay one chunk each)."""
+        runs = self.runs
+        if runs and 2 * sum(len(run.records) for run in runs) < self.bound.records:
+            self.bound.ran_dry()
 
 
 class StreamQueue(Queue):
@@ -115,7 +189,10 @@ class StreamQueue(Queue):
             if storage_id is None:  # a new stream (a full disk): leave no empty folder behind
                 shutil.rmtree(self.directory, ignore_errors=True)
             raise
-        self.writer = Writer(vhost.scheduler, env.fsync_policy, lambda: self.log, batch=_Batch,
+        self.chunk_bound = ChunkBound(env.chunk_min_records, env.chunk_max_records,
+                                      env.chunk_max_bytes)
+        self.writer = Writer(vhost.scheduler, env.fsync_policy, lambda: self.log,
+                             batch=lambda: _Batch(self.chunk_bound),
                              append=self._append, failed=self._append_failed,
                              on_commit=self.dispatch, name=name)
         self.groups = SacGroups(self)
@@ -222,10 +299,13 @@ class StreamQueue(Queue):
         else:  # nothing to deduplicate on, and no filter value
             value = None
         run = batch.run(USER)
-        run.records.append(self.env.encode_record(message))
+        record = self.env.encode_record(message)
+        run.records.append(record)
         run.filters.append(value)
         if value is not None:
             run.any_filter = True
+        if len(run.records) >= run.limit:
+            batch.check(run)
         if confirm is not None:
             writer.confirm_later(confirm)
         self.stats_published += 1
@@ -241,10 +321,8 @@ class StreamQueue(Queue):
                 self.forward_to.publish(message, confirms[i] if confirms is not None else None)
             return
         writer = self.writer
-        run = writer.batch.run(USER)
         encode = self.env.encode_record
-        run.records += [encode(message) for message in messages]
-        run.filters += [None] * len(messages)
+        writer.batch.extend(USER, [encode(message) for message in messages])
         if confirms is not None:
             for confirm in confirms:
                 writer.confirm_later(confirm)
@@ -276,15 +354,18 @@ class StreamQueue(Queue):
                 writer.schedule()
                 return False
             batch.publishers[publisher] = publishing_id
-        runs = batch.runs
-        run = runs[-1] if runs and runs[-1].chunk_type == STREAM_ENTRIES else batch.run(
-            STREAM_ENTRIES)
+        run = batch.open
+        if run is None or run.chunk_type != STREAM_ENTRIES:
+            run = batch.run(STREAM_ENTRIES)
         if publisher is not None:
             run.publishers[publisher] = publishing_id
-        run.records.append(record)
+        records = run.records
+        records.append(record)
         run.filters.append(value)
         if value is not None:
             run.any_filter = True
+        if len(records) >= run.limit:
+            batch.check(run)
         if confirm is not None:
             writer.confirm_later(confirm)
         self.stats_published += 1
@@ -301,17 +382,25 @@ class StreamQueue(Queue):
 
     def _append(self, batch: _Batch) -> None:
         """The writer's append: a turn's publishes as one chunk per run of one record kind
-        (in arrival order), each with its filter values and the last publishing id of each
-        publisher of that run. The writer's commit point is then the last chunk's.
+        (in arrival order, cut at the stream's ChunkBound), each with its filter values and
+        the last publishing id of each publisher of that run. The writer's commit point is
+        then the last chunk's.
         STREAM_ENTRIES chunks keep the CRC-32 of their records: a stream-protocol Deliver
-        carries it, so it is computed once here rather than per delivery."""
+        carries it, so it is computed once here rather than per delivery. A log that never
+        had a record is written from epoch 1, as osiris's writers start (a replicated stream's
+        leader has set its own epoch, >= 1, before it appends; a log written before keeps
+        its epoch)."""
+        batch.ended()
+        log_ = self.log
+        if not log_.epoch and not log_.next_offset:
+            log_.set_epoch(1)
         for run in batch.runs:
-            self.log.append(run.records, run.filters if run.any_filter else None,
-                            publishers=sargs.stored_publishers(run.publishers) or None,
-                            chunk_type=run.chunk_type,
-                            records_crc=run.chunk_type == STREAM_ENTRIES)
+            log_.append(run.records, run.filters if run.any_filter else None,
+                        publishers=sargs.stored_publishers(run.publishers) or None,
+                        chunk_type=run.chunk_type,
+                        records_crc=run.chunk_type == STREAM_ENTRIES)
         if not batch.runs and batch.publishers:
-            self.log.append([], publishers=sargs.stored_publishers(batch.publishers))
+            log_.append([], publishers=sargs.stored_publishers(batch.publishers))
 
     def _append_failed(self, batch: _Batch, error: StorageError) -> bool:
         log.error("stream append failed", stream=self.name, vhost=self.vhost.name,

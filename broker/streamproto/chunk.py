@@ -5,7 +5,10 @@ entry and record counts, timestamp, epoch, first offset, the CRC-32 of the data 
 computes it, data length, trailer length, bloom size) and then simple entries
 (`0:1 size:31 body`). Clients check the CRC and count offsets from the first one, so one
 Deliver holds one run of consecutive offsets. A run's entries and CRC (`Entries`) are built
-once and framed for each subscription that reads them.
+once and framed for each subscription that reads them. The epoch is the stored chunk's writer
+epoch, and the trailer length what osiris's trailer of the chunk would take (its publishers'
+sequence entries, `trailer_length`): RabbitMQ sends neither the trailer nor a bloom filter,
+only their sizes, and clients such as rstream compare the whole header.
 
 Pure: no I/O; knows nothing of the model or of how a record becomes an AMQP 1.0 message.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 _HEAD = struct.Struct(">IHHB")
 _HEAD_V2 = struct.Struct(">IHHBQ")
@@ -29,12 +32,19 @@ class Entries:
     the simple entries, their count and their CRC-32 (computed once, however many
     subscribers the run goes to; or given, when the log kept it with the chunk)."""
 
-    __slots__ = ("count", "crc", "data")
+    __slots__ = ("count", "crc", "data", "trailer_length")
 
     def __init__(self, data: bytes | memoryview, count: int, crc: int | None = None) -> None:
         self.data = data
         self.count = count
         self.crc = zlib.crc32(data) if crc is None else crc
+        self.trailer_length = 0  # of the chunk the run is from (trailer_length())
+
+
+def trailer_length(publishers: Iterable[bytes]) -> int:
+    """The size of osiris's trailer of a chunk that tracks these publishers' sequences: one
+    `type:8 size:8 reference seq:64` entry each (osiris_tracking:flush)."""
+    return sum(10 + len(name) for name in publishers)
 
 
 def entries(messages: Sequence[bytes]) -> Entries:
@@ -65,7 +75,7 @@ def deliver_parts(subscription_id: int, first_offset: int, timestamp_ms: int, ru
     n = run.count
     data = run.data
     chunk = _CHUNK.pack(MAGIC_VERSION, 0, n, n, timestamp_ms, epoch, first_offset,
-                        run.crc, len(data), 0, 0)
+                        run.crc, len(data), run.trailer_length, 0)
     if version >= 2:
         head = _HEAD_V2.pack(4 + 1 + 8 + len(chunk) + len(data), DELIVER, 2, subscription_id,
                              committed)

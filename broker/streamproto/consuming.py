@@ -111,14 +111,18 @@ def _entries(records: Sequence[bytes], chunk_type: int = USER) -> chunk.Entries:
 def _builder(view: Any, start: int, end: int) -> Callable[[], chunk.Entries]:
     """How to build the entries of records start..end of a chunk view: a whole
     STREAM_ENTRIES chunk is its record bytes as read, with the CRC-32 the writer kept (or
-    one CRC, for chunks written before it kept one): nothing per record."""
-    if view.chunk_type == STREAM_ENTRIES and view.offsets is None:
-        return lambda: chunk.Entries(view.record_bytes(), view.num_records, view.records_crc)
+    one CRC, for chunks written before it kept one): nothing per record. Each run carries the
+    trailer length of its chunk (the publishers it tracks, as osiris's trailer would)."""
 
     def build() -> chunk.Entries:
-        records = view.records
-        part = records[start:end] if start or end != len(records) else records
-        return _entries(part, view.chunk_type)
+        if view.chunk_type == STREAM_ENTRIES and view.offsets is None:
+            run = chunk.Entries(view.record_bytes(), view.num_records, view.records_crc)
+        else:
+            records = view.records
+            part = records[start:end] if start or end != len(records) else records
+            run = _entries(part, view.chunk_type)
+        run.trailer_length = chunk.trailer_length(view.publishers)
+        return run
 
     return build
 
@@ -269,7 +273,8 @@ class Subscription:
                 head, data = chunk.deliver_parts(
                     self.id, first, view.timestamp_ms,
                     runs.get(first, end - start, _builder(view, start, end)),
-                    version=s.deliver_version, committed=self.queue.log.committed_offset)
+                    epoch=view.epoch, version=s.deliver_version,
+                    committed=self.queue.log.committed_offset)
                 s.send(head)
                 s.send(data)
                 pending += len(data)

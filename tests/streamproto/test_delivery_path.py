@@ -10,8 +10,12 @@ import asyncio
 import socket
 import struct
 import zlib
+from collections.abc import Iterator
 
 import pika
+import pytest
+from support.brokers import BrokerProcess
+from support.ports import free_port, wait_for_port
 
 from leveret.broker.streamproto import output
 
@@ -21,6 +25,19 @@ from .test_raw_protocol import create_and_declare
 from .test_stream_entries import amqp10, confirmed, publish_frame
 
 MESSAGES = 1500  # ~ 190 KB of entries: a chunk over the reader's BIG_CHUNK_BYTES
+
+
+@pytest.fixture(scope="module")
+def lev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StreamBroker]:
+    """A broker whose chunks start at 2,048 records (stream_chunk_min_records): each Publish
+    frame of MESSAGES is one big chunk."""
+    port = free_port()
+    process = BrokerProcess(tmp_path_factory.mktemp("big") / "data",
+                            args=["--stream-port", str(port)],
+                            env={"LEVERET_STREAM_CHUNK_MIN_RECORDS": "2048"}).start()
+    wait_for_port(port, 30)
+    yield StreamBroker(process, port)
+    process.kill()
 
 
 def _deliver(client: RawStream) -> tuple[int, int, bytes]:
