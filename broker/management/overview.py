@@ -41,6 +41,7 @@ from leveret.broker.management.http import (
     visible_vhosts,
 )
 from leveret.broker.model.exchange import EXCHANGE_TYPES
+from leveret.broker.streamproto import registry
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
@@ -110,6 +111,28 @@ def exchange_types() -> list[dict[str, Any]]:
     ]
 
 
+def listener_views(request: web.Request, broker: Broker) -> list[dict[str, Any]]:
+    """Every listener of this node as RabbitMQ's overview lists them, by protocol: amqp,
+    amqp/ssl, clustering (the node-to-node link), http, stream and stream/ssl, each with
+    the address it is bound to and its port (as bound)."""
+    config = broker.config
+    host = request.app[AMQP_HOST]
+    found = [("amqp", host, request.app[AMQP_PORT])]
+    if config.tls_port:  # the broker does not start without its listener
+        found.append(("amqp/ssl", host, config.tls_port))
+    if broker.cluster_links is not None:
+        found.append(("clustering", host, broker.cluster_links.port))
+    if config.management_port:
+        found.append(("http", request.app[HTTP_HOST], config.management_port))
+    streams = registry.server_of(broker)
+    if streams is not None:
+        found += [(protocol, host, port) for protocol, port in
+                  (("stream", streams.port), ("stream/ssl", streams.tls_port)) if port]
+    node = config.node_name
+    return [{"node": node, "protocol": protocol, "ip_address": address, "port": port}
+            for protocol, address, port in sorted(found)]
+
+
 async def get_overview(request: web.Request) -> web.Response:
     broker = broker_of(request)
     vhosts = visible_vhosts(request)
@@ -118,12 +141,7 @@ async def get_overview(request: web.Request) -> web.Response:
     channels = [c for s in sessions for c in s.channels.values()]
     config = broker.config
     node = config.node_name
-    listeners = [{"node": node, "protocol": "amqp", "ip_address": request.app[AMQP_HOST],
-                  "port": request.app[AMQP_PORT]}]
-    if config.management_port:
-        listeners.append({"node": node, "protocol": "http",
-                          "ip_address": request.app[HTTP_HOST],
-                          "port": config.management_port})
+    listeners = listener_views(request, broker)
     totals = views.queue_totals(queues)
     objects = {"connections": len(sessions), "channels": len(channels),
                "consumers": sum(len(c.consumers) for c in channels)}

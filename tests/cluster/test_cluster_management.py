@@ -123,6 +123,8 @@ def test_overview_names_and_metrics_per_node(
     overview = ok(b, "GET", "/api/overview")
     assert (overview["cluster_name"], overview["node"]) == (cluster, "b")
     assert {entry["node"] for entry in overview["listeners"]} == {"b"}
+    assert [(entry["protocol"], entry["port"]) for entry in overview["listeners"]] == [
+        ("amqp", b.port), ("clustering", b.cluster_port), ("http", b.management_port)]
     assert ok(b, "GET", "/api/vhosts/%2F")["cluster_state"] == {"a": "running", "b": "running"}
     with urlopen(f"http://127.0.0.1:{a.management_port}/metrics", timeout=10) as response:
         text = response.read().decode()

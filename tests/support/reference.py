@@ -172,6 +172,21 @@ def start_stream_reference() -> Reference | str:
     return reference
 
 
+def start_stream_management_reference() -> Reference | str:
+    """A local rabbitmq-server with its stream and management plugins on free ports
+    (stream_port, management_port), or the reason there is none."""
+    if not RABBITMQ_SERVER.exists():
+        return "no local rabbitmq-server (apt-get install rabbitmq-server)"
+    stream_port, management_port = free_port(), free_port()
+    reference = _start_local(("rabbitmq_stream", "rabbitmq_management"),
+                             f"stream.listeners.tcp.1 = {stream_port}\n"
+                             f"management.tcp.port = {management_port}\n"
+                             "management.tcp.ip = 127.0.0.1\n")
+    reference.stream_port = stream_port
+    reference.management_port = management_port
+    return reference
+
+
 def start_management_reference() -> Reference | str:
     """A local rabbitmq-server with its management plugin (the HTTP API on a free port,
     management_port), or the reason there is none."""
