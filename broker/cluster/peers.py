@@ -128,6 +128,16 @@ class ClusterLinks:
         self.revision = self._first.revision
         self._resync(self._first)
 
+    async def read_new_records(self) -> None:
+        """Read the node records now and take the ones the watch has not brought yet (a
+        declaration counts every node live in etcd at this moment; a node that joined a moment
+        ago may not have reached this one's watch). Removals stay the watch's."""
+        result = await self.client.range(self.keys.nodes, prefix=True)
+        for kv in result.kvs:
+            name = kv.key.decode(errors="replace")[len(self.keys.nodes):]
+            if name not in self.records:
+                self._peer_up(name, _record(kv.value))
+
     async def start(self) -> None:
         """Follow the node records and keep the links (after the node has joined)."""
         first, self._first = self._first, None

@@ -23,10 +23,12 @@ Asyncio: one event loop.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker import logs
 from leveret.broker.cluster import stream_placement
+from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.cluster.topology_records import QueueRecord
 
 if TYPE_CHECKING:
@@ -63,6 +65,8 @@ async def place_new_stream(cluster: ClusterRuntime, vhost: str, name: str, size_
                            ) -> tuple[str, tuple[str, ...]]:
     """(leader, members with the leader first) of a new stream declared on this node; the
     members are () when it has one (a stream as on one node, nothing replicated)."""
+    with contextlib.suppress(EtcdException):  # (etcd away: the watch's view, as before)
+        await cluster.links.read_new_records()
     records = [r for r in cluster.cache.all("queues") if isinstance(r, QueueRecord)]
     running = running_nodes(cluster)
     leader, members = stream_placement.place_stream(cluster.node, running, records,
