@@ -17,8 +17,9 @@ from typing import Annotated, Any
 import typer
 
 from leveret.cli import ctl_common as c
-from leveret.cli.ctl_common import OPTIONS, ApiStatus, CtlError, Node, q
+from leveret.cli.ctl_common import OPTIONS, ApiStatus, CtlError, Node
 from leveret.cli.ctl_status import cluster_status_command, status_command
+from leveret.cli.streams_api import q
 
 app = typer.Typer(
     help="leveretctl: rabbitmqctl's commands for a Leveret node. Global options, anywhere: "

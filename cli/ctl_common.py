@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.error import HTTPError, URLError
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 from urllib.request import Request, urlopen
 
 import typer
 
 from leveret.broker.config import ConfigError, load
 from leveret.broker.management.local_token import TOKEN_FILE
+from leveret.cli.streams_api import error_reason
 
 # rabbitmqctl's exit codes (sysexits.h), as it gives them
 EX_OK = 0
@@ -184,7 +185,7 @@ class Node:
             with urlopen(request, timeout=timeout or OPTIONS.timeout) as response:
                 raw = response.read()
         except HTTPError as error:
-            status = ApiStatus(error.code, _reason(error))
+            status = ApiStatus(error.code, error_reason(error))
             if error.code == 401:
                 raise CtlError(f"the node at {self.base} refused the local credential "
                                f"({status.reason}); is it the node of this data directory?",
@@ -217,19 +218,6 @@ def _node_url(node: str) -> str:
         usage_error(f"--node takes a node's management address, HOST:PORT or "
                     f"http://HOST:PORT, not '{node}'")
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
-
-
-def _reason(error: HTTPError) -> str:
-    try:
-        body = json.loads(error.read() or b"{}")
-    except (json.JSONDecodeError, OSError):
-        body = {}
-    reason = body.get("reason") if isinstance(body, dict) else None
-    return str(reason or f"HTTP {error.code} {error.reason}").strip()
-
-
-def q(value: str) -> str:
-    return quote(value, safe="")
 
 
 def basic(user: str, password: str) -> str:

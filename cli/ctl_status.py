@@ -12,6 +12,7 @@ import typer
 
 from leveret.cli import ctl_common as c
 from leveret.cli.ctl_common import OPTIONS, Node
+from leveret.cli.streams_api import q
 
 PURPOSES = {"amqp": "AMQP 0-9-1 and AMQP 1.0", "amqp/ssl": "AMQP 0-9-1 and AMQP 1.0 over TLS",
             "http": "HTTP API", "stream": "stream", "stream/ssl": "stream over TLS",
@@ -33,7 +34,7 @@ def listener_line(listener: dict[str, Any]) -> str:
 
 def local_node(node: Node) -> tuple[dict[str, Any], dict[str, Any]]:
     overview: dict[str, Any] = node.get("/api/overview")
-    me: dict[str, Any] = node.get(f"/api/nodes/{c.q(overview['node'])}")
+    me: dict[str, Any] = node.get(f"/api/nodes/{q(overview['node'])}")
     node.name = overview["node"]
     return overview, me
 

@@ -80,7 +80,7 @@ class Api:
             with urlopen(request, timeout=30) as response:
                 raw = response.read()
         except HTTPError as error:
-            reason = _reason(error)
+            reason = error_reason(error)
             if error.code == 401:
                 raise CliError(f"the broker at {self.base} refused user '{self.username}': "
                                f"{reason}") from None
@@ -94,7 +94,8 @@ class Api:
         return json.loads(raw) if raw.strip() else None
 
 
-def _reason(error: HTTPError) -> str:
+def error_reason(error: HTTPError) -> str:
+    """The management API's `reason` for a failed request, or its HTTP status line."""
     try:
         body = json.loads(error.read() or b"{}")
     except (json.JSONDecodeError, OSError):
