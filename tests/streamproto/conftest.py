@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from support.brokers import BrokerProcess
 from support.ports import free_port, wait_for_port
+from support.reference import Reference, start_stream_reference
 
 from .raw import RawStream
 
@@ -48,3 +49,20 @@ def lev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StreamBroker]:
 @pytest.fixture
 def name() -> str:
     return f"s-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def stream_reference() -> Iterator[Reference]:
+    """RabbitMQ 3.10.8 with its stream plugin, once for the whole session (or a skip)."""
+    reference = start_stream_reference()
+    if isinstance(reference, str):
+        pytest.skip(reference)
+    try:
+        wait_for_port(reference.stream_port, 60)
+    except TimeoutError:
+        if reference.stop is not None:
+            reference.stop()
+        pytest.skip("the reference RabbitMQ's stream listener did not start")
+    yield reference
+    if reference.stop is not None:
+        reference.stop()

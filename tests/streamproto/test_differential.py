@@ -11,29 +11,12 @@ from pathlib import Path
 
 import pika
 import pytest
-from support.ports import wait_for_port
-from support.reference import Reference, start_stream_reference
+from support.reference import Reference
 
 from .conftest import start_stream_broker
 from .raw import RawStream, s, strmap
 
 pytestmark = pytest.mark.reference
-
-
-@pytest.fixture(scope="session")
-def stream_reference() -> Iterator[Reference]:
-    reference = start_stream_reference()
-    if isinstance(reference, str):
-        pytest.skip(reference)
-    try:
-        wait_for_port(reference.stream_port, 60)
-    except TimeoutError:
-        if reference.stop is not None:
-            reference.stop()
-        pytest.skip("the reference RabbitMQ's stream listener did not start")
-    yield reference
-    if reference.stop is not None:
-        reference.stop()
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,7 @@ from unittest.mock import ANY
 import pytest
 from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, Producer, schema
 from rstream.client import Client
-from support.ports import wait_for_port
-from support.reference import start_stream_reference
+from support.reference import Reference
 
 from .conftest import start_stream_broker
 from .raw import RawStream, s, strmap
@@ -26,20 +25,9 @@ from .raw import RawStream, s, strmap
 pytestmark = pytest.mark.asyncio
 
 
-@pytest.fixture(scope="module")
-def reference_port() -> Iterator[int]:
-    reference = start_stream_reference()
-    if isinstance(reference, str):
-        pytest.skip(reference)
-    try:
-        wait_for_port(reference.stream_port, 60)
-    except TimeoutError:
-        if reference.stop is not None:
-            reference.stop()
-        pytest.skip("the reference RabbitMQ's stream listener did not start")
-    yield reference.stream_port
-    if reference.stop is not None:
-        reference.stop()
+@pytest.fixture
+def reference_port(stream_reference: Reference) -> int:
+    return stream_reference.stream_port
 
 
 @pytest.fixture(scope="module")
