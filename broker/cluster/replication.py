@@ -258,17 +258,21 @@ def agreement(log_: Log, ranges: list[tuple[int, int]], first_offset: int) -> in
 
     Chunks of one epoch are written once, by that epoch's leader, each after the one before, so
     two logs holding chunks of epoch e from the same offset agree until one's e-chunks end. The
-    leader's e-chunks run from epoch_end(e - 1) to epoch_end(e). A range the leader's
-    retention already removed cannot be compared, and is taken as agreed (it was committed)."""
+    leader's e-chunks run from epoch_end(e - 1) to epoch_end(e); an epoch may hold nothing
+    but an empty tracking chunk (`Log.mark_epoch`), so it starts and ends at one offset, and
+    the leader must be asked whether it has the epoch at all, not whether its range is empty.
+    A range the leader's retention already removed cannot be compared, and is taken as agreed
+    (it was committed)."""
+    mine = dict(log_.epoch_ranges())
     agree = first_offset
     for epoch, end in ranges:
         if end <= log_.first_offset:
             agree = end
             continue
         start = max(agree, log_.first_offset)
-        mine_from, mine_to = log_.epoch_end(epoch - 1), log_.epoch_end(epoch)
-        if mine_from > start or mine_to <= start:
-            return agree  # the leader has other chunks where this epoch starts here
+        if epoch not in mine or log_.epoch_end(epoch - 1) > start:
+            return agree  # the leader has no chunk of this epoch, or others where it starts
+        mine_to = mine[epoch]
         agree = min(end, mine_to)
         if agree < end:
             return agree

@@ -96,9 +96,14 @@ async def until(check: Callable[[], bool]) -> None:
             await asyncio.sleep(0.01)
 
 
-def write_epochs(log: Log, epochs: list[int]) -> Log:
-    """One single-record chunk per entry, stamped with that epoch."""
+def write_epochs(log: Log, epochs: list[int | str]) -> Log:
+    """One single-record chunk per entry, stamped with that epoch; "tN" is a new leader's empty
+    tracking chunk of epoch N (Log.mark_epoch), which takes no offset."""
     for i, epoch in enumerate(epochs):
+        if isinstance(epoch, str):
+            log.set_epoch(int(epoch.removeprefix("t")))
+            log.mark_epoch()
+            continue
         log.set_epoch(epoch)
         log.append([b"e%d-%d" % (epoch, i)])
     return log
@@ -112,9 +117,14 @@ def write_epochs(log: Log, epochs: list[int]) -> Log:
     ([3, 3], [1, 1], 0),  # nothing in common
     ([], [1], 0),
     ([1, 1], [], 0),
+    # epochs of one empty tracking chunk (a leader that took an epoch and wrote nothing else):
+    ([1, 1, "t2", "t3", 3, 3, "t4"], [1, 1, "t2", "t3", 3], 3),  # all of it the leader's
+    ([1, 1, "t2", 2], [1, 1, "t2"], 2),
+    (["t1", 1, "t3", 3], ["t1", 1, "t2", 2], 1),  # an epoch the leader never saw
+    ([1, 1, "t3", 3], [1, 1, "t2"], 2),  # (its epoch-2 tracking chunk at 2 is cut)
 ])
 def test_where_a_replicas_log_parts_from_the_leaders(
-        tmp_path: Path, leader: list[int], replica: list[int], agree: int) -> None:
+        tmp_path: Path, leader: list[int | str], replica: list[int | str], agree: int) -> None:
     leader_log = write_epochs(open_log(tmp_path / "l"), leader)
     replica_log = write_epochs(open_log(tmp_path / "r"), replica)
     ranges = replica_log.epoch_ranges()
