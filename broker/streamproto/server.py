@@ -185,9 +185,7 @@ def _tls_context(server: Any) -> ssl.SSLContext | None:
     config = server.config
     if not config.stream_tls_port or config.tls_certfile is None or config.tls_keyfile is None:
         return None
-    from leveret.broker.server import tls_context  # the amqps listener's context, shared
-
-    context: ssl.SSLContext = tls_context(config)
+    context: ssl.SSLContext = listen.tls_context(config)  # the amqps listener's, shared
     return context
 
 
@@ -217,10 +215,8 @@ async def start(server: Any) -> StreamServer | None:
                             setting=flag)
                 continue
             await streams_server.stop()
-            from leveret.broker.server import ServerError, listen_error
-
             server.broker.close()
-            raise ServerError(listen_error(exc, host, port, flag)) from None
+            raise listen.ServerError(listen.listen_error(exc, host, port, flag)) from None
         if tls is None:
             streams_server.port = bound
         else:
