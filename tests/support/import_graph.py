@@ -89,7 +89,7 @@ def _components(graph: Mapping[str, set[str]]) -> Iterator[frozenset[str]]:
             elif target in on_stack:
                 low[node] = min(low[node], index[target])
         if low[node] == index[node]:
-            component = set()
+            component: set[str] = set()
             while True:
                 member = stack.pop()
                 on_stack.discard(member)
