@@ -7,7 +7,11 @@ Where the host has no IPv6 (`socket.has_ipv6` false, or binding `::` fails with 
 or EADDRNOTAVAIL) it binds `0.0.0.0` instead. Any other host is one address, bound by name by
 the caller (asyncio, aiohttp) as before. `unmapped` turns a peer's IPv4-mapped address back
 into the IPv4 one, as RabbitMQ reports it, and `connection_name` names a connection as
-RabbitMQ does.
+RabbitMQ does. `tls_context` (the amqps listener's, which the stream protocol's TLS listener
+shares), `ServerError` and `listen_error` serve every listener, so the stream protocol's server
+finds them here rather than in `server`, which imports it.
+
+It must not know the sessions or the model: sockets, TLS and the config only.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from __future__ import annotations
 import errno
 import ipaddress
 import socket
+import ssl
 from typing import Any
 
 from leveret.broker import logs
+from leveret.broker.config import Config
 
 log = logs.get("leveret.server")
 
@@ -115,3 +121,32 @@ def connection_name(peer: tuple[str, int], transport: Any) -> str:
 
 def _bracketed(address: str) -> str:
     return f"[{address}]" if ":" in address else address
+
+
+def tls_context(config: Config) -> ssl.SSLContext:
+    """The amqps listener's context: the certificate and key from the config, and client
+    certificates verified against the CA file when tls_verify_peer is set."""
+    if config.tls_certfile is None or config.tls_keyfile is None:
+        raise ServerError("tls_port is set but tls_certfile or tls_keyfile is missing")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.tls_certfile, config.tls_keyfile)
+        if config.tls_cacertfile is not None:
+            context.load_verify_locations(config.tls_cacertfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ServerError(f"cannot load the TLS certificate or key: {exc}") from None
+    if config.tls_verify_peer:
+        if config.tls_cacertfile is None:
+            raise ServerError("tls_verify_peer needs tls_cacertfile")
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+class ServerError(Exception):
+    """The broker cannot start; the message is one line for the operator."""
+
+
+def listen_error(exc: OSError, host: str, port: int, flag: str) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return f"port {port} on {host} is already in use; stop the other broker or pass {flag}"
+    return f"cannot listen on {host}:{port}: {exc.strerror}"

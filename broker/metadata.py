@@ -4,6 +4,9 @@ MetadataRecorder is the vhosts' Observer: every durable exchange, queue and bind
 policy, is written as it changes. `restore` rebuilds vhosts, users, permissions, policies,
 exchanges, queues and bindings from the store when the broker starts, before any client
 connects. Transient entities are never written, so they are gone after a restart.
+
+It must not know the sessions, the cluster or the composing `broker.Broker` (which it sees
+through the `Broker` Protocol).
 """
 
 from __future__ import annotations
@@ -11,10 +14,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from leveret.broker import logs
-from leveret.broker.auth import Permission
+from leveret.broker.auth import Permission, Users
 from leveret.broker.metastore import Metastore, MetastoreError, load_table
 from leveret.broker.model.binding import Binding
 from leveret.broker.model.errors import BrokerError, InternalError
@@ -24,10 +27,20 @@ from leveret.broker.model.queue import Queue
 from leveret.broker.model.vhost import Observer, VHost
 from leveret.storage import StorageError
 
-if TYPE_CHECKING:
-    from leveret.broker.broker import Broker
-
 log = logs.get("leveret.metadata")
+
+
+class Broker(Protocol):
+    """What `restore` rebuilds (`broker.Broker`): a Protocol, so that this module does not
+    import the broker that imports it."""
+
+    @property
+    def users(self) -> Users: ...
+
+    @property
+    def vhosts(self) -> dict[str, VHost]: ...
+
+    def add_vhost(self, name: str, persist: bool = True) -> VHost: ...
 
 
 class RestoreError(Exception):

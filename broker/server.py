@@ -40,6 +40,9 @@ from leveret.broker.cluster.topology_cache import TopologyCache
 from leveret.broker.cluster.topology_keys import TopologyKeys
 from leveret.broker.config import Config
 from leveret.broker.definitions import DefinitionsError, load_file
+from leveret.broker.listen import ServerError as ServerError  # the CLI and tests import it here
+from leveret.broker.listen import listen_error as listen_error
+from leveret.broker.listen import tls_context as tls_context
 from leveret.broker.management import cluster_views, local_token
 from leveret.broker.management.app import ManagementServer
 from leveret.broker.metadata import RestoreError
@@ -51,35 +54,6 @@ from leveret.broker.streamproto.server import StreamServer
 from leveret.broker.workers.pool import Listener, WorkerPool, usable_cores
 
 log = logs.get("leveret.server")
-
-
-def tls_context(config: Config) -> ssl.SSLContext:
-    """The amqps listener's context: the certificate and key from the config, and client
-    certificates verified against the CA file when tls_verify_peer is set."""
-    if config.tls_certfile is None or config.tls_keyfile is None:
-        raise ServerError("tls_port is set but tls_certfile or tls_keyfile is missing")
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        context.load_cert_chain(config.tls_certfile, config.tls_keyfile)
-        if config.tls_cacertfile is not None:
-            context.load_verify_locations(config.tls_cacertfile)
-    except (OSError, ssl.SSLError) as exc:
-        raise ServerError(f"cannot load the TLS certificate or key: {exc}") from None
-    if config.tls_verify_peer:
-        if config.tls_cacertfile is None:
-            raise ServerError("tls_verify_peer needs tls_cacertfile")
-        context.verify_mode = ssl.CERT_REQUIRED
-    return context
-
-
-class ServerError(Exception):
-    """The broker cannot start; the message is one line for the operator."""
-
-
-def listen_error(exc: OSError, host: str, port: int, flag: str) -> str:
-    if exc.errno == errno.EADDRINUSE:
-        return f"port {port} on {host} is already in use; stop the other broker or pass {flag}"
-    return f"cannot listen on {host}:{port}: {exc.strerror}"
 
 
 def check_writable(data_dir: Path) -> None:

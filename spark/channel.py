@@ -16,19 +16,34 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pamqp import commands
 
 from leveret.amqp import codec, properties
 from leveret.amqp import constants as c
 from leveret.amqp.errors import AMQPError
+from leveret.spark.endpoint import Endpoint
 from leveret.spark.errors import BrokerError, ConnectionLost, LeveretSparkError
 
-if TYPE_CHECKING:
-    from leveret.spark.wire import Connection
-
 T = TypeVar("T")
+
+
+class Connection(Protocol):
+    """What a channel needs of its connection (`wire.Connection`): a Protocol, so that this
+    module does not import the wire module that imports it."""
+
+    @property
+    def endpoint(self) -> Endpoint: ...
+
+    @property
+    def closed(self) -> BrokerError | ConnectionLost | None: ...
+
+    def send_raw(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    def pump(self, timeout: float | None) -> bool: ...
+
+    def forget(self, channel: Channel) -> None: ...
 
 
 class Delivery:

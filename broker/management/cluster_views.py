@@ -8,7 +8,7 @@ Role: in cluster mode `/api/queues` on any node lists every queue, and `/api/con
   (counts, consumers, state), or null for a queue it does not hold;
 - `mgmt.connections`, `mgmt.channels` and `mgmt.consumers` `{}`: its connections', channels'
   or consumers' views, each with its node (connections include its stream-protocol ones;
-  `stream_protocol` adds `mgmt.stream_publishers` and `mgmt.stream_consumers`);
+  `stream_connections` adds `mgmt.stream_publishers` and `mgmt.stream_consumers`);
 - `mgmt.close_connection` `{"name", "reason"}`: close one of its connections with 320, or
   a stream-protocol one (the asking node has checked that the user may);
 - `mgmt.purge` and `mgmt.get` `{"vhost", "name", ...}`: the API's purge and get of a queue it
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from leveret.broker import logs
 from leveret.broker.cluster.link import LinkError, RemoteError
-from leveret.broker.management import messages, views
+from leveret.broker.management import messages, stream_connections, views
 from leveret.broker.management.http import ApiError
 from leveret.broker.model.errors import InternalError, NotFound
 
@@ -131,10 +131,8 @@ def install(broker: Broker) -> None:
         return out
 
     async def connections(_link: Link, _body: Any) -> list[dict[str, Any]]:
-        from leveret.broker.management import stream_protocol  # and stream connections
-
         return ([views.connection_view(s) for s in local_sessions(broker)]
-                + stream_protocol.local_connection_views(broker))
+                + stream_connections.local_connection_views(broker))
 
     async def channels(_link: Link, _body: Any) -> list[dict[str, Any]]:
         return [views.channel_view(s, ch) for s in local_sessions(broker)
@@ -165,9 +163,7 @@ def install(broker: Broker) -> None:
             if views.connection_name(session) == name:
                 session.force_close(str(body.get("reason") or "Closed via management plugin"))
                 return True
-        from leveret.broker.management import stream_protocol  # or a stream connection
-
-        return stream_protocol.close_local(broker, str(name))  # NotFound if none
+        return stream_connections.close_local(broker, str(name))  # NotFound if none
 
     handlers.on_request(CONSUMERS, consumers)
     handlers.on_request(CLOSE, close)
@@ -176,9 +172,7 @@ def install(broker: Broker) -> None:
     handlers.on_request(QUEUE_STATS, queue_stats)
     handlers.on_request(CONNECTIONS, connections)
     handlers.on_request(CHANNELS, channels)
-    from leveret.broker.management import stream_protocol
-
-    stream_protocol.install(broker)  # mgmt.stream_publishers, mgmt.stream_consumers
+    stream_connections.install(broker)  # mgmt.stream_publishers, mgmt.stream_consumers
 
 
 async def _ask_all(broker: Broker, ask: Callable[[str, Link], Awaitable[Any]],

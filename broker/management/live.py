@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from leveret.broker.management import cluster_views, views
+from leveret.broker.management import cluster_views, stream_connections, views
 from leveret.broker.management.http import (
     broker_of,
     is_admin,
@@ -48,10 +48,8 @@ def sessions(request: web.Request, vhost: str | None = None) -> list[Session]:
 
 
 def _connections(request: web.Request, vhost: str | None = None) -> list[dict[str, Any]]:
-    from leveret.broker.management import stream_protocol  # stream connections are listed too
-
     return ([views.connection_view(s) for s in sessions(request, vhost)]
-            + stream_protocol.stream_connection_views(request, vhost))
+            + stream_connections.stream_connection_views(request, vhost))
 
 
 async def _cluster_wide(request: web.Request, kind: str, local: list[dict[str, Any]],
@@ -109,11 +107,9 @@ async def get_connection(request: web.Request) -> web.Response:
     for session in sessions(request):
         if views.connection_name(session) == name:
             return ok(views.connection_view(session))
-    from leveret.broker.management import stream_protocol
-
-    stream = stream_protocol.find_stream_connection(request, name)
+    stream = stream_connections.find_stream_connection(request, name)
     if stream is not None:
-        return ok(stream_protocol.connection_view(stream))
+        return ok(stream_connections.connection_view(stream))
     for item in await _cluster_wide(request, cluster_views.CONNECTIONS, []):
         if item.get("name") == name:
             return ok(item)
@@ -130,9 +126,7 @@ async def delete_connection(request: web.Request) -> web.Response:
                 raise not_authorised("Not administrator user")
             session.force_close(reason)
             return no_content()
-    from leveret.broker.management import stream_protocol
-
-    stream = stream_protocol.find_stream_connection(request, name)
+    stream = stream_connections.find_stream_connection(request, name)
     if stream is not None:
         if not is_admin(user) and stream.username != user.name:
             raise not_authorised("Not administrator user")
@@ -176,9 +170,7 @@ async def _all_consumers(request: web.Request, vhost: str | None = None) -> list
     user = user_of(request)
     everything = sees_everything(user)
     remote = await cluster_views.remote_items(broker_of(request), cluster_views.CONSUMERS)
-    from leveret.broker.management import stream_protocol  # stream subscriptions are listed too
-
-    local = consumers(request, vhost) + stream_protocol.api_consumer_views(request, vhost)
+    local = consumers(request, vhost) + stream_connections.api_consumer_views(request, vhost)
     return local + [
         c for c in remote
         if (vhost is None or c.get("queue", {}).get("vhost") == vhost)

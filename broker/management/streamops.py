@@ -2,8 +2,11 @@
 restart, offset reset, tracking, publishers and single-active-consumer groups.
 
 Each raises the model's domain errors (or admin.BadRequest) with RabbitMQ's CLI texts, so the
-API can pass them on and `leveret-streams` print them. Leveret is one node: a stream has one
-member, the writer, on this node.
+API can pass them on and `leveret-streams` print them. They act on the copy of a stream that
+this node holds. On one node a stream has one member, its writer; a replicated stream (cluster
+mode) adds the rows of its other members to `status` (its `member_rows`, set by
+`cluster/stream_replication.py`), and `stream_members` asks the leader's node for a stream this
+node does not hold.
 
 Single-threaded: runs on the broker's event loop thread.
 """

@@ -1,105 +1,54 @@
 """Super streams: partitioned streams behind a direct exchange marked `x-super-stream: true`.
 
-The exchange routes like a direct exchange: a publish goes to the partition whose binding key
-equals the routing key. With the exchange argument `x-super-stream-routing: hash`, a routing
-key that matches no binding goes to partition murmur3_32(key, seed 104729) mod N, the hash the
-stream client libraries use. Partitions are ordered by the binding argument
-`x-stream-partition-order`, else by the number after the last `-` of the stream's name, as
-RabbitMQ orders them. `add` and `delete` build and remove the topology that
-`rabbitmq-streams add_super_stream` builds, with RabbitMQ's validation texts, in this node's
-model; in cluster mode the same topology goes through etcd (`access_store.ClusterAccess.
-add_super_stream`, after `plan`'s checks), so each partition is placed on the nodes.
+The exchange (`superstream_exchange`, re-exported here) routes like a direct exchange: a
+publish goes to the partition whose binding key equals the routing key. With the exchange
+argument `x-super-stream-routing: hash`, a routing key that matches no binding goes to
+partition murmur3_32(key, seed 104729) mod N, the hash the stream client libraries use.
+Partitions are ordered by the binding argument `x-stream-partition-order`, else by the number
+after the last `-` of the stream's name, as RabbitMQ orders them. `add` and `delete` build and
+remove the topology that `rabbitmq-streams add_super_stream` builds, with RabbitMQ's validation
+texts, in this node's model; in cluster mode the same topology goes through etcd
+(`access_store.ClusterAccess.add_super_stream`, after `plan`'s checks), so each partition is
+placed on the nodes.
+
+It must not know the session, the stream protocol or the cluster; the vhost must not import
+it (the vhost imports the exchange alone, so the two do not import each other).
 
 Single-threaded; no I/O beyond what declaring streams does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import mmh3
-
-from leveret.broker.model.binding import amqp_type_name
 from leveret.broker.model.errors import PreconditionFailed
-from leveret.broker.model.exchange import DirectExchange
+from leveret.broker.model.superstream_exchange import (
+    HASH_SEED,
+    MAX_PARTITIONS,
+    STREAM_OPTION_ARGS,
+    SuperStreamExchange,
+    check_exchange_arguments,
+    is_super_stream,
+    partition_for,
+)
 
 if TYPE_CHECKING:
     from leveret.broker.model.queue import Queue
     from leveret.broker.model.vhost import VHost
 
-HASH_SEED = 104729
-MAX_PARTITIONS = 1000
-STREAM_OPTION_ARGS = ("x-max-length-bytes", "x-max-age", "x-stream-max-segment-size-bytes",
-                      "x-initial-cluster-size", "x-queue-leader-locator",
-                      "x-stream-filter-size-bytes")
-
-
-def check_exchange_arguments(arguments: dict[str, Any], rs: str) -> None:
-    """x-super-stream must be a boolean and x-super-stream-routing the string "hash": a
-    mistyped value would otherwise quietly declare a plain direct exchange."""
-    marker = arguments.get("x-super-stream")
-    if "x-super-stream" in arguments and not isinstance(marker, bool):
-        raise PreconditionFailed(
-            f"invalid arg 'x-super-stream' for {rs}: must be a boolean, got "
-            f"{amqp_type_name(marker)}"
-        )
-    routing = arguments.get("x-super-stream-routing")
-    if "x-super-stream-routing" in arguments and routing != "hash":
-        raise PreconditionFailed(
-            f"invalid arg 'x-super-stream-routing' for {rs}: must be 'hash', got "
-            f"{amqp_type_name(routing)} {routing!r}"[:200]
-        )
-
-
-def is_super_stream(arguments: dict[str, Any]) -> bool:
-    return arguments.get("x-super-stream") is True
-
-
-def partition_for(key: str, count: int) -> int:
-    """The stream clients' hash routing: murmur3 32-bit, seed 104729, modulo the count."""
-    return mmh3.hash(key.encode("utf-8"), HASH_SEED, signed=False) % count
-
-
-def _order(binding: Any) -> tuple[int, int, str]:
-    order = binding.arguments.get("x-stream-partition-order")
-    if isinstance(order, int) and not isinstance(order, bool):
-        return (0, order, binding.destination.name)
-    suffix = binding.destination.name.rsplit("-", 1)[-1]
-    if suffix.isdigit():
-        return (1, int(suffix), binding.destination.name)
-    return (2, 0, binding.destination.name)
-
-
-class SuperStreamExchange(DirectExchange):
-    """A direct exchange that knows its partitions, and can hash-route unmatched keys."""
-
-    def partitions(self) -> list[Any]:
-        """The partition streams, in partition order (each once)."""
-        bindings = sorted((b for b in self.bindings.values()
-                           if b.destination.kind == "queue"), key=_order)
-        return list(dict.fromkeys(b.destination for b in bindings))
-
-    def partition_keys(self) -> list[tuple[str, Any]]:
-        bindings = sorted((b for b in self.bindings.values()
-                           if b.destination.kind == "queue"), key=_order)
-        return [(b.routing_key, b.destination) for b in bindings]
-
-    def route(self, routing_keys: Iterable[str], headers: Mapping[str, Any]) -> list[Any]:
-        routed = super().route(routing_keys, headers)
-        if routed or self.arguments.get("x-super-stream-routing") != "hash":
-            return routed
-        partitions = self.partitions()
-        if not partitions:
-            return []
-        keys = [routing_keys] if isinstance(routing_keys, str) else list(routing_keys)
-        return list(dict.fromkeys(partitions[partition_for(k, len(partitions))] for k in keys))
-
-    def index_of(self, queue: Any) -> int:
-        for index, partition in enumerate(self.partitions()):
-            if partition is queue:
-                return index
-        return -1
+__all__ = [
+    "HASH_SEED",
+    "MAX_PARTITIONS",
+    "STREAM_OPTION_ARGS",
+    "SuperStreamExchange",
+    "add",
+    "check_exchange_arguments",
+    "delete",
+    "is_super_stream",
+    "partition_for",
+    "partition_index",
+    "plan",
+]
 
 
 def partition_index(vhost: VHost, queue: Any) -> int:

@@ -36,7 +36,7 @@ from leveret.broker.model.policy import Policy, effective
 from leveret.broker.model.queue import ClassicQueue, Queue
 from leveret.broker.model.scheduler import Scheduler
 from leveret.broker.model.stream_args import check_declaration as check_stream_declaration
-from leveret.broker.model.superstream import (
+from leveret.broker.model.superstream_exchange import (
     SuperStreamExchange,
     check_exchange_arguments,
     is_super_stream,

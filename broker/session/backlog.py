@@ -18,22 +18,49 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from leveret.amqp import constants as c
+from leveret.amqp.connection import WireConnection
 from leveret.amqp.errors import AMQPError
 from leveret.broker import logs
 from leveret.broker.model.errors import BrokerError
 from leveret.broker.session.errors import to_amqp
-
-if TYPE_CHECKING:
-    from leveret.broker.session.channel import Channel
 
 log = logs.get("leveret.connection")
 PUBLISH_INDEX = (c.CLASS_BASIC << 16) | 40
 ACK_INDEX = c.BASIC_ACK
 
 Call = tuple[int, Callable[..., None], tuple[Any, ...]]  # (method index, handler, its arguments)
+
+
+class Session(Protocol):
+    """What a backlog needs of the connection (`connection.Session`): its name in the log, the
+    wire machine's channel close, and the connection close."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def wire(self) -> WireConnection: ...
+
+    def close_with(self, error: AMQPError) -> None: ...
+
+
+class Channel(Protocol):
+    """What a backlog needs of its channel (`channel.Channel`): Protocols, so that this module
+    does not import the channel, which imports it."""
+
+    backlog: Backlog | None
+
+    @property
+    def number(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def session(self) -> Session: ...
 
 
 class Backlog:

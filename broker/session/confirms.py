@@ -12,13 +12,19 @@ Single-threaded: runs on the event loop thread of its connection.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from leveret.amqp import codec
 from leveret.broker.model.message import Confirm
 
-if TYPE_CHECKING:
-    from leveret.broker.session.connection import Session
+
+class Session(Protocol):
+    """What confirms need of their connection (`connection.Session`): a Protocol, so that this
+    module does not import the session, which imports the channel, which imports it."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def after_turn(self, callback: Callable[[], None]) -> None: ...
 
 
 class Confirms:

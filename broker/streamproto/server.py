@@ -15,7 +15,6 @@ import asyncio
 import errno
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker import listen, logs
@@ -32,6 +31,7 @@ from leveret.broker.streamproto import (
 )
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto.session import StreamSession
+from leveret.broker.streamproto.settings import Settings
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
@@ -76,14 +76,6 @@ HANDLERS: dict[int, Handler] = {
 }
 PRE_OPEN = frozenset({k.PEER_PROPERTIES, k.SASL_HANDSHAKE, k.SASL_AUTHENTICATE, k.TUNE,
                       k.OPEN, k.CLOSE, k.HEARTBEAT})
-
-
-@dataclass(frozen=True)
-class Settings:
-    frame_max: int = k.DEFAULT_FRAME_MAX
-    heartbeat_s: int = k.DEFAULT_HEARTBEAT_S
-    advertised_host: str = ""
-    advertised_port: int = 0
 
 
 class StreamServer:
@@ -185,9 +177,7 @@ def _tls_context(server: Any) -> ssl.SSLContext | None:
     config = server.config
     if not config.stream_tls_port or config.tls_certfile is None or config.tls_keyfile is None:
         return None
-    from leveret.broker.server import tls_context  # the amqps listener's context, shared
-
-    context: ssl.SSLContext = tls_context(config)
+    context: ssl.SSLContext = listen.tls_context(config)  # the amqps listener's, shared
     return context
 
 
@@ -217,10 +207,8 @@ async def start(server: Any) -> StreamServer | None:
                             setting=flag)
                 continue
             await streams_server.stop()
-            from leveret.broker.server import ServerError, listen_error
-
             server.broker.close()
-            raise ServerError(listen_error(exc, host, port, flag)) from None
+            raise listen.ServerError(listen.listen_error(exc, host, port, flag)) from None
         if tls is None:
             streams_server.port = bound
         else:

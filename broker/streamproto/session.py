@@ -2,11 +2,13 @@
 
 StreamSession reads frames (frames.FrameBuffer), walks the handshake (PeerProperties,
 SaslHandshake, SaslAuthenticate, Tune, Open) with users, vhosts and permissions exactly as the
-AMQP session checks them, then hands every command to its handler in `commands.py`, and writes
-what they answer in one socket write per loop turn (output.py: one writev, Deliver data not
-copied). Errors are answered as RabbitMQ's stream reader answers them: before Open the socket
-is closed; after it, a frame too large or an unknown command or version gets a Close (code 14
-or 13) and nothing after it is read.
+AMQP session checks them, then hands every command to its handler (the table `server.HANDLERS`
+built from the handler modules: handshake, publishing, consuming, streams, cluster, tracking),
+and writes what they answer in one socket write per loop turn (output.py: one writev, Deliver
+data not copied). Errors are answered as RabbitMQ's stream reader answers them: before Open the
+socket is closed; after it, a frame too large or an unknown command or version gets a Close
+(code 14 or 13) and nothing after it is read. It reaches its server through the `Server`
+Protocol below, never by importing the server module.
 
 The only broad `except` of a stream connection sits in `data_received`: an unexpected error
 closes this connection; the broker and other connections carry on.
@@ -19,7 +21,8 @@ import asyncio
 import itertools
 import struct
 import time
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from leveret.amqp import auth as wire_auth
 from leveret.broker import listen, logs
@@ -34,10 +37,38 @@ if TYPE_CHECKING:
     from leveret.broker.broker import Broker
     from leveret.broker.streamproto.consuming import Subscription
     from leveret.broker.streamproto.publishing import Publisher
-    from leveret.broker.streamproto.server import StreamServer
+    from leveret.broker.streamproto.settings import Settings
 
 log = logs.get("leveret.stream_connection")
 _ids = itertools.count(1)
+Handler = Callable[["StreamSession", f.Decoder, int], None]
+
+
+class Server(Protocol):
+    """What a session and its handlers need of the listeners that accepted it
+    (`server.StreamServer`): a Protocol, so that this module does not import the server that
+    composes the handlers."""
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def handlers(self) -> dict[int, Handler]: ...
+
+    @property
+    def pre_open(self) -> frozenset[int]: ...
+
+    @property
+    def sessions(self) -> set[StreamSession]: ...
+
+    def advertised(self, session: StreamSession) -> tuple[str, int]: ...
+
+    def forget(self, session: StreamSession) -> None: ...
+
+    def stream_deleted(self, vhost: str, name: str) -> None: ...
 _KEY = struct.Struct(">HH")
 CLOSE_TIMEOUT_S = 3.0
 
@@ -45,7 +76,7 @@ CLOSE_TIMEOUT_S = 3.0
 class StreamSession(asyncio.Protocol):
     """One client of the stream protocol."""
 
-    def __init__(self, server: StreamServer, tls: bool = False) -> None:
+    def __init__(self, server: Server, tls: bool = False) -> None:
         self.server = server
         self.broker: Broker = server.broker
         self.id = next(_ids)

@@ -30,12 +30,18 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from leveret.broker.workers import ipc
 
-if TYPE_CHECKING:
-    from leveret.broker.workers.pool import WorkerHandle
+
+class Worker(Protocol):
+    """What a transport needs of the worker that reads its socket (`pool.WorkerHandle`): a
+    Protocol, so that this module does not import the pool that imports it."""
+
+    conns: dict[int, WorkerTransport]
+
+    def send(self, kind: int, conn: int) -> None: ...
 
 
 _GONE = asyncio.Protocol()  # what a closed transport's protocol is
@@ -47,7 +53,7 @@ class WorkerTransport(asyncio.Transport):
                  "_out", "_paused", "_peername", "_reading", "_sock", "_sockname", "conn",
                  "protocol", "worker")
 
-    def __init__(self, worker: WorkerHandle, conn: int, protocol: asyncio.Protocol,
+    def __init__(self, worker: Worker, conn: int, protocol: asyncio.Protocol,
                  sock: socket.socket, peername: Any, sockname: Any) -> None:
         super().__init__()
         self.worker = worker
