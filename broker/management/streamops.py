@@ -2,8 +2,8 @@
 restart, offset reset, tracking, publishers and single-active-consumer groups.
 
 Each raises the model's domain errors (or admin.BadRequest) with RabbitMQ's CLI texts, so the
-API can pass them on and `leveret-streams` print them. Leveret is one node: a stream has one
-member, the writer, on this node.
+API can pass them on and `leveret-streams` print them. A stream's members are its replication's
+(`member_rows`): on one node, one member, the writer, on this node.
 
 Single-threaded: runs on the broker's event loop thread.
 """
@@ -209,10 +209,9 @@ def status(stream: Any, node: str) -> dict[str, Any]:
         "lag": 0,
     }
     # a replicated stream (broker/cluster/stream_replication.py): this node's row with its
-    # role and the commit point, and the rows of the other members it knows
-    member_rows = getattr(stream, "member_rows", None)
+    # role and the commit point, and the rows of the other members it knows; one node's: local
     return {
-        "members": member_rows(local) if member_rows is not None else [local],
+        "members": stream.replication.member_rows(local),
         "tracking": tracking_rows(stream),
     }
 
