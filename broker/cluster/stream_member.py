@@ -162,7 +162,7 @@ class StreamMember:
         self._groups = groups
 
 
-def member_of(queue: Any) -> StreamMember | None:
+def member_of(queue: object) -> StreamMember | None:
     """The cluster member a stream queue was made with (None: not a stream, or one node's)."""
     if not isinstance(queue, StreamQueue):
         return None

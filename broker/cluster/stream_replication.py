@@ -83,7 +83,7 @@ class StreamReplication:
         self.led: dict[str, Led] = {}
         self.following: dict[str, QueueRecord] = {}  # streams replicated here, by key
         self.failover: Any = None
-        self.sac: Any = None  # single active consumer across nodes (stream_sac.py)
+        self.sac: stream_sac.StreamSac | None = None  # single active consumer across nodes
         from leveret.broker.cluster.stream_membership import StreamMembership  # imports this
 
         self.membership = StreamMembership(self)
@@ -102,12 +102,11 @@ class StreamReplication:
     def attach(self, queue: Any, record: QueueRecord) -> None:
         """The sync made (or found) `queue` for `record` on this node: make it a leader or a
         replica if the record is a replicated stream this node is a member of."""
+        if not isinstance(queue, StreamQueue) or not self.replicated(record):
+            return
         member = member_of(queue)
-        if member is None or member.role or not self.replicated(record):
+        if member is None or member.role or self.cluster.node not in record.members:
             return
-        if self.cluster.node not in record.members:
-            return
-        assert isinstance(queue, StreamQueue)  # (member_of says so)
         key = record.storage_id or f"{record.vhost}/{record.name}"
         member.attach(queue, key, self, tuple(record.members))
         if record.node == self.cluster.node:
