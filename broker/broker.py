@@ -8,7 +8,6 @@ connection (its exclusive queues). It does no network I/O itself; `server` runs 
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import platform
 import time
@@ -20,11 +19,13 @@ from leveret.amqp.stored import decode_record, encode_record, stream_entries_as_
 from leveret.broker import logs
 from leveret.broker.alarms import Alarms
 from leveret.broker.auth import HASHING_ALGORITHM, Permission, Users
+from leveret.broker.cluster.stream_member import StreamMember
 from leveret.broker.config import Config
 from leveret.broker.metadata import MetadataRecorder, restore
 from leveret.broker.metastore import Metastore
 from leveret.broker.model.durable import DurableClassicQueue
 from leveret.broker.model.queue import ClassicQueue, Queue
+from leveret.broker.model.replication import ONE_NODE, Replication
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.model.vhost import Observer, VHost
@@ -119,7 +120,7 @@ class Broker:
                 self.scheduler,
                 queue_types={
                     "classic": self._classic_queue,
-                    "stream": functools.partial(StreamQueue, env=self.stream_env),
+                    "stream": self._stream_queue,
                 },
                 observer=self.recorder,
             )
@@ -134,6 +135,13 @@ class Broker:
             return DurableClassicQueue(vhost, name, durable=True, env=self.queue_env, **kwargs)
         kwargs.pop("storage_id", None)
         return ClassicQueue(vhost, name, durable=False, **kwargs)
+
+    def _stream_queue(self, vhost: VHost, name: str, **kwargs: Any) -> Queue:
+        """A stream, with its replication for good: one node's, or in a cluster this node's
+        member of it, which broker/cluster/stream_replication.py makes a leader or a replica
+        once the topology names this node."""
+        replication: Replication = StreamMember() if self.config.etcd else ONE_NODE
+        return StreamQueue(vhost, name, env=self.stream_env, replication=replication, **kwargs)
 
     def add_user(
         self,

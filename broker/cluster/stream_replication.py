@@ -2,13 +2,15 @@
 other members hold replicas that serve their node's consumers.
 
 A stream whose queue record names several `members` (docs/REPLICATION.md) is a real
-`StreamQueue` on every member node (the topology's sync makes it; `attach` is then called):
+`StreamQueue` on every member node (the topology's sync makes it; `attach` is then called). A
+cluster node's stream queues are made with a `StreamMember` (stream_member.py), the model's
+replication port, which this module drives; it never sets anything on the queue or its writer:
 
-- On the leader (`record.node`), the writer is not `local`: after each append the `Shipper`
+- On the leader (`record.node`), the member is not `local`: after each append the `Shipper`
   (broker/cluster/replication.py) ships the chunks to the replicas, and its `on_commit` moves
   the writer's commit point (`writer.committed_up_to`), so the publisher confirms of a batch go
   out once a majority of members hold it, never before. The stream's readers stop at that
-  commit point too (`StreamQueue.commit_bound`). The epoch is the one the stream's leadership
+  commit point too (the member's `commit_bound`). The epoch is the one the stream's leadership
   key in etcd holds (broker/cluster/stream_leadership.py), read before shipping starts.
 - On every other member, the log is a replica (`Replicas.add`): it appends the leader's chunks
   as they are, and its readers (this node's AMQP 0-9-1 consumers read it, not the leader)
@@ -22,8 +24,8 @@ writer. Failover is stream_failover.py's. With fewer than a quorum of
 members running, the leader appends but confirms nothing, and its readers see nothing new; the
 stream resumes when a quorum is back (a returning replica is synced from its own tail).
 
-It knows the model's StreamQueue and RemoteQueue, the cluster runtime and the replication core;
-nothing of AMQP frames or sessions. Asyncio: one event loop.
+It knows the model's StreamQueue and RemoteQueue, the cluster runtime, the replication core and
+the stream members; nothing of AMQP frames or sessions. Asyncio: one event loop.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from leveret.broker.cluster.stream_leadership import (
     StreamLeaderships,
     needs_new_epoch,
 )
+from leveret.broker.cluster.stream_member import StreamMember, member_of
 from leveret.broker.cluster.topology_records import QueueRecord
 from leveret.broker.model.remote_queue import RemoteQueue
 from leveret.broker.model.stream import StreamQueue
@@ -60,6 +63,7 @@ class Led:
     """A stream this node leads."""
 
     queue: StreamQueue
+    member: StreamMember
     key: str
     record: QueueRecord
     shipper: Shipper | None = None
@@ -79,7 +83,7 @@ class StreamReplication:
         self.led: dict[str, Led] = {}
         self.following: dict[str, QueueRecord] = {}  # streams replicated here, by key
         self.failover: Any = None
-        self.sac: Any = None  # single active consumer across nodes (stream_sac.py)
+        self.sac: stream_sac.StreamSac | None = None  # single active consumer across nodes
         from leveret.broker.cluster.stream_membership import StreamMembership  # imports this
 
         self.membership = StreamMembership(self)
@@ -98,18 +102,17 @@ class StreamReplication:
     def attach(self, queue: Any, record: QueueRecord) -> None:
         """The sync made (or found) `queue` for `record` on this node: make it a leader or a
         replica if the record is a replicated stream this node is a member of."""
-        if not isinstance(queue, StreamQueue) or queue.role or not self.replicated(record):
+        if not isinstance(queue, StreamQueue) or not self.replicated(record):
             return
-        if self.cluster.node not in record.members:
+        member = member_of(queue)
+        if member is None or member.role or self.cluster.node not in record.members:
             return
-        queue.members = tuple(record.members)
         key = record.storage_id or f"{record.vhost}/{record.name}"
-        queue.member_rows = lambda local: self.member_rows(queue, key, local)
-        queue.restarted = lambda: self._restarted(queue, key)
+        member.attach(queue, key, self, tuple(record.members))
         if record.node == self.cluster.node:
-            self._lead(queue, record, key)
+            self._lead(queue, member, record, key)
         else:
-            self._replicate(queue, record, key)
+            self._replicate(queue, member, record, key)
         if self.sac is not None:
             self.sac.attached(queue)
 
@@ -121,7 +124,7 @@ class StreamReplication:
         led = self.led.get(key)
         if led is None or led.queue is not queue or record.node != self.cluster.node:
             return False
-        queue.members = tuple(record.members)
+        led.member.members_changed(tuple(record.members))
         led.record = record
         old = led.shipper
         if old is None:  # still reading its epoch: it ships to the record's members
@@ -154,17 +157,25 @@ class StreamReplication:
             return False
         if self._members_changed(queue, record):
             return True
+        self._reattach(queue, record)
+        return True
+
+    def _reattach(self, queue: StreamQueue, record: QueueRecord, attach: bool = True) -> None:
+        """Detach `queue`, and attach it again (unless not `attach`) in the role `record`
+        gives, on the same log; what its readers could read stays readable."""
         bound = queue.commit_bound
         self.detach(queue)
-        self.attach(queue, record)
-        if bound is not None and queue.commit_bound is not None:
-            queue.commit_bound = max(queue.commit_bound, bound)
-        return True
+        if attach:
+            self.attach(queue, record)
+        member = member_of(queue)
+        if member is not None:
+            member.keep_bound(bound)
 
     def detach(self, queue: Any) -> None:
         """The queue leaves this node's model (deleted, replaced): stop shipping or replicating
         before its log closes."""
-        if not isinstance(queue, StreamQueue) or not queue.role:
+        member = member_of(queue)
+        if member is None or not member.role:
             return
         if self.sac is not None:
             self.sac.detached(queue)
@@ -175,22 +186,16 @@ class StreamReplication:
             if replica.log is queue.log or key == queue.storage_id:  # (a restart's new log)
                 self.replicas.remove(key)
                 self.following.pop(key, None)
-        queue.forward_to = None
-        queue.store_remote = None
-        queue.role = ""
+        member.detach()
 
-    def _restarted(self, queue: StreamQueue, key: str) -> None:
+    def restarted(self, queue: StreamQueue, key: str) -> None:
         """restart_stream reopened the queue's log: ship or replicate the new one, in the same
         role (the writer closed with the old log: what waited for a quorum was nack'ed)."""
         led = self.led.get(key)
         record = led.record if led is not None else self.following.get(key)
         if record is None:
             return
-        bound = queue.commit_bound
-        self.detach(queue)
-        self.attach(queue, record)
-        if bound is not None and queue.commit_bound is not None:
-            queue.commit_bound = max(queue.commit_bound, bound)
+        self._reattach(queue, record)
 
     def member_rows(self, queue: StreamQueue, key: str,
                     local: dict[str, Any]) -> list[dict[str, Any]]:
@@ -226,16 +231,14 @@ class StreamReplication:
 
     # -- the leader
 
-    def _lead(self, queue: StreamQueue, record: QueueRecord, key: str) -> None:
-        queue.role = "leader"
-        queue.commit_bound = -1  # nothing is readable until a majority holds it
-        committer = queue.writer.committer
-        committer.local = False
-        committer.committed = -1
+    def _lead(self, queue: StreamQueue, member: StreamMember, record: QueueRecord,
+              key: str) -> None:
+        member.lead()  # nothing is readable, or committed, until a majority holds it
+        queue.writer.committed_up_to(-1)  # (no confirm waits for an offset below 0)
         # until the epoch is read and set, publishes wait unwritten: a chunk written now would
         # carry the log's old epoch, which the replicas (and an election) must never see
         queue.writer.hold()
-        led = self.led[key] = Led(queue, key, record)
+        led = self.led[key] = Led(queue, member, key, record)
         led.task = asyncio.get_running_loop().create_task(self._start_shipping(led, record))
         log.info("leading a replicated stream", stream=record.name, vhost=record.vhost,
                  members=list(record.members))
@@ -257,7 +260,7 @@ class StreamReplication:
                 return  # another node leads: the topology's record moves this one on
         if led.closed or epoch is None:
             return
-        queue = led.queue
+        queue, member = led.queue, led.member
         record = led.record  # (add_replica, delete_replica may have changed it meanwhile)
         replicas = [m for m in record.members if m != record.node]
 
@@ -266,7 +269,7 @@ class StreamReplication:
         def committed(offset: int) -> None:
             if not membership.in_cluster:  # lost its lease: another node may lead by now
                 return
-            queue.commit_bound = max(offset, queue.commit_bound or -1)
+            member.committed(offset)
             if offset > queue.writer.committer.committed:  # (a new shipper starts at -1)
                 queue.writer.committed_up_to(offset)
 
@@ -274,8 +277,7 @@ class StreamReplication:
                           on_commit=committed, on_fenced=lambda fence: self._fenced(led, fence))
         led.shipper = shipper
         self.replicas.shippers[led.key] = shipper
-        queue.writer.on_append = shipper.appended
-        queue.writer.may_append = shipper.may_write
+        member.ship(shipper)  # the writer's appends ship, in contact with a quorum only
         shipper.on_contact = queue.writer.resume
         shipper.start()
         queue.writer.release()  # what waited goes out in the new epoch
@@ -305,8 +307,7 @@ class StreamReplication:
             return
         shipper, led.shipper = led.shipper, None
         self.replicas.shippers.pop(led.key, None)
-        led.queue.writer.on_append = None
-        led.queue.writer.may_append = None
+        led.member.ship(None)
         led.queue.writer.hold()
         log.warning("a replica was fenced by an election; checking the stream's leadership",
                     stream=led.record.name, vhost=led.record.vhost, epoch=shipper.epoch,
@@ -333,21 +334,14 @@ class StreamReplication:
 
     def resume_leading(self, led: Led) -> None:
         """The election after stop_leading did not happen: lead again, on the same log."""
-        queue = led.queue
-        bound = queue.commit_bound
-        self.detach(queue)
-        if not queue.deleted:
-            self.attach(queue, led.record)
-        if bound is not None and queue.commit_bound is not None:
-            queue.commit_bound = max(queue.commit_bound, bound)
+        self._reattach(led.queue, led.record, attach=not led.queue.deleted)
 
     def _stop(self, key: str, led: Led) -> None:
         led.closed = True
         del self.led[key]
         if led.task is not None:
             led.task.cancel()
-        led.queue.writer.on_append = None
-        led.queue.writer.may_append = None
+        led.member.ship(None)
         # no longer the leader: what waits for a quorum here is nack'ed, never left unanswered,
         # and what waited for the epoch or for contact with a quorum is nack'ed unwritten
         if led.queue.writer.held or led.queue.writer.waiting:
@@ -362,29 +356,27 @@ class StreamReplication:
 
     # -- a replica
 
-    def _replicate(self, queue: StreamQueue, record: QueueRecord, key: str) -> None:
-        queue.role = "replica"
-        queue.commit_bound = -1
+    def _replicate(self, queue: StreamQueue, member: StreamMember, record: QueueRecord,
+                   key: str) -> None:
+        member.replicate(record.node, RemoteQueue(
+            queue.vhost, queue.name, queue_type="stream", node=record.node,
+            durable=record.durable, auto_delete=record.auto_delete,
+            arguments=dict(record.arguments), exclusive_elsewhere=False,
+            forwarder=getattr(self.broker, "forwarder", None)))
 
         def committed(offset: int) -> None:
-            queue.commit_bound = max(offset, queue.commit_bound or -1)
+            member.committed(offset)
             queue.dispatch()
 
         self.replicas.add(key, queue.log, on_commit=committed, leader=record.node)
         self.following[key] = record
-        queue.store_remote = lambda offsets: self._send_offsets(key, record.node, offsets)
-        queue.forward_to = RemoteQueue(
-            queue.vhost, queue.name, queue_type="stream", node=record.node,
-            durable=record.durable, auto_delete=record.auto_delete,
-            arguments=dict(record.arguments), exclusive_elsewhere=False,
-            forwarder=getattr(self.broker, "forwarder", None))
         log.info("replicating a stream", stream=record.name, vhost=record.vhost,
                  leader=record.node)
 
 
     # -- consumer offsets stored through the leader
 
-    def _send_offsets(self, key: str, leader: str, offsets: dict[bytes, int]) -> None:
+    def send_offsets(self, key: str, leader: str, offsets: dict[bytes, int]) -> None:
         """Offsets a replica's consumers acknowledged: the leader writes them into the log,
         which brings them back to every member. Lost if the leader cannot be reached."""
         link = self.cluster.links.link_to(leader)

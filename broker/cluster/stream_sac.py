@@ -4,7 +4,8 @@ whatever node its members read from.
 A replicated stream's single-active-consumer groups live on its leader (`SacGroups` of the
 leader's queue, broker/model/sac.py); AMQP 0.9.1 consumers get there by forwarding. A
 stream-protocol subscription reads from its own node's member, so on a replica's node it is
-registered with the leader's group over the node-to-node link, and keeps reading locally:
+registered with the leader's group over the node-to-node link, and keeps reading locally (a
+replica's `StreamMember`, stream_member.py, hands its members here: `use_groups`):
 
 - `sac.join` (member's node to the leader; `vhost`, `stream`, `member`, `reference`,
   `connection`: its connection's name there): add a remote member, at the end of its group as
@@ -30,9 +31,9 @@ stream's leader changes (`StreamReplication` calls `detached`, then `attached`),
 step down and join the new leader's group (this node's own, if it became the leader); a
 leader that steps down hands its own stream-protocol members over the same way.
 
-It knows the model's StreamQueue, Consumer and Cursor, the link and the replication wiring; it
-must not know stream-protocol frames or sessions (the subscription is a Consumer whose sink
-speaks ConsumerUpdate itself), AMQP, or etcd. Asyncio: one event loop.
+It knows the model's StreamQueue, Consumer and Cursor, the link, the stream members and the
+replication wiring; it must not know stream-protocol frames or sessions (the subscription is a
+Consumer whose sink speaks ConsumerUpdate itself), AMQP, or etcd. Asyncio: one event loop.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from leveret.broker import logs
 from leveret.broker.cluster.link import Link, LinkError
+from leveret.broker.cluster.stream_member import member_of
 from leveret.broker.model import stream_args as sargs
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.stream import StreamQueue
@@ -145,11 +147,11 @@ class StreamSac:
             if member.consumer.state.active and not queue.deleted:
                 queue.deactivate(member.consumer)
         if queue.role == "replica":
-            queue.sac_remote = self
+            self._hand_groups(queue, self)
             for member in waiting:
                 self._register(member)
             return
-        queue.sac_remote = None
+        self._hand_groups(queue, None)
         for member in waiting:  # this node leads now: the group is its own
             self._forget(member)
             if not queue.deleted:
@@ -158,11 +160,19 @@ class StreamSac:
     def detached(self, queue: StreamQueue) -> None:
         """`queue` stops being the leader or a replica here (its leader moves, it restarts or
         is deleted): its members leave their group, and wait for `attached` (if it comes)."""
-        queue.sac_remote = None
+        self._hand_groups(queue, None)
         if queue.role == "leader":
             self._hand_over(queue)
         for member in [m for m in self.members.values() if m.queue is queue]:
             self._unregister(member, tell=True, step_down=False)
+
+    @staticmethod
+    def _hand_groups(queue: StreamQueue, groups: StreamSac | None) -> None:
+        """The queue's SAC members join the leader's groups through `groups` (None: the
+        queue's own)."""
+        stream_member = member_of(queue)
+        if stream_member is not None:
+            stream_member.use_groups(groups)
 
     def _hand_over(self, queue: StreamQueue) -> None:
         """A leader steps down (or restarts its log): its remote members are dropped and

@@ -11,8 +11,8 @@ exists across the cluster; a replica's node reports none of them. A replica not 
 no offset series. A collector of its own, beside metrics.py's, so that the `node` label is the
 member's, not the scraped node's.
 
-It knows the model's stream queues and their `member_rows` (stream_status's rows); runs on the
-event loop.
+It knows the model's stream queues and their replication's `member_rows` (stream_status's
+rows); runs on the event loop.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@ restart, offset reset, tracking, publishers and single-active-consumer groups.
 
 Each raises the model's domain errors (or admin.BadRequest) with RabbitMQ's CLI texts, so the
 API can pass them on and `leveret-streams` print them. They act on the copy of a stream that
-this node holds. On one node a stream has one member, its writer; a replicated stream (cluster
-mode) adds the rows of its other members to `status` (its `member_rows`, set by
-`cluster/stream_replication.py`), and `stream_members` asks the leader's node for a stream this
-node does not hold.
+this node holds. A stream's members are its replication's (`member_rows`): on one node, one
+member, the writer, on this node; a replicated stream (cluster mode) adds the rows of its
+other members, and `stream_members` asks the leader's node for a stream this node does not
+hold.
 
 Single-threaded: runs on the broker's event loop thread.
 """
@@ -212,10 +212,9 @@ def status(stream: Any, node: str) -> dict[str, Any]:
         "lag": 0,
     }
     # a replicated stream (broker/cluster/stream_replication.py): this node's row with its
-    # role and the commit point, and the rows of the other members it knows
-    member_rows = getattr(stream, "member_rows", None)
+    # role and the commit point, and the rows of the other members it knows; one node's: local
     return {
-        "members": member_rows(local) if member_rows is not None else [local],
+        "members": stream.replication.member_rows(local),
         "tracking": tracking_rows(stream),
     }
 

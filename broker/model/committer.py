@@ -3,10 +3,11 @@
 The writer (`writer.py`) appends a turn's batch; what must follow the append lives here. The
 confirms of an append wait for the last offset written so far, and are settled, in the order the
 appends came, when the commit point covers it. The commit point moves through one method,
-`committed_up_to(offset)`: a local log's committer calls it itself with the log's committed
-offset (`local`), right after an append or an fsync; a replicated stream's leader has it called
-when a majority holds the chunk (broker/cluster/stream_replication.py). The storage engine
-commits according to the fsync policy:
+`committed_up_to(offset)`: when the log's replication says it is `local` (one node: the
+replication.py port's `OneNode`), the committer calls it itself with the log's committed offset,
+right after an append or an fsync; otherwise (a replicated stream's leader) the replication has
+it called when a majority holds the chunk (broker/cluster/stream_replication.py). The storage
+engine commits according to the fsync policy:
 
 - `never`: at the write, with no fsync; the confirms go at once.
 - `always`: at the write, after the fsync of every chunk; the confirms go at once.
@@ -17,8 +18,9 @@ commits according to the fsync policy:
 
 A failed write or fsync nacks the confirms that wait on it, in the same order.
 
-Must not know: AMQP, what the records hold, the queue types. It sees a storage Log (synchronous),
-the model's Scheduler for its timer, and Confirm objects.
+Must not know: AMQP, what the records hold, the queue types, the cluster. It sees a storage Log
+(synchronous), the model's Scheduler for its timer, Confirm objects, and the `Appends` part of
+the log's replication, given at construction.
 Threading: single-threaded, on the event loop, like the queue that owns it.
 """
 
@@ -29,6 +31,7 @@ from collections.abc import Callable
 
 from leveret.broker import logs
 from leveret.broker.model.message import Confirm
+from leveret.broker.model.replication import ONE_NODE, Appends
 from leveret.broker.model.scheduler import Scheduler, Timer
 from leveret.storage import Log, StorageError
 from leveret.storage.config import FsyncPolicy
@@ -46,15 +49,15 @@ class Committer:
 
     def __init__(self, scheduler: Scheduler, policy: FsyncPolicy, log_of: Callable[[], Log],
                  on_commit: Callable[[], None] | None = None, name: str = "",
-                 local: bool = True) -> None:
+                 replication: Appends = ONE_NODE) -> None:
         self._scheduler = scheduler
         self._interval = interval_ms(policy)
         self._log_of = log_of  # the log now (a stream's restart reopens it)
         self._on_commit = on_commit  # what newly committed data wakes (a stream's consumers)
         self._name = name
-        # True: the log's own committed offset is the commit point. False: someone else (a
-        # replicated log: a majority holds the chunk) calls committed_up_to.
-        self.local = local
+        # local: the log's own committed offset is the commit point; if not, the replication
+        # (a majority holds the chunk) calls committed_up_to
+        self._replication = replication
         self.committed = log_of().committed_offset  # the commit point
         # (the last offset written when the append was made, its confirms, ack or nack)
         self._waiting: deque[tuple[int, list[Confirm], bool]] = deque()
@@ -71,7 +74,8 @@ class Committer:
         current = self._log_of()
         if confirms:
             self._waiting.append((current.next_offset - 1, confirms, ok))
-        self.committed_up_to(current.committed_offset if self.local else self.committed)
+        self.committed_up_to(current.committed_offset if self._replication.local
+                             else self.committed)
         if self._interval is not None and self._timer is None and self._uncommitted(current):
             self._timer = self._scheduler.call_later(self._interval, self._due)
 
@@ -88,7 +92,7 @@ class Committer:
                           error=str(error))
                 self._fail()
                 return False
-        if self.local:
+        if self._replication.local:
             self.committed_up_to(current.committed_offset)
         return current.committed_offset != before
 

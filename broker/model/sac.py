@@ -9,14 +9,14 @@ goes away, or a member joins and the choice changes, the old one stops receiving
 has settled what it was given (or after a timeout) its position is stored and the new one
 resumes right after it, so nothing is delivered twice while members ack.
 
-In a cluster, a replicated stream's groups live on its leader. A member on a replica's node
-that reads from that replica (a stream-protocol subscription) is handed to the queue's
-`sac_remote` (broker/cluster/stream_sac.py), which registers it with the leader's group; in
-that group it is a member whose sink has `step_up`/`step_down`: the group tells it, not the
-queue, when it becomes active or inactive.
+In a cluster, a replicated stream's groups live on its leader. Every member first goes to the
+stream's replication (replication.py, `join_group`): one node's keeps it here; a replica's
+member that reads from that replica (a stream-protocol subscription) is registered with the
+leader's group instead (broker/cluster/stream_sac.py); in that group it is a member whose sink
+has `step_up`/`step_down`: the group tells it, not the queue, when it becomes active or inactive.
 
-Single-threaded; knows the stream queue only through attach/deactivate/pump/partition_index
-and its `sac_remote`.
+Must not know: the cluster, AMQP. Single-threaded; knows the stream queue only through
+attach/deactivate/pump/partition_index, and its replication.
 """
 
 from __future__ import annotations
@@ -24,26 +24,25 @@ from __future__ import annotations
 from typing import Any
 
 from leveret.broker.model.consumer import Consumer
+from leveret.broker.model.replication import Replication
 
 
 class SacGroups:
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any, replication: Replication) -> None:
         self.stream = stream
+        self.replication = replication
         self.groups: dict[str, list[Consumer]] = {}
 
     def join(self, consumer: Consumer) -> None:
         consumer.state.tracking = True
         consumer.state.active = False
-        remote = getattr(self.stream, "sac_remote", None)
-        if remote is not None and remote.join(self.stream, consumer):
+        if self.replication.join_group(consumer):
             return  # a replica's member: the group is the leader's
         self.groups.setdefault(consumer.tag, []).append(consumer)
         self.rebalance(consumer.tag)
 
     def leave(self, consumer: Consumer) -> None:
-        remote = getattr(self.stream, "sac_remote", None)
-        if remote is not None:
-            remote.leave(self.stream, consumer)
+        self.replication.leave_group(consumer)
         members = self.groups.get(consumer.tag)
         if not members or consumer not in members:
             return

@@ -14,6 +14,10 @@ its channel gives it (prefetch minus unacked). Acks free credit and, for tracked
 advance the stored offset, which is written into the log (batched). Consumers that share a tag
 with x-single-active-consumer form a group with one active member (see sac.py).
 
+Where one node and a member of a replicated stream differ, the queue asks its replication (the
+replication.py port), given when it is created and kept: one node's `ONE_NODE` by default, a
+cluster member's in a cluster. It never asks which it has: it must not know the cluster.
+
 Single-threaded: runs on the event loop; storage calls are synchronous.
 """
 
@@ -33,6 +37,7 @@ from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.errors import NotImplementedFeature, PreconditionFailed
 from leveret.broker.model.message import Confirm, InboundMessage
 from leveret.broker.model.queue import Queue
+from leveret.broker.model.replication import ONE_NODE, Replication
 from leveret.broker.model.sac import SacGroups
 from leveret.broker.model.storage_env import STREAM_CHUNK_TYPES, STREAM_ENTRIES, USER, StorageEnv
 from leveret.broker.model.stream_cursor import Cursor
@@ -153,18 +158,6 @@ class _Batch:
 
 class StreamQueue(Queue):
     type = "stream"
-    # A replicated stream (docs/REPLICATION.md) is set up by broker/cluster/stream_replication:
-    # `role` "leader" or "replica"; `commit_bound` the commit point its readers and counts stop
-    # at (what a majority holds; None: the log's own committed offset); on a replica,
-    # `forward_to` is the leader's queue as a RemoteQueue, to which publishes go.
-    role = ""
-    members: tuple[str, ...] = ()
-    commit_bound: int | None = None
-    forward_to: Any = None
-    member_rows: Any = None  # stream_status's rows of every member (the replication's)
-    store_remote: Any = None  # a replica: sends consumer offsets to the leader, which stores
-    restarted: Any = None  # called once restart() has reopened the log (a replicated stream's)
-    sac_remote: Any = None  # a replica: registers its SAC members with the leader's group
 
     def __init__(
         self,
@@ -173,9 +166,11 @@ class StreamQueue(Queue):
         *,
         env: StorageEnv,
         storage_id: str | None = None,
+        replication: Replication = ONE_NODE,
         **kwargs: Any,
     ) -> None:
         super().__init__(vhost, name, **kwargs)
+        self.replication = replication  # one node's, or this node's member of a cluster's
         self.env = env
         self.storage_id = storage_id or uuid.uuid4().hex
         self.directory = env.directory(self.storage_id)
@@ -194,8 +189,8 @@ class StreamQueue(Queue):
         self.writer = Writer(vhost.scheduler, env.fsync_policy, lambda: self.log,
                              batch=lambda: _Batch(self.chunk_bound),
                              append=self._append, failed=self._append_failed,
-                             on_commit=self.dispatch, name=name)
-        self.groups = SacGroups(self)
+                             on_commit=self.dispatch, name=name, replication=replication)
+        self.groups = SacGroups(self, replication)
         self._tracking_timer: Any = None
         self._retention_timer: Any = None
         self.stats_deduplicated = 0
@@ -243,17 +238,40 @@ class StreamQueue(Queue):
         self.log.apply_retention()
         self._arm_retention_timer()
 
+    # -- the replication's answers (docs/REPLICATION.md) -------------------------------------
+
+    @property
+    def role(self) -> str:
+        """"" on one node (or not a member yet), "leader" or "replica"."""
+        return self.replication.role
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return self.replication.members
+
+    @property
+    def commit_bound(self) -> int | None:
+        """The commit point readers and counts stop at (what a majority holds); None: the
+        log's own committed offset."""
+        return self.replication.commit_bound
+
+    @property
+    def forward_to(self) -> Queue | None:
+        """A replica's: the leader's queue, to which publishes go."""
+        return self.replication.forward_to
+
     # -- counts -------------------------------------------------------------------------------
 
     @property
     def message_count(self) -> int:
         committed = self.log.committed_offset
-        if self.commit_bound is not None:
-            committed = min(committed, self.commit_bound)
+        bound = self.replication.commit_bound
+        if bound is not None:
+            committed = min(committed, bound)
         return max(0, committed + 1 - self.log.first_offset)
 
     def _commit_limit(self) -> int:
-        bound = self.commit_bound
+        bound = self.replication.commit_bound
         return bound if bound is not None else self.log.committed_offset
 
     @property
@@ -267,8 +285,9 @@ class StreamQueue(Queue):
     # -- publishing ---------------------------------------------------------------------------
 
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
-        if self.forward_to is not None:  # a replica: the leader writes, and confirms
-            return bool(self.forward_to.publish(message, confirm))
+        leader = self.replication.forward_to
+        if leader is not None:  # a replica: the leader writes, and confirms
+            return bool(leader.publish(message, confirm))
         writer = self.writer
         batch = writer.batch
         headers = message.headers
@@ -316,9 +335,10 @@ class StreamQueue(Queue):
                      confirms: list[Confirm] | None) -> None:
         """`publish` for messages without headers (so with nothing to deduplicate, no
         publisher id and no filter value), in one go: a run of them from one channel."""
-        if self.forward_to is not None:  # a replica: the leader writes, and confirms
+        leader = self.replication.forward_to
+        if leader is not None:  # a replica: the leader writes, and confirms
             for i, message in enumerate(messages):
-                self.forward_to.publish(message, confirms[i] if confirms is not None else None)
+                leader.publish(message, confirms[i] if confirms is not None else None)
             return
         writer = self.writer
         encode = self.env.encode_record
@@ -337,7 +357,7 @@ class StreamQueue(Queue):
         x-stream-publisher-name, and False when it was a duplicate (it is still confirmed). A
         replica writes nothing itself: the publish is nack'ed (stream protocol clients publish
         to the leader)."""
-        if self.forward_to is not None:
+        if self.replication.forward_to is not None:
             if confirm is not None:
                 confirm.settle(False)
             return True
@@ -496,7 +516,7 @@ class StreamQueue(Queue):
             cursor.reader.close()
         cursor.reader = self.log.reader(
             start, filter=reader_filter, chunk_types=STREAM_CHUNK_TYPES,
-            limit=self._commit_limit if self.commit_bound is not None else None)
+            limit=self._commit_limit if self.replication.commit_bound is not None else None)
         cursor.records, cursor.offsets, cursor.take = [], (), 0
 
     def deactivate(self, consumer: Consumer) -> None:
@@ -538,9 +558,8 @@ class StreamQueue(Queue):
             self._drained(consumer)
 
     def _stepped_down(self, consumer: Consumer) -> None:
-        """A replica's member whose group is on the leader: tell the leader it is done."""
-        if self.sac_remote is not None:
-            self.sac_remote.stepped_down(self, consumer)
+        """A member whose group is on another node (a replica's, on the leader): tell it."""
+        self.replication.stepped_down(consumer)
 
     def _drained(self, consumer: Consumer) -> None:
         """The draining member settled everything (or ran out of time): hand over."""
@@ -720,10 +739,9 @@ class StreamQueue(Queue):
         dirty = {c.name: c.stored for c in cursors if c.tracking and c.dirty and c.stored >= 0}
         for cursor in cursors:
             cursor.dirty = False
-        if dirty and self.store_remote is not None:  # a replica: only the leader writes
-            self.store_remote(dirty)
+        if dirty and self.replication.store_at_leader(dirty):  # a replica: the leader writes
             return
-        if dirty and not self.deleted and self.role != "replica":
+        if dirty and not self.deleted and self.replication.role != "replica":
             try:
                 self.log.store_offsets(dirty)
             except StorageError as error:
@@ -771,8 +789,7 @@ class StreamQueue(Queue):
                 self._open_reader(consumer, OffsetSpec.offset(position))
                 cursor.skip_below = position
         self._arm_retention_timer()
-        if self.restarted is not None:
-            self.restarted()
+        self.replication.restarted()
         self.dispatch()
 
     def close(self) -> None:

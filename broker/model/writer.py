@@ -9,14 +9,16 @@ a factory of empty batches, an `append` that writes one (raising StorageError), 
 that cleans up after a failed append and says whether the batch's writes still count (True: ack).
 
 The commit point and the confirms are the committer's (`committer.py`), the writer's part: its
-`committed_up_to(offset)` is the seam where replication plugs in. A local log's committer calls
-it right after the append or fsync; a replicated stream's leader (`local` off) has it called by
-its Shipper when a majority holds the chunk (broker/cluster/stream_replication.py), and the
-confirms of the batch go out then, never before. `on_append` is told after each append that
-wrote, so that the Shipper ships it.
+`committed_up_to(offset)` is the seam where replication plugs in. The log's replication (the
+`Appends` part of the replication.py port, given at construction and kept) answers the rest:
+one node's (`OneNode`) is local, so the committer calls it right after the append or fsync;
+a replicated stream's leader's is not, and its Shipper calls it when a majority holds the chunk
+(broker/cluster/stream_replication.py), so the confirms of the batch go out then, never before.
+It says whether the writer may append now (`may_append`: a leader in contact with a quorum) and
+is told after each append that wrote (`appended`: the Shipper ships it).
 
-Must not know: AMQP, what the records hold, the queue types. It sees a storage Log through the
-committer, the model's Scheduler and Confirm objects.
+Must not know: AMQP, what the records hold, the queue types, the cluster. It sees a storage Log
+through the committer, the model's Scheduler, Confirm objects and the log's replication.
 Threading: single-threaded, on the event loop, like the queue that owns it.
 """
 
@@ -27,6 +29,7 @@ from typing import Generic, TypeVar
 
 from leveret.broker.model.committer import Committer
 from leveret.broker.model.message import Confirm
+from leveret.broker.model.replication import ONE_NODE, Appends
 from leveret.broker.model.scheduler import Scheduler
 from leveret.storage import Log, StorageError
 from leveret.storage.config import FsyncPolicy
@@ -41,23 +44,21 @@ class Writer(Generic[B]):
                  batch: Callable[[], B], append: Callable[[B], None],
                  failed: Callable[[B, StorageError], bool],
                  on_commit: Callable[[], None] | None = None, name: str = "",
-                 local: bool = True) -> None:
+                 replication: Appends = ONE_NODE) -> None:
         self._scheduler = scheduler
         self._new_batch = batch
         self._append = append
         self._failed = failed
+        self._replication = replication
         self.batch = batch()  # what this turn gathered so far; the queue type fills it
         self.confirms: list[Confirm] = []  # the confirms of this turn's batch, in order
         self.scheduled = False
         self.deleted = False
-        self.committer = Committer(scheduler, policy, log_of, on_commit, name, local)
-        # called after each append that wrote (a replicated stream's leader ships it)
-        self.on_append: Callable[[], None] | None = None
+        self.committer = Committer(scheduler, policy, log_of, on_commit, name, replication)
         # a replicated stream's new leader before it knows its epoch: it gathers, appends nothing
         self.held = False
-        # a replicated stream's leader: may it write now (in contact with a quorum)? If not,
-        # the batch waits (`waiting`) until resume() or discard()
-        self.may_append: Callable[[], bool] | None = None
+        # the replication says the writer may not append now (a leader out of contact with a
+        # quorum): the batch waits until resume() or discard()
         self.waiting = False
 
     @property
@@ -82,7 +83,7 @@ class Writer(Generic[B]):
         self.scheduled = False
         if self.held and not self.deleted:
             return  # release() writes it, or discard() nacks it
-        if self.may_append is not None and not self.deleted and not self.may_append():
+        if not self.deleted and not self._replication.may_append():
             self.waiting = True  # resume() writes it, or discard() nacks it
             return
         batch, self.batch = self.batch, self._new_batch()
@@ -97,8 +98,7 @@ class Writer(Generic[B]):
             self.committer.appended(confirms, ok=self._failed(batch, error))
             return
         self.committer.appended(confirms)
-        if self.on_append is not None:
-            self.on_append()
+        self._replication.appended()
 
     def hold(self) -> None:
         """Append nothing until release() or discard(): what arrives waits in the batch."""
@@ -110,7 +110,7 @@ class Writer(Generic[B]):
         self.flush()
 
     def resume(self) -> None:
-        """`may_append` may say yes again: write what waited for it."""
+        """The replication's `may_append` may say yes again: write what waited for it."""
         if self.waiting:
             self.waiting = False
             self.schedule()

@@ -2,12 +2,12 @@
 
 A node with a copy of the stream (its leader, or a replica: tracking records replicate inside
 the log) answers the queries from its own log; StoreOffset on a replica goes to the leader
-through the replica's `store_remote` (the path of AMQP 0.9.1 offsets acked on a replica), and on
-the leader it is written and shipped to the replicas at once. A node with no copy does what
-RabbitMQ's stream reader does (it looks the leader up): it asks the leader's node over the
-cluster link (`stream.query`, answered here from that node's copy) and sends StoreOffset to it
-(`stream.store_offset`). The leader's node down, or no answer: STREAM_NOT_AVAILABLE, and a
-StoreOffset is dropped (RabbitMQ only logs it).
+through the stream's replication (`store_at_leader`, the path of AMQP 0.9.1 offsets acked on a
+replica), and on the leader it is written and shipped to the replicas at once (`appended`). A
+node with no copy does what RabbitMQ's stream reader does (it looks the leader up): it asks the
+leader's node over the cluster link (`stream.query`, answered here from that node's copy) and
+sends StoreOffset to it (`stream.store_offset`). The leader's node down, or no answer:
+STREAM_NOT_AVAILABLE, and a StoreOffset is dropped (RabbitMQ only logs it).
 
 Must not know: AMQP, etcd, frames beyond the Decoder and encoders. Single-threaded, on the
 event loop.
@@ -60,19 +60,17 @@ def store_local(queue: StreamQueue, offsets: dict[bytes, int]) -> None:
     the log, bringing them back to every member); the leader writes them and ships at once."""
     if queue.deleted:
         return
-    if queue.store_remote is not None:
-        queue.store_remote(offsets)
+    replication = queue.replication
+    if replication.store_at_leader(offsets):
         return
-    if queue.role == "replica":
+    if replication.role == "replica":
         return  # between leaders: dropped, as RabbitMQ drops a store with no leader
     try:
         queue.log.store_offsets(offsets)
     except StorageError as exc:
         log.error("storing a stream-protocol offset failed", stream=queue.name, error=str(exc))
         return
-    shipped = queue.writer.on_append  # a replicated stream's leader: its shipper
-    if shipped is not None:
-        shipped()
+    replication.appended()  # a replicated stream's leader ships it
 
 
 # -- a node with no copy: ask the leader's node

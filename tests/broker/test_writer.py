@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,21 @@ from leveret.storage import FakeClock, Log, LogConfig, OffsetSpec, StorageError
 from leveret.storage.config import FsyncPolicy
 
 
+@dataclass
+class Replicated:
+    """The log's replication as a test sets it: local or not, in contact with a quorum."""
+
+    local: bool = True
+    contact: bool = True
+    appends: int = 0
+
+    def may_append(self) -> bool:
+        return self.contact
+
+    def appended(self) -> None:
+        self.appends += 1
+
+
 class Setup:
     def __init__(self, directory: Path, policy: FsyncPolicy, local: bool) -> None:
         self.log = Log.open(directory, LogConfig(fsync=policy, clock=FakeClock(1_000)))
@@ -22,9 +38,10 @@ class Setup:
         self.commits = 0
         self.broken = False
         self.failed: list[list[bytes]] = []
+        self.replication = Replicated(local=local)
         self.writer: Writer[list[bytes]] = Writer(
             self.loop, policy, lambda: self.log, batch=list, append=self.append,
-            failed=self.on_failure, on_commit=self.on_commit, local=local)
+            failed=self.on_failure, on_commit=self.on_commit, replication=self.replication)
 
     def append(self, batch: list[bytes]) -> None:
         if self.broken:
@@ -211,8 +228,7 @@ def test_a_writer_whose_leader_lost_its_quorum_waits_then_writes_or_nacks(
     nothing: what is published waits, unconfirmed, and goes out in one chunk when contact is
     back (resume), or is nacked unwritten if this node stops leading (discard) or closes."""
     s = make()
-    contact = [False]
-    s.writer.may_append = lambda: contact[0]
+    s.replication.contact = False
     s.publish(1, 2)
     s.loop.turn()
     s.publish(3)
@@ -221,12 +237,12 @@ def test_a_writer_whose_leader_lost_its_quorum_waits_then_writes_or_nacks(
     s.writer.resume()  # still no contact: it waits on
     s.loop.turn()
     assert s.chunks() == [] and s.writer.waiting
-    contact[0] = True
+    s.replication.contact = True
     s.writer.resume()
     s.loop.turn()
     assert s.chunks() == [[b"m1", b"m2", b"m3"]] and s.settled == [(1, True), (2, True),
                                                                      (3, True)]
-    contact[0] = False
+    s.replication.contact = False
     s.publish(4)
     s.loop.turn()
     s.writer.discard()
