@@ -44,7 +44,7 @@ from leveret.broker.management import cluster_views, local_token
 from leveret.broker.management.app import ManagementServer
 from leveret.broker.metadata import RestoreError
 from leveret.broker.metastore import MetastoreError
-from leveret.broker.session import forwarding
+from leveret.broker.remote import forwarding
 from leveret.broker.session.connection import Session
 from leveret.broker.streamproto import server as stream_listeners
 from leveret.broker.streamproto.server import StreamServer

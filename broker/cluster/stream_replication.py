@@ -43,8 +43,8 @@ from leveret.broker.cluster.stream_leadership import (
     needs_new_epoch,
 )
 from leveret.broker.cluster.topology_records import QueueRecord
-from leveret.broker.model.remote_queue import RemoteQueue
 from leveret.broker.model.stream import StreamQueue
+from leveret.broker.remote.remote_queue import RemoteQueue
 from leveret.storage import StorageError
 
 if TYPE_CHECKING:

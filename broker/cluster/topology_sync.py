@@ -47,9 +47,9 @@ from leveret.broker.model.binding import Binding
 from leveret.broker.model.errors import BrokerError
 from leveret.broker.model.exchange import Exchange
 from leveret.broker.model.queue import Queue
-from leveret.broker.model.remote_queue import RemoteQueue
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.vhost import Observer, VHost
+from leveret.broker.remote.remote_queue import RemoteQueue
 from leveret.storage import StorageError
 
 if TYPE_CHECKING:

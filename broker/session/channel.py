@@ -34,9 +34,10 @@ from leveret.broker.model.errors import (
     PreconditionFailed,
 )
 from leveret.broker.model.message import Confirm, QueuedMessage
-from leveret.broker.model.remote_queue import RemoteQueue
 from leveret.broker.model.vhost import server_generated_name
-from leveret.broker.session import backlog, cluster_topology, forwarding, queries, topology
+from leveret.broker.remote import forwarding
+from leveret.broker.remote.remote_queue import RemoteQueue
+from leveret.broker.session import backlog, cluster_topology, queries, topology
 from leveret.broker.session.confirms import Confirms
 from leveret.broker.session.errors import to_amqp
 

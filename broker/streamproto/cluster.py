@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from leveret.broker.model.remote_queue import RemoteQueue
 from leveret.broker.model.stream import StreamQueue
+from leveret.broker.remote.remote_queue import RemoteQueue
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto import consuming, publishing
 from leveret.broker.streamproto import frames as f

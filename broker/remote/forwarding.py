@@ -41,8 +41,7 @@ from leveret.broker.cluster.link import Link
 from leveret.broker.cluster.link_frames import TUNNEL_FROM_OPENER
 from leveret.broker.model.errors import NotFound
 from leveret.broker.model.message import Confirm
-from leveret.broker.session import backlog
-from leveret.broker.session.tunnel_client import (
+from leveret.broker.remote.tunnel_client import (
     LOW_WATER,
     OPEN,
     Shadow,
@@ -52,11 +51,12 @@ from leveret.broker.session.tunnel_client import (
     entry_of,
     message_of,
 )
+from leveret.broker.session import backlog
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
     from leveret.broker.model.consumer import Consumer
-    from leveret.broker.model.remote_queue import RemoteQueue
+    from leveret.broker.remote.remote_queue import RemoteQueue
     from leveret.broker.session.channel import Channel
 
 log = logs.get("leveret.cluster.forwarding")
@@ -490,7 +490,7 @@ class Forwarder:
     """This node's tunnels to the others (`broker.forwarder`), and its server of theirs."""
 
     def __init__(self, broker: Broker) -> None:
-        from leveret.broker.session.tunnel_server import TunnelServer  # it imports Channel
+        from leveret.broker.remote.tunnel_server import TunnelServer  # it imports Channel
 
         self.broker = broker
         self.server = TunnelServer(broker)
