@@ -20,11 +20,13 @@ from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.store import MemoryStore, MessageStore, PriorityStore
 
 if TYPE_CHECKING:
+    from leveret.broker.model.queue_type import QueueClient, QueueType
     from leveret.broker.model.vhost import VHost
 
 
 class Queue:
-    """What every queue type has: identity, flags, consumers and the exclusive rules."""
+    """What every queue type has: identity, flags, consumers and the exclusive rules; and
+    how a queue of this node serves basic.consume and basic.get (model/queue_type.py)."""
 
     kind = "queue"
     type = "classic"
@@ -86,6 +88,11 @@ class Queue:
         """Queue-type rules for a new consumer among those already here, checked before
         consume-ok. A stream records basic.consume's exclusive flag and enforces nothing."""
 
+    def consume(self, consumer: Consumer, client: QueueClient, nowait: bool) -> None:
+        """consume-ok first, then the consumer joins (and may be delivered to at once)."""
+        client.consume_started(consumer, nowait)
+        self.add_consumer(consumer)
+
     def add_consumer(self, consumer: Consumer) -> None:
         self.check_consume(consumer.exclusive)
         self.consumers.append(consumer)
@@ -115,6 +122,21 @@ class Queue:
     def get(self, no_ack: bool) -> QueuedMessage | None:
         """basic.get: take the next message, or None when there is none."""
         raise NotImplementedError
+
+    def serve_get(self, client: QueueClient, no_ack: bool) -> None:
+        """basic.get answered in this turn, with the queue's statistics."""
+        entry = self.get(no_ack)
+        if entry is None:
+            self.stats_get_empty += 1
+            client.get_empty()
+            return
+        if no_ack:
+            self.stats_get_no_ack += 1
+        else:
+            self.stats_get += 1
+        if entry.redelivered:
+            self.stats_redeliver += 1
+        client.get_ok(entry, self, no_ack, self.message_count)
 
     def ack(self, entry: Any, consumer: Consumer | None = None) -> None:
         """A delivery was acknowledged."""
@@ -467,3 +489,10 @@ class ClassicQueue(Queue):
         self._expiry_at = None
         if not self.deleted:
             self._expire_head(self.vhost.scheduler.now_ms())
+
+
+if TYPE_CHECKING:
+
+    def _conforms(queue: ClassicQueue) -> QueueType:
+        """mypy checks here that the classic queue implements the queue-type interface."""
+        return queue

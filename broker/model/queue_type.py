@@ -1,0 +1,176 @@
+"""The queue-type interface: what the session, the stream protocol, the HTTP API and
+definitions may ask of a queue, whatever its type.
+
+`QueueType` is implemented by the classic queue (queue.py, durable.py), the stream
+(stream.py) and a queue held by another node of the cluster (broker/remote/remote_queue.py);
+the next type (quorum queues) is one more implementation, made by the vhost's `queue_types`
+factories. Whoever holds a queue calls these members and never asks which type it has:
+basic.consume and basic.get are served by the queue itself (`consume`, `serve_get`), which
+answers through the `QueueClient` it is given, in this turn or, for a queue on another node,
+once that node has answered.
+
+A delivery's handle (`entry`) belongs to the queue type (a QueuedMessage for classic queues,
+an offset for streams, the holder's tag for a remote queue): the session keeps it unread and
+hands it back to settle it.
+
+It must not know AMQP frames, the session or the cluster: a queue answers through
+`QueueClient`, which the session's channel implements.
+Single-threaded: every member runs on the event loop thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from leveret.broker.model.consumer import Consumer
+    from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
+    from leveret.broker.model.vhost import VHost
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+class QueueClient(Protocol):
+    """The side of a basic.consume or a basic.get that a queue answers (the session's
+    channel): consume-ok, get-ok or get-empty, and, for an answer that takes more than this
+    turn, a step the client's later methods wait for."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    # what the client holds on other nodes for the remote queues it used, closed with it
+    remote: Closeable | None
+
+    def consume_started(self, consumer: Consumer, nowait: bool) -> None:
+        """The queue took the consumer: consume-ok (unless nowait); it is the client's."""
+        ...
+
+    def get_ok(self, entry: QueuedMessage, queue: Any, no_ack: bool, remaining: int) -> None:
+        """basic.get found `entry`; `remaining` messages are left."""
+        ...
+
+    def get_empty(self) -> None: ...
+
+    def wait_for(self, index: int, step: Coroutine[Any, Any, None]) -> None:
+        """Run `step`, which answers the method `index` (class << 16 | method); the client's
+        later methods wait until it ends, and an error it raises is that method's."""
+        ...
+
+
+class QueueType(Protocol):
+    """One queue, as every front end sees it."""
+
+    # identity and flags
+    kind: str  # "queue", as an exchange's is "exchange": what a binding's destination is
+    type: str  # the x-queue-type it was declared with
+    vhost: VHost
+    name: str
+    durable: bool
+    auto_delete: bool
+    exclusive_owner: Any  # the owning session, or None
+    arguments: dict[str, Any]
+    consumers: list[Consumer]
+    had_consumers: bool
+    deleted: bool
+    dedup: Any  # a queue-level deduplication cache (model/dedup.py), when enabled
+
+    # message statistics, bumped by the queue and by the channels (management/rates.py)
+    stats_published: int
+    stats_delivered: int
+    stats_ack: int
+    stats_get: int
+    stats_get_no_ack: int
+    stats_deliver_no_ack: int
+    stats_redeliver: int
+    stats_get_empty: int
+
+    @property
+    def resource(self) -> str: ...
+
+    @property
+    def exclusive(self) -> bool: ...
+
+    @property
+    def redelivers(self) -> bool:
+        """Whether a requeued delivery comes back (a stream only gives the credit back)."""
+        ...
+
+    @property
+    def message_count(self) -> int: ...
+
+    @property
+    def consumer_count(self) -> int: ...
+
+    @property
+    def count_on_delete(self) -> int: ...
+
+    # publishing
+
+    def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
+        """Take one routed message; False if the queue dropped it (a duplicate)."""
+        ...
+
+    # consuming
+
+    def validate_consumer(self, tag: str, no_ack: bool, prefetch: int, global_prefetch: int,
+                          arguments: dict[str, Any]) -> None:
+        """The type's rules for basic.consume's flags and arguments, before consume-ok."""
+        ...
+
+    def check_consume(self, exclusive: bool) -> None:
+        """The type's rules for a new consumer among those already here, before consume-ok."""
+        ...
+
+    def consume(self, consumer: Consumer, client: QueueClient, nowait: bool) -> None:
+        """basic.consume, its rules checked: take the consumer and tell `client`."""
+        ...
+
+    def add_consumer(self, consumer: Consumer) -> None: ...
+
+    def remove_consumer(self, consumer: Consumer) -> None: ...
+
+    def dispatch(self) -> None:
+        """Deliver to consumers that have credit (credit came back)."""
+        ...
+
+    # basic.get
+
+    def serve_get(self, client: QueueClient, no_ack: bool) -> None:
+        """basic.get: answer `client` with get-ok or get-empty."""
+        ...
+
+    def get(self, no_ack: bool) -> QueuedMessage | None:
+        """Take the next message here and now, or None (the holding node's basic.get, and
+        the HTTP API's get-messages)."""
+        ...
+
+    def touch(self) -> None:
+        """A basic.get or a redeclare: the queue is in use (x-expires)."""
+        ...
+
+    # settling
+
+    def ack(self, entry: Any, consumer: Consumer | None = None) -> None: ...
+
+    def ack_many(self, entries: list[Any], consumer: Consumer | None = None) -> None: ...
+
+    def reject(self, entry: Any, consumer: Consumer | None = None) -> None: ...
+
+    def requeue(self, entries: list[Any]) -> None: ...
+
+    # purge and delete
+
+    def purge(self) -> int: ...
+
+    def check_delete(self, if_unused: bool, if_empty: bool) -> None: ...
+
+    def on_delete(self) -> None: ...
+
+    # lifecycle
+
+    def policy_changed(self) -> None: ...
+
+    def close(self) -> None: ...
