@@ -168,7 +168,7 @@ class BrokerCollector:
                 if getattr(queue, "node", here) != here:
                     continue  # held by another node: its own /metrics reports it
                 key = [vhost.name, queue.name, queue.type]
-                unacked = int(getattr(queue, "unacked", 0))
+                unacked = queue.unacked
                 families["messages"].add_metric(key, queue.message_count + unacked)
                 families["ready"].add_metric(key, queue.message_count)
                 families["unacked"].add_metric(key, unacked)

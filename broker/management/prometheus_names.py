@@ -286,7 +286,7 @@ class RabbitCollector:
         }
         rows = []
         for queue in queues:
-            unacked = int(getattr(queue, "unacked", 0))
+            unacked = queue.unacked
             rows.append(([queue.vhost.name, queue.name], {
                 "ready": queue.message_count, "unacked": unacked,
                 "messages": queue.message_count + unacked, "consumers": len(queue.consumers)}))

@@ -31,6 +31,8 @@ class Queue:
     kind = "queue"
     type = "classic"
     redelivers = True  # a requeued message comes back (streams only give the credit back)
+    unacked = 0  # deliveries not yet settled, as the queue counts them (classic queues do)
+    single_active = False  # x-single-active-consumer on a classic queue
     # message statistics beside stats_published and stats_delivered (which counts every
     # delivery and get): bumped by the channels, once per ack run or on the rare paths
     stats_ack = 0
@@ -76,6 +78,11 @@ class Queue:
         return 0
 
     @property
+    def message_bytes(self) -> int:
+        """The ready messages' bytes, where the type counts them."""
+        return 0
+
+    @property
     def consumer_count(self) -> int:
         return len(self.consumers)
 
@@ -87,6 +94,10 @@ class Queue:
     def check_consume(self, exclusive: bool) -> None:
         """Queue-type rules for a new consumer among those already here, checked before
         consume-ok. A stream records basic.consume's exclusive flag and enforces nothing."""
+
+    def consumer_queue(self, arguments: dict[str, Any]) -> Queue:
+        """The queue that a consumer with these arguments joins: this one, as a rule."""
+        return self
 
     def consume(self, consumer: Consumer, client: QueueClient, nowait: bool) -> None:
         """consume-ok first, then the consumer joins (and may be delivered to at once)."""

@@ -74,6 +74,8 @@ class QueueType(Protocol):
     arguments: dict[str, Any]
     consumers: list[Consumer]
     had_consumers: bool
+    single_active: bool  # x-single-active-consumer on a classic queue: the first one gets all
+    unacked: int  # deliveries not yet settled, where the type counts them (else 0)
     deleted: bool
     dedup: Any  # a queue-level deduplication cache (model/dedup.py), when enabled
 
@@ -102,6 +104,9 @@ class QueueType(Protocol):
     def message_count(self) -> int: ...
 
     @property
+    def message_bytes(self) -> int: ...
+
+    @property
     def consumer_count(self) -> int: ...
 
     @property
@@ -122,6 +127,12 @@ class QueueType(Protocol):
 
     def check_consume(self, exclusive: bool) -> None:
         """The type's rules for a new consumer among those already here, before consume-ok."""
+        ...
+
+    def consumer_queue(self, arguments: dict[str, Any]) -> QueueType:
+        """The queue that a consumer with these (checked) arguments joins: this one, or
+        where the type keeps what consumers share (a replica stream's leader, for a single
+        active consumer group)."""
         ...
 
     def consume(self, consumer: Consumer, client: QueueClient, nowait: bool) -> None:

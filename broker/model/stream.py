@@ -424,6 +424,14 @@ class StreamQueue(Queue):
             self.resource, no_ack=no_ack, prefetch=prefetch, global_prefetch=global_prefetch
         )
 
+    def consumer_queue(self, arguments: dict[str, Any]) -> Queue:
+        """A replica's single-active-consumer group is one for every node: it lives on the
+        leader, and its members join there."""
+        leader: Queue | None = self.forward_to
+        if leader is not None and arguments.get("x-single-active-consumer") is True:
+            return leader
+        return self
+
     def add_consumer(self, consumer: Consumer) -> None:
         arguments = consumer.arguments
         given = arguments.get("x-stream-offset")

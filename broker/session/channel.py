@@ -164,9 +164,7 @@ class Channel:
         queue.validate_consumer(tag, method.no_ack, self.consumer_prefetch,
                                 self.global_prefetch, arguments)
         queue.check_consume(method.exclusive)  # 403 in exclusive use: no consume-ok before it
-        leader = getattr(queue, "forward_to", None)  # a replicated stream's replica
-        if leader is not None and arguments.get("x-single-active-consumer") is True:
-            queue = leader  # the group is one for every node: it lives on the leader
+        queue = queue.consumer_queue(arguments)
         priority = arguments.get("x-priority", 0)
         consumer = Consumer(
             tag, queue, self, no_ack=method.no_ack, exclusive=method.exclusive,
