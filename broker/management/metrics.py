@@ -165,7 +165,7 @@ class BrokerCollector:
         here = self.broker.config.node_name
         for vhost in vhosts:
             for queue in vhost.queues.values():
-                if getattr(queue, "node", here) != here:
+                if (queue.holder or here) != here:
                     continue  # held by another node: its own /metrics reports it
                 key = [vhost.name, queue.name, queue.type]
                 unacked = queue.unacked

@@ -136,7 +136,7 @@ class RabbitTotals:
     def local_queues(self) -> list[Any]:
         here = self.broker.config.node_name
         return [q for v in self.broker.vhosts.values() for q in v.queues.values()
-                if getattr(q, "node", here) == here]
+                if (q.holder or here) == here]
 
     def channels_of(self) -> list[Any]:
         return [c for s in list(self.broker.connections) for c in s.channels.values()]

@@ -74,6 +74,12 @@ class Queue:
         return self.exclusive_owner is not None
 
     @property
+    def holder(self) -> str | None:
+        """The node of the cluster that holds this queue when it is another one; None when it
+        is held here."""
+        return None
+
+    @property
     def message_count(self) -> int:
         return 0
 

@@ -96,6 +96,11 @@ class QueueType(Protocol):
     def exclusive(self) -> bool: ...
 
     @property
+    def holder(self) -> str | None:
+        """The node that holds the queue when it is another one (None: this node)."""
+        ...
+
+    @property
     def redelivers(self) -> bool:
         """Whether a requeued delivery comes back (a stream only gives the credit back)."""
         ...

@@ -80,6 +80,10 @@ class RemoteQueue(Queue):
         """Unknown here: queue.declare's counts come from the holding node."""
         return 0
 
+    @property
+    def holder(self) -> str | None:
+        return self.node
+
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
         self.stats_published += 1
         publisher = self.publisher

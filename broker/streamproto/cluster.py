@@ -70,7 +70,7 @@ def placement(s: StreamSession, name: str, queue: Any) -> tuple[str, list[str]]:
     record = cluster.cache.queue(s.vhost.name, name)
     if record is not None and record.type == "stream" and record.node:
         return record.node, [m for m in record.members if m != record.node]
-    return (queue.node if isinstance(queue, RemoteQueue) else cluster.node), []
+    return (queue.holder or cluster.node), []
 
 
 def _endpoint(s: StreamSession, this_node: str, here: Endpoint, node: str) -> Endpoint | None:

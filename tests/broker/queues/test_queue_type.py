@@ -217,3 +217,23 @@ def test_the_model_does_not_import_the_remote_room() -> None:
     for path in (ROOT / "broker" / "model").glob("*.py"):
         assert not [m for m in imported_modules(path) if m.startswith("leveret.broker.remote")], \
             path.name
+
+
+def test_every_queue_answers_what_the_management_rows_read(vhost: VHost) -> None:
+    classic = ClassicQueue(vhost, "c", arguments={"x-single-active-consumer": True})
+    classic.publish(message(b"abc"), None)
+    classic.get(no_ack=False)
+    classic.publish(message(b"de"), None)
+    assert (classic.holder, classic.unacked, classic.message_bytes) == (None, 1, 2)
+    assert classic.single_active
+    held = remote(vhost, Forwarder())
+    assert (held.holder, held.unacked, held.message_bytes, held.single_active) == (
+        "b", 0, 0, False)
+
+
+def test_a_queue_takes_its_consumers_itself_unless_its_type_keeps_them_elsewhere(
+        vhost: VHost) -> None:
+    queue = ClassicQueue(vhost, "q")
+    assert queue.consumer_queue({"x-single-active-consumer": True}) is queue
+    held = remote(vhost, Forwarder(), "stream")
+    assert held.consumer_queue({}) is held
