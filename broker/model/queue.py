@@ -179,7 +179,9 @@ class Queue:
 
     def validate_consumer(self, tag: str, no_ack: bool, prefetch: int, global_prefetch: int,
                           arguments: dict[str, Any]) -> None:
-        """Queue-type rules for basic.consume, checked before consume-ok."""
+        """Queue-type rules for basic.consume, checked before consume-ok: the consume
+        arguments this type knows, with RabbitMQ's texts."""
+        qargs.check_consume_args(arguments, self.type, self.resource)
 
     def close(self) -> None:
         """Broker shutdown: flush and release files (durable queue types)."""

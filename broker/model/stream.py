@@ -415,6 +415,7 @@ class StreamQueue(Queue):
     def validate_consumer(
         self, tag: str, no_ack: bool, prefetch: int, global_prefetch: int, arguments: dict[str, Any]
     ) -> None:
+        super().validate_consumer(tag, no_ack, prefetch, global_prefetch, arguments)
         if "x-stream-offset" in arguments:
             sargs.parse_offset(
                 arguments["x-stream-offset"], self.vhost.scheduler.now_ms(), self.resource

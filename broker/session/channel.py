@@ -160,7 +160,6 @@ class Channel:
         if tag in self.consumers:
             raise NotAllowed(f"attempt to reuse consumer tag '{tag}'")
         arguments = method.arguments or {}
-        qargs.check_consume_args(arguments, queue.type, queue.resource)
         queue.validate_consumer(tag, method.no_ack, self.consumer_prefetch,
                                 self.global_prefetch, arguments)
         queue.check_consume(method.exclusive)  # 403 in exclusive use: no consume-ok before it

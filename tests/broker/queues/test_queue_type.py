@@ -15,7 +15,7 @@ from support.manual_scheduler import ManualScheduler
 from leveret.amqp.content import Message
 from leveret.amqp.stored import decode_record, encode_record
 from leveret.broker.model.consumer import Consumer
-from leveret.broker.model.errors import NotFound, NotImplementedFeature
+from leveret.broker.model.errors import NotFound, NotImplementedFeature, PreconditionFailed
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.queue import ClassicQueue
 from leveret.broker.model.queue_type import Closeable, QueueClient
@@ -237,3 +237,16 @@ def test_a_queue_takes_its_consumers_itself_unless_its_type_keeps_them_elsewhere
     assert queue.consumer_queue({"x-single-active-consumer": True}) is queue
     held = remote(vhost, Forwarder(), "stream")
     assert held.consumer_queue({}) is held
+
+
+def test_each_type_checks_the_consume_arguments_it_knows_with_rabbitmqs_text(
+        vhost: VHost) -> None:
+    with pytest.raises(PreconditionFailed) as raised:
+        ClassicQueue(vhost, "q").validate_consumer("t", False, 0, 0, {"x-stream-offset": 1})
+    assert raised.value.text == ("invalid arg 'x-stream-offset' for queue 'q' in vhost '/' "
+                                 "of queue type rabbit_classic_queue")
+    with pytest.raises(PreconditionFailed) as raised:  # a remote queue checks as its type does
+        remote(vhost, Forwarder(), "stream").validate_consumer("t", False, 0, 0,
+                                                               {"x-priority": 1})
+    assert raised.value.text == ("invalid arg 'x-priority' for queue 'q' in vhost '/' "
+                                 "of queue type rabbit_stream_queue")
