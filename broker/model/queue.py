@@ -20,7 +20,7 @@ from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.store import MemoryStore, MessageStore, PriorityStore
 
 if TYPE_CHECKING:
-    from leveret.broker.model.queue_type import QueueClient, QueueType
+    from leveret.broker.model.queue_client import QueueClient
     from leveret.broker.model.vhost import VHost
 
 
@@ -508,10 +508,3 @@ class ClassicQueue(Queue):
         self._expiry_at = None
         if not self.deleted:
             self._expire_head(self.vhost.scheduler.now_ms())
-
-
-if TYPE_CHECKING:
-
-    def _conforms(queue: ClassicQueue) -> QueueType:
-        """mypy checks here that the classic queue implements the queue-type interface."""
-        return queue

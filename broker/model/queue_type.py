@@ -14,50 +14,23 @@ an offset for streams, the holder's tag for a remote queue): the session keeps i
 hands it back to settle it.
 
 It must not know AMQP frames, the session or the cluster: a queue answers through
-`QueueClient`, which the session's channel implements.
+`QueueClient` (queue_client.py), which the session's channel implements. The model's queue
+types do not import this module (mypy checks them against it at the end of this file, and
+remote_queue.py checks itself), so that it closes no import cycle with the vhost.
 Single-threaded: every member runs on the event loop thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from leveret.broker.model.consumer import Consumer
     from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
+    from leveret.broker.model.queue import ClassicQueue
+    from leveret.broker.model.queue_client import QueueClient
+    from leveret.broker.model.stream import StreamQueue
     from leveret.broker.model.vhost import VHost
-
-
-class Closeable(Protocol):
-    def close(self) -> None: ...
-
-
-class QueueClient(Protocol):
-    """The side of a basic.consume or a basic.get that a queue answers (the session's
-    channel): consume-ok, get-ok or get-empty, and, for an answer that takes more than this
-    turn, a step the client's later methods wait for."""
-
-    @property
-    def closed(self) -> bool: ...
-
-    # what the client holds on other nodes for the remote queues it used, closed with it
-    remote: Closeable | None
-
-    def consume_started(self, consumer: Consumer, nowait: bool) -> None:
-        """The queue took the consumer: consume-ok (unless nowait); it is the client's."""
-        ...
-
-    def get_ok(self, entry: QueuedMessage, queue: Any, no_ack: bool, remaining: int) -> None:
-        """basic.get found `entry`; `remaining` messages are left."""
-        ...
-
-    def get_empty(self) -> None: ...
-
-    def wait_for(self, index: int, step: Coroutine[Any, Any, None]) -> None:
-        """Run `step`, which answers the method `index` (class << 16 | method); the client's
-        later methods wait until it ends, and an error it raises is that method's."""
-        ...
 
 
 class QueueType(Protocol):
@@ -190,3 +163,10 @@ class QueueType(Protocol):
     def policy_changed(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+if TYPE_CHECKING:
+
+    def _conforms(classic: ClassicQueue, stream: StreamQueue) -> list[QueueType]:
+        """mypy checks here that the classic queue and the stream implement the interface."""
+        return [classic, stream]

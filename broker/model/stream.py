@@ -795,11 +795,3 @@ class StreamQueue(Queue):
                 cursor.reader.close()
                 cursor.reader = None
         self.log.close()
-
-
-if TYPE_CHECKING:
-    from leveret.broker.model.queue_type import QueueType
-
-    def _conforms(queue: StreamQueue) -> QueueType:
-        """mypy checks here that the stream implements the queue-type interface."""
-        return queue

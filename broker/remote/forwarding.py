@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from leveret.broker.broker import Broker
     from leveret.broker.cluster.peers import ClusterLinks
     from leveret.broker.model.consumer import Consumer
-    from leveret.broker.model.queue_type import QueueClient
+    from leveret.broker.model.queue_client import QueueClient
     from leveret.broker.session.channel import Channel
 
 log = logs.get("leveret.cluster.forwarding")

@@ -22,7 +22,8 @@ from leveret.broker.model.queue import Queue
 if TYPE_CHECKING:
     from leveret.broker.model.consumer import Consumer
     from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
-    from leveret.broker.model.queue_type import QueueClient, QueueType
+    from leveret.broker.model.queue_client import QueueClient
+    from leveret.broker.model.queue_type import QueueType
     from leveret.broker.model.vhost import VHost
 
 ELSEWHERE = object()  # the exclusive owner of a queue exclusive to a connection on another node

@@ -44,7 +44,7 @@ from leveret.broker.session.errors import to_amqp
 from leveret.broker.session.unacked import Unacked
 
 if TYPE_CHECKING:
-    from leveret.broker.model.queue_type import Closeable
+    from leveret.broker.model.queue_client import Closeable
     from leveret.broker.session.backlog import Backlog
     from leveret.broker.session.connection import Session
 

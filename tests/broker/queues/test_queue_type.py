@@ -18,7 +18,7 @@ from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.errors import NotFound, NotImplementedFeature, PreconditionFailed
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.queue import ClassicQueue
-from leveret.broker.model.queue_type import Closeable, QueueClient
+from leveret.broker.model.queue_client import Closeable, QueueClient
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.model.vhost import VHost
