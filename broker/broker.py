@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from leveret.broker.cluster.runtime import ClusterRuntime
     from leveret.broker.cluster.topology_sync import TopologySync
     from leveret.broker.model.message import InboundMessage
+    from leveret.broker.remote.remote_queue import Forwarding
     from leveret.broker.session.connection import Session
 
 VERSION = "0.1.0"
@@ -81,6 +82,8 @@ class Broker:
         self.membership: Membership | None = None  # this node's cluster, in cluster mode
         self.cluster_links: ClusterLinks | None = None  # its links to the other nodes
         self.cluster: ClusterRuntime | None = None  # all of the above, and the topology
+        # reaches the queues other nodes hold (broker/remote): set in cluster mode, by server.py
+        self.forwarder: Forwarding | None = None
         self.topology_sync: TopologySync | None = None  # etcd's topology into the model
         self.instance = uuid.uuid4().hex[:12]  # this process, in cluster-unique session keys
         self.cluster_sessions: dict[str, Session] = {}  # by cluster_key, in cluster mode

@@ -47,7 +47,8 @@ from leveret.broker.management import cluster_views, local_token
 from leveret.broker.management.app import ManagementServer
 from leveret.broker.metadata import RestoreError
 from leveret.broker.metastore import MetastoreError
-from leveret.broker.session import forwarding
+from leveret.broker.remote.forwarding import Forwarder
+from leveret.broker.remote.tunnel_server import TunnelServer
 from leveret.broker.session.connection import Session
 from leveret.broker.streamproto import server as stream_listeners
 from leveret.broker.streamproto.server import StreamServer
@@ -223,7 +224,8 @@ class Server:
         topology_sync.install(broker)
         access_sync.install(broker)
         cluster_views.install(broker)  # the management API's questions from other nodes
-        forwarding.install(broker)
+        forwarder = broker.forwarder = Forwarder(broker, TunnelServer(broker))
+        forwarder.serve(self.cluster_links)  # the tunnels other nodes open to this one
         try:
             await cache.start()
             await access_sync.first_boot(broker)

@@ -46,8 +46,8 @@ from leveret.broker.cluster.stream_leadership import (
 )
 from leveret.broker.cluster.stream_member import StreamMember, member_of
 from leveret.broker.cluster.topology_records import QueueRecord
-from leveret.broker.model.remote_queue import RemoteQueue
 from leveret.broker.model.stream import StreamQueue
+from leveret.broker.remote.remote_queue import RemoteQueue
 from leveret.storage import StorageError
 
 if TYPE_CHECKING:

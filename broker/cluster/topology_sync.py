@@ -47,9 +47,9 @@ from leveret.broker.model.binding import Binding
 from leveret.broker.model.errors import BrokerError
 from leveret.broker.model.exchange import Exchange
 from leveret.broker.model.queue import Queue
-from leveret.broker.model.remote_queue import RemoteQueue
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.vhost import Observer, VHost
+from leveret.broker.remote.remote_queue import Forwarding, RemoteQueue
 from leveret.storage import StorageError
 
 if TYPE_CHECKING:
@@ -101,6 +101,7 @@ class Node(Protocol):
     metastore: Metastore
     queue_env: StorageEnv
     cluster: ClusterRuntime | None
+    forwarder: Forwarding | None  # what the RemoteQueues made here hand their work to
     recorder: Observer
     topology_sync: Any
     cluster_sessions: dict[str, Any]
@@ -219,7 +220,7 @@ class TopologySync:
                 vhost, record.name, queue_type=record.type, node=record.node,
                 durable=record.durable, auto_delete=record.auto_delete,
                 arguments=dict(record.arguments), exclusive_elsewhere=bool(record.exclusive),
-                forwarder=getattr(self.broker, "forwarder", None))
+                forwarder=self.broker.forwarder)
             vhost.queues[record.name] = queue
         if existing is not None and queue is not None:
             self._rebind(vhost)

@@ -63,8 +63,7 @@ DOWN_DROPS = ("messages", "messages_ready", "messages_unacknowledged", "messages
 
 def node_of(broker: Broker, queue: Queue) -> str:
     """The node that holds `queue`: a remote queue's holder, else this node."""
-    node = getattr(queue, "node", None)
-    return node if isinstance(node, str) and node else broker.config.node_name
+    return queue.holder or broker.config.node_name
 
 
 def is_remote(broker: Broker, queue: Queue) -> bool:

@@ -165,10 +165,10 @@ class BrokerCollector:
         here = self.broker.config.node_name
         for vhost in vhosts:
             for queue in vhost.queues.values():
-                if getattr(queue, "node", here) != here:
+                if (queue.holder or here) != here:
                     continue  # held by another node: its own /metrics reports it
                 key = [vhost.name, queue.name, queue.type]
-                unacked = int(getattr(queue, "unacked", 0))
+                unacked = queue.unacked
                 families["messages"].add_metric(key, queue.message_count + unacked)
                 families["ready"].add_metric(key, queue.message_count)
                 families["unacked"].add_metric(key, unacked)

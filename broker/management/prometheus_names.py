@@ -136,7 +136,7 @@ class RabbitTotals:
     def local_queues(self) -> list[Any]:
         here = self.broker.config.node_name
         return [q for v in self.broker.vhosts.values() for q in v.queues.values()
-                if getattr(q, "node", here) == here]
+                if (q.holder or here) == here]
 
     def channels_of(self) -> list[Any]:
         return [c for s in list(self.broker.connections) for c in s.channels.values()]
@@ -286,7 +286,7 @@ class RabbitCollector:
         }
         rows = []
         for queue in queues:
-            unacked = int(getattr(queue, "unacked", 0))
+            unacked = queue.unacked
             rows.append(([queue.vhost.name, queue.name], {
                 "ready": queue.message_count, "unacked": unacked,
                 "messages": queue.message_count + unacked, "consumers": len(queue.consumers)}))

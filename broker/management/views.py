@@ -68,7 +68,7 @@ def with_details(values: dict[str, Any]) -> dict[str, Any]:
 
 def queue_totals(queues: list[Queue]) -> dict[str, int]:
     ready = sum(q.message_count for q in queues)
-    unacked = sum(int(getattr(q, "unacked", 0)) for q in queues)
+    unacked = sum(q.unacked for q in queues)
     return {
         "messages": ready + unacked,
         "messages_ready": ready,
@@ -239,10 +239,10 @@ def queue_view(queue: Queue, node: str, consumers: list[dict[str, Any]] | None =
     `node` is its leader, with its `members` and those `online`."""
     vhost = queue.vhost
     policy = vhost.policy_for("queues", queue.name)
-    unacked = int(getattr(queue, "unacked", 0))
+    unacked = queue.unacked
     exclusive_tag = next((c.tag for c in queue.consumers if c.exclusive), None)
     sac_tag = None
-    if queue.type == "classic" and getattr(queue, "single_active", False) and queue.consumers:
+    if queue.type == "classic" and queue.single_active and queue.consumers:
         sac_tag = queue.consumers[0].tag
     view: dict[str, Any] = {
         "name": queue.name,
@@ -267,7 +267,7 @@ def queue_view(queue: Queue, node: str, consumers: list[dict[str, Any]] | None =
         "effective_policy_definition": jsonable(policy.definition) if policy else {},
         "exclusive_consumer_tag": exclusive_tag,
         "single_active_consumer_tag": sac_tag,
-        "message_bytes": int(getattr(queue, "message_bytes", 0)),
+        "message_bytes": queue.message_bytes,
         "message_stats": with_details(queue_counts(queue)),
     }
     if queue.type == "stream":
@@ -409,7 +409,7 @@ def consumer_activity(consumer: Consumer) -> tuple[bool, str]:
         if sac:
             return active, "single_active" if active else "waiting"
         return active, "up"
-    if getattr(queue, "single_active", False):
+    if queue.single_active:
         active = bool(queue.consumers) and queue.consumers[0] is consumer
         return active, "single_active" if active else "waiting"
     return True, "up"

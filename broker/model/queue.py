@@ -20,15 +20,19 @@ from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.store import MemoryStore, MessageStore, PriorityStore
 
 if TYPE_CHECKING:
+    from leveret.broker.model.queue_client import QueueClient
     from leveret.broker.model.vhost import VHost
 
 
 class Queue:
-    """What every queue type has: identity, flags, consumers and the exclusive rules."""
+    """What every queue type has: identity, flags, consumers and the exclusive rules; and
+    how a queue of this node serves basic.consume and basic.get (model/queue_type.py)."""
 
     kind = "queue"
     type = "classic"
     redelivers = True  # a requeued message comes back (streams only give the credit back)
+    unacked = 0  # deliveries not yet settled, as the queue counts them (classic queues do)
+    single_active = False  # x-single-active-consumer on a classic queue
     # message statistics beside stats_published and stats_delivered (which counts every
     # delivery and get): bumped by the channels, once per ack run or on the rare paths
     stats_ack = 0
@@ -70,7 +74,18 @@ class Queue:
         return self.exclusive_owner is not None
 
     @property
+    def holder(self) -> str | None:
+        """The node of the cluster that holds this queue when it is another one; None when it
+        is held here."""
+        return None
+
+    @property
     def message_count(self) -> int:
+        return 0
+
+    @property
+    def message_bytes(self) -> int:
+        """The ready messages' bytes, where the type counts them."""
         return 0
 
     @property
@@ -85,6 +100,15 @@ class Queue:
     def check_consume(self, exclusive: bool) -> None:
         """Queue-type rules for a new consumer among those already here, checked before
         consume-ok. A stream records basic.consume's exclusive flag and enforces nothing."""
+
+    def consumer_queue(self, arguments: dict[str, Any]) -> Queue:
+        """The queue that a consumer with these arguments joins: this one, as a rule."""
+        return self
+
+    def consume(self, consumer: Consumer, client: QueueClient, nowait: bool) -> None:
+        """consume-ok first, then the consumer joins (and may be delivered to at once)."""
+        client.consume_started(consumer, nowait)
+        self.add_consumer(consumer)
 
     def add_consumer(self, consumer: Consumer) -> None:
         self.check_consume(consumer.exclusive)
@@ -116,6 +140,21 @@ class Queue:
         """basic.get: take the next message, or None when there is none."""
         raise NotImplementedError
 
+    def serve_get(self, client: QueueClient, no_ack: bool) -> None:
+        """basic.get answered in this turn, with the queue's statistics."""
+        entry = self.get(no_ack)
+        if entry is None:
+            self.stats_get_empty += 1
+            client.get_empty()
+            return
+        if no_ack:
+            self.stats_get_no_ack += 1
+        else:
+            self.stats_get += 1
+        if entry.redelivered:
+            self.stats_redeliver += 1
+        client.get_ok(entry, self, no_ack, self.message_count)
+
     def ack(self, entry: Any, consumer: Consumer | None = None) -> None:
         """A delivery was acknowledged."""
         raise NotImplementedError
@@ -140,7 +179,9 @@ class Queue:
 
     def validate_consumer(self, tag: str, no_ack: bool, prefetch: int, global_prefetch: int,
                           arguments: dict[str, Any]) -> None:
-        """Queue-type rules for basic.consume, checked before consume-ok."""
+        """Queue-type rules for basic.consume, checked before consume-ok: the consume
+        arguments this type knows, with RabbitMQ's texts."""
+        qargs.check_consume_args(arguments, self.type, self.resource)
 
     def close(self) -> None:
         """Broker shutdown: flush and release files (durable queue types)."""

@@ -435,6 +435,7 @@ class StreamQueue(Queue):
     def validate_consumer(
         self, tag: str, no_ack: bool, prefetch: int, global_prefetch: int, arguments: dict[str, Any]
     ) -> None:
+        super().validate_consumer(tag, no_ack, prefetch, global_prefetch, arguments)
         if "x-stream-offset" in arguments:
             sargs.parse_offset(
                 arguments["x-stream-offset"], self.vhost.scheduler.now_ms(), self.resource
@@ -443,6 +444,14 @@ class StreamQueue(Queue):
         sargs.check_consumer(
             self.resource, no_ack=no_ack, prefetch=prefetch, global_prefetch=global_prefetch
         )
+
+    def consumer_queue(self, arguments: dict[str, Any]) -> Queue:
+        """A replica's single-active-consumer group is one for every node: it lives on the
+        leader, and its members join there."""
+        leader: Queue | None = self.forward_to
+        if leader is not None and arguments.get("x-single-active-consumer") is True:
+            return leader
+        return self
 
     def add_consumer(self, consumer: Consumer) -> None:
         arguments = consumer.arguments

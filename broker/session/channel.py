@@ -2,9 +2,12 @@
 
 The channel keeps what RabbitMQ keeps per channel: the last declared queue, its consumers,
 the unacked deliveries (by delivery tag), QoS, the confirm sequence and the transaction
-buffer. It is the ConsumerSink through which queues deliver. Domain errors raised by the
-model leave through `errors.to_amqp`; the wire layer closes the channel or the connection.
+buffer. It is the ConsumerSink through which queues deliver, and the QueueClient through
+which they answer basic.consume and basic.get. Domain errors raised by the model leave through
+`errors.to_amqp`; the wire layer closes the channel or the connection.
 
+It reaches a queue only through the queue-type interface (broker/model/queue_type.py) and must
+not know which type of queue it holds, nor which node holds it.
 Single-threaded: runs on the event loop thread of its connection.
 """
 
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -34,13 +37,14 @@ from leveret.broker.model.errors import (
     PreconditionFailed,
 )
 from leveret.broker.model.message import Confirm, QueuedMessage
-from leveret.broker.model.remote_queue import RemoteQueue
 from leveret.broker.model.vhost import server_generated_name
-from leveret.broker.session import backlog, cluster_topology, forwarding, queries, topology
+from leveret.broker.session import backlog, cluster_topology, queries, topology
 from leveret.broker.session.confirms import Confirms
 from leveret.broker.session.errors import to_amqp
+from leveret.broker.session.unacked import Unacked
 
 if TYPE_CHECKING:
+    from leveret.broker.model.queue_client import Closeable
     from leveret.broker.session.backlog import Backlog
     from leveret.broker.session.connection import Session
 
@@ -52,20 +56,6 @@ NOT_PLAIN = FLAG_EXPIRATION | FLAG_USER_ID | (1 << 13)  # 1 << 13: the headers p
 # what a delivery's frames add to its message's bytes, near enough for the session's
 # flush-early mark
 FRAMING_BYTES = 100
-
-
-class Unacked:
-    """One delivery awaiting its ack: the queue's handle for it (a queued message, or a stream
-    offset), the queue, and the consumer (None for basic.get)."""
-
-    __slots__ = ("consumer", "entry", "queue")
-
-    def __init__(
-        self, entry: QueuedMessage | int, queue: Any, consumer: Consumer | None
-    ) -> None:
-        self.entry = entry
-        self.queue = queue
-        self.consumer = consumer
 
 
 class Channel:
@@ -97,7 +87,8 @@ class Channel:
         self.tx_held = 0  # consumer deliveries settled in the open transaction, not yet committed
         self.closed = False
         self.backlog: Backlog | None = None  # a step this channel waits for, in cluster mode
-        self.remote: Any = None  # its channels on the nodes that hold queues it used (forwarding)
+        # its channels on the nodes that hold queues it used (broker/remote/forwarding.py)
+        self.remote: Closeable | None = None
         self._handlers: dict[type, Callable[[Any], None]] = {
             **{kind: functools.partial(handler, self)
                for kind, handler in (topology.HANDLERS if session.broker.cluster is None
@@ -169,29 +160,20 @@ class Channel:
         if tag in self.consumers:
             raise NotAllowed(f"attempt to reuse consumer tag '{tag}'")
         arguments = method.arguments or {}
-        qargs.check_consume_args(arguments, queue.type, queue.resource)
         queue.validate_consumer(tag, method.no_ack, self.consumer_prefetch,
                                 self.global_prefetch, arguments)
         queue.check_consume(method.exclusive)  # 403 in exclusive use: no consume-ok before it
-        leader = getattr(queue, "forward_to", None)  # a replicated stream's replica
-        if leader is not None and arguments.get("x-single-active-consumer") is True:
-            queue = leader  # the group is one for every node: it lives on the leader
+        queue = queue.consumer_queue(arguments)
         priority = arguments.get("x-priority", 0)
         consumer = Consumer(
             tag, queue, self, no_ack=method.no_ack, exclusive=method.exclusive,
             prefetch=self.consumer_prefetch,
             priority=priority if qargs.is_int(priority) else 0, arguments=arguments,
         )
-        if isinstance(queue, RemoteQueue):
-            forwarding.consume(self, consumer, method.nowait)
-            return
-        if not method.nowait:
-            self.reply(m.Basic.ConsumeOk(consumer_tag=tag))
-        self.consumers[tag] = consumer
         try:
-            queue.add_consumer(consumer)
+            queue.consume(consumer, self, method.nowait)
         except BrokerError:
-            del self.consumers[tag]
+            self.consumers.pop(tag, None)
             raise
 
     def _cancel(self, method: Any) -> None:
@@ -209,28 +191,27 @@ class Channel:
                 self.reply(m.Basic.GetEmpty())
             else:
                 entry = QueuedMessage(answer, 0)
-                self._get_ok(entry, queries.ANSWERED, method.no_ack, 0)
+                self.get_ok(entry, queries.ANSWERED, method.no_ack, 0)
             return
         self.check("read", "queue", name)
         queue = self.vhost.queue(name)
         self.vhost.check_exclusive(queue, self.session)
-        if isinstance(queue, RemoteQueue):
-            forwarding.get(self, queue, method.no_ack)
-            return
-        entry = queue.get(method.no_ack)
-        if entry is None:
-            queue.stats_get_empty += 1
-            self.reply(m.Basic.GetEmpty())
-            return
-        if method.no_ack:
-            queue.stats_get_no_ack += 1
-        else:
-            queue.stats_get += 1
-        if entry.redelivered:
-            queue.stats_redeliver += 1
-        self._get_ok(entry, queue, method.no_ack, queue.message_count)
+        queue.serve_get(self, method.no_ack)
 
-    def _get_ok(self, entry: QueuedMessage, queue: Any, no_ack: bool, remaining: int) -> None:
+    # -- the QueueClient interface: how a queue answers basic.consume and basic.get -----------
+
+    def consume_started(self, consumer: Consumer, nowait: bool) -> None:
+        if not nowait:
+            self.reply(m.Basic.ConsumeOk(consumer_tag=consumer.tag))
+        self.consumers[consumer.tag] = consumer
+
+    def get_empty(self) -> None:
+        self.reply(m.Basic.GetEmpty())
+
+    def wait_for(self, index: int, step: Coroutine[Any, Any, None]) -> None:
+        backlog.run_step(self, index, step)
+
+    def get_ok(self, entry: QueuedMessage, queue: Any, no_ack: bool, remaining: int) -> None:
         tag = self.next_tag
         self.next_tag += 1
         if not no_ack:
@@ -415,7 +396,7 @@ class Channel:
         self._reject([item for _tag, item in taken], requeue)
 
     def _reject(self, items: list[Unacked], requeue: bool) -> None:
-        by_queue: dict[int, tuple[Any, list[QueuedMessage | int]]] = {}
+        by_queue: dict[int, tuple[Any, list[object]]] = {}
         for item in items:
             if item.consumer is not None:
                 item.consumer.unacked -= 1

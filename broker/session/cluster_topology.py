@@ -45,9 +45,10 @@ from leveret.broker.model.errors import (
     PreconditionFailed,
 )
 from leveret.broker.model.policy import effective
-from leveret.broker.model.remote_queue import RemoteQueue
 from leveret.broker.model.vhost import DEFAULT_EXCHANGE_TEXT
-from leveret.broker.session import backlog, forwarding
+from leveret.broker.remote import forwarding
+from leveret.broker.remote.remote_queue import RemoteQueue
+from leveret.broker.session import backlog
 from leveret.broker.session.topology import (
     _binding_permissions,
     _cancels_after_reply,

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from leveret.broker.model.remote_queue import RemoteQueue
 from leveret.broker.model.stream import StreamQueue
+from leveret.broker.remote.remote_queue import RemoteQueue
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto import consuming, publishing
 from leveret.broker.streamproto import frames as f
@@ -70,7 +70,7 @@ def placement(s: StreamSession, name: str, queue: Any) -> tuple[str, list[str]]:
     record = cluster.cache.queue(s.vhost.name, name)
     if record is not None and record.type == "stream" and record.node:
         return record.node, [m for m in record.members if m != record.node]
-    return (queue.node if isinstance(queue, RemoteQueue) else cluster.node), []
+    return (queue.holder or cluster.node), []
 
 
 def _endpoint(s: StreamSession, this_node: str, here: Endpoint, node: str) -> Endpoint | None:

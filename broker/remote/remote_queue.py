@@ -2,52 +2,88 @@
 
 Every node has every queue of the cluster in its vhosts, so that bindings and routing work the
 same everywhere; a queue whose record names another node is one of these. It has the queue's
-identity, type, flags and arguments, and hands what must happen to the queue (a routed message,
-a consumer, a get) to `forwarder`, which reaches the holding node.
+identity, type, flags and arguments, and implements the queue-type interface
+(broker/model/queue_type.py) by handing what must happen to the queue (a routed message, a
+consumer, a basic.get) to its `Forwarding`, which reaches the holding node: the session serves
+it as any other queue.
 
-It must not know the link or AMQP: the forwarder is given to it.
+It must not know the link, the tunnel or AMQP: the forwarder (broker/remote/forwarding.py) is
+given to it, and implements `Forwarding`.
 Single-threaded: every method runs on the event loop thread.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from leveret.broker.model.errors import NotFound
 from leveret.broker.model.queue import Queue
 
 if TYPE_CHECKING:
     from leveret.broker.model.consumer import Consumer
     from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
+    from leveret.broker.model.queue_client import QueueClient
+    from leveret.broker.model.queue_type import QueueType
     from leveret.broker.model.vhost import VHost
 
 ELSEWHERE = object()  # the exclusive owner of a queue exclusive to a connection on another node
 
 
+class Forwarding(Protocol):
+    """What a RemoteQueue asks of the forwarder, which reaches the holding node."""
+
+    def publish(self, queue: RemoteQueue, message: InboundMessage,
+                confirm: Confirm | None) -> bool: ...
+
+    def consume(self, queue: RemoteQueue, consumer: Consumer, client: QueueClient,
+                nowait: bool) -> None: ...
+
+    def get(self, queue: RemoteQueue, client: QueueClient, no_ack: bool) -> None: ...
+
+
+class QueuePublisher(Protocol):
+    """The forwarder's channel that carries publishes to one remote queue."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def publish(self, message: InboundMessage, confirm: Confirm | None) -> None: ...
+
+
+def node_down(queue: RemoteQueue) -> NotFound:
+    """RabbitMQ's answer for a queue whose home node is down (rabbit_amqqueue:priv_absent,
+    reason nodedown). A publish to it is routed and its confirm nacked, as RabbitMQ's
+    classic queue type rejects what a queue that went down had not confirmed."""
+    return NotFound(f"home node '{queue.node}' of durable {queue.resource} is down or "
+                    "inaccessible")
+
+
 class RemoteQueue(Queue):
     def __init__(self, vhost: VHost, name: str, *, queue_type: str, node: str, durable: bool,
                  auto_delete: bool, arguments: dict[str, Any], exclusive_elsewhere: bool,
-                 forwarder: Any) -> None:
+                 forwarder: Forwarding | None) -> None:
         super().__init__(vhost, name, durable=durable,
                          exclusive_owner=ELSEWHERE if exclusive_elsewhere else None,
                          auto_delete=auto_delete, arguments=arguments)
         self.type = queue_type
         self.node = node
         self.forwarder = forwarder
+        self.redelivers = queue_type != "stream"
+        # the forwarder's channel for publishes to this queue, once made
+        self.publisher: QueuePublisher | None = None
 
-    # What a channel asks of a queue, handed to the forwarder (broker/session/forwarding.py).
+    # What a channel asks of a queue, handed to the forwarder (broker/remote/forwarding.py).
     # A delivery's handle (`entry`) is a QueuedMessage whose `seq` is the holder's delivery tag
     # and whose `store_ref` is what settles it there; a consumer's `state` is its forwarding.
-
-    publisher: Any = None  # the forwarder's channel for publishes to this queue, once made
-
-    @property
-    def redelivers(self) -> bool:  # type: ignore[override]
-        return self.type != "stream"
 
     @property
     def message_count(self) -> int:
         """Unknown here: queue.declare's counts come from the holding node."""
         return 0
+
+    @property
+    def holder(self) -> str | None:
+        return self.node
 
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
         self.stats_published += 1
@@ -60,6 +96,18 @@ class RemoteQueue(Queue):
                 confirm.reject()
             return True
         return bool(self.forwarder.publish(self, message, confirm))
+
+    def consume(self, consumer: Consumer, client: QueueClient, nowait: bool) -> None:
+        """Consumed on the holder; consume-ok (or the holder's error) once it answers."""
+        if self.forwarder is None:
+            raise node_down(self)
+        self.forwarder.consume(self, consumer, client, nowait)
+
+    def serve_get(self, client: QueueClient, no_ack: bool) -> None:
+        """The holder's get-ok (or get-empty, or error) becomes the client's."""
+        if self.forwarder is None:
+            raise node_down(self)
+        self.forwarder.get(self, client, no_ack)
 
     def add_consumer(self, consumer: Consumer) -> None:
         """Consumers are added by the forwarder once the holder has taken them."""
@@ -79,7 +127,8 @@ class RemoteQueue(Queue):
                 consumer.state.drain()
 
     def get(self, no_ack: bool) -> QueuedMessage | None:
-        raise NotImplementedError("basic.get of a RemoteQueue goes through the forwarder")
+        """Nothing to take here: basic.get is served by the holder (`serve_get`)."""
+        raise NotImplementedError("basic.get of a RemoteQueue goes through serve_get")
 
     def purge(self) -> int:
         raise NotImplementedError("queue.purge of a RemoteQueue goes through the forwarder")
@@ -128,3 +177,10 @@ class RemoteQueue(Queue):
             if consumer.state is not None:
                 consumer.state.cancel()
         super().on_delete()
+
+
+if TYPE_CHECKING:
+
+    def _conforms(queue: RemoteQueue) -> QueueType:
+        """mypy checks here that a remote queue implements the queue-type interface."""
+        return queue

@@ -1,7 +1,8 @@
 """Forwarding to the node that holds a queue, over the node-to-node link.
 
 A client of this node may use any queue of the cluster. A queue held by another node is a
-`RemoteQueue` here; what must happen to it is forwarded through a tunnel: AMQP 0-9-1 spoken to
+`RemoteQueue` here, which hands what must happen to it to the `Forwarder` (as its
+`Forwarding`); that is forwarded through a tunnel: AMQP 0-9-1 spoken to
 that node over the link (tunnel_client.py), served there by an ordinary session
 (tunnel_server.py). Why a tunnel rather than one link message per operation: the holding node
 applies its own queue rules, with their codes and texts, to everything (prefetch, exclusive
@@ -20,7 +21,10 @@ its own clients use; this side only maps delivery tags and passes content bytes 
   for its confirm are nacked, deliveries not yet acked are forgotten (the holder requeues
   them), and what is asked of its queues gets RabbitMQ's answer for a queue whose node is down.
 
-It must not know the etcd topology: the queues it is given say which node holds them.
+It must not know the etcd topology: the queues it is given say which node holds them. It
+answers basic.consume and basic.get through the `QueueClient` it is given (the client's
+channel), never by importing the channel. The broker is composed with its `Forwarder`
+(`broker.forwarder`) in broker/server.py.
 Asyncio: one event loop.
 """
 
@@ -29,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands as m
 
@@ -39,10 +43,9 @@ from leveret.amqp.errors import AMQPError
 from leveret.broker import logs
 from leveret.broker.cluster.link import Link
 from leveret.broker.cluster.link_frames import TUNNEL_FROM_OPENER
-from leveret.broker.model.errors import NotFound
 from leveret.broker.model.message import Confirm
-from leveret.broker.session import backlog
-from leveret.broker.session.tunnel_client import (
+from leveret.broker.remote.remote_queue import RemoteQueue, node_down
+from leveret.broker.remote.tunnel_client import (
     LOW_WATER,
     OPEN,
     Shadow,
@@ -52,11 +55,14 @@ from leveret.broker.session.tunnel_client import (
     entry_of,
     message_of,
 )
+from leveret.broker.session import backlog
+from leveret.broker.session.unacked import Unacked
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
+    from leveret.broker.cluster.peers import ClusterLinks
     from leveret.broker.model.consumer import Consumer
-    from leveret.broker.model.remote_queue import RemoteQueue
+    from leveret.broker.model.queue_client import QueueClient
     from leveret.broker.session.channel import Channel
 
 log = logs.get("leveret.cluster.forwarding")
@@ -70,14 +76,6 @@ _END = c.FRAME_END_BYTE
 CONSUME_INDEX = (c.CLASS_BASIC << 16) | 20
 GET_INDEX = (c.CLASS_BASIC << 16) | 70
 
-
-def _unacked() -> Any:
-    from leveret.broker.session.channel import Unacked  # channel.py imports this module
-
-    return Unacked
-
-
-UNACKED: Any = None
 # A stream consumer's channel on the holder may run this many prefetches ahead of the client,
 # so the extra hop's latency does not throttle it; the client still gets at most its prefetch.
 STREAM_READ_AHEAD = 8
@@ -94,14 +92,6 @@ CLIENT_FLUSH_BYTES = 64 * 1024
 def _holder_tag(method: bytes) -> int:
     """The delivery tag of a basic.deliver frame's payload."""
     return int(_TAG_BIT.unpack_from(method, 5 + method[4])[0])
-
-
-def node_down(queue: RemoteQueue) -> NotFound:
-    """RabbitMQ's answer for a queue whose home node is down (rabbit_amqqueue:priv_absent,
-    reason nodedown). A publish to it is routed and its confirm nacked, as RabbitMQ's
-    classic queue type rejects what a queue that went down had not confirmed."""
-    return NotFound(f"home node '{queue.node}' of durable {queue.resource} is down or "
-                    "inaccessible")
 
 
 class _Run:
@@ -233,7 +223,7 @@ class ConsumerShadow(Shadow):
                 after += 1
             if credit > 0:
                 tag_at = pos + 12 + data[pos + 11]
-                unacked[tag] = UNACKED((holder_tag(data, tag_at)[0], self), queue, consumer)
+                unacked[tag] = Unacked((holder_tag(data, tag_at)[0], self), queue, consumer)
                 at.append(tag_at - start)
                 tag += 1
                 credit -= 1
@@ -285,7 +275,7 @@ class ConsumerShadow(Shadow):
         tag = channel.next_tag
         channel.next_tag = tag + 1
         if not consumer.no_ack:
-            channel.unacked[tag] = UNACKED((holder_tag, self), self.queue, consumer)
+            channel.unacked[tag] = Unacked((holder_tag, self), self.queue, consumer)
             consumer.unacked += 1
         self.queue.stats_delivered += 1
         channel.session.write_many([
@@ -355,7 +345,7 @@ class ConsumerShadow(Shadow):
                 base = bounds[i]
                 run = bytearray(memoryview(data)[base:bounds[i + k]])
                 for at in item.tags[i:i + k]:
-                    unacked[tag] = UNACKED((holder_tag(data, at)[0], self), queue, consumer)
+                    unacked[tag] = Unacked((holder_tag(data, at)[0], self), queue, consumer)
                     patch(run, at - base, tag)
                     tag += 1
                 out.append(run)
@@ -369,7 +359,7 @@ class ConsumerShadow(Shadow):
             method, parts = pending.popleft()
             tag_at = 5 + method[4]
             holder, bits = tag_bit(method, tag_at)
-            unacked[tag] = UNACKED((holder, self), queue, consumer)
+            unacked[tag] = Unacked((holder, self), queue, consumer)
             out += (head(c.FRAME_METHOD, number, len(method)), method[:tag_at],
                     pack_tag(tag, bits), method[tag_at + 9:], _END)
             out += parts
@@ -486,14 +476,21 @@ class ChannelRemote:
         self.shadows.clear()
 
 
+class TunnelServing(Protocol):
+    """This node's end of the tunnels other nodes open to it (tunnel_server.TunnelServer)."""
+
+    async def open(self, link: Link, body: Any) -> dict[str, Any]: ...
+
+    def receive(self, link: Link, tunnel_id: int, data: bytes) -> None: ...
+
+
 class Forwarder:
-    """This node's tunnels to the others (`broker.forwarder`), and its server of theirs."""
+    """This node's tunnels to the others (`broker.forwarder`), and its server of theirs. It
+    is the `Forwarding` of every RemoteQueue (remote_queue.py)."""
 
-    def __init__(self, broker: Broker) -> None:
-        from leveret.broker.session.tunnel_server import TunnelServer  # it imports Channel
-
+    def __init__(self, broker: Broker, server: TunnelServing) -> None:
         self.broker = broker
-        self.server = TunnelServer(broker)
+        self.server = server
         self.tunnels: dict[tuple[str, str], Tunnel] = {}
         self.by_id: dict[int, Tunnel] = {}
         self._throttled: set[int] = set()  # ids of links whose peer is behind
@@ -561,7 +558,20 @@ class Forwarder:
         if tunnel is not None and tunnel.link is link:
             tunnel.receive(data)
 
-    # -- what RemoteQueue hands over
+    def serve(self, links: ClusterLinks) -> None:
+        """Register the link handlers with which this node serves its queues to the others."""
+        handlers = links.handlers
+        handlers.on_request(OPEN, self.server.open)
+        handlers.on_tunnel(self.receive)
+
+    # -- what RemoteQueue hands over (its `Forwarding`)
+
+    def consume(self, queue: RemoteQueue, consumer: Consumer, client: QueueClient,
+                nowait: bool) -> None:
+        consume(queue, consumer, client, nowait)
+
+    def get(self, queue: RemoteQueue, client: QueueClient, no_ack: bool) -> None:
+        get(queue, client, no_ack)
 
     def publish(self, queue: RemoteQueue, message: Any, confirm: Confirm | None) -> bool:
         tunnel = self.tunnel(queue.node, queue.vhost.name)
@@ -575,8 +585,9 @@ class Forwarder:
 
 
 def _tunnel_for(queue: RemoteQueue) -> Tunnel:
-    forwarder: Forwarder | None = queue.forwarder
-    tunnel = forwarder.tunnel(queue.node, queue.vhost.name) if forwarder is not None else None
+    forwarder = queue.forwarder
+    tunnel = (forwarder.tunnel(queue.node, queue.vhost.name)
+              if isinstance(forwarder, Forwarder) else None)
     if tunnel is None:
         raise node_down(queue)
     return tunnel
@@ -590,10 +601,9 @@ async def _answer(queue: RemoteQueue, shadow: Shadow, future: Any) -> Any:
         raise node_down(queue) from None
 
 
-def consume(channel: Channel, consumer: Consumer, nowait: bool) -> None:
+def consume(queue: RemoteQueue, consumer: Consumer, client: QueueClient, nowait: bool) -> None:
     """basic.consume on a RemoteQueue, checked here already: consume on the holder, then
     answer consume-ok (or the holder's error) and let deliveries flow."""
-    queue: RemoteQueue = consumer.queue
     tunnel = _tunnel_for(queue)
     shadow = ConsumerShadow(tunnel, queue, consumer)
 
@@ -604,45 +614,44 @@ def consume(channel: Channel, consumer: Consumer, nowait: bool) -> None:
             shadow.cancelled = True
             shadow.close()
             raise
-        if channel.closed:
+        if client.closed:
             shadow.cancel()
             return
-        if not nowait:
-            channel.reply(m.Basic.ConsumeOk(consumer_tag=consumer.tag))
-        channel.consumers[consumer.tag] = consumer
+        client.consume_started(consumer, nowait)
         queue.consumers.append(consumer)
         queue.had_consumers = True
         shadow.active = True
         shadow.drain()
 
-    backlog.run_step(channel, CONSUME_INDEX, step())
+    client.wait_for(CONSUME_INDEX, step())
 
 
-def _remote(channel: Channel) -> ChannelRemote:
-    if channel.remote is None:
-        channel.remote = ChannelRemote()
-    remote: ChannelRemote = channel.remote
+def _remote(client: QueueClient) -> ChannelRemote:
+    """What the client's channel holds on other nodes, made at its first use."""
+    remote = client.remote
+    if not isinstance(remote, ChannelRemote):
+        remote = client.remote = ChannelRemote()
     return remote
 
 
-def get(channel: Channel, queue: RemoteQueue, no_ack: bool) -> None:
-    """basic.get on a RemoteQueue: the holder's get-ok becomes this channel's, with its tag."""
-    shadow = _remote(channel).ops(_tunnel_for(queue))
+def get(queue: RemoteQueue, client: QueueClient, no_ack: bool) -> None:
+    """basic.get on a RemoteQueue: the holder's get-ok becomes the client's, with its tag."""
+    shadow = _remote(client).ops(_tunnel_for(queue))
     future = shadow.call(codec.encode_get(shadow.number, codec.short_str(queue.name), no_ack))
 
     async def step() -> None:
         answer = await _answer(queue, shadow, future)
         if answer is None:
-            channel.reply(m.Basic.GetEmpty())
+            client.get_empty()
             return
         (tag, redelivered, exchange, routing_key, count), header, body = answer
         entry = entry_of(tag, redelivered, message_of(exchange, routing_key, header, body),
                          shadow)
         if no_ack:
             shadow.taken(tag)
-        channel._get_ok(entry, queue, no_ack, count)
+        client.get_ok(entry, queue, no_ack, count)
 
-    backlog.run_step(channel, GET_INDEX, step())
+    client.wait_for(GET_INDEX, step())
 
 
 def forward_queue_method(channel: Channel, queue: RemoteQueue, method: Any) -> None:
@@ -670,20 +679,4 @@ def forward_queue_method(channel: Channel, queue: RemoteQueue, method: Any) -> N
     backlog.run_step(channel, method.index, step())
 
 
-def install(broker: Broker) -> None:
-    """Register the link handlers with which this node serves queues to the other nodes, and
-    set `broker.forwarder`, through which its RemoteQueues reach theirs."""
-    global UNACKED
-    UNACKED = _unacked()
-    forwarder = Forwarder(broker)
-    broker.forwarder = forwarder  # type: ignore[attr-defined]  # read by getattr (topology)
-    cluster = broker.cluster
-    if cluster is None:
-        return
-    handlers = cluster.links.handlers
-    handlers.on_request(OPEN, forwarder.server.open)
-    handlers.on_tunnel(forwarder.receive)
-
-
-__all__ = ["AMQPError", "Forwarder", "consume", "forward_queue_method", "get", "install",
-           "node_down"]
+__all__ = ["AMQPError", "Forwarder", "consume", "forward_queue_method", "get", "node_down"]
