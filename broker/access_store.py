@@ -9,8 +9,10 @@ which mode the node runs in. `access_store(broker)` gives:
   SQLite).
 - `ClusterAccess` in cluster mode: the same checks with the same texts (`broker.admin`, and
   for exchanges and queues the model's own declaration checks), then one `TopologyStore` txn
-  in etcd, then `ClusterRuntime.settle(revision)`, so that the change
-  is applied on every running node (by `cluster.access_sync` and `cluster.topology_sync`)
+  in etcd (exchanges, queues and bindings through the topology port, `broker.topology`: the
+  declare path and placement that AMQP and the stream protocol use), then
+  `ClusterRuntime.settle(revision)`, so that the change is applied on every running node
+  (by `cluster.access_sync` and `cluster.topology_sync`)
   before the caller answers. Nothing is written to SQLite. etcd unreachable, or this node out
   of the cluster (its lease lost), raises `TopologyUnavailable` (the API's 503): each change is
   one txn, so nothing is half-written.
@@ -22,22 +24,16 @@ It must not know HTTP or AMQP. Runs on the broker's event loop.
 
 from __future__ import annotations
 
-import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, Literal
 
 from leveret.broker import admin
-from leveret.broker.cluster import running_nodes, stream_placement
 from leveret.broker.cluster.etcd import EtcdException, EtcdUnavailable
-from leveret.broker.cluster.topology import Created
 from leveret.broker.cluster.topology_records import (
-    BindingRecord,
-    ExchangeRecord,
     PermissionRecord,
     PolicyRecord,
-    QueueRecord,
     UserRecord,
     VHostRecord,
 )
@@ -49,12 +45,20 @@ from leveret.broker.model.errors import (
     NotFound,
     PreconditionFailed,
 )
-from leveret.broker.model.policy import effective
 from leveret.broker.model.vhost import DEFAULT_EXCHANGE_TEXT, Authorize, allow_all
+from leveret.broker.topology.port import (
+    BindingSpec,
+    ExchangeSpec,
+    NotSettled,
+    OutOfCluster,
+    QueueSpec,
+    StoreUnavailable,
+)
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
     from leveret.broker.cluster.runtime import ClusterRuntime
+    from leveret.broker.topology.port import TopologyPort
 
 
 class TopologyUnavailable(BrokerError):
@@ -239,18 +243,15 @@ class ClusterAccess(AccessStore):
         """Refuse at once when this node is out of the cluster; turn etcd's failures into
         TopologyUnavailable with a sentence for the operator."""
         if not self.cluster.membership.in_cluster:
-            raise TopologyUnavailable(
-                "this node has lost its etcd lease and is not in the cluster; topology "
-                "changes are refused until it rejoins")
+            raise _out_of_cluster()
         try:
             yield
-        except EtcdUnavailable as exc:
-            endpoints = ", ".join(exc.endpoints)
-            outcome = ("the change may or may not have been applied; read it back"
-                       if exc.maybe_applied else "nothing was changed")
-            raise TopologyUnavailable(
-                f"etcd cannot be reached at {endpoints}; topology changes are refused until "
-                f"it is back ({outcome})") from None
+        except OutOfCluster:
+            raise _out_of_cluster() from None
+        except (EtcdUnavailable, StoreUnavailable) as exc:
+            raise _unreachable(exc.endpoints, exc.maybe_applied) from None
+        except NotSettled:
+            raise _not_settled() from None
         except EtcdException as exc:  # not unavailable: it answered no (a value too large)
             raise InternalError(f"etcd refused the change: {exc}") from None
 
@@ -258,9 +259,7 @@ class ClusterAccess(AccessStore):
         try:
             await self.cluster.settle(revision)
         except TimeoutError:
-            raise TopologyUnavailable(
-                "the change is stored in etcd but this node's copy did not catch up in time "
-                "(is etcd reachable?)") from None
+            raise _not_settled() from None
 
     # -- vhosts ----------------------------------------------------------------------------------
 
@@ -352,9 +351,9 @@ class ClusterAccess(AccessStore):
 
     # -- exchanges, queues, bindings (definitions) -------------------------------------------
 
-    def _lease(self, leased: bool) -> int:
-        lease = self.cluster.membership.lease
-        return lease.id if leased and lease is not None else 0
+    @property
+    def topology(self) -> TopologyPort:
+        return self.broker.topology
 
     async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any],
                                check: Authorize = allow_all) -> bool:
@@ -362,20 +361,17 @@ class ClusterAccess(AccessStore):
         type_ = body.get("type")
         if not isinstance(type_, str) or not type_:
             raise admin.BadRequest("exchange type is missing")
-        record = ExchangeRecord(
-            vhost, name, type_,
+        spec = ExchangeSpec(
+            name, type_,
             durable=admin.parse_bool(body.get("durable"), False),
             auto_delete=admin.parse_bool(body.get("auto_delete"), False),
             internal=admin.parse_bool(body.get("internal"), False),
             arguments=admin.parse_arguments(body.get("arguments")))
         model.check_exchange_declaration(  # the model's checks and texts, in its order
-            name, type_, durable=record.durable, auto_delete=record.auto_delete,
-            internal=record.internal, arguments=record.arguments, check=check)
+            name, type_, durable=spec.durable, auto_delete=spec.auto_delete,
+            internal=spec.internal, arguments=dict(spec.arguments), check=check)
         async with self._writing():
-            result = await self.cluster.store.declare_exchange(
-                record, self._lease(record.auto_delete or not record.durable))
-        await self._settle(result.revision)
-        return isinstance(result, Created)
+            return await self.topology.declare_exchange(model, spec)
 
     async def declare_queue(self, vhost: str, name: str, body: dict[str, Any],
                             check: Authorize = allow_all) -> bool:
@@ -388,46 +384,26 @@ class ClusterAccess(AccessStore):
         _name, queue_type, _existing = model.check_queue_declaration(
             name, owner=None, durable=durable, auto_delete=auto_delete, arguments=arguments,
             check=check)
-        node = self.cluster.node
-        members: tuple[str, ...] = ()
-        if queue_type == "stream" and _existing is None:  # replicated: docs/REPLICATION.md
-            node, members = await self._place_stream(model, name, arguments)
-        record = QueueRecord(
-            vhost, name, type=queue_type, durable=durable, auto_delete=auto_delete,
-            arguments=arguments, node=node,
-            storage_id=_storage_id() if durable else None, members=members)
+        spec = QueueSpec(name, queue_type, durable=durable, auto_delete=auto_delete,
+                         arguments=arguments, new=_existing is None)
         async with self._writing():
-            result = await self.cluster.store.declare_queue(
-                record, self._lease(record.auto_delete or not record.durable))
-        await self._settle(result.revision)
-        return isinstance(result, Created)
-
-    async def _place_stream(self, model: Any, name: str,
-                            arguments: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
-        """A new stream's leader and members, as a queue.declare places them (it may wait for
-        their links); one member is a stream as on one node (no members)."""
-        policy = effective(model.policies, "queues", "stream", name)
-        return await running_nodes.place_new_stream(
-            self.cluster, model.name, name, arguments.get("x-initial-cluster-size"),
-            stream_placement.locator(policy.definition if policy is not None else None,
-                                     arguments, self.broker.config.queue_leader_locator))
+            declared = await self.topology.declare_queue(model, spec)
+        return declared.created
 
     async def add_binding(self, vhost: str, source: str, destination_type: str,
                           destination: str, routing_key: Any = "", arguments: Any = None,
                           check: Authorize = allow_all) -> None:
-        admin.get_vhost(self.broker, vhost)
+        model = admin.get_vhost(self.broker, vhost)
         if destination_type not in ("queue", "exchange"):
             raise admin.BadRequest(f"unknown destination type '{destination_type}'")
         if not isinstance(routing_key, str):
             raise admin.BadRequest("routing_key must be a string")
         check("write", destination_type, destination)
         check("read", "exchange", source)
-        record = BindingRecord(vhost, source, "queue" if destination_type == "queue"
-                               else "exchange", destination, routing_key,
-                               admin.parse_arguments(arguments))
+        spec = BindingSpec(source, "queue" if destination_type == "queue" else "exchange",
+                           destination, routing_key, admin.parse_arguments(arguments))
         async with self._writing():
-            result = await self.cluster.store.bind(record)
-        await self._settle(result.revision)
+            await self.topology.bind(model, spec)
 
     async def delete_exchange(self, vhost: str, name: str, if_unused: bool = False,
                               check: Authorize = allow_all) -> None:
@@ -441,36 +417,33 @@ class ClusterAccess(AccessStore):
         if if_unused and exchange.bindings:
             raise PreconditionFailed(f"{model.rs('exchange', name)} in use")
         async with self._writing():
-            revision = await self.cluster.store.delete_exchange(vhost, name)
-        if revision is None:
+            deleted = await self.topology.delete_exchange(model, name)
+        if not deleted:
             raise NotFound(f"no exchange '{name}' in vhost '{vhost}'")
-        await self._settle(revision)
 
     async def delete_queue(self, vhost: str, name: str, if_unused: bool = False,
                            if_empty: bool = False, check: Authorize = allow_all) -> None:
-        queue = admin.get_vhost(self.broker, vhost).queue(name)
+        model = admin.get_vhost(self.broker, vhost)
+        queue = model.queue(name)
         check("configure", "queue", name)
         if getattr(queue, "node", self.cluster.node) == self.cluster.node:
             queue.check_delete(if_unused, if_empty)
         async with self._writing():
-            revision = await self.cluster.store.delete_queue(vhost, name)
-        if revision is None:
+            deleted = await self.topology.delete_queue(model, name)
+        if deleted is None:
             raise NotFound(f"no queue '{name}' in vhost '{vhost}'")
-        await self._settle(revision)
 
     async def delete_binding(self, vhost: str, source: str, destination_type: str,
                              destination: str, routing_key: str, arguments: dict[str, Any],
                              check: Authorize = allow_all) -> None:
-        admin.get_vhost(self.broker, vhost)
+        model = admin.get_vhost(self.broker, vhost)
         check("write", destination_type, destination)
         check("read", "exchange", source)
         kind: Literal["queue", "exchange"] = "queue" if destination_type == "queue" \
             else "exchange"
         async with self._writing():
-            revision = await self.cluster.store.unbind(BindingRecord(
-                vhost, source, kind, destination, routing_key, dict(arguments)))
-        if revision is not None:
-            await self._settle(revision)
+            await self.topology.unbind(model, BindingSpec(source, kind, destination,
+                                                          routing_key, dict(arguments)))
 
     # -- super streams ------------------------------------------------------------------------
 
@@ -547,9 +520,24 @@ def _super_exchange(model: Any, name: str) -> Any:
     return exchange
 
 
-def _storage_id() -> str:
-    """A queue's storage folder on its node, fresh for each declaration (as the model's)."""
-    return uuid.uuid4().hex
+def _out_of_cluster() -> TopologyUnavailable:
+    return TopologyUnavailable(
+        "this node has lost its etcd lease and is not in the cluster; topology "
+        "changes are refused until it rejoins")
+
+
+def _unreachable(endpoints: Sequence[str], maybe_applied: bool) -> TopologyUnavailable:
+    outcome = ("the change may or may not have been applied; read it back"
+               if maybe_applied else "nothing was changed")
+    return TopologyUnavailable(
+        f"etcd cannot be reached at {', '.join(endpoints)}; topology changes are refused "
+        f"until it is back ({outcome})")
+
+
+def _not_settled() -> TopologyUnavailable:
+    return TopologyUnavailable(
+        "the change is stored in etcd but this node's copy did not catch up in time "
+        "(is etcd reachable?)")
 
 
 def access_store(broker: Broker) -> AccessStore:

@@ -28,6 +28,7 @@ from leveret.broker.model.queue import ClassicQueue, Queue
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.model.vhost import Observer, VHost
+from leveret.broker.topology.local import LocalTopology
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.membership import Membership
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from leveret.broker.cluster.topology_sync import TopologySync
     from leveret.broker.model.message import InboundMessage
     from leveret.broker.session.connection import Session
+    from leveret.broker.topology.port import TopologyPort
 
 VERSION = "0.1.0"
 # A full garbage collection after this many closed connections. The cyclic collector is tuned to
@@ -81,6 +83,8 @@ class Broker:
         self.cluster_links: ClusterLinks | None = None  # its links to the other nodes
         self.cluster: ClusterRuntime | None = None  # all of the above, and the topology
         self.topology_sync: TopologySync | None = None  # etcd's topology into the model
+        # where declare, bind and delete go: the model here, etcd once the cluster is composed
+        self.topology: TopologyPort = LocalTopology(config.node_name)
         self.instance = uuid.uuid4().hex[:12]  # this process, in cluster-unique session keys
         self.cluster_sessions: dict[str, Session] = {}  # by cluster_key, in cluster mode
         self.alarms = Alarms(config.data_dir, config.vm_memory_high_watermark,
