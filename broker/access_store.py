@@ -102,13 +102,51 @@ class AccessStore(ABC):
     @abstractmethod
     async def clear_policy(self, vhost: str, name: str) -> None: ...
 
-    @abstractmethod
-    async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any],
-                               check: Authorize = allow_all) -> bool: ...
+    @asynccontextmanager
+    async def _writing(self) -> AsyncIterator[None]:
+        """Around each change: the cluster's refusals as `TopologyUnavailable`."""
+        yield
 
-    @abstractmethod
+    # -- exchanges and queues: the model's checks and texts, then the topology port ----------
+
+    @property
+    def topology(self) -> TopologyPort:
+        return self.broker.topology
+
+    async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any],
+                               check: Authorize = allow_all) -> bool:
+        model = admin.get_vhost(self.broker, vhost)
+        type_ = body.get("type")
+        if not isinstance(type_, str) or not type_:
+            raise admin.BadRequest("exchange type is missing")
+        spec = ExchangeSpec(
+            name, type_,
+            durable=admin.parse_bool(body.get("durable"), False),
+            auto_delete=admin.parse_bool(body.get("auto_delete"), False),
+            internal=admin.parse_bool(body.get("internal"), False),
+            arguments=admin.parse_arguments(body.get("arguments")))
+        model.check_exchange_declaration(  # the model's checks and texts, in its order
+            name, type_, durable=spec.durable, auto_delete=spec.auto_delete,
+            internal=spec.internal, arguments=dict(spec.arguments), check=check)
+        async with self._writing():
+            return await self.topology.declare_exchange(model, spec)
+
     async def declare_queue(self, vhost: str, name: str, body: dict[str, Any],
-                            check: Authorize = allow_all) -> bool: ...
+                            check: Authorize = allow_all) -> bool:
+        model = admin.get_vhost(self.broker, vhost)
+        if not name:
+            raise admin.BadRequest("queue names cannot be empty")
+        durable = admin.parse_bool(body.get("durable"), False)
+        auto_delete = admin.parse_bool(body.get("auto_delete"), False)
+        arguments = admin.parse_arguments(body.get("arguments"))
+        _name, queue_type, _existing = model.check_queue_declaration(
+            name, owner=None, durable=durable, auto_delete=auto_delete, arguments=arguments,
+            check=check)
+        spec = QueueSpec(name, queue_type, durable=durable, auto_delete=auto_delete,
+                         arguments=arguments, new=_existing is None)
+        async with self._writing():
+            declared = await self.topology.declare_queue(model, spec)
+        return declared.created
 
     @abstractmethod
     async def add_binding(self, vhost: str, source: str, destination_type: str,
@@ -183,14 +221,6 @@ class LocalAccess(AccessStore):
 
     async def clear_policy(self, vhost: str, name: str) -> None:
         admin.clear_policy(self.broker, vhost, name)
-
-    async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any],
-                               check: Authorize = allow_all) -> bool:
-        return admin.declare_exchange(self.broker, vhost, name, body, check)
-
-    async def declare_queue(self, vhost: str, name: str, body: dict[str, Any],
-                            check: Authorize = allow_all) -> bool:
-        return admin.declare_queue(self.broker, vhost, name, body, check)
 
     async def add_binding(self, vhost: str, source: str, destination_type: str,
                           destination: str, routing_key: Any = "", arguments: Any = None,
@@ -350,45 +380,6 @@ class ClusterAccess(AccessStore):
         await self._settle(revision)
 
     # -- exchanges, queues, bindings (definitions) -------------------------------------------
-
-    @property
-    def topology(self) -> TopologyPort:
-        return self.broker.topology
-
-    async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any],
-                               check: Authorize = allow_all) -> bool:
-        model = admin.get_vhost(self.broker, vhost)
-        type_ = body.get("type")
-        if not isinstance(type_, str) or not type_:
-            raise admin.BadRequest("exchange type is missing")
-        spec = ExchangeSpec(
-            name, type_,
-            durable=admin.parse_bool(body.get("durable"), False),
-            auto_delete=admin.parse_bool(body.get("auto_delete"), False),
-            internal=admin.parse_bool(body.get("internal"), False),
-            arguments=admin.parse_arguments(body.get("arguments")))
-        model.check_exchange_declaration(  # the model's checks and texts, in its order
-            name, type_, durable=spec.durable, auto_delete=spec.auto_delete,
-            internal=spec.internal, arguments=dict(spec.arguments), check=check)
-        async with self._writing():
-            return await self.topology.declare_exchange(model, spec)
-
-    async def declare_queue(self, vhost: str, name: str, body: dict[str, Any],
-                            check: Authorize = allow_all) -> bool:
-        model = admin.get_vhost(self.broker, vhost)
-        if not name:
-            raise admin.BadRequest("queue names cannot be empty")
-        durable = admin.parse_bool(body.get("durable"), False)
-        auto_delete = admin.parse_bool(body.get("auto_delete"), False)
-        arguments = admin.parse_arguments(body.get("arguments"))
-        _name, queue_type, _existing = model.check_queue_declaration(
-            name, owner=None, durable=durable, auto_delete=auto_delete, arguments=arguments,
-            check=check)
-        spec = QueueSpec(name, queue_type, durable=durable, auto_delete=auto_delete,
-                         arguments=arguments, new=_existing is None)
-        async with self._writing():
-            declared = await self.topology.declare_queue(model, spec)
-        return declared.created
 
     async def add_binding(self, vhost: str, source: str, destination_type: str,
                           destination: str, routing_key: Any = "", arguments: Any = None,

@@ -320,26 +320,6 @@ def clear_policy(broker: Broker, vhost_name: str, name: str) -> None:
 # -- exchanges, queues, bindings --------------------------------------------------------------
 
 
-def declare_exchange(
-    broker: Broker, vhost_name: str, name: str, body: dict[str, Any], check: Authorize = allow_all
-) -> bool:
-    vhost = get_vhost(broker, vhost_name)
-    type_ = body.get("type")
-    if not isinstance(type_, str) or not type_:
-        raise BadRequest("exchange type is missing")
-    created = name not in vhost.exchanges
-    vhost.declare_exchange(
-        name,
-        type_,
-        durable=parse_bool(body.get("durable"), False),
-        auto_delete=parse_bool(body.get("auto_delete"), False),
-        internal=parse_bool(body.get("internal"), False),
-        arguments=parse_arguments(body.get("arguments")),
-        check=check,
-    )
-    return created
-
-
 def delete_exchange(
     broker: Broker, vhost_name: str, name: str, if_unused: bool = False,
     check: Authorize = allow_all,
@@ -348,24 +328,6 @@ def delete_exchange(
     vhost.exchange(name)
     check("configure", "exchange", name)
     vhost.delete_exchange(name, if_unused=if_unused)
-
-
-def declare_queue(
-    broker: Broker, vhost_name: str, name: str, body: dict[str, Any], check: Authorize = allow_all
-) -> bool:
-    vhost = get_vhost(broker, vhost_name)
-    if not name:
-        raise BadRequest("queue names cannot be empty")
-    created = name not in vhost.queues
-    vhost.declare_queue(
-        name,
-        owner=None,
-        durable=parse_bool(body.get("durable"), False),
-        auto_delete=parse_bool(body.get("auto_delete"), False),
-        arguments=parse_arguments(body.get("arguments")),
-        check=check,
-    )
-    return created
 
 
 def delete_queue(
