@@ -32,8 +32,6 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands as m
 
 from leveret.amqp import codec
-from leveret.broker.cluster.etcd import EtcdException
-from leveret.broker.cluster.runtime import SETTLE_TIMEOUT_S
 from leveret.broker.model.errors import (
     AccessRefused,
     InternalError,
@@ -95,27 +93,13 @@ async def _answering(action: str) -> AsyncIterator[None]:
 
 async def _known(channel: Channel, exchanges: Sequence[str] = (),
                  queues: Sequence[str] = ()) -> None:
-    """Read from etcd the names this node's model lacks; return once the cache has applied
-    those that exist (the declaration's event was still on its way)."""
-    cluster, vhost = _cluster(channel), channel.vhost
-    revision = 0
+    """The names this node's model lacks, read from the topology's store (a declaration's
+    event may still be on its way); the model's answer stands if the store cannot say."""
     try:
-        for name in exchanges:
-            if name not in vhost.exchanges:
-                found: Any = await cluster.store.get_exchange(vhost.name, name)
-                revision = max(revision, found.mod_revision if found else 0)
-        for name in queues:
-            if name not in vhost.queues:
-                found = await cluster.store.get_queue(vhost.name, name)
-                revision = max(revision, found.mod_revision if found else 0)
-    except EtcdException:
-        return  # the model's answer stands
-    if revision:
-        try:
-            await cluster.cache.wait_for(revision, SETTLE_TIMEOUT_S)
-        except TimeoutError:
-            raise InternalError("failed to read the topology: this node did not see a change "
-                                "in time") from None
+        await _port(channel).refresh(channel.vhost, exchanges, queues)
+    except NotSettled:
+        raise InternalError("failed to read the topology: this node did not see a change "
+                            "in time") from None
 
 
 def _checked(channel: Channel, index: int, check: Callable[[], Any], exchanges: list[str],

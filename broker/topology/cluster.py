@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from leveret.broker import logs
 from leveret.broker.cluster import running_nodes
 from leveret.broker.cluster.etcd import EtcdException, EtcdUnavailable
+from leveret.broker.cluster.runtime import SETTLE_TIMEOUT_S
 from leveret.broker.cluster.topology import Created
 from leveret.broker.cluster.topology_records import BindingRecord, ExchangeRecord, QueueRecord
 from leveret.broker.model.remote_queue import RemoteQueue
@@ -82,6 +83,29 @@ class ClusterTopology:
     def placements(self, vhost: VHost) -> dict[str, Placement]:
         return {r.name: Placement(r.node, r.members) for r in self.cluster.cache.all("queues")
                 if isinstance(r, QueueRecord) and r.vhost == vhost.name}
+
+    async def refresh(self, vhost: VHost, exchanges: Sequence[str] = (),
+                      queues: Sequence[str] = ()) -> None:
+        """Read from etcd the names the model lacks; return once the cache has applied those
+        that exist. etcd unreachable: the model's answer stands."""
+        store = self.cluster.store
+        revision = 0
+        try:
+            for name in exchanges:
+                if name not in vhost.exchanges:
+                    exchange = await store.get_exchange(vhost.name, name)
+                    revision = max(revision, exchange.mod_revision if exchange else 0)
+            for name in queues:
+                if name not in vhost.queues:
+                    queue = await store.get_queue(vhost.name, name)
+                    revision = max(revision, queue.mod_revision if queue else 0)
+        except EtcdException:
+            return
+        if revision:
+            try:
+                await self.cluster.cache.wait_for(revision, SETTLE_TIMEOUT_S)
+            except TimeoutError:
+                raise NotSettled(revision) from None
 
     # -- queues -------------------------------------------------------------------------------
 

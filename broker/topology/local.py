@@ -10,6 +10,7 @@ Single-threaded: the broker's event loop (the methods never wait).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from leveret.broker.topology.port import (
@@ -43,6 +44,10 @@ class LocalTopology:
 
     def placements(self, vhost: VHost) -> dict[str, Placement]:
         return {name: Placement(self._node) for name in vhost.queues}
+
+    async def refresh(self, vhost: VHost, exchanges: Sequence[str] = (),
+                      queues: Sequence[str] = ()) -> None:
+        return None  # the model is the store
 
     async def declare_queue(self, vhost: VHost, spec: QueueSpec) -> DeclaredQueue:
         created = spec.name not in vhost.queues

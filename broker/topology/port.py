@@ -13,7 +13,7 @@ Plain data and a Protocol: any thread; the methods run on the broker's event loo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -140,3 +140,9 @@ class TopologyPort(Protocol):
 
     def placements(self, vhost: VHost) -> dict[str, Placement]:
         """Every queue of the vhost and where it lives."""
+
+    async def refresh(self, vhost: VHost, exchanges: Sequence[str] = (),
+                      queues: Sequence[str] = ()) -> None:
+        """Bring into the model the named entities it lacks that the store holds (a change
+        made through another node and still on its way here); no-op where the model is the
+        store. `NotSettled` if this node does not apply them in time."""
