@@ -157,17 +157,31 @@ class AccessStore(ABC):
     async def delete_exchange(self, vhost: str, name: str, if_unused: bool = False,
                               check: Authorize = allow_all) -> None: ...
 
-    @abstractmethod
     async def delete_queue(self, vhost: str, name: str, if_unused: bool = False,
                            if_empty: bool = False, check: Authorize = allow_all) -> None:
-        """Delete a queue. In cluster mode the conditions are checked here for a queue this
-        node holds; the caller checks them for one held elsewhere (it knows its holder's
-        counts)."""
+        """Delete a queue. The conditions are checked here for a queue this node holds; the
+        caller checks them for one held elsewhere (it knows its holder's counts)."""
+        model = admin.get_vhost(self.broker, vhost)
+        queue = model.queue(name)
+        check("configure", "queue", name)
+        if getattr(queue, "node", self.topology.node) == self.topology.node:
+            queue.check_delete(if_unused, if_empty)
+        async with self._writing():
+            deleted = await self.topology.delete_queue(model, name)
+        if deleted is None:
+            raise NotFound(f"no queue '{name}' in vhost '{vhost}'")
 
-    @abstractmethod
     async def delete_binding(self, vhost: str, source: str, destination_type: str,
                              destination: str, routing_key: str, arguments: dict[str, Any],
-                             check: Authorize = allow_all) -> None: ...
+                             check: Authorize = allow_all) -> None:
+        model = admin.get_vhost(self.broker, vhost)
+        check("write", destination_type, destination)
+        check("read", "exchange", source)
+        kind: Literal["queue", "exchange"] = "queue" if destination_type == "queue" \
+            else "exchange"
+        async with self._writing():
+            await self.topology.unbind(model, BindingSpec(source, kind, destination,
+                                                          routing_key, dict(arguments)))
 
     @abstractmethod
     async def add_super_stream(self, vhost: str, name: str, *, partitions: int | None = None,
@@ -231,16 +245,6 @@ class LocalAccess(AccessStore):
     async def delete_exchange(self, vhost: str, name: str, if_unused: bool = False,
                               check: Authorize = allow_all) -> None:
         admin.delete_exchange(self.broker, vhost, name, if_unused, check)
-
-    async def delete_queue(self, vhost: str, name: str, if_unused: bool = False,
-                           if_empty: bool = False, check: Authorize = allow_all) -> None:
-        admin.delete_queue(self.broker, vhost, name, if_unused, if_empty, check)
-
-    async def delete_binding(self, vhost: str, source: str, destination_type: str,
-                             destination: str, routing_key: str, arguments: dict[str, Any],
-                             check: Authorize = allow_all) -> None:
-        admin.delete_binding(self.broker, vhost, source, destination_type, destination,
-                             routing_key, arguments, check)
 
     async def add_super_stream(self, vhost: str, name: str, *, partitions: int | None = None,
                                binding_keys: list[str] | None = None,
@@ -411,30 +415,6 @@ class ClusterAccess(AccessStore):
             deleted = await self.topology.delete_exchange(model, name)
         if not deleted:
             raise NotFound(f"no exchange '{name}' in vhost '{vhost}'")
-
-    async def delete_queue(self, vhost: str, name: str, if_unused: bool = False,
-                           if_empty: bool = False, check: Authorize = allow_all) -> None:
-        model = admin.get_vhost(self.broker, vhost)
-        queue = model.queue(name)
-        check("configure", "queue", name)
-        if getattr(queue, "node", self.cluster.node) == self.cluster.node:
-            queue.check_delete(if_unused, if_empty)
-        async with self._writing():
-            deleted = await self.topology.delete_queue(model, name)
-        if deleted is None:
-            raise NotFound(f"no queue '{name}' in vhost '{vhost}'")
-
-    async def delete_binding(self, vhost: str, source: str, destination_type: str,
-                             destination: str, routing_key: str, arguments: dict[str, Any],
-                             check: Authorize = allow_all) -> None:
-        model = admin.get_vhost(self.broker, vhost)
-        check("write", destination_type, destination)
-        check("read", "exchange", source)
-        kind: Literal["queue", "exchange"] = "queue" if destination_type == "queue" \
-            else "exchange"
-        async with self._writing():
-            await self.topology.unbind(model, BindingSpec(source, kind, destination,
-                                                          routing_key, dict(arguments)))
 
     # -- super streams ------------------------------------------------------------------------
 

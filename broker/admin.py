@@ -330,21 +330,6 @@ def delete_exchange(
     vhost.delete_exchange(name, if_unused=if_unused)
 
 
-def delete_queue(
-    broker: Broker,
-    vhost_name: str,
-    name: str,
-    if_unused: bool = False,
-    if_empty: bool = False,
-    check: Authorize = allow_all,
-) -> int:
-    vhost = get_vhost(broker, vhost_name)
-    queue = vhost.queue(name)
-    check("configure", "queue", name)
-    queue.check_delete(if_unused, if_empty)
-    return vhost.delete_queue(queue)
-
-
 def purge_queue(
     broker: Broker, vhost_name: str, name: str, check: Authorize = allow_all
 ) -> int:
@@ -377,19 +362,3 @@ def add_binding(
     check("write", destination_type, destination)
     check("read", "exchange", source)
     vhost.bind(source, destination_type, destination, routing_key, parse_arguments(arguments))
-
-
-def delete_binding(
-    broker: Broker,
-    vhost_name: str,
-    source: str,
-    destination_type: str,
-    destination: str,
-    routing_key: str,
-    arguments: dict[str, Any],
-    check: Authorize = allow_all,
-) -> None:
-    vhost = get_vhost(broker, vhost_name)
-    check("write", destination_type, destination)
-    check("read", "exchange", source)
-    vhost.unbind(source, destination_type, destination, routing_key, arguments)

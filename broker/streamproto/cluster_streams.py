@@ -7,8 +7,9 @@ the node's `queue_leader_locator`).
 
 The checks and their response codes are those of `streams.create` / `streams.delete`
 (PRECONDITION_FAILED, ACCESS_REFUSED, STREAM_ALREADY_EXISTS, STREAM_DOES_NOT_EXIST); then the
-etcd transaction runs in a task, and the answer goes out once every running node has applied
-it (`ClusterRuntime.settle`). etcd unreachable or too slow: INTERNAL_ERROR. On a single node
+topology port (`broker.topology`: the placement, record and etcd txn of every front end) runs
+in a task, and the answer goes out once every running node has applied the change. etcd
+unreachable or too slow (`TopologyError`): INTERNAL_ERROR. On a single node
 these hand over to `streams.create` / `streams.delete` unchanged.
 Must not know: AMQP, etcd's wire. Single-threaded, on the event loop.
 """
