@@ -23,6 +23,7 @@ from leveret.broker.cluster.topology_records import QueueRecord
 
 STREAM_OK, STREAM_ALREADY_EXISTS = 0x01, 0x05
 CREATE = 0x0D
+STREAM_PORTS: dict[str, int] = {}  # each node's stream protocol port, by node name
 PLACED = {"x-queue-type": "stream", "x-queue-leader-locator": "balanced",
           "x-initial-cluster-size": 2}
 
@@ -38,7 +39,7 @@ def ab(tmp_path: Path, etcd: EtcdServer, cluster: str,
         node = make_node(tmp_path, etcd.url, cluster, name, management=True,
                          extra=["--stream-port", str(stream_port),
                                 "--stream-advertised-host", "127.0.0.1"])
-        node.stream_port = stream_port  # type: ignore[attr-defined]
+        STREAM_PORTS[name] = stream_port
         nodes.append(node.start())
         wait_for_port(stream_port, 30)
         two.append(node)
@@ -76,7 +77,7 @@ def over_stream_protocol(node: ClusterNode, name: str, arguments: dict[str, Any]
     """Create, with the stream protocol's own argument names; its response code."""
     texts = {"x-queue-leader-locator": "queue-leader-locator",
              "x-initial-cluster-size": "initial-cluster-size"}
-    client = RawStream(node.stream_port)  # type: ignore[attr-defined]
+    client = RawStream(STREAM_PORTS[node.node_name])
     try:
         assert client.handshake() == 1
         client.request(CREATE, s(name) + strmap(
