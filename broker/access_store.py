@@ -7,15 +7,17 @@ which mode the node runs in. `access_store(broker)` gives:
 
 - `LocalAccess` on a single node: `broker.admin`'s operations, as before (the model, then
   SQLite).
-- `ClusterAccess` in cluster mode: the same checks with the same texts (`broker.admin`, and
-  for exchanges and queues the model's own declaration checks), then one `TopologyStore` txn
-  in etcd (exchanges, queues and bindings through the topology port, `broker.topology`: the
-  declare path and placement that AMQP and the stream protocol use), then
-  `ClusterRuntime.settle(revision)`, so that the change is applied on every running node
-  (by `cluster.access_sync` and `cluster.topology_sync`)
-  before the caller answers. Nothing is written to SQLite. etcd unreachable, or this node out
-  of the cluster (its lease lost), raises `TopologyUnavailable` (the API's 503): each change is
-  one txn, so nothing is half-written.
+- Both: declaring exchanges and queues, and deleting queues and bindings, are written once in
+  `AccessStore` (the model's checks and texts, then the topology port, `broker.topology`); only
+  `_writing` (the cluster's refusals) differs.
+- `ClusterAccess` in cluster mode: the same checks with the same texts (`broker.admin`, and for
+  exchanges and queues the model's own declaration checks), then one `TopologyStore` txn in etcd
+  (exchanges, queues and bindings through the topology port, `broker.topology`: the declare path
+  and placement that AMQP and the stream protocol use), then `ClusterRuntime.settle(revision)`,
+  so that the change is applied on every running node (by `cluster.access_sync` and
+  `cluster.topology_sync`) before the caller answers. Nothing is written to SQLite. etcd
+  unreachable, or this node out of the cluster (its lease lost), raises `TopologyUnavailable`
+  (the API's 503): each change is one txn, so nothing is half-written.
 
 Reads (`vhost_metadata`) come from the node's copy: the topology cache in cluster mode.
 

@@ -5,10 +5,9 @@ Each handler runs the same permission and model checks as the single-node handle
 it starts a step (`backlog.run_step`: the channel's later frames wait) that calls the topology
 port (`broker.topology`, `topology.cluster.ClusterTopology`: placement, the etcd txn, and the
 wait until every running node has applied its revision) and only then answers. The model is
-changed by the topology's sync
-(`cluster.topology_sync`) as the change comes back from etcd, on every node alike; a queue.delete
-of a queue held here removes it at once. A method on a queue held by another node (passive
-declare, purge, delete) goes to `forwarding.forward_queue_method`.
+changed by the topology's sync (`cluster.topology_sync`) as the change comes back from etcd, on
+every node alike; a queue.delete of a queue held here removes it at once. A method on a queue
+held by another node (passive declare, purge, delete) goes to `forwarding.forward_queue_method`.
 
 A name this node does not know yet (a declaration whose watch event is still on its way) is
 read from etcd before a 404: for a passive declare, a bind, and a publish (only on a miss).
