@@ -12,12 +12,13 @@ import pytest
 
 from leveret.broker.broker import Broker
 from leveret.broker.cluster.etcd import EtcdUnavailable
-from leveret.broker.cluster.topology_records import QueueRecord
+from leveret.broker.cluster.topology_records import ExchangeRecord, QueueRecord
 from leveret.broker.model.errors import PreconditionFailed
 from leveret.broker.topology.cluster import ClusterTopology
 from leveret.broker.topology.port import (
     BindingSpec,
     ExchangeSpec,
+    OutOfCluster,
     Placement,
     QueueSpec,
     StoreUnavailable,
@@ -138,3 +139,27 @@ async def test_one_placement_for_classic_queues_and_streams(
     placed = await port.declare_queue(vhost, stream)
     assert set(placed.placement.members) == {"n1", "n2"}
     assert placed.placement.members[0] == placed.placement.node
+
+
+async def test_without_a_lease_only_leased_entities_are_refused(
+        cluster_node: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Transient, exclusive and auto-delete entities go with the node's lease: none, none."""
+    port, vhost = port_of(cluster_node), cluster_node.vhosts["/"]
+    monkeypatch.setattr(port.cluster.membership, "lease", None)
+    with pytest.raises(OutOfCluster):
+        await port.declare_queue(vhost, QueueSpec("transient", durable=False))
+    with pytest.raises(OutOfCluster):
+        await port.declare_exchange(vhost, ExchangeSpec("gone-with-me", "fanout",
+                                                        auto_delete=True))
+    assert (await port.declare_queue(vhost, QueueSpec("durable", durable=True))).created
+    assert await record_of(cluster_node, "transient") is None
+
+
+async def test_refresh_brings_in_what_another_node_declared(
+        two_nodes: tuple[Broker, Broker]) -> None:
+    n1, n2 = two_nodes
+    # straight into etcd, not settled: n2 may not have applied it yet
+    await port_of(n1).cluster.store.declare_exchange(ExchangeRecord("/", "x", "topic", True))
+    await port_of(n2).refresh(n2.vhosts["/"], exchanges=["x", "never-declared"])
+    assert "x" in n2.vhosts["/"].exchanges
+    assert "never-declared" not in n2.vhosts["/"].exchanges

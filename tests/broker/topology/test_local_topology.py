@@ -68,3 +68,9 @@ async def test_durable_declarations_reach_the_metastore(local_broker: Broker) ->
         assert [b.destination.name for b in again.exchanges["kept-x"].bindings.values()] == ["kept"]
     finally:
         reopened.close()
+
+
+async def test_refresh_has_nothing_to_read(local_broker: Broker) -> None:
+    vhost = local_broker.vhosts["/"]
+    await local_broker.topology.refresh(vhost, exchanges=["none"], queues=["none"])
+    assert "none" not in vhost.exchanges and "none" not in vhost.queues
