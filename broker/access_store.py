@@ -7,13 +7,17 @@ which mode the node runs in. `access_store(broker)` gives:
 
 - `LocalAccess` on a single node: `broker.admin`'s operations, as before (the model, then
   SQLite).
-- `ClusterAccess` in cluster mode: the same checks with the same texts (`broker.admin`, and
-  for exchanges and queues the model's own declaration checks), then one `TopologyStore` txn
-  in etcd, then `ClusterRuntime.settle(revision)`, so that the change
-  is applied on every running node (by `cluster.access_sync` and `cluster.topology_sync`)
-  before the caller answers. Nothing is written to SQLite. etcd unreachable, or this node out
-  of the cluster (its lease lost), raises `TopologyUnavailable` (the API's 503): each change is
-  one txn, so nothing is half-written.
+- Both: declaring exchanges and queues, and deleting queues and bindings, are written once in
+  `AccessStore` (the model's checks and texts, then the topology port, `broker.topology`); only
+  `_writing` (the cluster's refusals) differs.
+- `ClusterAccess` in cluster mode: the same checks with the same texts (`broker.admin`, and for
+  exchanges and queues the model's own declaration checks), then one `TopologyStore` txn in etcd
+  (exchanges, queues and bindings through the topology port, `broker.topology`: the declare path
+  and placement that AMQP and the stream protocol use), then `ClusterRuntime.settle(revision)`,
+  so that the change is applied on every running node (by `cluster.access_sync` and
+  `cluster.topology_sync`) before the caller answers. Nothing is written to SQLite. etcd
+  unreachable, or this node out of the cluster (its lease lost), raises `TopologyUnavailable`
+  (the API's 503): each change is one txn, so nothing is half-written.
 
 Reads (`vhost_metadata`) come from the node's copy: the topology cache in cluster mode.
 
@@ -22,22 +26,16 @@ It must not know HTTP or AMQP. Runs on the broker's event loop.
 
 from __future__ import annotations
 
-import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, Literal
 
 from leveret.broker import admin
-from leveret.broker.cluster import running_nodes, stream_placement
 from leveret.broker.cluster.etcd import EtcdException, EtcdUnavailable
-from leveret.broker.cluster.topology import Created
 from leveret.broker.cluster.topology_records import (
-    BindingRecord,
-    ExchangeRecord,
     PermissionRecord,
     PolicyRecord,
-    QueueRecord,
     UserRecord,
     VHostRecord,
 )
@@ -49,12 +47,20 @@ from leveret.broker.model.errors import (
     NotFound,
     PreconditionFailed,
 )
-from leveret.broker.model.policy import effective
 from leveret.broker.model.vhost import DEFAULT_EXCHANGE_TEXT, Authorize, allow_all
+from leveret.broker.topology.port import (
+    BindingSpec,
+    ExchangeSpec,
+    NotSettled,
+    OutOfCluster,
+    QueueSpec,
+    StoreUnavailable,
+)
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
     from leveret.broker.cluster.runtime import ClusterRuntime
+    from leveret.broker.topology.port import TopologyPort
 
 
 class TopologyUnavailable(BrokerError):
@@ -98,13 +104,51 @@ class AccessStore(ABC):
     @abstractmethod
     async def clear_policy(self, vhost: str, name: str) -> None: ...
 
-    @abstractmethod
-    async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any],
-                               check: Authorize = allow_all) -> bool: ...
+    @asynccontextmanager
+    async def _writing(self) -> AsyncIterator[None]:
+        """Around each change: the cluster's refusals as `TopologyUnavailable`."""
+        yield
 
-    @abstractmethod
+    # -- exchanges and queues: the model's checks and texts, then the topology port ----------
+
+    @property
+    def topology(self) -> TopologyPort:
+        return self.broker.topology
+
+    async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any],
+                               check: Authorize = allow_all) -> bool:
+        model = admin.get_vhost(self.broker, vhost)
+        type_ = body.get("type")
+        if not isinstance(type_, str) or not type_:
+            raise admin.BadRequest("exchange type is missing")
+        spec = ExchangeSpec(
+            name, type_,
+            durable=admin.parse_bool(body.get("durable"), False),
+            auto_delete=admin.parse_bool(body.get("auto_delete"), False),
+            internal=admin.parse_bool(body.get("internal"), False),
+            arguments=admin.parse_arguments(body.get("arguments")))
+        model.check_exchange_declaration(  # the model's checks and texts, in its order
+            name, type_, durable=spec.durable, auto_delete=spec.auto_delete,
+            internal=spec.internal, arguments=dict(spec.arguments), check=check)
+        async with self._writing():
+            return await self.topology.declare_exchange(model, spec)
+
     async def declare_queue(self, vhost: str, name: str, body: dict[str, Any],
-                            check: Authorize = allow_all) -> bool: ...
+                            check: Authorize = allow_all) -> bool:
+        model = admin.get_vhost(self.broker, vhost)
+        if not name:
+            raise admin.BadRequest("queue names cannot be empty")
+        durable = admin.parse_bool(body.get("durable"), False)
+        auto_delete = admin.parse_bool(body.get("auto_delete"), False)
+        arguments = admin.parse_arguments(body.get("arguments"))
+        _name, queue_type, _existing = model.check_queue_declaration(
+            name, owner=None, durable=durable, auto_delete=auto_delete, arguments=arguments,
+            check=check)
+        spec = QueueSpec(name, queue_type, durable=durable, auto_delete=auto_delete,
+                         arguments=arguments, new=_existing is None)
+        async with self._writing():
+            declared = await self.topology.declare_queue(model, spec)
+        return declared.created
 
     @abstractmethod
     async def add_binding(self, vhost: str, source: str, destination_type: str,
@@ -115,17 +159,31 @@ class AccessStore(ABC):
     async def delete_exchange(self, vhost: str, name: str, if_unused: bool = False,
                               check: Authorize = allow_all) -> None: ...
 
-    @abstractmethod
     async def delete_queue(self, vhost: str, name: str, if_unused: bool = False,
                            if_empty: bool = False, check: Authorize = allow_all) -> None:
-        """Delete a queue. In cluster mode the conditions are checked here for a queue this
-        node holds; the caller checks them for one held elsewhere (it knows its holder's
-        counts)."""
+        """Delete a queue. The conditions are checked here for a queue this node holds; the
+        caller checks them for one held elsewhere (it knows its holder's counts)."""
+        model = admin.get_vhost(self.broker, vhost)
+        queue = model.queue(name)
+        check("configure", "queue", name)
+        if getattr(queue, "node", self.topology.node) == self.topology.node:
+            queue.check_delete(if_unused, if_empty)
+        async with self._writing():
+            deleted = await self.topology.delete_queue(model, name)
+        if deleted is None:
+            raise NotFound(f"no queue '{name}' in vhost '{vhost}'")
 
-    @abstractmethod
     async def delete_binding(self, vhost: str, source: str, destination_type: str,
                              destination: str, routing_key: str, arguments: dict[str, Any],
-                             check: Authorize = allow_all) -> None: ...
+                             check: Authorize = allow_all) -> None:
+        model = admin.get_vhost(self.broker, vhost)
+        check("write", destination_type, destination)
+        check("read", "exchange", source)
+        kind: Literal["queue", "exchange"] = "queue" if destination_type == "queue" \
+            else "exchange"
+        async with self._writing():
+            await self.topology.unbind(model, BindingSpec(source, kind, destination,
+                                                          routing_key, dict(arguments)))
 
     @abstractmethod
     async def add_super_stream(self, vhost: str, name: str, *, partitions: int | None = None,
@@ -180,14 +238,6 @@ class LocalAccess(AccessStore):
     async def clear_policy(self, vhost: str, name: str) -> None:
         admin.clear_policy(self.broker, vhost, name)
 
-    async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any],
-                               check: Authorize = allow_all) -> bool:
-        return admin.declare_exchange(self.broker, vhost, name, body, check)
-
-    async def declare_queue(self, vhost: str, name: str, body: dict[str, Any],
-                            check: Authorize = allow_all) -> bool:
-        return admin.declare_queue(self.broker, vhost, name, body, check)
-
     async def add_binding(self, vhost: str, source: str, destination_type: str,
                           destination: str, routing_key: Any = "", arguments: Any = None,
                           check: Authorize = allow_all) -> None:
@@ -197,16 +247,6 @@ class LocalAccess(AccessStore):
     async def delete_exchange(self, vhost: str, name: str, if_unused: bool = False,
                               check: Authorize = allow_all) -> None:
         admin.delete_exchange(self.broker, vhost, name, if_unused, check)
-
-    async def delete_queue(self, vhost: str, name: str, if_unused: bool = False,
-                           if_empty: bool = False, check: Authorize = allow_all) -> None:
-        admin.delete_queue(self.broker, vhost, name, if_unused, if_empty, check)
-
-    async def delete_binding(self, vhost: str, source: str, destination_type: str,
-                             destination: str, routing_key: str, arguments: dict[str, Any],
-                             check: Authorize = allow_all) -> None:
-        admin.delete_binding(self.broker, vhost, source, destination_type, destination,
-                             routing_key, arguments, check)
 
     async def add_super_stream(self, vhost: str, name: str, *, partitions: int | None = None,
                                binding_keys: list[str] | None = None,
@@ -239,18 +279,15 @@ class ClusterAccess(AccessStore):
         """Refuse at once when this node is out of the cluster; turn etcd's failures into
         TopologyUnavailable with a sentence for the operator."""
         if not self.cluster.membership.in_cluster:
-            raise TopologyUnavailable(
-                "this node has lost its etcd lease and is not in the cluster; topology "
-                "changes are refused until it rejoins")
+            raise _out_of_cluster()
         try:
             yield
-        except EtcdUnavailable as exc:
-            endpoints = ", ".join(exc.endpoints)
-            outcome = ("the change may or may not have been applied; read it back"
-                       if exc.maybe_applied else "nothing was changed")
-            raise TopologyUnavailable(
-                f"etcd cannot be reached at {endpoints}; topology changes are refused until "
-                f"it is back ({outcome})") from None
+        except OutOfCluster:
+            raise _out_of_cluster() from None
+        except (EtcdUnavailable, StoreUnavailable) as exc:
+            raise _unreachable(exc.endpoints, exc.maybe_applied) from None
+        except NotSettled:
+            raise _not_settled() from None
         except EtcdException as exc:  # not unavailable: it answered no (a value too large)
             raise InternalError(f"etcd refused the change: {exc}") from None
 
@@ -258,9 +295,7 @@ class ClusterAccess(AccessStore):
         try:
             await self.cluster.settle(revision)
         except TimeoutError:
-            raise TopologyUnavailable(
-                "the change is stored in etcd but this node's copy did not catch up in time "
-                "(is etcd reachable?)") from None
+            raise _not_settled() from None
 
     # -- vhosts ----------------------------------------------------------------------------------
 
@@ -352,82 +387,20 @@ class ClusterAccess(AccessStore):
 
     # -- exchanges, queues, bindings (definitions) -------------------------------------------
 
-    def _lease(self, leased: bool) -> int:
-        lease = self.cluster.membership.lease
-        return lease.id if leased and lease is not None else 0
-
-    async def declare_exchange(self, vhost: str, name: str, body: dict[str, Any],
-                               check: Authorize = allow_all) -> bool:
-        model = admin.get_vhost(self.broker, vhost)
-        type_ = body.get("type")
-        if not isinstance(type_, str) or not type_:
-            raise admin.BadRequest("exchange type is missing")
-        record = ExchangeRecord(
-            vhost, name, type_,
-            durable=admin.parse_bool(body.get("durable"), False),
-            auto_delete=admin.parse_bool(body.get("auto_delete"), False),
-            internal=admin.parse_bool(body.get("internal"), False),
-            arguments=admin.parse_arguments(body.get("arguments")))
-        model.check_exchange_declaration(  # the model's checks and texts, in its order
-            name, type_, durable=record.durable, auto_delete=record.auto_delete,
-            internal=record.internal, arguments=record.arguments, check=check)
-        async with self._writing():
-            result = await self.cluster.store.declare_exchange(
-                record, self._lease(record.auto_delete or not record.durable))
-        await self._settle(result.revision)
-        return isinstance(result, Created)
-
-    async def declare_queue(self, vhost: str, name: str, body: dict[str, Any],
-                            check: Authorize = allow_all) -> bool:
-        model = admin.get_vhost(self.broker, vhost)
-        if not name:
-            raise admin.BadRequest("queue names cannot be empty")
-        durable = admin.parse_bool(body.get("durable"), False)
-        auto_delete = admin.parse_bool(body.get("auto_delete"), False)
-        arguments = admin.parse_arguments(body.get("arguments"))
-        _name, queue_type, _existing = model.check_queue_declaration(
-            name, owner=None, durable=durable, auto_delete=auto_delete, arguments=arguments,
-            check=check)
-        node = self.cluster.node
-        members: tuple[str, ...] = ()
-        if queue_type == "stream" and _existing is None:  # replicated: docs/REPLICATION.md
-            node, members = await self._place_stream(model, name, arguments)
-        record = QueueRecord(
-            vhost, name, type=queue_type, durable=durable, auto_delete=auto_delete,
-            arguments=arguments, node=node,
-            storage_id=_storage_id() if durable else None, members=members)
-        async with self._writing():
-            result = await self.cluster.store.declare_queue(
-                record, self._lease(record.auto_delete or not record.durable))
-        await self._settle(result.revision)
-        return isinstance(result, Created)
-
-    async def _place_stream(self, model: Any, name: str,
-                            arguments: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
-        """A new stream's leader and members, as a queue.declare places them (it may wait for
-        their links); one member is a stream as on one node (no members)."""
-        policy = effective(model.policies, "queues", "stream", name)
-        return await running_nodes.place_new_stream(
-            self.cluster, model.name, name, arguments.get("x-initial-cluster-size"),
-            stream_placement.locator(policy.definition if policy is not None else None,
-                                     arguments, self.broker.config.queue_leader_locator))
-
     async def add_binding(self, vhost: str, source: str, destination_type: str,
                           destination: str, routing_key: Any = "", arguments: Any = None,
                           check: Authorize = allow_all) -> None:
-        admin.get_vhost(self.broker, vhost)
+        model = admin.get_vhost(self.broker, vhost)
         if destination_type not in ("queue", "exchange"):
             raise admin.BadRequest(f"unknown destination type '{destination_type}'")
         if not isinstance(routing_key, str):
             raise admin.BadRequest("routing_key must be a string")
         check("write", destination_type, destination)
         check("read", "exchange", source)
-        record = BindingRecord(vhost, source, "queue" if destination_type == "queue"
-                               else "exchange", destination, routing_key,
-                               admin.parse_arguments(arguments))
+        spec = BindingSpec(source, "queue" if destination_type == "queue" else "exchange",
+                           destination, routing_key, admin.parse_arguments(arguments))
         async with self._writing():
-            result = await self.cluster.store.bind(record)
-        await self._settle(result.revision)
+            await self.topology.bind(model, spec)
 
     async def delete_exchange(self, vhost: str, name: str, if_unused: bool = False,
                               check: Authorize = allow_all) -> None:
@@ -441,36 +414,9 @@ class ClusterAccess(AccessStore):
         if if_unused and exchange.bindings:
             raise PreconditionFailed(f"{model.rs('exchange', name)} in use")
         async with self._writing():
-            revision = await self.cluster.store.delete_exchange(vhost, name)
-        if revision is None:
+            deleted = await self.topology.delete_exchange(model, name)
+        if not deleted:
             raise NotFound(f"no exchange '{name}' in vhost '{vhost}'")
-        await self._settle(revision)
-
-    async def delete_queue(self, vhost: str, name: str, if_unused: bool = False,
-                           if_empty: bool = False, check: Authorize = allow_all) -> None:
-        queue = admin.get_vhost(self.broker, vhost).queue(name)
-        check("configure", "queue", name)
-        if getattr(queue, "node", self.cluster.node) == self.cluster.node:
-            queue.check_delete(if_unused, if_empty)
-        async with self._writing():
-            revision = await self.cluster.store.delete_queue(vhost, name)
-        if revision is None:
-            raise NotFound(f"no queue '{name}' in vhost '{vhost}'")
-        await self._settle(revision)
-
-    async def delete_binding(self, vhost: str, source: str, destination_type: str,
-                             destination: str, routing_key: str, arguments: dict[str, Any],
-                             check: Authorize = allow_all) -> None:
-        admin.get_vhost(self.broker, vhost)
-        check("write", destination_type, destination)
-        check("read", "exchange", source)
-        kind: Literal["queue", "exchange"] = "queue" if destination_type == "queue" \
-            else "exchange"
-        async with self._writing():
-            revision = await self.cluster.store.unbind(BindingRecord(
-                vhost, source, kind, destination, routing_key, dict(arguments)))
-        if revision is not None:
-            await self._settle(revision)
 
     # -- super streams ------------------------------------------------------------------------
 
@@ -547,9 +493,24 @@ def _super_exchange(model: Any, name: str) -> Any:
     return exchange
 
 
-def _storage_id() -> str:
-    """A queue's storage folder on its node, fresh for each declaration (as the model's)."""
-    return uuid.uuid4().hex
+def _out_of_cluster() -> TopologyUnavailable:
+    return TopologyUnavailable(
+        "this node has lost its etcd lease and is not in the cluster; topology "
+        "changes are refused until it rejoins")
+
+
+def _unreachable(endpoints: Sequence[str], maybe_applied: bool) -> TopologyUnavailable:
+    outcome = ("the change may or may not have been applied; read it back"
+               if maybe_applied else "nothing was changed")
+    return TopologyUnavailable(
+        f"etcd cannot be reached at {', '.join(endpoints)}; topology changes are refused "
+        f"until it is back ({outcome})")
+
+
+def _not_settled() -> TopologyUnavailable:
+    return TopologyUnavailable(
+        "the change is stored in etcd but this node's copy did not catch up in time "
+        "(is etcd reachable?)")
 
 
 def access_store(broker: Broker) -> AccessStore:

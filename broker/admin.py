@@ -320,26 +320,6 @@ def clear_policy(broker: Broker, vhost_name: str, name: str) -> None:
 # -- exchanges, queues, bindings --------------------------------------------------------------
 
 
-def declare_exchange(
-    broker: Broker, vhost_name: str, name: str, body: dict[str, Any], check: Authorize = allow_all
-) -> bool:
-    vhost = get_vhost(broker, vhost_name)
-    type_ = body.get("type")
-    if not isinstance(type_, str) or not type_:
-        raise BadRequest("exchange type is missing")
-    created = name not in vhost.exchanges
-    vhost.declare_exchange(
-        name,
-        type_,
-        durable=parse_bool(body.get("durable"), False),
-        auto_delete=parse_bool(body.get("auto_delete"), False),
-        internal=parse_bool(body.get("internal"), False),
-        arguments=parse_arguments(body.get("arguments")),
-        check=check,
-    )
-    return created
-
-
 def delete_exchange(
     broker: Broker, vhost_name: str, name: str, if_unused: bool = False,
     check: Authorize = allow_all,
@@ -348,39 +328,6 @@ def delete_exchange(
     vhost.exchange(name)
     check("configure", "exchange", name)
     vhost.delete_exchange(name, if_unused=if_unused)
-
-
-def declare_queue(
-    broker: Broker, vhost_name: str, name: str, body: dict[str, Any], check: Authorize = allow_all
-) -> bool:
-    vhost = get_vhost(broker, vhost_name)
-    if not name:
-        raise BadRequest("queue names cannot be empty")
-    created = name not in vhost.queues
-    vhost.declare_queue(
-        name,
-        owner=None,
-        durable=parse_bool(body.get("durable"), False),
-        auto_delete=parse_bool(body.get("auto_delete"), False),
-        arguments=parse_arguments(body.get("arguments")),
-        check=check,
-    )
-    return created
-
-
-def delete_queue(
-    broker: Broker,
-    vhost_name: str,
-    name: str,
-    if_unused: bool = False,
-    if_empty: bool = False,
-    check: Authorize = allow_all,
-) -> int:
-    vhost = get_vhost(broker, vhost_name)
-    queue = vhost.queue(name)
-    check("configure", "queue", name)
-    queue.check_delete(if_unused, if_empty)
-    return vhost.delete_queue(queue)
 
 
 def purge_queue(
@@ -415,19 +362,3 @@ def add_binding(
     check("write", destination_type, destination)
     check("read", "exchange", source)
     vhost.bind(source, destination_type, destination, routing_key, parse_arguments(arguments))
-
-
-def delete_binding(
-    broker: Broker,
-    vhost_name: str,
-    source: str,
-    destination_type: str,
-    destination: str,
-    routing_key: str,
-    arguments: dict[str, Any],
-    check: Authorize = allow_all,
-) -> None:
-    vhost = get_vhost(broker, vhost_name)
-    check("write", destination_type, destination)
-    check("read", "exchange", source)
-    vhost.unbind(source, destination_type, destination, routing_key, arguments)

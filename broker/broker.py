@@ -29,6 +29,7 @@ from leveret.broker.model.replication import ONE_NODE, Replication
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.model.vhost import Observer, VHost
+from leveret.broker.topology.local import LocalTopology
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.membership import Membership
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from leveret.broker.model.message import InboundMessage
     from leveret.broker.remote.remote_queue import Forwarding
     from leveret.broker.session.connection import Session
+    from leveret.broker.topology.port import TopologyPort
 
 VERSION = "0.1.0"
 # A full garbage collection after this many closed connections. The cyclic collector is tuned to
@@ -85,6 +87,8 @@ class Broker:
         # reaches the queues other nodes hold (broker/remote): set in cluster mode, by server.py
         self.forwarder: Forwarding | None = None
         self.topology_sync: TopologySync | None = None  # etcd's topology into the model
+        # where declare, bind and delete go: the model here, etcd once the cluster is composed
+        self.topology: TopologyPort = LocalTopology(config.node_name)
         self.instance = uuid.uuid4().hex[:12]  # this process, in cluster-unique session keys
         self.cluster_sessions: dict[str, Session] = {}  # by cluster_key, in cluster mode
         self.alarms = Alarms(config.data_dir, config.vm_memory_high_watermark,

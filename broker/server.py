@@ -52,6 +52,7 @@ from leveret.broker.remote.tunnel_server import TunnelServer
 from leveret.broker.session.connection import Session
 from leveret.broker.streamproto import server as stream_listeners
 from leveret.broker.streamproto.server import StreamServer
+from leveret.broker.topology.cluster import ClusterTopology
 from leveret.broker.workers.pool import Listener, WorkerPool, usable_cores
 
 log = logs.get("leveret.server")
@@ -222,6 +223,9 @@ class Server:
             membership=self.membership, links=self.cluster_links,
             store=TopologyStore(self.etcd, keys), cache=cache)
         topology_sync.install(broker)
+        assert broker.topology_sync is not None
+        broker.topology = ClusterTopology(broker.cluster, broker.topology_sync,
+                                          config.queue_leader_locator)
         access_sync.install(broker)
         cluster_views.install(broker)  # the management API's questions from other nodes
         forwarder = broker.forwarder = Forwarder(broker, TunnelServer(broker))

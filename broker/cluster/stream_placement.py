@@ -18,22 +18,6 @@ from typing import Any
 
 from leveret.broker.cluster.topology_records import QueueRecord
 
-LOCATORS = ("client-local", "balanced", "random", "least-leaders", "min-masters")
-
-
-def locator(policy_definition: dict[str, Any] | None, arguments: dict[str, Any],
-            setting: str) -> str:
-    """The `queue-leader-locator` policy key, else the `x-queue-leader-locator` argument, else
-    the node's `queue_leader_locator` setting, as in RabbitMQ; an unknown value is
-    `client-local` (the argument's value was checked at declaration)."""
-    found = (policy_definition or {}).get("queue-leader-locator")
-    if found is None:
-        found = arguments.get("x-queue-leader-locator")
-    if found is None:
-        found = setting
-    text = found.decode("utf-8", "replace") if isinstance(found, bytes) else str(found)
-    return text if text in LOCATORS else "client-local"
-
 
 def cluster_size(argument: Any, running: int) -> int:
     """The number of members: the argument (already checked as a positive integer by the

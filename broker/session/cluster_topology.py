@@ -2,19 +2,19 @@
 
 Each handler runs the same permission and model checks as the single-node handlers
 (`session.topology`), synchronously and in RabbitMQ's order, so the refusals are the same; then
-it starts a step (`backlog.run_step`: the channel's later frames wait) that runs the topology
-store's etcd txn, waits until every running node has applied its revision
-(`ClusterRuntime.settle`) and only then answers. The model is changed by the topology's sync
-(`cluster.topology_sync`) as the change comes back from etcd, on every node alike; a queue.delete
-of a queue held here removes it at once. A method on a queue held by another node (passive
-declare, purge, delete) goes to `forwarding.forward_queue_method`.
+it starts a step (`backlog.run_step`: the channel's later frames wait) that calls the topology
+port (`broker.topology`, `topology.cluster.ClusterTopology`: placement, the etcd txn, and the
+wait until every running node has applied its revision) and only then answers. The model is
+changed by the topology's sync (`cluster.topology_sync`) as the change comes back from etcd, on
+every node alike; a queue.delete of a queue held here removes it at once. A method on a queue
+held by another node (passive declare, purge, delete) goes to `forwarding.forward_queue_method`.
 
 A name this node does not know yet (a declaration whose watch event is still on its way) is
 read from etcd before a 404: for a passive declare, a bind, and a publish (only on a miss).
 
 etcd unreachable: 541 INTERNAL_ERROR `failed to <action> because the metadata store is
 unavailable`, as RabbitMQ answers a Khepri timeout (docs/CLUSTER.md). A queue declaration that
-may have been applied anyway is undone in the background, so a refused declaration leaves nothing.
+may have been applied anyway is undone by the port, for every front end alike.
 
 It knows the session, the model and the cluster runtime; nothing of etcd's wire.
 Single-threaded: runs on the event loop thread of its connection.
@@ -23,28 +23,20 @@ Single-threaded: runs on the event loop thread of its connection.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import uuid
 import weakref
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as m
 
 from leveret.amqp import codec
-from leveret.broker import logs
-from leveret.broker.cluster import running_nodes, stream_placement
-from leveret.broker.cluster.etcd import EtcdException, EtcdUnavailable
-from leveret.broker.cluster.runtime import SETTLE_TIMEOUT_S
-from leveret.broker.cluster.topology import Created
-from leveret.broker.cluster.topology_records import BindingRecord, ExchangeRecord, QueueRecord
 from leveret.broker.model.errors import (
     AccessRefused,
     InternalError,
     NotFound,
     PreconditionFailed,
 )
-from leveret.broker.model.policy import effective
 from leveret.broker.model.vhost import DEFAULT_EXCHANGE_TEXT
 from leveret.broker.remote import forwarding
 from leveret.broker.remote.remote_queue import RemoteQueue
@@ -56,17 +48,21 @@ from leveret.broker.session.topology import (
     queue_purge,
     strip_cr_lf,
 )
+from leveret.broker.topology.port import (
+    BindingSpec,
+    ExchangeSpec,
+    NotSettled,
+    QueueSpec,
+    StoreUnavailable,
+    TopologyPort,
+)
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.runtime import ClusterRuntime
-    from leveret.broker.cluster.topology_sync import TopologySync
     from leveret.broker.model.queue import Queue
     from leveret.broker.session.channel import Channel
 
-log = logs.get("leveret.cluster.topology")
 Step = Coroutine[Any, Any, None]
-UNDO_PAUSE_S = 0.5
-UNDO_WINDOW_S = 30.0  # how long a refused declaration is watched for once etcd answers
 
 
 def unavailable(action: str) -> InternalError:
@@ -79,50 +75,31 @@ def _cluster(channel: Channel) -> ClusterRuntime:
     return cluster
 
 
-def _sync(channel: Channel) -> TopologySync:
-    sync = channel.session.broker.topology_sync
-    assert sync is not None
-    return sync
+def _port(channel: Channel) -> TopologyPort:
+    return channel.session.broker.topology
 
 
-def _lease(cluster: ClusterRuntime, action: str) -> int:
-    lease = cluster.membership.lease
-    if lease is None or not lease.alive:
-        raise unavailable(action)
-    return lease.id
-
-
-async def _settle(cluster: ClusterRuntime, revision: int, action: str) -> None:
+@asynccontextmanager
+async def _answering(action: str) -> AsyncIterator[None]:
+    """The port's refusals as RabbitMQ words a Khepri timeout: 541 INTERNAL_ERROR."""
     try:
-        await cluster.settle(revision)
-    except TimeoutError:
+        yield
+    except StoreUnavailable:  # OutOfCluster too: no lease for a leased entity
+        raise unavailable(action) from None
+    except NotSettled:
         raise InternalError(f"failed to {action}: this node did not see the change in time")\
             from None
 
 
 async def _known(channel: Channel, exchanges: Sequence[str] = (),
                  queues: Sequence[str] = ()) -> None:
-    """Read from etcd the names this node's model lacks; return once the cache has applied
-    those that exist (the declaration's event was still on its way)."""
-    cluster, vhost = _cluster(channel), channel.vhost
-    revision = 0
+    """The names this node's model lacks, read from the topology's store (a declaration's
+    event may still be on its way); the model's answer stands if the store cannot say."""
     try:
-        for name in exchanges:
-            if name not in vhost.exchanges:
-                found: Any = await cluster.store.get_exchange(vhost.name, name)
-                revision = max(revision, found.mod_revision if found else 0)
-        for name in queues:
-            if name not in vhost.queues:
-                found = await cluster.store.get_queue(vhost.name, name)
-                revision = max(revision, found.mod_revision if found else 0)
-    except EtcdException:
-        return  # the model's answer stands
-    if revision:
-        try:
-            await cluster.cache.wait_for(revision, SETTLE_TIMEOUT_S)
-        except TimeoutError:
-            raise InternalError("failed to read the topology: this node did not see a change "
-                                "in time") from None
+        await _port(channel).refresh(channel.vhost, exchanges, queues)
+    except NotSettled:
+        raise InternalError("failed to read the topology: this node did not see a change "
+                            "in time") from None
 
 
 def _checked(channel: Channel, index: int, check: Callable[[], Any], exchanges: list[str],
@@ -175,20 +152,14 @@ def exchange_declare(channel: Channel, method: Any) -> None:
     vhost.check_exchange_declaration(
         name, method.exchange_type, durable=method.durable, auto_delete=method.auto_delete,
         internal=method.internal, arguments=arguments, check=channel.check)
-    record = ExchangeRecord(vhost.name, name, method.exchange_type, method.durable,
-                            method.auto_delete, method.internal, dict(arguments))
-    backlog.run_step(channel, method.index, _declare_exchange(channel, method, record))
+    spec = ExchangeSpec(name, method.exchange_type, method.durable, method.auto_delete,
+                        method.internal, dict(arguments))
+    backlog.run_step(channel, method.index, _declare_exchange(channel, method, spec))
 
 
-async def _declare_exchange(channel: Channel, method: Any, record: ExchangeRecord) -> None:
-    cluster = _cluster(channel)
-    action = f"declare {channel.vhost.rs('exchange', record.name)}"
-    lease = _lease(cluster, action) if record.auto_delete or not record.durable else 0
-    try:
-        result = await cluster.store.declare_exchange(record, lease)
-    except EtcdUnavailable:
-        raise unavailable(action) from None
-    await _settle(cluster, result.revision, action)
+async def _declare_exchange(channel: Channel, method: Any, spec: ExchangeSpec) -> None:
+    async with _answering(f"declare {channel.vhost.rs('exchange', spec.name)}"):
+        await _port(channel).declare_exchange(channel.vhost, spec)
     _reply(channel, method, m.Exchange.DeclareOk())
 
 
@@ -199,14 +170,8 @@ def exchange_delete(channel: Channel, method: Any) -> None:
     channel.vhost.check_exchange_delete(name, method.if_unused)
 
     async def step() -> None:
-        cluster = _cluster(channel)
-        action = f"delete {channel.vhost.rs('exchange', name)}"
-        try:
-            revision = await cluster.store.delete_exchange(channel.vhost.name, name)
-        except EtcdUnavailable:
-            raise unavailable(action) from None
-        if revision is not None:
-            await _settle(cluster, revision, action)
+        async with _answering(f"delete {channel.vhost.rs('exchange', name)}"):
+            await _port(channel).delete_exchange(channel.vhost, name)
         _reply(channel, method, m.Exchange.DeleteOk())
     backlog.run_step(channel, method.index, step())
 
@@ -230,22 +195,23 @@ def _bind(channel: Channel, method: Any, source: str, kind: str, destination: st
           ok: Any) -> None:
     vhost, session = channel.vhost, channel.session
     arguments = method.arguments or {}
-    record = BindingRecord(vhost.name, source, "queue" if kind == "queue" else "exchange",
-                           destination, key, dict(arguments))
+    spec = _binding(source, kind, destination, key, arguments)
     _checked(channel, method.index,
              lambda: vhost.check_bind(source, kind, destination, key, arguments, owner=session),
              [source] + ([destination] if kind == "exchange" else []),
              [destination] if kind == "queue" else [],
-             lambda _b: _store_bind(channel, method, record, ok))
+             lambda _b: _store_bind(channel, method, spec, ok))
 
 
-async def _store_bind(channel: Channel, method: Any, record: BindingRecord, ok: Any) -> None:
-    cluster = _cluster(channel)
-    try:
-        result = await cluster.store.bind(record)
-    except EtcdUnavailable:
-        raise unavailable("create binding") from None
-    await _settle(cluster, result.revision, "create binding")
+def _binding(source: str, kind: str, destination: str, key: str,
+             arguments: dict[str, Any]) -> BindingSpec:
+    return BindingSpec(source, "queue" if kind == "queue" else "exchange", destination, key,
+                       dict(arguments))
+
+
+async def _store_bind(channel: Channel, method: Any, spec: BindingSpec, ok: Any) -> None:
+    async with _answering("create binding"):
+        await _port(channel).bind(channel.vhost, spec)
     _reply(channel, method, ok)
 
 
@@ -254,48 +220,16 @@ def _unbind(channel: Channel, method: Any, source: str, kind: str, destination: 
     vhost = channel.vhost
     arguments = method.arguments or {}
     vhost.check_unbind(source, kind, destination, key, arguments, owner=channel.session)
-    record = BindingRecord(vhost.name, source, "queue" if kind == "queue" else "exchange",
-                           destination, key, dict(arguments))
+    spec = _binding(source, kind, destination, key, arguments)
 
     async def step() -> None:
-        cluster = _cluster(channel)
-        try:
-            revision = await cluster.store.unbind(record)
-        except EtcdUnavailable:
-            raise unavailable("delete binding") from None
-        if revision is not None:
-            await _settle(cluster, revision, "delete binding")
+        async with _answering("delete binding"):
+            await _port(channel).unbind(channel.vhost, spec)
         _reply(channel, method, ok)
     backlog.run_step(channel, method.index, step())
 
 
 # -- queues -----------------------------------------------------------------------------------
-
-
-def _locator(channel: Channel, queue_type: str, name: str, arguments: dict[str, Any]) -> str:
-    """The `queue-leader-locator` policy key, else the `x-queue-leader-locator` argument, else
-    the node's `queue_leader_locator` setting (`client-local` by default), as in RabbitMQ."""
-    policy = effective(channel.vhost.policies, "queues", queue_type, name)
-    return stream_placement.locator(
-        policy.definition if policy is not None else None, arguments,
-        getattr(channel.session.broker.config, "queue_leader_locator", "client-local"))
-
-
-def place(channel: Channel, queue_type: str, name: str, arguments: dict[str, Any],
-          exclusive: bool) -> str:
-    """The node that will hold a new queue: this one (`client-local`, and always for an
-    exclusive queue) or, for `balanced`, the running node holding the fewest queues. The
-    `queue-leader-locator` policy key wins over the argument, as in RabbitMQ."""
-    cluster = _cluster(channel)
-    if exclusive:
-        return cluster.node
-    if _locator(channel, queue_type, name, arguments) == "client-local":
-        return cluster.node  # the others ask for balanced (RabbitMQ 3.10+)
-    held = dict.fromkeys(running_nodes.reachable_nodes(cluster), 0)
-    for record in cluster.cache.all("queues"):
-        if isinstance(record, QueueRecord) and record.node in held:
-            held[record.node] += 1
-    return min(sorted(held), key=lambda node: held[node])
 
 
 def queue_declare(channel: Channel, method: Any) -> None:
@@ -310,22 +244,12 @@ def queue_declare(channel: Channel, method: Any) -> None:
         strip_cr_lf(method.queue), owner=session, durable=method.durable,
         exclusive=method.exclusive, auto_delete=method.auto_delete, arguments=arguments,
         check=channel.check)
-    durable = method.durable and not method.exclusive
-    cluster = _cluster(channel)
-    stream_locator: str | None = None  # a new stream: placed in the step (it may wait)
-    if queue_type == "stream" and _existing is None:
-        stream_locator = _locator(channel, "stream", name, arguments)
-        node = cluster.node
-    else:
-        node = place(channel, queue_type, name, arguments, method.exclusive)
-    record = QueueRecord(
-        vhost.name, name, queue_type, durable=durable, auto_delete=method.auto_delete,
-        exclusive=method.exclusive, arguments=arguments, node=node,
-        storage_id=uuid.uuid4().hex,  # the declaration's identity; a durable one's folder
-        owner_node=cluster.node if method.exclusive else None,
-        exclusive_owner=session.broker.cluster_key(session) if method.exclusive else None)
-    backlog.run_step(channel, method.index,
-                     _declare_queue(channel, method, record, stream_locator))
+    spec = QueueSpec(
+        name, queue_type, durable=method.durable, auto_delete=method.auto_delete,
+        exclusive=method.exclusive, arguments=arguments, owner=session,
+        owner_key=session.broker.cluster_key(session) if method.exclusive else None,
+        new=_existing is None)
+    backlog.run_step(channel, method.index, _declare_queue(channel, method, spec))
 
 
 def _passive_queue(channel: Channel, method: Any, queue: Queue) -> None:
@@ -341,67 +265,22 @@ def _passive_queue(channel: Channel, method: Any, queue: Queue) -> None:
     return None
 
 
-async def _declare_queue(channel: Channel, method: Any, record: QueueRecord,
-                         stream_locator: str | None = None) -> None:
-    cluster, sync, vhost = _cluster(channel), _sync(channel), channel.vhost
-    action = f"declare {vhost.rs('queue', record.name)}"
-    if stream_locator is not None:  # its members and leader (docs/REPLICATION.md, "Membership")
-        node, members = await running_nodes.place_new_stream(
-            cluster, vhost.name, record.name, record.arguments.get("x-initial-cluster-size"),
-            stream_locator)
-        record = dataclasses.replace(record, node=node, members=members)
-    leased = record.exclusive or record.auto_delete or not record.durable
-    lease = _lease(cluster, action) if leased else 0
-    await sync.deleted(record.vhost, record.name)  # the model let it go: etcd first
-    try:
-        result = await cluster.store.declare_queue(record, lease)
-    except EtcdUnavailable as exc:
-        if exc.maybe_applied:
-            _undo_later(cluster, record)
-        raise unavailable(action) from None
-    await _settle(cluster, result.revision, action)
-    queue = vhost.queues.get(record.name)
-    if queue is None and isinstance(result, Created) and result.record.node == cluster.node:
-        raise InternalError(f"cannot create {vhost.rs('queue', record.name)} on this node")
+async def _declare_queue(channel: Channel, method: Any, spec: QueueSpec) -> None:
+    vhost, port = channel.vhost, _port(channel)
+    async with _answering(f"declare {vhost.rs('queue', spec.name)}"):
+        declared = await port.declare_queue(vhost, spec)
+    queue = vhost.queues.get(spec.name)
+    if queue is None and declared.created and declared.placement.node == port.node:
+        raise InternalError(f"cannot create {vhost.rs('queue', spec.name)} on this node")
     if channel.closed:
         return
-    channel.last_queue = record.name
-    if queue is not None and not isinstance(result, Created):
+    channel.last_queue = spec.name
+    if queue is not None and not declared.created:
         queue.touch()
     if not method.nowait:
         count, consumers = (queue.message_count, queue.consumer_count) if queue else (0, 0)
-        channel.session.write(codec.encode_declare_ok(channel.number, record.name, count,
+        channel.session.write(codec.encode_declare_ok(channel.number, spec.name, count,
                                                       consumers))
-
-
-def _undo_later(cluster: ClusterRuntime, record: QueueRecord) -> None:
-    """A refused declaration's txn may have been applied, now or later (etcd may still hold
-    the request): read the key until etcd has answered for UNDO_WINDOW_S, and delete the queue
-    if it is the one this declaration wrote (its `storage_id`, fresh for every declaration)."""
-    async def undo() -> None:
-        loop = asyncio.get_running_loop()
-        answered_since: float | None = None
-        while answered_since is None or loop.time() - answered_since < UNDO_WINDOW_S:
-            try:
-                found = await cluster.store.get_queue(record.vhost, record.name)
-                if found is not None and found.storage_id == record.storage_id:
-                    await cluster.store.delete_queue(record.vhost, record.name,
-                                                     if_revision=found.mod_revision)
-                    log.info("undid a refused queue declaration", queue=record.name,
-                             vhost=record.vhost)
-                    return
-                if found is not None:  # another declaration holds the name: ours cannot apply
-                    return
-                answered_since = answered_since or loop.time()
-            except EtcdException:
-                answered_since = None
-            await asyncio.sleep(UNDO_PAUSE_S)
-    task = asyncio.get_running_loop().create_task(undo())
-    _undoing.add(task)
-    task.add_done_callback(_undoing.discard)
-
-
-_undoing: set[asyncio.Task[None]] = set()
 
 
 def queue_bind(channel: Channel, method: Any) -> None:
@@ -458,24 +337,20 @@ def queue_delete(channel: Channel, method: Any) -> None:
 
 
 async def _delete_queue(channel: Channel, method: Any, name: str, queue: Queue | None) -> None:
-    cluster, vhost = _cluster(channel), channel.vhost
-    action = f"delete {vhost.rs('queue', name)}"
-    record = cluster.cache.queue(vhost.name, name) if queue is not None else None
+    vhost = channel.vhost
     count, later = 0, []
     if queue is not None:  # the cache may apply the delete before this step resumes
         count = queue.count_on_delete
         later = _cancels_after_reply(channel, queue)
-    try:
-        revision = await cluster.store.delete_queue(
-            vhost.name, name, if_revision=record.mod_revision if record else 0)
-    except EtcdUnavailable:
-        for owner, consumer in later:  # still consuming: the closing channel cancels them
-            owner.consumers[consumer.tag] = consumer
-        raise unavailable(action) from None
-    if revision is not None and queue is not None and vhost.queues.get(name) is queue:
-        count = _sync(channel).remove_local(vhost, queue)
-    if revision is not None:
-        await _settle(cluster, revision, action)
+    async with _answering(f"delete {vhost.rs('queue', name)}"):
+        try:
+            deleted = await _port(channel).delete_queue(vhost, name)
+        except StoreUnavailable:
+            for owner, consumer in later:  # still consuming: the closing channel cancels them
+                owner.consumers[consumer.tag] = consumer
+            raise
+    if deleted is not None and deleted.message_count is not None and queue is not None:
+        count = deleted.message_count
     if channel.closed:
         return
     if not method.nowait:

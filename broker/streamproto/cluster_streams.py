@@ -7,8 +7,9 @@ the node's `queue_leader_locator`).
 
 The checks and their response codes are those of `streams.create` / `streams.delete`
 (PRECONDITION_FAILED, ACCESS_REFUSED, STREAM_ALREADY_EXISTS, STREAM_DOES_NOT_EXIST); then the
-etcd transaction runs in a task, and the answer goes out once every running node has applied
-it (`ClusterRuntime.settle`). etcd unreachable or too slow: INTERNAL_ERROR. On a single node
+topology port (`broker.topology`: the placement, record and etcd txn of every front end) runs
+in a task, and the answer goes out once every running node has applied the change. etcd
+unreachable or too slow (`TopologyError`): INTERNAL_ERROR. On a single node
 these hand over to `streams.create` / `streams.delete` unchanged.
 Must not know: AMQP, etcd's wire. Single-threaded, on the event loop.
 """
@@ -16,28 +17,22 @@ Must not know: AMQP, etcd's wire. Single-threaded, on the event loop.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker import logs
 from leveret.broker.access_store import ClusterAccess, TopologyUnavailable
-from leveret.broker.cluster import running_nodes
 from leveret.broker.cluster.etcd import EtcdException
-from leveret.broker.cluster.topology import Created
-from leveret.broker.cluster.topology_records import QueueRecord
-from leveret.broker.model import args as qargs
 from leveret.broker.model import superstream
 from leveret.broker.model.errors import BrokerError, PreconditionFailed
-from leveret.broker.model.policy import effective
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.streamproto import cluster as placement
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto import frames as f
 from leveret.broker.streamproto import streams
+from leveret.broker.topology.port import QueueSpec, TopologyError
 
 if TYPE_CHECKING:
-    from leveret.broker.cluster.runtime import ClusterRuntime
     from leveret.broker.streamproto.session import StreamSession
 
 log = logs.get("leveret.stream_connection")
@@ -54,27 +49,6 @@ def _answer(s: StreamSession, key: int, corr: int, code: int) -> None:
     if not s.closed:
         s.send(f.response(key, corr, code))
         s.flush()
-
-
-def _locator(s: StreamSession, name: str, arguments: dict[str, Any]) -> str:
-    policy = effective(s.vhost.policies, "queues", "stream", name)
-    locator = policy.definition.get("queue-leader-locator") if policy is not None else None
-    if locator is None:
-        locator = arguments.get("x-queue-leader-locator")
-    if locator is None:
-        locator = getattr(s.broker.config, "queue_leader_locator", "client-local")
-    found = qargs.text(locator)
-    return found if found in qargs.LEADER_LOCATORS else "client-local"
-
-
-async def _record(s: StreamSession, cluster: ClusterRuntime, name: str,
-                  arguments: dict[str, Any], locator: str) -> QueueRecord:
-    """The new stream's record, placed on the running nodes (it may wait for their links:
-    broker/cluster/running_nodes.py)."""
-    node, members = await running_nodes.place_new_stream(
-        cluster, s.vhost.name, name, arguments.get("x-initial-cluster-size"), locator)
-    return QueueRecord(s.vhost.name, name, "stream", durable=True, arguments=arguments,
-                       node=node, storage_id=uuid.uuid4().hex, members=members)
 
 
 def create(s: StreamSession, d: f.Decoder, version: int) -> None:
@@ -102,25 +76,22 @@ def create(s: StreamSession, d: f.Decoder, version: int) -> None:
     except (PreconditionFailed, BrokerError):
         _answer(s, k.CREATE, corr, k.PRECONDITION_FAILED)
         return
-    _spawn(_create(s, cluster, corr, name, args, _locator(s, name, args)))
+    _spawn(_create(s, corr, QueueSpec(name, "stream", durable=True, arguments=args)))
 
 
-async def _create(s: StreamSession, cluster: ClusterRuntime, corr: int, name: str,
-                  arguments: dict[str, Any], locator: str) -> None:
-    record = await _record(s, cluster, name, arguments, locator)
+async def _create(s: StreamSession, corr: int, spec: QueueSpec) -> None:
     try:
-        result = await cluster.store.declare_queue(record)
-        if not isinstance(result, Created):  # declared meanwhile, by someone else
-            _answer(s, k.CREATE, corr, k.STREAM_ALREADY_EXISTS)
-            return
-        await cluster.settle(result.revision)
+        declared = await s.broker.topology.declare_queue(s.vhost, spec)
     except BrokerError:  # another kind of queue with that name, declared meanwhile
         _answer(s, k.CREATE, corr, k.STREAM_ALREADY_EXISTS)
         return
-    except (EtcdException, TimeoutError) as exc:
+    except (TopologyError, EtcdException) as exc:
         log.warning("cannot create a stream: the metadata store is unavailable",
-                    stream=record.name, error=str(exc))
+                    stream=spec.name, error=str(exc))
         _answer(s, k.CREATE, corr, k.INTERNAL_ERROR)
+        return
+    if not declared.created:  # declared meanwhile, by someone else
+        _answer(s, k.CREATE, corr, k.STREAM_ALREADY_EXISTS)
         return
     _answer(s, k.CREATE, corr, k.OK)
 
@@ -141,28 +112,19 @@ def delete(s: StreamSession, d: f.Decoder, version: int) -> None:
     if not local and placement.remote_stream(s, name) is None:
         _answer(s, k.DELETE, corr, k.STREAM_DOES_NOT_EXIST)
         return
-    _spawn(_delete(s, cluster, corr, name, queue if local else None))
+    _spawn(_delete(s, corr, name))
 
 
-async def _delete(s: StreamSession, cluster: ClusterRuntime, corr: int, name: str,
-                  queue: Any) -> None:
+async def _delete(s: StreamSession, corr: int, name: str) -> None:
     vhost = s.vhost
-    record = cluster.cache.queue(vhost.name, name)
     try:
-        revision = await cluster.store.delete_queue(
-            vhost.name, name, if_revision=record.mod_revision if record else 0)
-        sync = s.broker.topology_sync
-        if (revision is not None and queue is not None and sync is not None
-                and vhost.queues.get(name) is queue):
-            sync.remove_local(vhost, queue)
-        if revision is not None:
-            await cluster.settle(revision)
-    except (EtcdException, TimeoutError) as exc:
+        deleted = await s.broker.topology.delete_queue(vhost, name)
+    except (TopologyError, EtcdException) as exc:
         log.warning("cannot delete a stream: the metadata store is unavailable", stream=name,
                     error=str(exc))
         _answer(s, k.DELETE, corr, k.INTERNAL_ERROR)
         return
-    if revision is None:  # deleted meanwhile, by someone else
+    if deleted is None:  # deleted meanwhile, by someone else
         _answer(s, k.DELETE, corr, k.STREAM_DOES_NOT_EXIST)
         return
     _answer(s, k.DELETE, corr, k.OK)
