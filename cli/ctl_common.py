@@ -11,7 +11,8 @@ from __future__ import annotations
 import base64
 import json
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -23,7 +24,7 @@ import typer
 
 from leveret.broker.config import ConfigError, load
 from leveret.broker.management.local_token import TOKEN_FILE
-from leveret.cli.streams_api import error_reason
+from leveret.cli.streams_api import error_reason, requested_columns
 
 # rabbitmqctl's exit codes (sysexits.h), as it gives them
 EX_OK = 0
@@ -50,6 +51,23 @@ class ApiStatus(Exception):
         super().__init__(reason)
         self.status = status
         self.reason = reason
+
+
+# -- the two tools' typer apps -------------------------------------------------------------------
+
+FINDING_THE_NODE = ("-t/--timeout SECONDS, and `leveret serve`'s --config, --data-dir and "
+                    "--management-port to find the local node.")
+
+
+def make_app(tool_help: str) -> typer.Typer:
+    """A tool's app: no completion or pretty tracebacks (a mistake is one line), -h as --help."""
+    return typer.Typer(
+        help=tool_help,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
 
 
 # -- global options: anywhere on the command line, as rabbitmqctl takes them ------------------
@@ -135,6 +153,13 @@ def run(app: typer.Typer, argv: list[str] | None = None) -> None:
     sys.exit(code if isinstance(code, int) else EX_OK)
 
 
+def entry_point(app: typer.Typer) -> Callable[[], None]:
+    """A console script's `main`: runs `app` on sys.argv, as `run` does."""
+    def main() -> None:
+        run(app)
+    return main
+
+
 # -- the node and its credential ----------------------------------------------------------------
 
 
@@ -148,9 +173,7 @@ class Node:
                 "data_dir": OPTIONS.data_dir, "management_port": OPTIONS.management_port})
         except ConfigError as exc:
             raise CtlError(str(exc), EX_USAGE) from None
-        host = config.management_host or config.host
-        if host in ("", "::", "0.0.0.0"):
-            host = "127.0.0.1"
+        host = reachable_host(config.management_host or config.host)
         self.base = f"http://{f'[{host}]' if ':' in host else host}:{config.management_port}"
         if OPTIONS.node:
             self.base = _node_url(OPTIONS.node)
@@ -201,10 +224,21 @@ class Node:
     def get(self, path: str) -> Any:
         return self.call("GET", path)
 
+    @property
+    def host(self) -> str:
+        """The host the node's API is reached at."""
+        return urlsplit(self.base).hostname or "127.0.0.1"
+
     def node_name(self) -> str:
         if self.name is None:
             self.name = str(self.get("/api/overview?columns=node")["node"])
         return self.name
+
+
+def reachable_host(host: str, wildcard: str = "127.0.0.1") -> str:
+    """Where a listener bound to `host` is reached: a wildcard address (every interface) at
+    `wildcard`, the address its node is reached at."""
+    return wildcard if host in ("", "::", "0.0.0.0", "[::]") else host
 
 
 def _node_url(node: str) -> str:
@@ -218,6 +252,18 @@ def _node_url(node: str) -> str:
         usage_error(f"--node takes a node's management address, HOST:PORT or "
                     f"http://HOST:PORT, not '{node}'")
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
+@contextmanager
+def refusals(missing: CtlError | None = None, code: int = EX_SOFTWARE) -> Iterator[None]:
+    """The API's refusal as the command's one-line error: a 404 as `missing` (when given),
+    any other status as its reason with `code`."""
+    try:
+        yield
+    except ApiStatus as error:
+        if error.status == 404 and missing is not None:
+            raise missing from None
+        raise CtlError(error.reason, code) from None
 
 
 def basic(user: str, password: str) -> str:
@@ -252,6 +298,15 @@ def cell(value: Any) -> str:
     return str(value)
 
 
+def emit_report(data: dict[str, Any], lines: Iterable[str]) -> None:
+    """A report of one object: its JSON with --formatter json, else its lines."""
+    if OPTIONS.json:
+        typer.echo(json.dumps(data, separators=(",", ":")))
+        return
+    for line in lines:
+        typer.echo(line)
+
+
 def json_rows(rows: Iterable[dict[str, Any]]) -> str:
     """rabbitmqctl's JSON for a list: one object a line, the comma leading."""
     items = [json.dumps(r, separators=(",", ":"), ensure_ascii=False) for r in rows]
@@ -273,10 +328,7 @@ def emit_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 
 def pick_columns(requested: list[str] | None, default: list[str], valid: list[str],
                  command: str) -> list[str]:
-    if not requested:
-        return default
-    columns = [c for item in requested for c in item.split(",") if c]
-    unknown = [c for c in columns if c not in valid]
+    columns, unknown = requested_columns(requested, default, valid)
     if unknown:
         usage_error(f"Info key(s) {','.join(unknown)} are not supported (valid for {command}: "
                     f"{', '.join(valid)})")
