@@ -23,8 +23,8 @@ from leveret.cli.streams_api import q
 
 app = c.make_app(
     "leveretctl: rabbitmqctl's commands for a Leveret node. Global options, anywhere: "
-    "-n/--node HOST:PORT (a node's management address), -p/--vhost, -q/--quiet, "
-    "--formatter table|json, --no-table-headers, " + c.FINDING_THE_NODE)
+    "-n/--node NAME or HOST:PORT (a node of the cluster, or its management address), "
+    "-p/--vhost, -q/--quiet, --formatter table|json, --no-table-headers, " + c.FINDING_THE_NODE)
 
 Columns = Annotated[list[str] | None, typer.Argument(help="Info items to show.",
                                                      show_default=False)]

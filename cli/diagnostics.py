@@ -15,7 +15,8 @@ from leveret.cli.ctl_status import alarms_of, listener_line, node_report, status
 
 app = c.make_app(
     "leveret-diagnostics: rabbitmq-diagnostics' checks for a Leveret node. Global options, "
-    "anywhere: -n/--node HOST:PORT, -q/--quiet, --formatter table|json, " + c.FINDING_THE_NODE)
+    "anywhere: -n/--node NAME or HOST:PORT, -q/--quiet, --formatter table|json, "
+    + c.FINDING_THE_NODE)
 
 
 def _result(data: dict[str, Any], text: str) -> None:

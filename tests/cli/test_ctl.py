@@ -9,8 +9,6 @@ module fast; a few run the installed console scripts as subprocesses.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -19,62 +17,15 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pika
 import pytest
 from support.brokers import BrokerProcess
+from support.ctl import Tool
 from support.ports import free_port, wait_for_port
 from support.reference import RABBITMQCTL, Reference
 
 from leveret.cli import ctl, diagnostics
-from leveret.cli import ctl_common as c
-from leveret.cli.ctl_common import OPTIONS, Options
-
-
-class Result:
-    def __init__(self, code: int, stdout: str, stderr: str) -> None:
-        self.code, self.stdout, self.stderr = code, stdout, stderr
-
-    @property
-    def lines(self) -> list[str]:
-        return self.stdout.splitlines()
-
-
-class Tool:
-    """One of the two tools, run in this process against the module's broker."""
-
-    def __init__(self, app: Any, data_dir: Path, management_port: int) -> None:
-        self.app = app
-        self.where = ["--data-dir", str(data_dir), "--management-port", str(management_port)]
-
-    def run(self, *args: str, code: int = 0, where: bool = True) -> Result:
-        OPTIONS.__dict__.update(Options().__dict__)
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                c.run(self.app, [*args, *(self.where if where else [])])
-                exit_code = 0
-            except SystemExit as exit_:
-                exit_code = int(exit_.code or 0)
-        result = Result(exit_code, out.getvalue(), err.getvalue())
-        assert exit_code == code, (args, exit_code, result.stdout, result.stderr)
-        assert "Traceback" not in result.stdout + result.stderr
-        return result
-
-    def __call__(self, *args: str) -> Result:
-        return self.run(*args)
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self.run(*args, "--formatter", "json").stdout)
-
-    def error(self, *args: str, code: int, where: bool = True) -> str:
-        """A failing command: exactly one line on stderr and the exit code; returns it."""
-        result = self.run(*args, code=code, where=where)
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1, result.stderr
-        assert lines[0].startswith("Error")
-        return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +219,16 @@ def test_usage_mistakes(ctl_: Tool, diag: Tool) -> None:
     assert "nosuchcol" in ctl_.error("list_queues", "nosuchcol", code=64)
     assert ctl_.error("list_queues", "--formatter", "xml", code=64)
     assert ctl_.error("list_queues", "--bogus", code=64)
-    assert ctl_.error("list_queues", "--node", "not a node", code=64)
+    assert ctl_.error("list_queues", "--node", "http://no-port", code=64)
+
+
+def test_node_by_name(ctl_: Tool, diag: Tool, node: BrokerProcess) -> None:
+    """A single node answers to its own name, and names no other node."""
+    name = ctl_.json("status")["listeners"][0]["node"]
+    assert ctl_.json("status", "-n", name)["data_directory"] == str(node.data_dir)
+    assert diag("-q", "ping", "--node", name).lines == ["Ping succeeded"]
+    assert ctl_.error("list_queues", "-n", "nosuch", code=69) == (
+        f"Error: no node named 'nosuch' in the cluster of the local node (its nodes: {name})")
 
 
 def test_broker_down(ctl_: Tool, diag: Tool, node: BrokerProcess) -> None:
