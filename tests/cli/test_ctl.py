@@ -21,7 +21,7 @@ from pathlib import Path
 import pika
 import pytest
 from support.brokers import BrokerProcess
-from support.ctl import Tool
+from support.ctl import Tool, close_connection
 from support.ports import free_port, wait_for_port
 from support.reference import RABBITMQCTL, Reference
 
@@ -105,12 +105,7 @@ def test_connections_channels_consumers_close(ctl_: Tool, node: BrokerProcess) -
         consumers = ctl_.json("list_consumers")
         assert consumers[0]["queue_name"] == "ctl-c" and consumers[0]["consumer_tag"] == "tag-1"
         assert consumers[0]["ack_required"] is True
-        assert ctl_("close_connection", rows[0]["name"], "go away").lines == [
-            f"Closing connection {rows[0]['name']}, reason: go away..."]
-        with pytest.raises(pika.exceptions.ConnectionClosed) as closed:
-            conn.process_data_events(2)
-            conn.process_data_events(2)
-        assert "go away" in str(closed.value)
+        close_connection(ctl_, conn, rows[0]["name"])
     finally:
         if conn.is_open:
             conn.close()

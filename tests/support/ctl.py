@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pika
+import pytest
 import typer
 
 from leveret.cli import ctl_common as c
@@ -65,3 +67,14 @@ class Tool:
         assert len(lines) == 1, result.stderr
         assert lines[0].startswith("Error")
         return lines[0]
+
+
+def close_connection(tool: Tool, conn: pika.BlockingConnection, name: str, *options: str) -> None:
+    """`close_connection NAME "go away"` prints its banner, and the client sees its connection
+    closed with that explanation."""
+    assert tool("close_connection", name, "go away", *options).lines == [
+        f"Closing connection {name}, reason: go away..."]
+    with pytest.raises(pika.exceptions.ConnectionClosed) as closed:
+        conn.process_data_events(2)
+        conn.process_data_events(2)
+    assert "go away" in str(closed.value)
