@@ -180,14 +180,14 @@ class Node:
             raise CtlError(str(exc), EX_USAGE) from None
         self.token_path = config.data_dir / TOKEN_FILE
         self.name: str | None = None
-        self._base = _node_url(OPTIONS.node) if OPTIONS.node else None  # None: by name
-        if self._base is None and not config.management_port:
+        address = _node_url(OPTIONS.node) if OPTIONS.node else None
+        if address is None and not config.management_port:  # the local API is needed
             raise CtlError("the node's management API is disabled (management_port = 0); "
                            "Leveret's CLI tools talk to it", EX_UNAVAILABLE)
         host = reachable_host(config.management_host or config.host)
         self.local_base = f"http://{_url_host(host)}:{config.management_port}"
-        if not OPTIONS.node:
-            self._base = self.local_base
+        # None for a node's name, looked up through the local node at first use
+        self._base = address if OPTIONS.node else self.local_base
 
     @property
     def base(self) -> str:
