@@ -147,6 +147,9 @@ def run(app: typer.Typer, argv: list[str] | None = None) -> None:
     except CtlError as error:
         typer.echo(f"Error: {error}", err=True)
         sys.exit(error.code)
+    except ApiStatus as error:  # a refusal the command has no word of its own for
+        typer.echo(f"Error: {error.reason}", err=True)
+        sys.exit(EX_SOFTWARE)
     except typer.Abort:
         typer.echo("Error: aborted", err=True)
         sys.exit(EX_SOFTWARE)

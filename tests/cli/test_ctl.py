@@ -15,8 +15,11 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pika
 import pytest
@@ -232,6 +235,34 @@ def test_broker_down(ctl_: Tool, diag: Tool, node: BrokerProcess) -> None:
     assert "Failed to connect" in diag.error("-q", "ping", "-n", dead, code=69)
     assert diag.error("check_running", "--node", dead, code=69)
     assert ctl_.error("await_startup", "-n", dead, "--timeout", "0.5", code=69)
+
+
+class FailingApi(BaseHTTPRequestHandler):
+    """A management API that answers every request with a 500 and RabbitMQ's error body."""
+
+    def do_GET(self) -> None:  # http.server calls it by this name
+        body = json.dumps({"error": "internal_error", "reason": "it broke"}).encode()
+        self.send_response(500)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+
+def test_an_api_failure_is_one_line(ctl_: Tool, diag: Tool) -> None:
+    """A refusal no command has its own words for: the API's reason and 70, no traceback."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FailingApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        failing = f"127.0.0.1:{server.server_address[1]}"
+        assert ctl_.error("list_users", "-n", failing, code=70) == "Error: it broke"
+        assert diag.error("check_alarms", "-n", failing, code=70) == "Error: it broke"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_console_scripts(node: BrokerProcess) -> None:
