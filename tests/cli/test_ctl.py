@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import stat
 import subprocess
@@ -29,6 +30,7 @@ from support.ports import free_port, wait_for_port
 from support.reference import RABBITMQCTL, Reference
 
 from leveret.cli import ctl, diagnostics
+from leveret.cli import ctl_common as c
 
 
 @pytest.fixture(scope="module")
@@ -235,6 +237,26 @@ def test_broker_down(ctl_: Tool, diag: Tool, node: BrokerProcess) -> None:
     assert "Failed to connect" in diag.error("-q", "ping", "-n", dead, code=69)
     assert diag.error("check_running", "--node", dead, code=69)
     assert ctl_.error("await_startup", "-n", dead, "--timeout", "0.5", code=69)
+
+
+def test_where_a_named_node_is_reached() -> None:
+    """A node advertised as this machine at the loopback, where the token is accepted; one
+    elsewhere at its advertised host; a stopped node, or one without an API, not at all."""
+    entry = {"name": "n", "running": True, "management_port": 15999}
+    for here in ("localhost", platform.node(), "127.0.0.1"):
+        assert c.management_url_of({**entry, "advertise_host": here}) == (
+            "http://127.0.0.1:15999")
+    assert c.management_url_of({**entry, "advertise_host": "192.0.2.7"}) == (
+        "http://192.0.2.7:15999")  # TEST-NET-1: no address of this machine
+    assert c.management_url_of({**entry, "advertise_host": "2001:db8::7"}) == (
+        "http://[2001:db8::7]:15999")
+    assert c.management_url_of({**entry, "advertise_host": "elsewhere.invalid"}) == (
+        "http://elsewhere.invalid:15999")
+    with pytest.raises(c.CtlError, match="node 'n' is not running") as stopped:
+        c.management_url_of({**entry, "running": False, "advertise_host": "localhost"})
+    with pytest.raises(c.CtlError, match="no management API") as no_api:
+        c.management_url_of({**entry, "management_port": 0, "advertise_host": "localhost"})
+    assert stopped.value.code == no_api.value.code == c.EX_UNAVAILABLE
 
 
 class FailingApi(BaseHTTPRequestHandler):
