@@ -21,16 +21,10 @@ from leveret.cli.ctl_common import OPTIONS, ApiStatus, CtlError, Node
 from leveret.cli.ctl_status import cluster_status_command, status_command
 from leveret.cli.streams_api import q
 
-app = typer.Typer(
-    help="leveretctl: rabbitmqctl's commands for a Leveret node. Global options, anywhere: "
-    "-n/--node HOST:PORT (a node's management address), -p/--vhost, -q/--quiet, "
-    "--formatter table|json, -t/--timeout SECONDS, --no-table-headers, and `leveret serve`'s "
-    "--config, --data-dir and --management-port to find the local node.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+app = c.make_app(
+    "leveretctl: rabbitmqctl's commands for a Leveret node. Global options, anywhere: "
+    "-n/--node NAME or HOST:PORT (a node of the cluster, or its management address), "
+    "-p/--vhost, -q/--quiet, --formatter table|json, --no-table-headers, " + c.FINDING_THE_NODE)
 
 Columns = Annotated[list[str] | None, typer.Argument(help="Info items to show.",
                                                      show_default=False)]
@@ -168,10 +162,8 @@ def list_permissions() -> None:
     """Lists user permissions in a virtual host."""
     vhost = OPTIONS.vhost
     c.banner(f'Listing permissions for vhost "{vhost}" ...')
-    try:
+    with c.refusals(CtlError(f"Virtual host '{vhost}' does not exist", c.EX_DATAERR)):
         rows = Node().get(f"/api/vhosts/{q(vhost)}/permissions")
-    except ApiStatus:
-        raise CtlError(f"Virtual host '{vhost}' does not exist", c.EX_DATAERR) from None
     c.emit_table(rows, ["user", "configure", "write", "read"])
 
 
@@ -195,12 +187,8 @@ def _tags(tags: Any) -> list[str]:
 
 
 def _user(node: Node, name: str) -> dict[str, Any]:
-    try:
+    with c.refusals(CtlError(f'User "{name}" does not exist', c.EX_NOUSER)):
         user: dict[str, Any] = node.get(f"/api/users/{q(name)}")
-    except ApiStatus as error:
-        if error.status == 404:
-            raise CtlError(f'User "{name}" does not exist', c.EX_NOUSER) from None
-        raise CtlError(error.reason) from None
     return user
 
 
@@ -298,12 +286,8 @@ def add_vhost(
 def delete_vhost(vhost: str) -> None:
     """Deletes a virtual host."""
     c.banner(f'Deleting vhost "{vhost}" ...')
-    try:
+    with c.refusals(CtlError(f"Virtual host '{vhost}' does not exist", c.EX_DATAERR)):
         Node().call("DELETE", f"/api/vhosts/{q(vhost)}")
-    except ApiStatus as error:
-        if error.status == 404:
-            raise CtlError(f"Virtual host '{vhost}' does not exist", c.EX_DATAERR) from None
-        raise CtlError(error.reason) from None
 
 
 @app.command("set_permissions")
@@ -350,15 +334,11 @@ def set_policy(
         parsed = json.loads(definition)
     except json.JSONDecodeError as exc:
         raise CtlError(f"the policy definition is not valid JSON: {exc}", c.EX_DATAERR) from None
-    node = Node()
-    try:
-        node.call("PUT", f"/api/policies/{q(vhost)}/{q(name)}", {
+    with c.refusals(CtlError(f"Virtual host {vhost} does not exist", c.EX_UNAVAILABLE),
+                    c.EX_DATAERR):
+        Node().call("PUT", f"/api/policies/{q(vhost)}/{q(name)}", {
             "pattern": pattern, "definition": parsed, "priority": priority,
             "apply-to": apply_to})
-    except ApiStatus as error:
-        if error.status == 404:
-            raise CtlError(f"Virtual host {vhost} does not exist", c.EX_UNAVAILABLE) from None
-        raise CtlError(error.reason, c.EX_DATAERR) from None
 
 
 @app.command("clear_policy")
@@ -366,12 +346,8 @@ def clear_policy(name: str) -> None:
     """Clears (removes) a policy."""
     vhost = OPTIONS.vhost
     c.banner(f'Clearing policy "{name}" on vhost "{vhost}" ...')
-    try:
+    with c.refusals(CtlError("Parameter does not exist", c.EX_UNAVAILABLE)):
         Node().call("DELETE", f"/api/policies/{q(vhost)}/{q(name)}")
-    except ApiStatus as error:
-        if error.status == 404:
-            raise CtlError("Parameter does not exist", c.EX_UNAVAILABLE) from None
-        raise CtlError(error.reason) from None
 
 
 # -- queues and connections ---------------------------------------------------------------------
@@ -382,12 +358,8 @@ def purge_queue(queue: str) -> None:
     """Purges a queue (removes all messages in it)."""
     vhost = OPTIONS.vhost
     c.banner(f"Purging queue '{queue}' in vhost '{vhost}' ...")
-    try:
+    with c.refusals(CtlError("not_found", c.EX_UNAVAILABLE)):
         Node().call("DELETE", f"/api/queues/{q(vhost)}/{q(queue)}/contents")
-    except ApiStatus as error:
-        if error.status == 404:
-            raise CtlError("not_found", c.EX_UNAVAILABLE) from None
-        raise CtlError(error.reason) from None
 
 
 @app.command("delete_queue")
@@ -401,14 +373,10 @@ def delete_queue(
     c.banner(f"Deleting queue '{queue}' on vhost '{vhost}' ...")
     node = Node()
     path = f"/api/queues/{q(vhost)}/{q(queue)}"
-    try:
+    with c.refusals(CtlError("Queue not found", c.EX_USAGE)):
         ready = int(node.get(path).get("messages_ready") or 0)
         flags = [f for f, on in (("if-empty=true", if_empty), ("if-unused=true", if_unused)) if on]
         node.call("DELETE", path + ("?" + "&".join(flags) if flags else ""))
-    except ApiStatus as error:
-        if error.status == 404:
-            raise CtlError("Queue not found", c.EX_USAGE) from None
-        raise CtlError(error.reason, c.EX_SOFTWARE) from None
     c.say(f"Queue was successfully deleted with {ready} ready messages")
 
 
@@ -416,13 +384,9 @@ def delete_queue(
 def close_connection(connection: str, explanation: str) -> None:
     """Closes a connection (its name, from list_connections) with a reason for the client."""
     c.banner(f"Closing connection {connection}, reason: {explanation}...")
-    try:
+    with c.refusals(CtlError(f"no connection named '{connection}'", c.EX_UNAVAILABLE)):
         Node().call("DELETE", f"/api/connections/{q(connection)}",
                     headers={"X-Reason": explanation})
-    except ApiStatus as error:
-        if error.status == 404:
-            raise CtlError(f"no connection named '{connection}'", c.EX_UNAVAILABLE) from None
-        raise CtlError(error.reason) from None
 
 
 # -- definitions ----------------------------------------------------------------------------------
@@ -458,10 +422,8 @@ def import_definitions(path: Annotated[str, typer.Argument()] = "-") -> None:
         data = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise CtlError(f"the definitions are not valid JSON: {exc}", c.EX_DATAERR) from None
-    try:
+    with c.refusals(code=c.EX_DATAERR):
         Node().call("POST", "/api/definitions", data)
-    except ApiStatus as error:
-        raise CtlError(error.reason, c.EX_DATAERR) from None
     c.say("Successfully imported definitions")
 
 
@@ -509,8 +471,7 @@ def help_command(command: Annotated[str | None, typer.Argument()] = None) -> Non
     c.run(app, [command, "--help"] if command else ["--help"])
 
 
-def main() -> None:
-    c.run(app)
+main = c.entry_point(app)
 
 
 if __name__ == "__main__":

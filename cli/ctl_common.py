@@ -3,15 +3,20 @@ its credential, the management API client, rabbitmqctl's exit codes and its outp
 
 Presentation only. The node is found from the same settings as `leveret serve`
 (`broker.config.load`: a TOML file, LEVERET_* and flags); the credential is the token the node
-writes into its data directory (docs/CLI.md#the-local-credential). Stdlib urllib for HTTP.
+writes into its data directory (docs/CLI.md#the-local-credential); `--node NAME` is looked up
+in the local node's /api/nodes (docs/CLI.md#finding-the-node). Stdlib urllib for HTTP.
 """
 
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
+import platform
+import socket
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -23,7 +28,7 @@ import typer
 
 from leveret.broker.config import ConfigError, load
 from leveret.broker.management.local_token import TOKEN_FILE
-from leveret.cli.streams_api import error_reason
+from leveret.cli.streams_api import error_reason, requested_columns
 
 # rabbitmqctl's exit codes (sysexits.h), as it gives them
 EX_OK = 0
@@ -50,6 +55,23 @@ class ApiStatus(Exception):
         super().__init__(reason)
         self.status = status
         self.reason = reason
+
+
+# -- the two tools' typer apps -------------------------------------------------------------------
+
+FINDING_THE_NODE = ("-t/--timeout SECONDS, and `leveret serve`'s --config, --data-dir and "
+                    "--management-port to find the local node.")
+
+
+def make_app(tool_help: str) -> typer.Typer:
+    """A tool's app: no completion or pretty tracebacks (a mistake is one line), -h as --help."""
+    return typer.Typer(
+        help=tool_help,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
 
 
 # -- global options: anywhere on the command line, as rabbitmqctl takes them ------------------
@@ -125,6 +147,9 @@ def run(app: typer.Typer, argv: list[str] | None = None) -> None:
     except CtlError as error:
         typer.echo(f"Error: {error}", err=True)
         sys.exit(error.code)
+    except ApiStatus as error:  # a refusal the command has no word of its own for
+        typer.echo(f"Error: {error.reason}", err=True)
+        sys.exit(EX_SOFTWARE)
     except typer.Abort:
         typer.echo("Error: aborted", err=True)
         sys.exit(EX_SOFTWARE)
@@ -135,12 +160,20 @@ def run(app: typer.Typer, argv: list[str] | None = None) -> None:
     sys.exit(code if isinstance(code, int) else EX_OK)
 
 
+def entry_point(app: typer.Typer) -> Callable[[], None]:
+    """A console script's `main`: runs `app` on sys.argv, as `run` does."""
+    def main() -> None:
+        run(app)
+    return main
+
+
 # -- the node and its credential ----------------------------------------------------------------
 
 
 class Node:
-    """The management API of the target node: the local one from `leveret serve`'s settings,
-    or `--node HOST:PORT` / `--node http://HOST:PORT`, with the local node's token."""
+    """The management API of the target node, with the local node's token: the local node
+    from `leveret serve`'s settings, or `--node HOST:PORT` / `--node http://HOST:PORT`, or
+    `--node NAME`, a node of the local node's cluster (found in its /api/nodes)."""
 
     def __init__(self) -> None:
         try:
@@ -148,17 +181,34 @@ class Node:
                 "data_dir": OPTIONS.data_dir, "management_port": OPTIONS.management_port})
         except ConfigError as exc:
             raise CtlError(str(exc), EX_USAGE) from None
-        host = config.management_host or config.host
-        if host in ("", "::", "0.0.0.0"):
-            host = "127.0.0.1"
-        self.base = f"http://{f'[{host}]' if ':' in host else host}:{config.management_port}"
-        if OPTIONS.node:
-            self.base = _node_url(OPTIONS.node)
-        if not config.management_port and not OPTIONS.node:
-            raise CtlError("the node's management API is disabled (management_port = 0); "
-                           "Leveret's CLI tools talk to it", EX_UNAVAILABLE)
         self.token_path = config.data_dir / TOKEN_FILE
         self.name: str | None = None
+        address = _node_url(OPTIONS.node) if OPTIONS.node else None
+        if address is None and not config.management_port:  # the local API is needed
+            raise CtlError("the node's management API is disabled (management_port = 0); "
+                           "Leveret's CLI tools talk to it", EX_UNAVAILABLE)
+        host = reachable_host(config.management_host or config.host)
+        self.local_base = f"http://{_url_host(host)}:{config.management_port}"
+        # None for a node's name, looked up through the local node at first use
+        self._base = address if OPTIONS.node else self.local_base
+
+    @property
+    def base(self) -> str:
+        """The target's management URL; a node named by `--node` is looked up at first use."""
+        if self._base is None:
+            self._base = self._named_node_url(str(OPTIONS.node))
+        return self._base
+
+    def _named_node_url(self, name: str) -> str:
+        nodes: list[dict[str, Any]] = self._request(self.local_base, "GET", "/api/nodes")
+        found = next((n for n in nodes if n.get("name") == name), None)
+        if found is None:
+            names = ", ".join(str(n.get("name")) for n in nodes)
+            raise CtlError(f"no node named '{name}' in the cluster of the local node "
+                           f"(its nodes: {names})", EX_UNAVAILABLE)
+        if "os_pid" in found:  # the node answering lists itself in full: the local node
+            return self.local_base
+        return management_url_of(found)
 
     def _authorization(self) -> str:
         try:
@@ -174,8 +224,12 @@ class Node:
 
     def call(self, method: str, path: str, body: Any = None,
              headers: dict[str, str] | None = None, timeout: float | None = None) -> Any:
+        return self._request(self.base, method, path, body, headers, timeout)
+
+    def _request(self, base: str, method: str, path: str, body: Any = None,
+                 headers: dict[str, str] | None = None, timeout: float | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        request = Request(self.base + path, data=data, method=method)
+        request = Request(base + path, data=data, method=method)
         request.add_header("Authorization", self._authorization())
         if data is not None:
             request.add_header("Content-Type", "application/json")
@@ -187,13 +241,13 @@ class Node:
         except HTTPError as error:
             status = ApiStatus(error.code, error_reason(error))
             if error.code == 401:
-                raise CtlError(f"the node at {self.base} refused the local credential "
+                raise CtlError(f"the node at {base} refused the local credential "
                                f"({status.reason}); is it the node of this data directory?",
                                EX_UNAVAILABLE) from None
             raise status from None
         except (URLError, OSError) as error:
             cause = getattr(error, "reason", error)
-            raise CtlError(f"unable to perform an operation on node {self.base} ({cause}); "
+            raise CtlError(f"unable to perform an operation on node {base} ({cause}); "
                            "is the node running with its management port open?",
                            EX_UNAVAILABLE) from None
         return json.loads(raw) if raw.strip() else None
@@ -201,13 +255,69 @@ class Node:
     def get(self, path: str) -> Any:
         return self.call("GET", path)
 
+    @property
+    def host(self) -> str:
+        """The host the node's API is reached at."""
+        return urlsplit(self.base).hostname or "127.0.0.1"
+
     def node_name(self) -> str:
         if self.name is None:
             self.name = str(self.get("/api/overview?columns=node")["node"])
         return self.name
 
 
-def _node_url(node: str) -> str:
+def reachable_host(host: str, wildcard: str = "127.0.0.1") -> str:
+    """Where a listener bound to `host` is reached: a wildcard address (every interface) at
+    `wildcard`, the address its node is reached at."""
+    return wildcard if host in ("", "::", "0.0.0.0", "[::]") else host
+
+
+def management_url_of(node: dict[str, Any]) -> str:
+    """Another node's management URL, from its /api/nodes entry: its advertised host and
+    management port; a host that is this machine is reached at 127.0.0.1, where the local
+    credential is accepted."""
+    name = node.get("name")
+    if not node.get("running"):
+        raise CtlError(f"node '{name}' is not running", EX_UNAVAILABLE)
+    port = node.get("management_port")
+    if not port:
+        raise CtlError(f"node '{name}' has no management API (management_port = 0)",
+                       EX_UNAVAILABLE)
+    host = str(node.get("advertise_host") or "127.0.0.1")
+    return f"http://{_url_host('127.0.0.1' if on_this_machine(host) else host)}:{port}"
+
+
+def on_this_machine(host: str) -> bool:
+    """`host` is this machine: localhost, its host name, or an address it can bind to."""
+    if host in ("localhost", socket.gethostname(), platform.node()):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    with socket.socket(family) as probe:
+        try:
+            probe.bind((host, 0))
+        except OSError:
+            return False
+    return True
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _is_address(node: str) -> bool:
+    """`--node`'s value is a management address (a URL, or HOST:PORT), not a node's name."""
+    host, colon, port = node.rpartition(":")
+    return "://" in node or bool(colon and host and port.isdigit())
+
+
+def _node_url(node: str) -> str | None:
+    """`--node`'s value as a management URL, or None when it names a node."""
+    if not _is_address(node):
+        return None
     url = node if "://" in node else f"http://{node}"
     parts = urlsplit(url)
     try:
@@ -215,9 +325,21 @@ def _node_url(node: str) -> str:
     except ValueError:
         port = None
     if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
-        usage_error(f"--node takes a node's management address, HOST:PORT or "
+        usage_error(f"--node takes a node's name or its management address, HOST:PORT or "
                     f"http://HOST:PORT, not '{node}'")
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
+@contextmanager
+def refusals(missing: CtlError | None = None, code: int = EX_SOFTWARE) -> Iterator[None]:
+    """The API's refusal as the command's one-line error: a 404 as `missing` (when given),
+    any other status as its reason with `code`."""
+    try:
+        yield
+    except ApiStatus as error:
+        if error.status == 404 and missing is not None:
+            raise missing from None
+        raise CtlError(error.reason, code) from None
 
 
 def basic(user: str, password: str) -> str:
@@ -252,6 +374,15 @@ def cell(value: Any) -> str:
     return str(value)
 
 
+def emit_report(data: dict[str, Any], lines: Iterable[str]) -> None:
+    """A report of one object: its JSON with --formatter json, else its lines."""
+    if OPTIONS.json:
+        typer.echo(json.dumps(data, separators=(",", ":")))
+        return
+    for line in lines:
+        typer.echo(line)
+
+
 def json_rows(rows: Iterable[dict[str, Any]]) -> str:
     """rabbitmqctl's JSON for a list: one object a line, the comma leading."""
     items = [json.dumps(r, separators=(",", ":"), ensure_ascii=False) for r in rows]
@@ -273,10 +404,7 @@ def emit_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 
 def pick_columns(requested: list[str] | None, default: list[str], valid: list[str],
                  command: str) -> list[str]:
-    if not requested:
-        return default
-    columns = [c for item in requested for c in item.split(",") if c]
-    unknown = [c for c in columns if c not in valid]
+    columns, unknown = requested_columns(requested, default, valid)
     if unknown:
         usage_error(f"Info key(s) {','.join(unknown)} are not supported (valid for {command}: "
                     f"{', '.join(valid)})")

@@ -5,13 +5,11 @@ Presentation only.
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from typing import Any
 
-import typer
-
 from leveret.cli import ctl_common as c
-from leveret.cli.ctl_common import OPTIONS, Node
+from leveret.cli.ctl_common import Node
 from leveret.cli.streams_api import q
 
 PURPOSES = {"amqp": "AMQP 0-9-1 and AMQP 1.0", "amqp/ssl": "AMQP 0-9-1 and AMQP 1.0 over TLS",
@@ -27,16 +25,34 @@ def listeners(overview: dict[str, Any]) -> list[dict[str, Any]]:
             for lst in overview.get("listeners", [])]
 
 
-def listener_line(listener: dict[str, Any]) -> str:
-    return (f"Interface: {listener['interface']}, port: {listener['port']}, protocol: "
+def listener_line(listener: dict[str, Any], first: str = "Interface") -> str:
+    return (f"{first}: {listener['interface']}, port: {listener['port']}, protocol: "
             f"{listener['protocol']}, purpose: {listener['purpose']}")
 
 
-def local_node(node: Node) -> tuple[dict[str, Any], dict[str, Any]]:
+@dataclass(frozen=True)
+class NodeReport:
+    """What the target node says of itself: its /api/overview and its /api/nodes entry."""
+
+    node: Node
+    overview: dict[str, Any]
+    me: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.overview["node"])
+
+    @property
+    def listeners(self) -> list[dict[str, Any]]:
+        return listeners(self.overview)
+
+
+def node_report(node: Node | None = None) -> NodeReport:
+    node = node or Node()
     overview: dict[str, Any] = node.get("/api/overview")
     me: dict[str, Any] = node.get(f"/api/nodes/{q(overview['node'])}")
     node.name = overview["node"]
-    return overview, me
+    return NodeReport(node, overview, me)
 
 
 def alarms_of(me: dict[str, Any]) -> list[str]:
@@ -50,31 +66,27 @@ def _gb(value: Any) -> str:
 
 def status_command() -> None:
     """Displays status of a node."""
-    node = Node()
-    overview, me = local_node(node)
-    name = overview["node"]
+    report = node_report()
+    overview, me, name = report.overview, report.me, report.name
     alarms = alarms_of(me)
     data: dict[str, Any] = {
         "pid": int(me.get("os_pid") or 0), "os": "Linux", "product_name": "Leveret",
         "product_version": overview.get("product_version"),
         "rabbitmq_version": overview.get("rabbitmq_version"), "uptime": int(me["uptime"]) // 1000,
-        "data_directory": me.get("db_dir"), "listeners": listeners(overview),
+        "data_directory": me.get("db_dir"), "listeners": report.listeners,
         "alarms": [{"node": name, "resource": a} for a in alarms],
         "memory": {"total": {"rss": me.get("mem_used")}, "strategy": "rss"},
         "vm_memory_high_watermark_limit": me.get("mem_limit"),
         "disk_free": me.get("disk_free"), "disk_free_limit": me.get("disk_free_limit"),
         "file_descriptors": {"total_used": me.get("fd_used"), "total_limit": me.get("fd_total"),
                              "sockets_used": me.get("sockets_used")},
-        "totals": {"virtual_host_count": len(node.get("/api/vhosts")),
+        "totals": {"virtual_host_count": len(report.node.get("/api/vhosts")),
                    "connection_count": overview["object_totals"]["connections"],
                    "queue_count": overview["object_totals"]["queues"]},
         "is_under_maintenance": False,
     }
-    if OPTIONS.json:
-        typer.echo(json.dumps(data, separators=(",", ":")))
-        return
     c.banner(f"Status of node {name} ...")
-    lines = [
+    c.emit_report(data, [
         "Runtime", "", f"OS PID: {data['pid']}", "OS: Linux",
         f"Uptime (seconds): {data['uptime']}", "Is under maintenance?: false",
         f"Leveret version: {data['product_version']} (RabbitMQ compatibility "
@@ -91,16 +103,14 @@ def status_command() -> None:
         "Totals", "", f"Connection count: {data['totals']['connection_count']}",
         f"Queue count: {data['totals']['queue_count']}",
         f"Virtual host count: {data['totals']['virtual_host_count']}",
-    ]
-    for line in lines:
-        typer.echo(line)
+    ])
 
 
 def cluster_status_command() -> None:
     """Displays all the nodes in the cluster, and those running."""
-    node = Node()
-    overview, _me = local_node(node)
-    nodes: list[dict[str, Any]] = node.get("/api/nodes")
+    report = node_report()
+    overview, name = report.overview, report.name
+    nodes: list[dict[str, Any]] = report.node.get("/api/nodes")
     running = [n["name"] for n in nodes if n.get("running")]
     version = overview.get("product_version")
     data: dict[str, Any] = {
@@ -113,14 +123,11 @@ def cluster_status_command() -> None:
                      if n["name"] in running},
         "alarms": [{"node": n["name"], "resource": a} for n in nodes for a in alarms_of(n)],
         "partitions": {},
-        "listeners": {overview["node"]: listeners(overview)},
+        "listeners": {name: report.listeners},
         "maintenance_status": {n: "not under maintenance" for n in running},
     }
-    if OPTIONS.json:
-        typer.echo(json.dumps(data, separators=(",", ":")))
-        return
-    c.banner(f"Cluster status of node {overview['node']} ...")
-    lines = [
+    c.banner(f"Cluster status of node {name} ...")
+    c.emit_report(data, [
         "Basics", "", f"Cluster name: {data['cluster_name']}", "",
         "Disk Nodes", "", *data["disk_nodes"], "",
         "Running Nodes", "", *running, "",
@@ -131,8 +138,6 @@ def cluster_status_command() -> None:
         "Alarms", "", *([f"Node {a['node']}: {a['resource']} alarm" for a in data["alarms"]]
                         or ["(none)"]), "",
         "Network Partitions", "", "(none)", "",
-        "Listeners", "", *[f"Node: {overview['node']}, " + listener_line(lst)[0].lower()
-                           + listener_line(lst)[1:] for lst in listeners(overview)],
-    ]
-    for line in lines:
-        typer.echo(line)
+        "Listeners", "", *[f"Node: {name}, " + listener_line(lst, "interface")
+                           for lst in report.listeners],
+    ])

@@ -6,32 +6,21 @@ Presentation only: a thin client of the node's management HTTP API (`ctl_common.
 
 from __future__ import annotations
 
-import json
 import socket
 from typing import Any
 
-import typer
-
 from leveret.cli import ctl_common as c
 from leveret.cli.ctl_common import OPTIONS, ApiStatus, CtlError, Node
-from leveret.cli.ctl_status import alarms_of, listener_line, listeners, local_node, status_command
+from leveret.cli.ctl_status import alarms_of, listener_line, node_report, status_command
 
-app = typer.Typer(
-    help="leveret-diagnostics: rabbitmq-diagnostics' checks for a Leveret node. Global "
-    "options, anywhere: -n/--node HOST:PORT, -q/--quiet, --formatter table|json, "
-    "-t/--timeout SECONDS, and `leveret serve`'s --config, --data-dir and --management-port.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+app = c.make_app(
+    "leveret-diagnostics: rabbitmq-diagnostics' checks for a Leveret node. Global options, "
+    "anywhere: -n/--node NAME or HOST:PORT, -q/--quiet, --formatter table|json, "
+    + c.FINDING_THE_NODE)
 
 
 def _result(data: dict[str, Any], text: str) -> None:
-    if OPTIONS.json:
-        typer.echo(json.dumps(data, separators=(",", ":")))
-    else:
-        typer.echo(text)
+    c.emit_report(data, [text])
 
 
 @app.command("ping")
@@ -61,11 +50,10 @@ def check_running() -> None:
 @app.command("check_local_alarms")
 def check_local_alarms() -> None:
     """Health check: fails if the node has a resource alarm in effect."""
-    node = Node()
-    _overview, me = local_node(node)
-    name = node.node_name()
+    report = node_report()
+    name = report.name
     c.banner(f"Asking node {name} to report any local resource alarms ...")
-    alarms = alarms_of(me)
+    alarms = alarms_of(report.me)
     if alarms:
         raise CtlError(f"Node {name} reported local alarms: {', '.join(alarms)}",
                        c.EX_UNAVAILABLE)
@@ -85,11 +73,11 @@ def check_alarms() -> None:
     _result({"result": "ok"}, f"Node {name} reported no alarms, local or clusterwide")
 
 
-def _connects(host: str, port: int) -> bool:
-    if host in ("", "::", "0.0.0.0", "[::]"):
-        host = "127.0.0.1"
+def _connects(listener: dict[str, Any], node_host: str) -> bool:
+    host = c.reachable_host(str(listener["interface"]), node_host)
     try:
-        with socket.create_connection((host, port), timeout=min(OPTIONS.timeout, 5.0)):
+        with socket.create_connection((host, int(listener["port"])),
+                                      timeout=min(OPTIONS.timeout, 5.0)):
             return True
     except OSError:
         return False
@@ -98,13 +86,10 @@ def _connects(host: str, port: int) -> bool:
 @app.command("check_port_connectivity")
 def check_port_connectivity() -> None:
     """Health check: a TCP connection to every listener of the node succeeds."""
-    node = Node()
-    overview, _me = local_node(node)
-    name = overview["node"]
+    report = node_report()
+    name, found = report.name, report.listeners
     c.banner(f"Testing TCP connections to all active listeners on node {name} ...")
-    found = listeners(overview)
-    failed = [str(lst["port"]) for lst in found if not _connects(str(lst["interface"]),
-                                                                 int(lst["port"]))]
+    failed = [str(lst["port"]) for lst in found if not _connects(lst, report.node.host)]
     if failed:
         raise CtlError(f"Connection to ports {', '.join(failed)} on node {name} failed",
                        c.EX_UNAVAILABLE)
@@ -116,11 +101,9 @@ def check_port_connectivity() -> None:
 @app.command("listeners")
 def listeners_command() -> None:
     """Lists the node's protocol listeners."""
-    node = Node()
-    overview, _me = local_node(node)
-    name = overview["node"]
+    report = node_report()
+    name, found = report.name, report.listeners
     c.banner(f"Asking node {name} to report its protocol listeners ...")
-    found = listeners(overview)
     _result({"listeners": found, "node": name, "result": "ok"},
             "\n".join(listener_line(lst) for lst in found))
 
@@ -129,10 +112,9 @@ def listeners_command() -> None:
 def memory_breakdown() -> None:
     """The node's memory use: Leveret knows its processes' resident size (RSS) as a whole,
     not per kind of object as the Erlang VM does."""
-    node = Node()
-    _overview, me = local_node(node)
-    name = node.node_name()
-    rss = int(me.get("mem_used") or 0)
+    report = node_report()
+    name = report.name
+    rss = int(report.me.get("mem_used") or 0)
     c.banner(f"Reporting memory breakdown on node {name}...")
     _result({"total": {"rss": rss}, "rss": rss},
             f"rss: {rss / 1e9:.4f} gb (100.0%)")
@@ -141,8 +123,7 @@ def memory_breakdown() -> None:
 app.command("status")(status_command)
 
 
-def main() -> None:
-    c.run(app)
+main = c.entry_point(app)
 
 
 if __name__ == "__main__":

@@ -150,11 +150,18 @@ def banner(text: str, fmt: Formatter, quiet: bool) -> None:
         typer.echo(text)
 
 
-def pick_columns(requested: list[str] | None, default: list[str], valid: list[str]) -> list[str]:
+def requested_columns(requested: list[str] | None, default: list[str],
+                      valid: list[str]) -> tuple[list[str], list[str]]:
+    """The columns asked for (each argument may list several, comma-separated), or `default`;
+    and those of them not in `valid`."""
     if not requested:
-        return default
+        return default, []
     columns = [c for item in requested for c in item.split(",") if c]
-    unknown = [c for c in columns if c not in valid]
+    return columns, [c for c in columns if c not in valid]
+
+
+def pick_columns(requested: list[str] | None, default: list[str], valid: list[str]) -> list[str]:
+    columns, unknown = requested_columns(requested, default, valid)
     if unknown:
         fail(f"invalid column(s): {', '.join(unknown)}; valid columns are {', '.join(valid)}")
     return columns

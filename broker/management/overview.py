@@ -3,7 +3,8 @@
 The node is this one process: memory from /proc, free disk from the data directory, alarms
 from the broker's resource monitor when it has one. In cluster mode /api/nodes lists every node
 etcd knows (`cluster.membership`): this one in full, with its `cluster_links` (`cluster.peers`),
-the others from their records (running or not, alarms, uptime); if etcd does not answer, this
+the others from their records (running or not, alarms, uptime), each with its advertised host
+and management port (what `leveretctl --node NAME` reaches); if etcd does not answer, this
 node alone. In cluster mode the overview's queue and object totals take in every node's queues,
 connections and channels (`cluster_views`). Read-only; runs on the event loop.
 """
@@ -204,6 +205,7 @@ def remote_node_view(record: dict[str, Any]) -> dict[str, Any]:
         "exchange_types": exchange_types(),
         "version": record.get("version"),
         "advertise_host": record.get("advertise_host"),
+        "management_port": record.get("management_port"),  # leveretctl --node NAME
     }
 
 
@@ -216,6 +218,7 @@ async def cluster_node_views(broker: Broker) -> list[dict[str, Any]]:
     local["name"] = membership.name
     local["version"] = VERSION
     local["advertise_host"] = broker.config.advertise_host
+    local["management_port"] = broker.config.management_port
     if broker.cluster_links is not None:
         local["cluster_links"] = broker.cluster_links.link_views()
     try:

@@ -9,72 +9,28 @@ module fast; a few run the installed console scripts as subprocesses.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
+import platform
 import shutil
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pika
 import pytest
 from support.brokers import BrokerProcess
+from support.ctl import Tool, close_connection
 from support.ports import free_port, wait_for_port
 from support.reference import RABBITMQCTL, Reference
 
 from leveret.cli import ctl, diagnostics
 from leveret.cli import ctl_common as c
-from leveret.cli.ctl_common import OPTIONS, Options
-
-
-class Result:
-    def __init__(self, code: int, stdout: str, stderr: str) -> None:
-        self.code, self.stdout, self.stderr = code, stdout, stderr
-
-    @property
-    def lines(self) -> list[str]:
-        return self.stdout.splitlines()
-
-
-class Tool:
-    """One of the two tools, run in this process against the module's broker."""
-
-    def __init__(self, app: Any, data_dir: Path, management_port: int) -> None:
-        self.app = app
-        self.where = ["--data-dir", str(data_dir), "--management-port", str(management_port)]
-
-    def run(self, *args: str, code: int = 0, where: bool = True) -> Result:
-        OPTIONS.__dict__.update(Options().__dict__)
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                c.run(self.app, [*args, *(self.where if where else [])])
-                exit_code = 0
-            except SystemExit as exit_:
-                exit_code = int(exit_.code or 0)
-        result = Result(exit_code, out.getvalue(), err.getvalue())
-        assert exit_code == code, (args, exit_code, result.stdout, result.stderr)
-        assert "Traceback" not in result.stdout + result.stderr
-        return result
-
-    def __call__(self, *args: str) -> Result:
-        return self.run(*args)
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self.run(*args, "--formatter", "json").stdout)
-
-    def error(self, *args: str, code: int, where: bool = True) -> str:
-        """A failing command: exactly one line on stderr and the exit code; returns it."""
-        result = self.run(*args, code=code, where=where)
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1, result.stderr
-        assert lines[0].startswith("Error")
-        return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -154,12 +110,7 @@ def test_connections_channels_consumers_close(ctl_: Tool, node: BrokerProcess) -
         consumers = ctl_.json("list_consumers")
         assert consumers[0]["queue_name"] == "ctl-c" and consumers[0]["consumer_tag"] == "tag-1"
         assert consumers[0]["ack_required"] is True
-        assert ctl_("close_connection", rows[0]["name"], "go away").lines == [
-            f"Closing connection {rows[0]['name']}, reason: go away..."]
-        with pytest.raises(pika.exceptions.ConnectionClosed) as closed:
-            conn.process_data_events(2)
-            conn.process_data_events(2)
-        assert "go away" in str(closed.value)
+        close_connection(ctl_, conn, rows[0]["name"])
     finally:
         if conn.is_open:
             conn.close()
@@ -268,7 +219,16 @@ def test_usage_mistakes(ctl_: Tool, diag: Tool) -> None:
     assert "nosuchcol" in ctl_.error("list_queues", "nosuchcol", code=64)
     assert ctl_.error("list_queues", "--formatter", "xml", code=64)
     assert ctl_.error("list_queues", "--bogus", code=64)
-    assert ctl_.error("list_queues", "--node", "not a node", code=64)
+    assert ctl_.error("list_queues", "--node", "http://no-port", code=64)
+
+
+def test_node_by_name(ctl_: Tool, diag: Tool, node: BrokerProcess) -> None:
+    """A single node answers to its own name, and names no other node."""
+    name = ctl_.json("status")["listeners"][0]["node"]
+    assert ctl_.json("status", "-n", name)["data_directory"] == str(node.data_dir)
+    assert diag("-q", "ping", "--node", name).lines == ["Ping succeeded"]
+    assert ctl_.error("list_queues", "-n", "nosuch", code=69) == (
+        f"Error: no node named 'nosuch' in the cluster of the local node (its nodes: {name})")
 
 
 def test_broker_down(ctl_: Tool, diag: Tool, node: BrokerProcess) -> None:
@@ -277,6 +237,54 @@ def test_broker_down(ctl_: Tool, diag: Tool, node: BrokerProcess) -> None:
     assert "Failed to connect" in diag.error("-q", "ping", "-n", dead, code=69)
     assert diag.error("check_running", "--node", dead, code=69)
     assert ctl_.error("await_startup", "-n", dead, "--timeout", "0.5", code=69)
+
+
+def test_where_a_named_node_is_reached() -> None:
+    """A node advertised as this machine at the loopback, where the token is accepted; one
+    elsewhere at its advertised host; a stopped node, or one without an API, not at all."""
+    entry = {"name": "n", "running": True, "management_port": 15999}
+    for here in ("localhost", platform.node(), "127.0.0.1"):
+        assert c.management_url_of({**entry, "advertise_host": here}) == (
+            "http://127.0.0.1:15999")
+    assert c.management_url_of({**entry, "advertise_host": "192.0.2.7"}) == (
+        "http://192.0.2.7:15999")  # TEST-NET-1: no address of this machine
+    assert c.management_url_of({**entry, "advertise_host": "2001:db8::7"}) == (
+        "http://[2001:db8::7]:15999")
+    assert c.management_url_of({**entry, "advertise_host": "elsewhere.invalid"}) == (
+        "http://elsewhere.invalid:15999")
+    with pytest.raises(c.CtlError, match="node 'n' is not running") as stopped:
+        c.management_url_of({**entry, "running": False, "advertise_host": "localhost"})
+    with pytest.raises(c.CtlError, match="no management API") as no_api:
+        c.management_url_of({**entry, "management_port": 0, "advertise_host": "localhost"})
+    assert stopped.value.code == no_api.value.code == c.EX_UNAVAILABLE
+
+
+class FailingApi(BaseHTTPRequestHandler):
+    """A management API that answers every request with a 500 and RabbitMQ's error body."""
+
+    def do_GET(self) -> None:  # http.server calls it by this name
+        body = json.dumps({"error": "internal_error", "reason": "it broke"}).encode()
+        self.send_response(500)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+
+def test_an_api_failure_is_one_line(ctl_: Tool, diag: Tool) -> None:
+    """A refusal no command has its own words for: the API's reason and 70, no traceback."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FailingApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        failing = f"127.0.0.1:{server.server_address[1]}"
+        assert ctl_.error("list_users", "-n", failing, code=70) == "Error: it broke"
+        assert diag.error("check_alarms", "-n", failing, code=70) == "Error: it broke"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_console_scripts(node: BrokerProcess) -> None:
