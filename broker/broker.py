@@ -16,19 +16,19 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from leveret.amqp.stored import decode_record, encode_record, stream_entries_as_records
-from leveret.broker import logs
-from leveret.broker.alarms import Alarms
-from leveret.broker.auth import HASHING_ALGORITHM, Permission, Users
+from leveret.broker.access.auth import HASHING_ALGORITHM, Permission, Users
 from leveret.broker.cluster.stream_member import StreamMember
-from leveret.broker.config import Config
-from leveret.broker.metadata import MetadataRecorder, restore
-from leveret.broker.metastore import Metastore
+from leveret.broker.metadata.recorder import MetadataRecorder, restore
+from leveret.broker.metadata.store import Metastore
 from leveret.broker.model.durable import DurableClassicQueue
 from leveret.broker.model.queue import ClassicQueue, Queue
 from leveret.broker.model.replication import ONE_NODE, Replication
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.model.vhost import Observer, VHost
+from leveret.broker.process import logs
+from leveret.broker.process.alarms import Alarms
+from leveret.broker.process.config import Config
 from leveret.broker.topology.local import LocalTopology
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from leveret.broker import listen, logs
+from leveret.broker.access.definitions import DefinitionsError, load_file
 from leveret.broker.broker import VERSION, Broker
 from leveret.broker.cluster import access_sync, topology_sync
 from leveret.broker.cluster.etcd import EtcdClient, EtcdException
@@ -38,15 +38,17 @@ from leveret.broker.cluster.runtime import ClusterRuntime
 from leveret.broker.cluster.topology import TopologyStore
 from leveret.broker.cluster.topology_cache import TopologyCache
 from leveret.broker.cluster.topology_keys import TopologyKeys
-from leveret.broker.config import Config
-from leveret.broker.definitions import DefinitionsError, load_file
-from leveret.broker.listen import ServerError as ServerError  # the CLI and tests import it here
-from leveret.broker.listen import listen_error as listen_error
-from leveret.broker.listen import tls_context as tls_context
 from leveret.broker.management import cluster_views, local_token
 from leveret.broker.management.app import ManagementServer
-from leveret.broker.metadata import RestoreError
-from leveret.broker.metastore import MetastoreError
+from leveret.broker.metadata.recorder import RestoreError
+from leveret.broker.metadata.store import MetastoreError
+from leveret.broker.process import listen, logs
+from leveret.broker.process.config import Config
+from leveret.broker.process.listen import (
+    ServerError as ServerError,  # the CLI and tests import it here
+)
+from leveret.broker.process.listen import listen_error as listen_error
+from leveret.broker.process.listen import tls_context as tls_context
 from leveret.broker.remote.forwarding import Forwarder
 from leveret.broker.remote.tunnel_server import TunnelServer
 from leveret.broker.session.connection import Session

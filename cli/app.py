@@ -13,8 +13,8 @@ from typing import Annotated, Any
 
 import typer
 
-from leveret.broker import logs
-from leveret.broker.config import ConfigError, load
+from leveret.broker.process import logs
+from leveret.broker.process.config import ConfigError, load
 from leveret.broker.server import ServerError, serve
 from leveret.cli.cluster import cluster_status
 

@@ -26,8 +26,8 @@ from urllib.request import Request, urlopen
 
 import typer
 
-from leveret.broker.config import ConfigError, load
 from leveret.broker.management.local_token import TOKEN_FILE
+from leveret.broker.process.config import ConfigError, load
 from leveret.cli.streams_api import error_reason, requested_columns
 
 # rabbitmqctl's exit codes (sysexits.h), as it gives them

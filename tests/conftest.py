@@ -10,7 +10,7 @@ from support.brokers import BrokerProcess, InProcessBroker
 from support.ports import free_port
 from support.reference import Reference, start_reference
 
-from leveret.broker import logs
+from leveret.broker.process import logs
 
 logs.configure("json", "warning")
 

@@ -43,11 +43,11 @@ EXPECTED_CYCLES: dict[str, frozenset[str]] = {
     }),
     # broker -> session.connection (TYPE_CHECKING: Session); connection -> broker
     # (TYPE_CHECKING) and -> channel; channel -> connection (TYPE_CHECKING), topology,
-    # cluster_topology, forwarding; those three and tunnel_server -> channel (and broker)
+    # cluster_topology; cluster_topology -> remote.forwarding; those -> channel (and broker)
     "broker and the AMQP session": frozenset({
-        "broker.broker", "broker.session.channel", "broker.session.cluster_topology",
-        "broker.session.connection", "broker.session.forwarding", "broker.session.topology",
-        "broker.session.tunnel_server",
+        "broker.broker", "broker.remote.forwarding", "broker.session.channel",
+        "broker.session.cluster_topology", "broker.session.connection",
+        "broker.session.topology",
     }),
 }
 
@@ -158,6 +158,8 @@ VIOLATIONS = {
         "broker/cluster/etcd_types.py", "leveret.broker.workers.ipc"),
     "the wire workers know no broker room": (
         "broker/workers/ipc.py", "leveret.broker.model.errors"),
+    "the topology port knows no front end": (
+        "broker/topology/port.py", "leveret.broker.session.errors"),
 }
 
 

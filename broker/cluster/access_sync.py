@@ -9,7 +9,7 @@ RabbitMQ does, and drops its queues. Users carry their password hashes and tags;
 and policies follow their records. A record that arrives before the user or vhost it names
 (it cannot in one txn's order, but a reload may report them in any order) is applied when
 that user or vhost arrives, from the cache. Nothing here writes to SQLite: the writes go
-through `TopologyStore`, called by `broker/access_store.py`.
+through `TopologyStore`, called by `broker/access/access_store.py`.
 
 It must not know AMQP, the sessions' classes or the management API: the broker and its
 connections are seen through the small protocols below. Callbacks run in the cache's task
@@ -21,8 +21,7 @@ from __future__ import annotations
 from collections.abc import Set
 from typing import TYPE_CHECKING, Any, Protocol
 
-from leveret.broker import logs
-from leveret.broker.auth import HASHING_ALGORITHM, Permission, Users, hash_password
+from leveret.broker.access.auth import HASHING_ALGORITHM, Permission, Users, hash_password
 from leveret.broker.cluster.etcd_types import Compare, Put, prefix_end
 from leveret.broker.cluster.topology_records import (
     ExchangeRecord,
@@ -35,10 +34,11 @@ from leveret.broker.cluster.topology_records import (
 )
 from leveret.broker.model.policy import Policy
 from leveret.broker.model.vhost import PREDECLARED, VHost
+from leveret.broker.process import logs
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.runtime import ClusterRuntime
-    from leveret.broker.config import Config
+    from leveret.broker.process.config import Config
 
 log = logs.get("leveret.cluster.access")
 

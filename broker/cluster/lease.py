@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from leveret.broker import logs
 from leveret.broker.cluster.etcd import EtcdClient, EtcdException
+from leveret.broker.process import logs
 
 log = logs.get("leveret.cluster.lease")
 RETRY_S = 0.25  # pause between keepalives while etcd does not answer

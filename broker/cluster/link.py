@@ -1,13 +1,14 @@
 """The node-to-node link: authenticated, framed, bidirectional connections between cluster nodes.
 
 Role: carry what one node asks of another (forwarded publishes, deliveries, replication) over
-TCP. `LinkServer` listens on the cluster port (dual-stack `::` by default, as broker/listen.py
-binds) and hands each authenticated peer to a callback; `connect()` returns an authenticated
-`Link`. Both sides prove they hold the cluster's shared secret with a mutual HMAC-SHA256
-challenge-response; the secret itself never crosses the wire. A `Link` offers request/response
-with correlation ids (`call`), one-way messages (`send`), raw chunk frames (`send_chunk`),
-heartbeats, backpressure and a clean close. The byte layout is in link_frames.py and
-docs/FORMAT.md (section 9); the protocol in docs/CLUSTER.md ("Node-to-node link").
+TCP. `LinkServer` listens on the cluster port (dual-stack `::` by default, as
+broker/process/listen.py binds) and hands each authenticated peer to a callback; `connect()`
+returns an authenticated `Link`. Both sides prove they hold the cluster's shared secret with a
+mutual HMAC-SHA256 challenge-response; the secret itself never crosses the wire. A `Link`
+offers request/response with correlation ids (`call`), one-way messages (`send`), raw chunk
+frames (`send_chunk`), heartbeats, backpressure and a clean close. The byte layout is in
+link_frames.py and docs/FORMAT.md (section 9); the protocol in docs/CLUSTER.md ("Node-to-node
+link").
 
 Failure contract: a malformed, oversized, CRC-damaged or unknown frame, a silent peer, or a
 handler that breaks the protocol closes that one link, with one log line, never the process.
@@ -34,7 +35,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from leveret.broker import listen, logs
 from leveret.broker.cluster import link_frames as lf
 from leveret.broker.cluster.link_frames import Chunk, Frame, FrameError, FrameType
 from leveret.broker.cluster.link_handshake import (
@@ -48,6 +48,7 @@ from leveret.broker.cluster.link_handshake import (
     PeerStarting,
     VersionMismatch,
 )
+from leveret.broker.process import listen, logs
 
 __all__ = [
     "AuthenticationFailed", "CallTimeout", "Chunk", "ClusterMismatch", "Handlers",

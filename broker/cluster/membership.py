@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from leveret.broker import logs
 from leveret.broker.cluster.etcd import (
     Compare,
     EtcdClient,
@@ -47,6 +46,7 @@ from leveret.broker.cluster.etcd import (
     RangeResult,
 )
 from leveret.broker.cluster.lease import Lease
+from leveret.broker.process import logs
 
 log = logs.get("leveret.cluster")
 SECRET_LABEL = b"leveret cluster secret v1"

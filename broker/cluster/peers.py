@@ -34,7 +34,6 @@ import json
 from collections.abc import Coroutine, Iterable
 from typing import Any
 
-from leveret.broker import listen, logs
 from leveret.broker.cluster.etcd import EtcdClient, EtcdException, RangeResult, WatchEvent
 from leveret.broker.cluster.link import (
     Handlers,
@@ -47,6 +46,7 @@ from leveret.broker.cluster.link import (
     connect,
 )
 from leveret.broker.cluster.membership import ClusterKeys
+from leveret.broker.process import listen, logs
 
 log = logs.get("leveret.cluster.peers")
 PING = "node.ping"

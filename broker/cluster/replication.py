@@ -41,8 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from leveret.broker import logs
 from leveret.broker.cluster.link import Chunk, Handlers, Link, LinkError
+from leveret.broker.process import logs
 from leveret.storage import Log, shipping
 from leveret.storage.errors import BadChunk, StorageError
 

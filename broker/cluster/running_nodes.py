@@ -26,10 +26,10 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-from leveret.broker import logs
 from leveret.broker.cluster import stream_placement
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.cluster.topology_records import QueueRecord
+from leveret.broker.process import logs
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.runtime import ClusterRuntime

@@ -15,13 +15,13 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from leveret.broker import logs
 from leveret.broker.cluster.etcd import EtcdClient
 from leveret.broker.cluster.link import Link
 from leveret.broker.cluster.membership import Membership
 from leveret.broker.cluster.peers import ClusterLinks
 from leveret.broker.cluster.topology import TopologyStore
 from leveret.broker.cluster.topology_cache import TopologyCache
+from leveret.broker.process import logs
 
 log = logs.get("leveret.cluster")
 WAIT = "topology.wait"  # a peer asks: tell me once your cache has applied this revision

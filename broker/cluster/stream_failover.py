@@ -34,7 +34,6 @@ import contextlib
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from leveret.broker import logs
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.cluster.etcd_types import Compare, Put
 from leveret.broker.cluster.link import Link, LinkError
@@ -42,6 +41,7 @@ from leveret.broker.cluster.replication import quorum
 from leveret.broker.cluster.stream_leadership import StreamLeadership, Tail, fenced_election
 from leveret.broker.cluster.stream_leadership import _encode as encode_leadership
 from leveret.broker.cluster.topology_records import QueueRecord, encode
+from leveret.broker.process import logs
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.stream_replication import StreamReplication

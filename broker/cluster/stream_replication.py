@@ -34,7 +34,6 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from leveret.broker import logs
 from leveret.broker.cluster import stream_sac
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.cluster.link import Link, LinkError
@@ -47,6 +46,7 @@ from leveret.broker.cluster.stream_leadership import (
 from leveret.broker.cluster.stream_member import StreamMember, member_of
 from leveret.broker.cluster.topology_records import QueueRecord
 from leveret.broker.model.stream import StreamQueue
+from leveret.broker.process import logs
 from leveret.broker.remote.remote_queue import RemoteQueue
 from leveret.storage import StorageError
 

@@ -44,13 +44,13 @@ import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from leveret.broker import logs
 from leveret.broker.cluster.link import Link, LinkError
 from leveret.broker.cluster.stream_member import member_of
 from leveret.broker.model import stream_args as sargs
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.model.stream_cursor import Cursor
+from leveret.broker.process import logs
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.stream_replication import StreamReplication

@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from leveret.broker import logs
 from leveret.broker.cluster.etcd import EtcdClient, EtcdCompacted, EtcdException
 from leveret.broker.cluster.etcd_types import KeyValue, WatchEvent
 from leveret.broker.cluster.topology_keys import KINDS, Kind, TopologyKeys
@@ -36,6 +35,7 @@ from leveret.broker.cluster.topology_records import (
     VHostRecord,
     decode,
 )
+from leveret.broker.process import logs
 
 log = logs.get("leveret.cluster.topology")
 Callback = Callable[[Record], None]

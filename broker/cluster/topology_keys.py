@@ -22,7 +22,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from leveret.broker.metastore import encode_value
+from leveret.broker.metadata.store import encode_value
 
 Kind = Literal["vhosts", "users", "permissions", "policies", "exchanges", "queues", "bindings"]
 KINDS: tuple[Kind, ...] = ("vhosts", "users", "permissions", "policies", "exchanges", "queues",

@@ -20,7 +20,7 @@ from typing import Any, TypeAlias
 
 from leveret.broker.cluster.etcd_types import KeyValue
 from leveret.broker.cluster.topology_keys import DestinationType, Kind
-from leveret.broker.metastore import decode_value, encode_value
+from leveret.broker.metadata.store import decode_value, encode_value
 
 _TABLES = ("arguments", "definition")
 _META = ("mod_revision", "lease")

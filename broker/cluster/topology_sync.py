@@ -33,7 +33,6 @@ import shutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from leveret.broker import logs
 from leveret.broker.cluster import stream_replication
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.cluster.topology_records import (
@@ -42,19 +41,20 @@ from leveret.broker.cluster.topology_records import (
     QueueRecord,
     Record,
 )
-from leveret.broker.metastore import Metastore, MetastoreError
+from leveret.broker.metadata.store import Metastore, MetastoreError
 from leveret.broker.model.binding import Binding
 from leveret.broker.model.errors import BrokerError
 from leveret.broker.model.exchange import Exchange
 from leveret.broker.model.queue import Queue
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.vhost import Observer, VHost
+from leveret.broker.process import logs
 from leveret.broker.remote.remote_queue import Forwarding, RemoteQueue
 from leveret.storage import StorageError
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.runtime import ClusterRuntime
-    from leveret.broker.config import Config
+    from leveret.broker.process.config import Config
 
 log = logs.get("leveret.cluster.topology")
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
-from leveret.broker import admin
-from leveret.broker.access_store import access_store
+from leveret.broker.access import admin
+from leveret.broker.access.access_store import access_store
 from leveret.broker.management import views
 from leveret.broker.management.http import (
     body,

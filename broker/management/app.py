@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from leveret.broker import listen, logs
-from leveret.broker.admin import MANAGEMENT_TAGS
-from leveret.broker.auth import Permission, User
+from leveret.broker.access.admin import MANAGEMENT_TAGS
+from leveret.broker.access.auth import Permission, User
 from leveret.broker.management import (
     access,
     csrf,
@@ -53,6 +52,7 @@ from leveret.broker.management.http import (
     not_authorised,
 )
 from leveret.broker.model.errors import BrokerError
+from leveret.broker.process import listen, logs
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker

@@ -33,11 +33,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from leveret.broker import logs
 from leveret.broker.cluster.link import LinkError, RemoteError
 from leveret.broker.management import messages, stream_connections, views
 from leveret.broker.management.http import ApiError
 from leveret.broker.model.errors import InternalError, NotFound
+from leveret.broker.process import logs
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker

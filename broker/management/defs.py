@@ -14,7 +14,7 @@ import json
 
 from aiohttp import web
 
-from leveret.broker import definitions
+from leveret.broker.access import definitions
 from leveret.broker.management.http import (
     ApiError,
     bad_request,

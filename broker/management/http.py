@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from leveret.broker.access_store import TopologyUnavailable
-from leveret.broker.admin import BadRequest, authorizer
+from leveret.broker.access.access_store import TopologyUnavailable
+from leveret.broker.access.admin import BadRequest, authorizer
 from leveret.broker.model import errors as e
 
 if TYPE_CHECKING:
-    from leveret.broker.auth import User
+    from leveret.broker.access.auth import User
     from leveret.broker.broker import Broker
     from leveret.broker.model.vhost import Authorize, VHost
 

@@ -24,7 +24,6 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from leveret.broker.alarms import resident_memory_bytes
 from leveret.broker.broker import VERSION
 from leveret.broker.management import prometheus_names
 from leveret.broker.management.http import BROKER
@@ -32,6 +31,7 @@ from leveret.broker.management.member_metrics import MemberCollector
 from leveret.broker.management.overview import alarm_state
 from leveret.broker.management.prometheus_names import every
 from leveret.broker.management.prometheus_names import gauge as _gauge
+from leveret.broker.process.alarms import resident_memory_bytes
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker

@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from leveret.broker import logs
-from leveret.broker.alarms import resident_memory_bytes, total_memory_bytes
 from leveret.broker.broker import VERSION
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.management import cluster_views, views
@@ -42,6 +40,8 @@ from leveret.broker.management.http import (
     visible_vhosts,
 )
 from leveret.broker.model.exchange import EXCHANGE_TYPES
+from leveret.broker.process import logs
+from leveret.broker.process.alarms import resident_memory_bytes, total_memory_bytes
 from leveret.broker.streamproto import registry
 
 if TYPE_CHECKING:

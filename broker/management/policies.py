@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from leveret.broker.access_store import access_store
+from leveret.broker.access.access_store import access_store
 from leveret.broker.management import views
 from leveret.broker.management.http import (
     body,

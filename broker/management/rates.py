@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from leveret.broker import logs
 from leveret.broker.management import streamops, views
 from leveret.broker.management.http import BROKER, CURRENT_USER, sees_everything
+from leveret.broker.process import logs
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker

@@ -18,7 +18,7 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from leveret.broker.admin import BadRequest, get_vhost
+from leveret.broker.access.admin import BadRequest, get_vhost
 from leveret.broker.management import views
 from leveret.broker.model import superstream
 from leveret.broker.model.errors import NotFound

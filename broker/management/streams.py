@@ -24,8 +24,8 @@ from typing import Any
 
 from aiohttp import web
 
-from leveret.broker.access_store import access_store
-from leveret.broker.admin import BadRequest
+from leveret.broker.access.access_store import access_store
+from leveret.broker.access.admin import BadRequest
 from leveret.broker.management import stream_members, stream_protocol, streamops
 from leveret.broker.management.http import (
     ApiError,

@@ -22,8 +22,8 @@ from aiohttp import web
 
 from leveret.amqp.content import Message
 from leveret.amqp.properties import Properties
-from leveret.broker import admin
-from leveret.broker.access_store import access_store
+from leveret.broker.access import admin
+from leveret.broker.access.access_store import access_store
 from leveret.broker.management import cluster_views, messages, views
 from leveret.broker.management.http import (
     ApiError,

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote_plus
 
-from leveret.broker import listen
 from leveret.broker.model.superstream import SuperStreamExchange
+from leveret.broker.process import listen
 
 if TYPE_CHECKING:
-    from leveret.broker.auth import Permission, User
+    from leveret.broker.access.auth import Permission, User
     from leveret.broker.model.binding import Binding
     from leveret.broker.model.consumer import Consumer
     from leveret.broker.model.exchange import Exchange

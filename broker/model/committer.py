@@ -29,10 +29,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from leveret.broker import logs
 from leveret.broker.model.message import Confirm
 from leveret.broker.model.replication import ONE_NODE, Appends
 from leveret.broker.model.scheduler import Scheduler, Timer
+from leveret.broker.process import logs
 from leveret.storage import Log, StorageError
 from leveret.storage.config import FsyncPolicy
 

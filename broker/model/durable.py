@@ -28,7 +28,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from leveret.broker import logs
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.intervals import IntervalSet
 from leveret.broker.model.message import Confirm, QueuedMessage
@@ -36,6 +35,7 @@ from leveret.broker.model.queue import ClassicQueue
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.store import MemoryStore
 from leveret.broker.model.writer import Writer
+from leveret.broker.process import logs
 from leveret.storage import Log, LogConfig, OffsetSpec, StorageError
 
 if TYPE_CHECKING:

@@ -29,7 +29,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from leveret.broker import logs
 from leveret.broker.model import args as qargs
 from leveret.broker.model import stream_args as sargs
 from leveret.broker.model import superstream
@@ -42,6 +41,7 @@ from leveret.broker.model.sac import SacGroups
 from leveret.broker.model.storage_env import STREAM_CHUNK_TYPES, STREAM_ENTRIES, USER, StorageEnv
 from leveret.broker.model.stream_cursor import Cursor
 from leveret.broker.model.writer import Writer
+from leveret.broker.process import logs
 from leveret.storage import ChunkView, Log, LogConfig, OffsetSpec, ReaderFilter, StorageError
 
 if TYPE_CHECKING:

@@ -40,10 +40,10 @@ from pamqp import commands as m
 from leveret.amqp import codec
 from leveret.amqp import constants as c
 from leveret.amqp.errors import AMQPError
-from leveret.broker import logs
 from leveret.broker.cluster.link import Link
 from leveret.broker.cluster.link_frames import TUNNEL_FROM_OPENER
 from leveret.broker.model.message import Confirm
+from leveret.broker.process import logs
 from leveret.broker.remote.remote_queue import RemoteQueue, node_down
 from leveret.broker.remote.tunnel_client import (
     LOW_WATER,

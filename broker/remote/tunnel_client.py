@@ -32,10 +32,10 @@ from leveret.amqp import codec
 from leveret.amqp import constants as c
 from leveret.amqp.content import Message, content_frames
 from leveret.amqp.errors import AMQPError
-from leveret.broker import logs
 from leveret.broker.cluster.link import Link, LinkError
 from leveret.broker.cluster.link_frames import TUNNEL_FROM_OPENER
 from leveret.broker.model.message import Confirm, QueuedMessage
+from leveret.broker.process import logs
 
 log = logs.get("leveret.cluster.tunnel")
 OPEN = "tunnel.open"  # request: {id, vhost}; the peer serves the tunnel (tunnel_server.py)

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from leveret.amqp.content import Message
 from leveret.amqp.handshake import State
-from leveret.broker import logs
 from leveret.broker.cluster.link import Link
 from leveret.broker.cluster.link_frames import TUNNEL_FROM_OPENER
+from leveret.broker.process import logs
 from leveret.broker.session.channel import Channel
 from leveret.broker.session.connection import Session
 

@@ -23,8 +23,8 @@ from typing import Any, Protocol
 from leveret.amqp import constants as c
 from leveret.amqp.connection import WireConnection
 from leveret.amqp.errors import AMQPError
-from leveret.broker import logs
 from leveret.broker.model.errors import BrokerError
+from leveret.broker.process import logs
 from leveret.broker.session.errors import to_amqp
 
 log = logs.get("leveret.connection")

@@ -26,15 +26,15 @@ from leveret.amqp.connection import WireConnection
 from leveret.amqp.errors import AMQPError
 from leveret.amqp.frames import HEARTBEAT_FRAME
 from leveret.amqp.handshake import BadProtocolHeader, State
-from leveret.broker import listen, logs
-from leveret.broker.auth import from_loopback
+from leveret.broker.access.auth import from_loopback
 from leveret.broker.model.errors import AccessRefused, BrokerError
+from leveret.broker.process import listen, logs
 from leveret.broker.session import backlog
 from leveret.broker.session.channel import Channel
 from leveret.broker.session.errors import to_amqp
 
 if TYPE_CHECKING:
-    from leveret.broker.auth import Permission, User
+    from leveret.broker.access.auth import Permission, User
     from leveret.broker.broker import Broker
 
 log = logs.get("leveret.connection")

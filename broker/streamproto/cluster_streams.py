@@ -20,12 +20,12 @@ import asyncio
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from leveret.broker import logs
-from leveret.broker.access_store import ClusterAccess, TopologyUnavailable
+from leveret.broker.access.access_store import ClusterAccess, TopologyUnavailable
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.model import superstream
 from leveret.broker.model.errors import BrokerError, PreconditionFailed
 from leveret.broker.model.stream import StreamQueue
+from leveret.broker.process import logs
 from leveret.broker.streamproto import cluster as placement
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto import frames as f

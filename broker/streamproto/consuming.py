@@ -24,12 +24,12 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from leveret.amqp import stored
-from leveret.broker import listen, logs
 from leveret.broker.model import stream_args as sargs
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.errors import BrokerError
 from leveret.broker.model.storage_env import STREAM_CHUNK_TYPES, STREAM_ENTRIES, USER
 from leveret.broker.model.stream import StreamQueue
+from leveret.broker.process import listen, logs
 from leveret.broker.streamproto import amqp10, chunk
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto import frames as f

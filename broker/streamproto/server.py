@@ -17,7 +17,7 @@ import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from leveret.broker import listen, logs
+from leveret.broker.process import listen, logs
 from leveret.broker.streamproto import (
     amqp10,  # noqa: F401 - registers the record converter
     cluster,

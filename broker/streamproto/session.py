@@ -25,15 +25,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from leveret.amqp import auth as wire_auth
-from leveret.broker import listen, logs
-from leveret.broker.auth import from_loopback
+from leveret.broker.access.auth import from_loopback
 from leveret.broker.model.errors import AccessRefused
+from leveret.broker.process import listen, logs
 from leveret.broker.streamproto import certlogin, output
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto import frames as f
 
 if TYPE_CHECKING:
-    from leveret.broker.auth import Permission, User
+    from leveret.broker.access.auth import Permission, User
     from leveret.broker.broker import Broker
     from leveret.broker.streamproto.consuming import Subscription
     from leveret.broker.streamproto.publishing import Publisher

@@ -19,9 +19,9 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from leveret.broker import logs
 from leveret.broker.cluster.link import LinkError
 from leveret.broker.model.stream import StreamQueue
+from leveret.broker.process import logs
 from leveret.broker.streamproto import cluster as placement
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto import consuming, publishing, streams

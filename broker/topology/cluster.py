@@ -29,12 +29,12 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from leveret.broker import logs
 from leveret.broker.cluster import running_nodes
 from leveret.broker.cluster.etcd import EtcdException, EtcdUnavailable
 from leveret.broker.cluster.runtime import SETTLE_TIMEOUT_S
 from leveret.broker.cluster.topology import Created
 from leveret.broker.cluster.topology_records import BindingRecord, ExchangeRecord, QueueRecord
+from leveret.broker.process import logs
 from leveret.broker.remote.remote_queue import RemoteQueue
 from leveret.broker.topology import placement
 from leveret.broker.topology.port import (

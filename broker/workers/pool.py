@@ -33,7 +33,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from leveret.broker import logs
+from leveret.broker.process import logs
 from leveret.broker.workers import ipc
 from leveret.broker.workers.transport import WorkerTransport
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from leveret.broker.config import ConfigError, load
 from leveret.broker.model.storage_env import USER
 from leveret.broker.model.stream import ChunkBound, _Batch
+from leveret.broker.process.config import ConfigError, load
 
 
 def sizes(batch: _Batch) -> list[int]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support.cluster import leveret, one_line
 
-from leveret.broker.config import ConfigError, load
+from leveret.broker.process.config import ConfigError, load
 
 
 def test_cluster_defaults_are_a_single_node() -> None:

@@ -13,7 +13,7 @@ from support.cluster import one_line
 
 from leveret.broker.cluster.stream_placement import cluster_size, place_stream
 from leveret.broker.cluster.topology_records import QueueRecord
-from leveret.broker.config import load
+from leveret.broker.process.config import load
 
 RUNNING = ["a", "b", "c"]
 

@@ -24,7 +24,7 @@ import pytest
 from support.brokers import BrokerProcess, InProcessBroker
 from support.ports import free_port, wait_for_port
 
-from leveret.broker.config import Config
+from leveret.broker.process.config import Config
 from leveret.broker.server import Server, ServerError
 
 

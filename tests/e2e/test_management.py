@@ -18,7 +18,7 @@ from support.amqp import connect, consume, drain
 from support.brokers import InProcessBroker
 from support.management import Http, q
 
-from leveret.broker.config import Config
+from leveret.broker.process.config import Config
 from leveret.broker.server import Server, ServerError
 
 STREAM = {"x-queue-type": "stream"}

@@ -13,7 +13,7 @@ import pytest
 from support.amqp import channel_error
 from support.brokers import InProcessBroker
 
-from leveret.broker.auth import Permission
+from leveret.broker.access.auth import Permission
 
 
 @pytest.fixture(params=["leveret", "rabbitmq"])

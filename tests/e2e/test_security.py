@@ -17,8 +17,8 @@ from support.amqp import channel_error, connect, drain
 from support.brokers import BrokerProcess, InProcessBroker
 from support.ports import free_port
 
-from leveret.broker.alarms import resident_memory_bytes, total_memory_bytes
-from leveret.broker.auth import Permission, check_password, hash_password
+from leveret.broker.access.auth import Permission, check_password, hash_password
+from leveret.broker.process.alarms import resident_memory_bytes, total_memory_bytes
 
 
 def add_user(broker: InProcessBroker, name: str, password: str, vhost: str = "/",

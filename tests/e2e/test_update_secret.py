@@ -27,7 +27,7 @@ from pamqp.header import ContentHeader
 from support.brokers import InProcessBroker
 from support.rawamqp import FRAME_BODY, RawClient, raw_frame
 
-from leveret.broker.auth import Permission
+from leveret.broker.access.auth import Permission
 
 if TYPE_CHECKING:
     from e2e.conftest import Amqp

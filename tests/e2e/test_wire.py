@@ -36,7 +36,7 @@ from support.rawamqp import (
     raw_frame,
 )
 
-from leveret.broker.auth import Permission
+from leveret.broker.access.auth import Permission
 from leveret.broker.server import Server
 
 HOST = "127.0.0.1"

@@ -146,7 +146,7 @@ def test_the_partitions_of_a_super_stream_come_from_the_broker_or_by_name(broker
     """Leveret names a super stream's partitions (binding keys too); an exchange that is not
     marked as a super stream (406 from the query) falls back to `<name>-0, -1, ...`; a user
     who may not read the exchange gets one error that names the super stream and the 403."""
-    from leveret.broker.auth import Permission
+    from leveret.broker.access.auth import Permission
     from leveret.spark.errors import LeveretSparkError
 
     with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port)) as c:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from leveret.broker.auth import hash_password
+from leveret.broker.access.auth import hash_password
 
 from .conftest import StreamBroker, start_stream_broker
 from .raw import RawStream, s, strmap

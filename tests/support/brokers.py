@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from support.ports import free_port, wait_for_port
 
-from leveret.broker.config import Config
+from leveret.broker.process.config import Config
 from leveret.broker.server import Server
 
 T = TypeVar("T")

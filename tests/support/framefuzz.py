@@ -280,7 +280,7 @@ class SessionHarness:
 
     def __init__(self, data_dir: Path) -> None:
         from leveret.broker.broker import Broker
-        from leveret.broker.config import Config
+        from leveret.broker.process.config import Config
         from leveret.broker.session import connection as session_module
 
         self.session_module = session_module

@@ -24,8 +24,8 @@ from support.brokers import InProcessBroker
 from support.management import Http
 from support.ports import free_port
 
-from leveret.broker.config import ConfigError, load
 from leveret.broker.management.rates import KEYS, QUEUE_KEYS, RATES, Sampler
+from leveret.broker.process.config import ConfigError, load
 
 
 def publish(url: str, queue: str, count: int, confirm: bool = True) -> None:

@@ -18,7 +18,7 @@ import pytest
 from support.etcd import SKIP_REASON, EtcdServer, etcd_binary
 
 from leveret.broker.broker import Broker
-from leveret.broker.config import Config
+from leveret.broker.process.config import Config
 from leveret.broker.server import Server
 
 

@@ -16,15 +16,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from leveret.broker import logs
-from leveret.broker.auth import Permission, Users
-from leveret.broker.metastore import Metastore, MetastoreError, load_table
+from leveret.broker.access.auth import Permission, Users
+from leveret.broker.metadata.store import Metastore, MetastoreError, load_table
 from leveret.broker.model.binding import Binding
 from leveret.broker.model.errors import BrokerError, InternalError
 from leveret.broker.model.exchange import Exchange
 from leveret.broker.model.policy import Policy
 from leveret.broker.model.queue import Queue
 from leveret.broker.model.vhost import Observer, VHost
+from leveret.broker.process import logs
 from leveret.storage import StorageError
 
 log = logs.get("leveret.metadata")

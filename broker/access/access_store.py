@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, Literal
 
-from leveret.broker import admin
+from leveret.broker.access import admin
 from leveret.broker.cluster.etcd import EtcdException, EtcdUnavailable
 from leveret.broker.cluster.topology_records import (
     PermissionRecord,

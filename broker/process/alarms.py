@@ -22,7 +22,7 @@ import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from leveret.broker import logs
+from leveret.broker.process import logs
 
 log = logs.get("leveret.alarms")
 SAMPLE_INTERVAL_S = 1.0

@@ -20,12 +20,12 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
-from leveret.broker import logs
-from leveret.broker.auth import Permission, User, hash_password
+from leveret.broker.access.auth import Permission, User, hash_password
 from leveret.broker.model import args as qargs
 from leveret.broker.model.errors import AccessRefused, BrokerError, NotFound
 from leveret.broker.model.policy import APPLY_TO, Policy
 from leveret.broker.model.vhost import Authorize, VHost, allow_all
+from leveret.broker.process import logs
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker

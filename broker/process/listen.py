@@ -22,8 +22,8 @@ import socket
 import ssl
 from typing import Any
 
-from leveret.broker import logs
-from leveret.broker.config import Config
+from leveret.broker.process import logs
+from leveret.broker.process.config import Config
 
 log = logs.get("leveret.server")
 

@@ -24,11 +24,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from leveret.broker import admin, logs
-from leveret.broker.access_store import AccessStore, TopologyUnavailable, access_store
+from leveret.broker.access import admin
+from leveret.broker.access.access_store import AccessStore, TopologyUnavailable, access_store
 from leveret.broker.management.views import jsonable as _json
 from leveret.broker.model.errors import BrokerError
 from leveret.broker.model.exchange import exchange_class
+from leveret.broker.process import logs
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
