@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -51,6 +51,7 @@ from leveret.broker.cluster.link import Link, LinkError
 from leveret.broker.cluster.stream_member import member_of
 from leveret.broker.model import stream_args as sargs
 from leveret.broker.model.consumer import Consumer
+from leveret.broker.model.message import QueuedMessage
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.model.stream_cursor import Cursor
 from leveret.broker.model.vhost import VHost
@@ -111,10 +112,11 @@ class RemoteMember:
     def credit(self, consumer: Consumer) -> int:
         return 0
 
-    def send(self, consumer: Consumer, entry: Any, queue: Any) -> None:
+    def send(self, consumer: Consumer, entry: QueuedMessage, queue: object) -> None:
         raise AssertionError("a remote member reads on its own node")
 
-    def send_records(self, consumer: Consumer, offsets: Any, records: Any) -> None:
+    def send_records(self, consumer: Consumer, offsets: Sequence[int],
+                     records: Sequence[bytes]) -> None:
         raise AssertionError("a remote member reads on its own node")
 
     def server_cancel(self, consumer: Consumer) -> None:
