@@ -31,7 +31,6 @@ the stream members; nothing of AMQP frames or sessions. Asyncio: one event loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from leveret.broker.cluster import stream_failover, stream_sac
@@ -49,7 +48,6 @@ from leveret.broker.cluster.stream_membership import StreamMembership
 from leveret.broker.cluster.topology_records import QueueRecord
 from leveret.broker.model.queue import Queue
 from leveret.broker.model.stream import StreamQueue
-from leveret.broker.model.vhost import VHost
 from leveret.broker.process import logs
 from leveret.broker.process.config import Config
 from leveret.broker.remote.remote_queue import RemoteQueue
@@ -63,12 +61,9 @@ RETRY_S = 1.0
 OFFSETS = "stream.offsets"  # a replica's consumers' offsets, for the leader to store
 
 
-class Host(Protocol):
+class Host(stream_sac.Vhosts, Protocol):
     """What of the broker the replication and its parts read: the vhosts (where the SAC
     groups' streams are) and the settings (the failover delay)."""
-
-    @property
-    def vhosts(self) -> Mapping[str, VHost]: ...
 
     @property
     def config(self) -> Config: ...
