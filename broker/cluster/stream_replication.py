@@ -25,7 +25,9 @@ members running, the leader appends but confirms nothing, and its readers see no
 stream resumes when a quorum is back (a returning replica is synced from its own tail).
 
 It knows the model's StreamQueue and RemoteQueue, the cluster runtime, the replication core and
-the stream members; nothing of AMQP frames or sessions. Asyncio: one event loop.
+the stream members, and installs its parts (stream_failover, stream_membership, stream_sac):
+each is given what it asks of the replication as a small Protocol and does not import this
+module. Nothing of AMQP frames or sessions. Asyncio: one event loop.
 """
 
 from __future__ import annotations
