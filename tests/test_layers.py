@@ -28,12 +28,6 @@ PARTS = ["amqp", "storage", "broker", "cli", "spark"]
 EXPECTED_CYCLES: dict[str, frozenset[str]] = {
     # queue -> vhost (TYPE_CHECKING: a queue's owner); vhost -> queue (it builds classic queues)
     "queue and vhost": frozenset({"broker.model.queue", "broker.model.vhost"}),
-    # stream_replication -> failover, membership, sac (it installs them); each of them ->
-    # stream_replication (TYPE_CHECKING: the StreamReplication they are given)
-    "stream replication and its parts": frozenset({
-        "broker.cluster.stream_failover", "broker.cluster.stream_membership",
-        "broker.cluster.stream_replication", "broker.cluster.stream_sac",
-    }),
     # session -> consuming, publishing (TYPE_CHECKING: Subscription, Publisher); consuming,
     # publishing -> session (TYPE_CHECKING: StreamSession) and -> streams (stream_of);
     # streams -> session (TYPE_CHECKING)

@@ -47,7 +47,7 @@ from leveret.broker.model.errors import (
     NotFound,
     PreconditionFailed,
 )
-from leveret.broker.model.vhost import DEFAULT_EXCHANGE_TEXT, Authorize, allow_all
+from leveret.broker.model.vhost import DEFAULT_EXCHANGE_TEXT, Authorize, VHost, allow_all
 from leveret.broker.topology.port import (
     BindingSpec,
     ExchangeSpec,
@@ -85,21 +85,21 @@ class AccessStore(ABC):
     @abstractmethod
     async def put_user(self, name: str, *, password: str | None = None,
                        password_hash: str | None = None, hashing_algorithm: str | None = None,
-                       tags: Any = None) -> bool: ...
+                       tags: object = None) -> bool: ...
 
     @abstractmethod
     async def delete_user(self, name: str) -> None: ...
 
     @abstractmethod
-    async def set_permissions(self, user: str, vhost: str, configure: Any, write: Any,
-                              read: Any) -> bool: ...
+    async def set_permissions(self, user: str, vhost: str, configure: object, write: object,
+                              read: object) -> bool: ...
 
     @abstractmethod
     async def clear_permissions(self, user: str, vhost: str) -> None: ...
 
     @abstractmethod
-    async def set_policy(self, vhost: str, name: str, *, pattern: Any, definition: Any,
-                         priority: Any = 0, apply_to: Any = "all") -> bool: ...
+    async def set_policy(self, vhost: str, name: str, *, pattern: object, definition: object,
+                         priority: object = 0, apply_to: object = "all") -> bool: ...
 
     @abstractmethod
     async def clear_policy(self, vhost: str, name: str) -> None: ...
@@ -152,7 +152,7 @@ class AccessStore(ABC):
 
     @abstractmethod
     async def add_binding(self, vhost: str, source: str, destination_type: str,
-                          destination: str, routing_key: Any = "", arguments: Any = None,
+                          destination: str, routing_key: object = "", arguments: object = None,
                           check: Authorize = allow_all) -> None: ...
 
     @abstractmethod
@@ -216,22 +216,22 @@ class LocalAccess(AccessStore):
 
     async def put_user(self, name: str, *, password: str | None = None,
                        password_hash: str | None = None, hashing_algorithm: str | None = None,
-                       tags: Any = None) -> bool:
+                       tags: object = None) -> bool:
         return admin.put_user(self.broker, name, password=password, password_hash=password_hash,
                               hashing_algorithm=hashing_algorithm, tags=tags)
 
     async def delete_user(self, name: str) -> None:
         admin.delete_user(self.broker, name)
 
-    async def set_permissions(self, user: str, vhost: str, configure: Any, write: Any,
-                              read: Any) -> bool:
+    async def set_permissions(self, user: str, vhost: str, configure: object, write: object,
+                              read: object) -> bool:
         return admin.set_permissions(self.broker, user, vhost, configure, write, read)
 
     async def clear_permissions(self, user: str, vhost: str) -> None:
         admin.clear_permissions(self.broker, user, vhost)
 
-    async def set_policy(self, vhost: str, name: str, *, pattern: Any, definition: Any,
-                         priority: Any = 0, apply_to: Any = "all") -> bool:
+    async def set_policy(self, vhost: str, name: str, *, pattern: object, definition: object,
+                         priority: object = 0, apply_to: object = "all") -> bool:
         return admin.set_policy(self.broker, vhost, name, pattern=pattern, definition=definition,
                                 priority=priority, apply_to=apply_to)
 
@@ -239,7 +239,7 @@ class LocalAccess(AccessStore):
         admin.clear_policy(self.broker, vhost, name)
 
     async def add_binding(self, vhost: str, source: str, destination_type: str,
-                          destination: str, routing_key: Any = "", arguments: Any = None,
+                          destination: str, routing_key: object = "", arguments: object = None,
                           check: Authorize = allow_all) -> None:
         admin.add_binding(self.broker, vhost, source, destination_type, destination,
                           routing_key, arguments, check)
@@ -325,7 +325,7 @@ class ClusterAccess(AccessStore):
 
     async def put_user(self, name: str, *, password: str | None = None,
                        password_hash: str | None = None, hashing_algorithm: str | None = None,
-                       tags: Any = None) -> bool:
+                       tags: object = None) -> bool:
         existing = self.broker.users.users.get(name)
         new_hash = admin.user_password_hash(existing, name, password, password_hash,
                                             hashing_algorithm)
@@ -343,14 +343,14 @@ class ClusterAccess(AccessStore):
             raise NotFound(f"no user '{name}'")
         await self._settle(revision)
 
-    async def set_permissions(self, user: str, vhost: str, configure: Any, write: Any,
-                              read: Any) -> bool:
-        admin.check_permissions(self.broker, user, vhost, configure, write, read)
+    async def set_permissions(self, user: str, vhost: str, configure: object, write: object,
+                              read: object) -> bool:
+        permission = admin.check_permissions(self.broker, user, vhost, configure, write, read)
         created = vhost not in self.broker.users.users[user].permissions
         async with self._writing():
             try:
-                revision = await self.cluster.store.put_permission(
-                    PermissionRecord(user, vhost, configure, write, read))
+                revision = await self.cluster.store.put_permission(PermissionRecord(
+                    user, vhost, permission.configure, permission.write, permission.read))
             except NotFound:  # deleted elsewhere since the check
                 raise admin.BadRequest("vhost_or_user_not_found") from None
         await self._settle(revision)
@@ -365,8 +365,8 @@ class ClusterAccess(AccessStore):
 
     # -- policies ----------------------------------------------------------------------------
 
-    async def set_policy(self, vhost: str, name: str, *, pattern: Any, definition: Any,
-                         priority: Any = 0, apply_to: Any = "all") -> bool:
+    async def set_policy(self, vhost: str, name: str, *, pattern: object, definition: object,
+                         priority: object = 0, apply_to: object = "all") -> bool:
         model = admin.get_vhost(self.broker, vhost)
         policy = admin.make_policy(name, pattern=pattern, definition=definition,
                                    priority=priority, apply_to=apply_to)
@@ -388,7 +388,7 @@ class ClusterAccess(AccessStore):
     # -- exchanges, queues, bindings (definitions) -------------------------------------------
 
     async def add_binding(self, vhost: str, source: str, destination_type: str,
-                          destination: str, routing_key: Any = "", arguments: Any = None,
+                          destination: str, routing_key: object = "", arguments: object = None,
                           check: Authorize = allow_all) -> None:
         model = admin.get_vhost(self.broker, vhost)
         if destination_type not in ("queue", "exchange"):
@@ -486,7 +486,7 @@ class ClusterAccess(AccessStore):
                 if isinstance(r, VHostRecord)}
 
 
-def _super_exchange(model: Any, name: str) -> Any:
+def _super_exchange(model: VHost, name: str) -> superstream.SuperStreamExchange:
     exchange = model.exchanges.get(name)
     if not isinstance(exchange, superstream.SuperStreamExchange):
         raise NotFound(f"The super stream {name} does not exist")

@@ -46,7 +46,7 @@ class BadRequest(BrokerError):
 # -- small parsers --------------------------------------------------------------------------
 
 
-def parse_tags(tags: Any) -> list[str]:
+def parse_tags(tags: object) -> list[str]:
     """Tags as RabbitMQ takes them: "a,b" or ["a", "b"]; empty strings dropped."""
     if tags is None:
         return []
@@ -59,7 +59,7 @@ def parse_tags(tags: Any) -> list[str]:
     return [t.strip() for t in items if t.strip()]
 
 
-def parse_bool(value: Any, default: bool = False) -> bool:
+def parse_bool(value: object, default: bool = False) -> bool:
     """A JSON boolean, or the strings "true"/"false" that rabbitmqadmin sends."""
     if value is None:
         return default
@@ -70,7 +70,7 @@ def parse_bool(value: Any, default: bool = False) -> bool:
     raise BadRequest(f"{value!r} is not a boolean")
 
 
-def parse_arguments(value: Any) -> dict[str, Any]:
+def parse_arguments(value: object) -> dict[str, Any]:
     """An arguments object from JSON; nulls are dropped (AMQP has no use for them here)."""
     if value is None or value == "":
         return {}
@@ -162,7 +162,7 @@ def put_user(
     password: str | None = None,
     password_hash: str | None = None,
     hashing_algorithm: str | None = None,
-    tags: Any = None,
+    tags: object = None,
 ) -> bool:
     """Create or replace a user. Without a password or a hash, a new user gets none (it cannot
     log in with a password) and an existing one keeps its own, as RabbitMQ does."""
@@ -211,23 +211,27 @@ def _check_regex(kind: str, pattern: str) -> None:
         ) from None
 
 
-def check_permissions(broker: Broker, user: str, vhost: str, configure: Any, write: Any,
-                      read: Any) -> None:
-    """set_permissions' checks: the user and vhost exist, and each pattern is a regex."""
+def check_permissions(broker: Broker, user: str, vhost: str, configure: object, write: object,
+                      read: object) -> Permission:
+    """set_permissions' checks: the user and vhost exist, and each pattern is a regex; the
+    permission the patterns make."""
     if user not in broker.users.users or vhost not in broker.vhosts:
         raise BadRequest("vhost_or_user_not_found")
+    patterns: list[str] = []
     for kind, pattern in (("configure", configure), ("write", write), ("read", read)):
         if not isinstance(pattern, str):
             raise BadRequest(f"{kind} must be a string")
         _check_regex(kind, pattern)
+        patterns.append(pattern)
+    return Permission(*patterns)
 
 
 def set_permissions(
-    broker: Broker, user: str, vhost: str, configure: str, write: str, read: str
+    broker: Broker, user: str, vhost: str, configure: object, write: object, read: object
 ) -> bool:
-    check_permissions(broker, user, vhost, configure, write, read)
+    permission = check_permissions(broker, user, vhost, configure, write, read)
     created = vhost not in broker.users.users[user].permissions
-    broker.set_permissions(user, vhost, Permission(configure, write, read))
+    broker.set_permissions(user, vhost, permission)
     return created
 
 
@@ -276,10 +280,10 @@ def set_policy(
     vhost_name: str,
     name: str,
     *,
-    pattern: Any,
-    definition: Any,
-    priority: Any = 0,
-    apply_to: Any = "all",
+    pattern: object,
+    definition: object,
+    priority: object = 0,
+    apply_to: object = "all",
 ) -> bool:
     vhost = get_vhost(broker, vhost_name)
     policy = make_policy(name, pattern=pattern, definition=definition, priority=priority,
@@ -289,8 +293,8 @@ def set_policy(
     return created
 
 
-def make_policy(name: str, *, pattern: Any, definition: Any, priority: Any = 0,
-                apply_to: Any = "all") -> Policy:
+def make_policy(name: str, *, pattern: object, definition: object, priority: object = 0,
+                apply_to: object = "all") -> Policy:
     """set_policy's checks, with RabbitMQ's texts; the policy they give."""
     if not isinstance(pattern, str):
         raise BadRequest("Validation failed\n\npattern must be a string\n")
@@ -303,13 +307,22 @@ def make_policy(name: str, *, pattern: Any, definition: Any, priority: Any = 0,
             f"Validation failed\n\n'{apply_to}' is not a valid apply-to value; use one of "
             f"{', '.join(APPLY_TO)}\n"
         )
-    try:
-        priority = int(priority or 0)
-    except (TypeError, ValueError):
-        text = f"Validation failed\n\npriority must be a number, not {priority!r}\n"
-        raise BadRequest(text) from None
+    number = _priority(priority)
     _check_policy_definition(definition)
-    return Policy(name, pattern, dict(definition), apply_to, priority)
+    return Policy(name, pattern, dict(definition), apply_to, number)
+
+
+def _priority(value: object) -> int:
+    """A policy's priority: a number or a string of one (a missing or empty one is 0)."""
+    text = f"Validation failed\n\npriority must be a number, not {value!r}\n"
+    if not value:
+        return 0
+    if not isinstance(value, str | int | float):
+        raise BadRequest(text)
+    try:
+        return int(value)
+    except ValueError:
+        raise BadRequest(text) from None
 
 
 def clear_policy(broker: Broker, vhost_name: str, name: str) -> None:
@@ -344,8 +357,8 @@ def add_binding(
     source: str,
     destination_type: str,
     destination: str,
-    routing_key: Any = "",
-    arguments: Any = None,
+    routing_key: object = "",
+    arguments: object = None,
     check: Authorize = allow_all,
 ) -> None:
     vhost = get_vhost(broker, vhost_name)

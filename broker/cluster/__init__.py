@@ -14,7 +14,9 @@ Modules:
   `topology_cache` (every node's copy, kept by a watch), `topology_sync` and `access_sync`
   (applying it to this node's model);
 - replicated streams: `replication` (a log shipped to replicas and committed at a quorum),
-  `stream_replication` (that wiring in the broker), `stream_leadership` (who leads, in which
+  `stream_replication` (that wiring in the broker; its parts are given the small protocols
+  of what they ask of it, and do not import it), `stream_led` (a stream this node leads),
+  `stream_leadership` (who leads, in which
   epoch), `stream_placement` (a new stream's members), `stream_failover`,
   `stream_membership` (add_replica, delete_replica) and `stream_sac` (single active consumer
   across nodes);

@@ -18,7 +18,7 @@ on the node's one event loop and must not raise.
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Callable, Set
 from typing import TYPE_CHECKING, Any, Protocol
 
 from leveret.broker.access.auth import HASHING_ALGORITHM, Permission, Users, hash_password
@@ -45,7 +45,7 @@ log = logs.get("leveret.cluster.access")
 
 class Connection(Protocol):
     @property
-    def vhost(self) -> Any: ...
+    def vhost(self) -> VHost | None: ...
 
     def force_close(self, text: str = ...) -> None: ...
 
@@ -242,7 +242,7 @@ def _policies_changed(vhost: VHost) -> None:
         queue.policy_changed()
 
 
-def _guarded(callback: Any) -> Any:
+def _guarded(callback: Callable[[Record], None]) -> Callable[[Record], None]:
     def run(record: Record) -> None:
         try:
             callback(record)

@@ -41,7 +41,7 @@ def unb64(text: str | None) -> bytes:
     return base64.b64decode(text) if text else b""
 
 
-def as_int(value: Any) -> int:
+def as_int(value: str | int | None) -> int:
     return int(value) if value else 0
 
 

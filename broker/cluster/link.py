@@ -158,7 +158,7 @@ class Link:
         frame (the StreamReader adds at most 2 * READ_LIMIT before it pauses reading)."""
         return self._writer.transport.get_write_buffer_size() + len(self._decoder)
 
-    def get_extra_info(self, name: str) -> Any:
+    def get_extra_info(self, name: str) -> object:
         """The transport's information (`peername`, `sockname`, ...), as asyncio gives it."""
         return self._writer.get_extra_info(name)
 
@@ -196,7 +196,7 @@ class Link:
         finally:
             self._calls.pop(call_id, None)
 
-    async def send(self, kind: str, body: Any = None) -> None:
+    async def send(self, kind: str, body: object = None) -> None:
         """One-way message; returns once it is queued below the write high-water mark."""
         await self._write(lf.encode_json(FrameType.MESSAGE, {"kind": kind, "body": body}))
 
@@ -207,7 +207,7 @@ class Link:
             raise ValueError(f"chunk of {len(data)} bytes exceeds the link's frame limit")
         await self._write(frame)
 
-    def post(self, kind: str, body: Any = None) -> None:
+    def post(self, kind: str, body: object = None) -> None:
         """A small one-way message queued at once, without waiting for the write buffer to
         drain (acknowledgements, commit notices). Raises LinkClosed if the link is closed."""
         self._check_open()
@@ -404,7 +404,7 @@ class Link:
         else:
             future.set_result(obj.get("body"))
 
-    async def _serve(self, call_id: int, kind: str, body: Any) -> None:
+    async def _serve(self, call_id: int, kind: str, body: object) -> None:
         try:
             reply: dict[str, Any] = {"id": call_id, "kind": kind}
             handler = self.handlers.requests.get(kind)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import struct
 from enum import IntEnum
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from leveret.storage.chunk import crc32c
 
@@ -29,6 +29,7 @@ HEADER_SIZE = HEADER.size  # 9
 _PREFIX = struct.Struct(">IB")  # the CRC'd part of the header: length and type
 _CHUNK_HEAD = struct.Struct(">QH")  # epoch, length of the stream reference
 DEFAULT_MAX_PAYLOAD = 16 * 1024 * 1024 + 64 * 1024  # a 16 MiB chunk plus room for its head
+T = TypeVar("T")
 
 
 class FrameType(IntEnum):
@@ -109,7 +110,7 @@ def decode_json(frame: Frame) -> dict[str, Any]:
     return obj
 
 
-def field(obj: dict[str, Any], name: str, kind: type, frame_type: FrameType) -> Any:
+def field(obj: dict[str, Any], name: str, kind: type[T], frame_type: FrameType) -> T:
     """obj[name], checked to be of type `kind`; MalformedPayload otherwise."""
     value = obj.get(name)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):

@@ -353,7 +353,7 @@ class ClusterLinks:
         if self.links.get(name) is link and isinstance(answer, dict):
             self.pings[name] = answer
 
-    async def _answer_ping(self, link: Link, body: Any) -> dict[str, Any]:
+    async def _answer_ping(self, link: Link, body: object) -> dict[str, Any]:
         return {"name": self.node, "version": self.version, "revision": self.revision}
 
     def _close(self, link: Link, reason: str) -> None:
@@ -365,7 +365,7 @@ class ClusterLinks:
         task.add_done_callback(self._tasks.discard)
 
 
-def _address(info: Any) -> tuple[str, int]:
+def _address(info: object) -> tuple[str, int]:
     """(address, port) of a socket name; an IPv4-mapped address as the IPv4 one."""
     if isinstance(info, tuple) and len(info) >= 2:
         return listen.unmapped(str(info[0])), int(info[1])

@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from leveret.broker.cluster.link import Chunk, Handlers, Link, LinkError
 from leveret.broker.process import logs
@@ -50,6 +50,36 @@ log = logs.get("leveret.cluster.replication")
 SYNC = "stream.sync"
 ACK = "stream.ack"
 COMMIT = "stream.commit"
+
+
+class SyncRequest(TypedDict, total=False):
+    """`stream.sync`, the leader to a replica: its hello (`stream`, `epoch`), then the cut
+    (with `agree`, and `start` when the leader's retention removed what the replica lacks)."""
+
+    stream: str
+    epoch: int
+    agree: int
+    start: int
+
+
+class AckMessage(TypedDict, total=False):
+    """`stream.ack`, a replica to its leader: what it holds of `stream` (or that it is
+    `fenced` at a newer epoch, or asks to be synced again: `resync`)."""
+
+    stream: str
+    epoch: int
+    next_offset: int
+    last_epoch: int
+    fenced: int
+    resync: bool
+
+
+class CommitMessage(TypedDict):
+    """`stream.commit`, the leader to a replica: the commit point of `stream`."""
+
+    stream: str
+    epoch: int
+    committed: int
 CHUNK_BYTES = 1 << 20  # read and sent per frame, at most (one bigger chunk goes whole)
 RETRY_S = 0.2
 IDLE_CHECK_S = 1.0  # a caught-up sender looks at the log again this often, appended or not
@@ -348,7 +378,7 @@ class Replicas:
                                             "last_epoch": last_epoch, "fenced": epoch})
         return replica.log.tail
 
-    async def _sync(self, link: Link, body: Any) -> dict[str, Any]:
+    async def _sync(self, link: Link, body: SyncRequest) -> dict[str, Any]:
         replica = self._replica(body)
         epoch = _int(body, "epoch")
         if replica.expected and link.peer_node != replica.expected:
@@ -376,7 +406,7 @@ class Replicas:
         return {"ranges": replica.log.epoch_ranges(), "first_offset": replica.log.first_offset}
 
     @staticmethod
-    def _cut(replica: ReplicaLog, body: Any) -> None:
+    def _cut(replica: ReplicaLog, body: SyncRequest) -> None:
         """The second call: cut from where the leader says the logs part."""
         log_ = replica.log
         agree, start = _offset(body, "agree"), _offset(body, "start")
@@ -416,13 +446,13 @@ class Replicas:
         replica.advance()
 
     @staticmethod
-    def _post_ack(link: Link, chunk: Chunk, replica: ReplicaLog, **extra: Any) -> None:
+    def _post_ack(link: Link, chunk: Chunk, replica: ReplicaLog, **extra: int | bool) -> None:
         last_epoch, next_offset = replica.log.tail
         with contextlib.suppress(LinkError):
             link.post(ACK, {"stream": chunk.stream, "epoch": chunk.epoch,
                             "next_offset": next_offset, "last_epoch": last_epoch, **extra})
 
-    async def _ack(self, link: Link, body: Any) -> None:
+    async def _ack(self, link: Link, body: AckMessage) -> None:
         shipper = self.shippers.get(str(body.get("stream")))
         if shipper is None:
             return
@@ -433,7 +463,7 @@ class Replicas:
         shipper.acked(link.peer_node, _int(body, "epoch"), _int(body, "next_offset"),
                       _int(body, "last_epoch"), resync=body.get("resync") is True)
 
-    async def _commit(self, link: Link, body: Any) -> None:
+    async def _commit(self, link: Link, body: CommitMessage) -> None:
         replica = self.logs.get(str(body.get("stream")))
         if (replica is None or not replica.verified or _int(body, "epoch") != replica.epoch
                 or link.peer_node != replica.leader):
@@ -441,7 +471,7 @@ class Replicas:
         replica.announced = max(replica.announced, _int(body, "committed"))
         replica.advance()
 
-    def _replica(self, body: Any) -> ReplicaLog:
+    def _replica(self, body: object) -> ReplicaLog:
         stream = body.get("stream") if isinstance(body, dict) else None
         replica = self.logs.get(stream) if isinstance(stream, str) else None
         if replica is None:
@@ -449,7 +479,7 @@ class Replicas:
         return replica
 
 
-def _ranges(body: Any) -> list[tuple[int, int]]:
+def _ranges(body: object) -> list[tuple[int, int]]:
     ranges = body.get("ranges") if isinstance(body, dict) else None
     if not isinstance(ranges, list):
         raise ValueError("ranges must be a list")
@@ -462,7 +492,7 @@ def _ranges(body: Any) -> list[tuple[int, int]]:
     return out
 
 
-def _offset(body: Any, key: str) -> int | None:
+def _offset(body: Mapping[str, object], key: str) -> int | None:
     """An optional offset of a sync: None when absent or not a non-negative integer."""
     value = body.get(key)
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
@@ -470,7 +500,7 @@ def _offset(body: Any, key: str) -> int | None:
     return None
 
 
-def _int(body: Any, key: str) -> int:
+def _int(body: object, key: str) -> int:
     value = body.get(key) if isinstance(body, dict) else None
     if not isinstance(value, int) or isinstance(value, bool):
         raise ValueError(f"{key} must be an integer")

@@ -24,7 +24,7 @@ Asyncio: one event loop.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from leveret.broker.cluster import stream_placement
 from leveret.broker.cluster.etcd import EtcdException
@@ -60,7 +60,7 @@ def reachable_nodes(cluster: ClusterRuntime) -> set[str]:
             if node == cluster.node or links.link_to(node) is not None}
 
 
-async def place_new_stream(cluster: ClusterRuntime, vhost: str, name: str, size_argument: Any,
+async def place_new_stream(cluster: ClusterRuntime, vhost: str, name: str, size_argument: object,
                            locator: str, wait_s: float = PLACEMENT_WAIT_S,
                            ) -> tuple[str, tuple[str, ...]]:
     """(leader, members with the leader first) of a new stream declared on this node; the

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
 from leveret.broker.cluster.etcd import EtcdClient
 from leveret.broker.cluster.link import Link
@@ -57,7 +56,7 @@ class ClusterRuntime:
                 log.warning("a peer did not confirm a topology change", peer_node=link.peer_node,
                             revision=revision, error=str(result))
 
-    async def _answer_wait(self, _link: Link, body: Any) -> int:
+    async def _answer_wait(self, _link: Link, body: object) -> int:
         if not isinstance(body, int) or isinstance(body, bool):
             raise ValueError("topology.wait takes a revision")
         await self.cache.wait_for(body, SETTLE_TIMEOUT_S)

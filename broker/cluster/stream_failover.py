@@ -23,8 +23,9 @@ epoch), the other members follow it (their logs synced, a divergent uncommitted 
 publishes through any node go to it. An election that fenced but never finished costs the old
 leader a new epoch: its next sync is answered with the fence (stream_replication.py).
 
-It knows the replication wiring (`stream_replication`), the leadership key and the queue
-record; nothing of AMQP. Asyncio: one event loop.
+It knows what it asks of the replication wiring (`FailoverWiring`, which
+stream_replication.py's StreamReplication is; this module does not import it), the leadership
+key and the queue record; nothing of AMQP. Asyncio: one event loop.
 """
 
 from __future__ import annotations
@@ -32,19 +33,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.cluster.etcd_types import Compare, Put
 from leveret.broker.cluster.link import Link, LinkError
-from leveret.broker.cluster.replication import quorum
-from leveret.broker.cluster.stream_leadership import StreamLeadership, Tail, fenced_election
+from leveret.broker.cluster.replication import Replicas, quorum
+from leveret.broker.cluster.stream_leadership import (
+    StreamLeadership,
+    StreamLeaderships,
+    Tail,
+    fenced_election,
+)
 from leveret.broker.cluster.stream_leadership import _encode as encode_leadership
 from leveret.broker.cluster.topology_records import QueueRecord, encode
 from leveret.broker.process import logs
+from leveret.storage import Log
 
 if TYPE_CHECKING:
-    from leveret.broker.cluster.stream_replication import StreamReplication
+    from leveret.broker.cluster.runtime import ClusterRuntime
 
 log = logs.get("leveret.cluster.failover")
 TAIL = "stream.tail"
@@ -52,27 +60,47 @@ CHECK_S = 0.5
 TAIL_TIMEOUT_S = 3.0
 
 
+class TailAnswer(TypedDict):
+    """`stream.tail`'s reply: a member's log tail, and whether it lost the leader too."""
+
+    epoch: int
+    next_offset: int
+    leader_lost: bool
+
+
+class FailoverWiring(Protocol):
+    """What failover asks of its node's replication (StreamReplication): the streams this
+    node follows as a replica, their logs, and the streams' leadership keys."""
+
+    cluster: ClusterRuntime
+    replicas: Replicas
+    following: dict[str, QueueRecord]  # streams replicated here, by key
+    leaderships: StreamLeaderships
+
+    def log_of(self, key: str) -> Log | None: ...
+
+
 class Failover:
-    def __init__(self, replication: StreamReplication) -> None:
+    def __init__(self, replication: FailoverWiring, after_s: float) -> None:
         self.replication = replication
         self.cluster = replication.cluster
         self.cluster.links.handlers.on_request(TAIL, self._tail)
         self._electing: set[str] = set()
         self._task: asyncio.Task[None] | None = None
-        self.after_s = float(replication.broker.config.stream_failover_after_s)
+        self.after_s = after_s  # (stream_failover_after_s)
         self._lost: dict[str, float] = {}  # running nodes once linked: since when unlinked
 
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._watch())
 
-    async def _tail(self, _link: Link, body: Any) -> dict[str, int]:
+    async def _tail(self, _link: Link, body: object) -> TailAnswer:
         """A member's tail, and whether it lost the leader too; with `fence` (an election's
         next epoch), the replica is fenced at it first, durably, so the tail cannot grow in the
         old epoch after it was told."""
         key = body.get("stream") if isinstance(body, dict) else None
         found = self.replication.log_of(key) if isinstance(key, str) else None
-        if found is None or not isinstance(key, str):
+        if found is None or not isinstance(key, str) or not isinstance(body, dict):
             raise LookupError(f"this node holds no log of stream {key!r}")
         fence = body.get("fence")
         if isinstance(fence, int) and not isinstance(fence, bool):
@@ -126,7 +154,7 @@ class Failover:
             task = asyncio.get_running_loop().create_task(self._elect(key, record))
             task.add_done_callback(self._elected(key))
 
-    def _elected(self, key: str) -> Any:
+    def _elected(self, key: str) -> Callable[[asyncio.Task[None]], None]:
         def done(_task: asyncio.Task[None]) -> None:
             self._electing.discard(key)
         return done
@@ -165,20 +193,20 @@ class Failover:
         answer = await self._call_tail(node, {"stream": key})
         if answer is None:
             return None
-        return (int(answer["epoch"]), int(answer["next_offset"])), answer.get("leader_lost") is True
+        return (answer["epoch"], answer["next_offset"]), answer["leader_lost"]
 
     async def _ask_fenced(self, node: str, key: str, fence: int) -> Tail | None:
         answer = await self._call_tail(node, {"stream": key, "fence": fence})
-        return None if answer is None else (int(answer["epoch"]), int(answer["next_offset"]))
+        return None if answer is None else (answer["epoch"], answer["next_offset"])
 
-    async def _call_tail(self, node: str, body: dict[str, Any]) -> Any:
+    async def _call_tail(self, node: str, body: dict[str, Any]) -> TailAnswer | None:
         link = self.cluster.links.link_to(node)
         if link is None or link.closed:
             return None
         with contextlib.suppress(LinkError, TimeoutError, ValueError, KeyError, TypeError):
             answer = await link.call(TAIL, body, timeout=TAIL_TIMEOUT_S)
-            int(answer["epoch"]), int(answer["next_offset"])
-            return answer
+            return TailAnswer(epoch=int(answer["epoch"]), next_offset=int(answer["next_offset"]),
+                              leader_lost=answer.get("leader_lost") is True)
         return None
 
     async def _take_over(self, record: QueueRecord, current: StreamLeadership) -> None:
@@ -200,9 +228,10 @@ class Failover:
                 await self.cluster.settle(result.revision)
 
 
-def install(replication: StreamReplication) -> Failover:
-    """Answer `stream.tail`, and watch the leaders of the streams replicated here."""
-    failover = Failover(replication)
+def install(replication: FailoverWiring, after_s: float) -> Failover:
+    """Answer `stream.tail`, and watch the leaders of the streams replicated here (a leader
+    unlinked from a quorum for `after_s` is lost)."""
+    failover = Failover(replication, after_s)
     with contextlib.suppress(RuntimeError):  # no running loop: nothing to watch yet
         failover.start()
     return failover

@@ -20,8 +20,9 @@ in the next epoch, in one fenced txn (`step_down`).
 Status: the leader knows every member's progress (its shipper's acknowledgements), so a node
 that does not lead the stream asks the leader's node (`stream.status` over the node link).
 
-It knows the queue records, the leadership key, the links and the replication wiring; nothing
-of HTTP or AMQP. Asyncio: one event loop.
+It knows the queue records, the leadership key, the links, and what it asks of the replication
+wiring (`MembershipWiring`, which stream_replication.py's StreamReplication is; this module does
+not import it); nothing of HTTP or AMQP. Asyncio: one event loop.
 """
 
 from __future__ import annotations
@@ -29,18 +30,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.cluster.etcd_types import Compare, Put
 from leveret.broker.cluster.link import Link, LinkError, RemoteError
-from leveret.broker.cluster.stream_leadership import StreamLeadership
+from leveret.broker.cluster.stream_leadership import StreamLeadership, StreamLeaderships
 from leveret.broker.cluster.stream_leadership import _decode as decode_leadership
 from leveret.broker.cluster.stream_leadership import _encode as encode_leadership
+from leveret.broker.cluster.stream_led import Led
 from leveret.broker.cluster.topology_records import QueueRecord, decode, encode
 
 if TYPE_CHECKING:
-    from leveret.broker.cluster.stream_replication import StreamReplication
+    from leveret.broker.cluster.runtime import ClusterRuntime
 
 STATUS = "stream.status"
 HANDOVER = "stream.handover"
@@ -67,8 +69,20 @@ class MembershipError(Exception):
 StatusOf = Callable[[str, str], dict[str, Any] | None]
 
 
+class MembershipWiring(Protocol):
+    """What a membership change asks of its node's replication (StreamReplication): the
+    streams' leadership keys, and stopping and resuming the leading of a stream here."""
+
+    cluster: ClusterRuntime
+    leaderships: StreamLeaderships
+
+    async def stop_leading(self, key: str) -> Led | None: ...
+
+    def resume_leading(self, led: Led) -> None: ...
+
+
 class StreamMembership:
-    def __init__(self, replication: StreamReplication) -> None:
+    def __init__(self, replication: MembershipWiring) -> None:
         self.replication = replication
         self.cluster = replication.cluster
         # the management layer says how a local stream's status reads (streamops.status)
@@ -78,7 +92,7 @@ class StreamMembership:
 
     # -- status
 
-    async def _status(self, _link: Link, body: Any) -> dict[str, Any]:
+    async def _status(self, _link: Link, body: object) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise ValueError("stream.status needs {vhost, name}")
         found = self.local_status(str(body.get("vhost")), str(body.get("name")))
@@ -157,7 +171,7 @@ class StreamMembership:
             raise MembershipError(f"the leader's node '{record.node}' did not answer: {exc}",
                                   503) from None
 
-    async def _handover(self, _link: Link, body: Any) -> bool:
+    async def _handover(self, _link: Link, body: object) -> bool:
         if not isinstance(body, dict):
             raise ValueError("stream.handover needs {vhost, name}")
         try:

@@ -14,12 +14,11 @@ Plain functions: any thread.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from leveret.broker.cluster.topology_records import QueueRecord
 
 
-def cluster_size(argument: Any, running: int) -> int:
+def cluster_size(argument: object, running: int) -> int:
     """The number of members: the argument (already checked as a positive integer by the
     model's argument checks) capped at the running nodes, or every running node."""
     if isinstance(argument, int) and not isinstance(argument, bool) and argument > 0:
@@ -28,7 +27,7 @@ def cluster_size(argument: Any, running: int) -> int:
 
 
 def place_stream(this_node: str, running: Iterable[str], records: Iterable[QueueRecord],
-                 size_argument: Any, locator: str) -> tuple[str, tuple[str, ...]]:
+                 size_argument: object, locator: str) -> tuple[str, tuple[str, ...]]:
     """(leader, members with the leader first) for a new stream declared on `this_node`."""
     nodes = sorted(set(running) | {this_node})
     leaders = dict.fromkeys(nodes, 0)

@@ -25,16 +25,17 @@ members running, the leader appends but confirms nothing, and its readers see no
 stream resumes when a quorum is back (a returning replica is synced from its own tail).
 
 It knows the model's StreamQueue and RemoteQueue, the cluster runtime, the replication core and
-the stream members; nothing of AMQP frames or sessions. Asyncio: one event loop.
+the stream members, and installs its parts (stream_failover, stream_membership, stream_sac):
+each is given what it asks of the replication as a small Protocol and does not import this
+module. Nothing of AMQP frames or sessions. Asyncio: one event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from leveret.broker.cluster import stream_sac
+from leveret.broker.cluster import stream_failover, stream_sac
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.cluster.link import Link, LinkError
 from leveret.broker.cluster.replication import Replicas, Shipper
@@ -43,12 +44,16 @@ from leveret.broker.cluster.stream_leadership import (
     StreamLeaderships,
     needs_new_epoch,
 )
+from leveret.broker.cluster.stream_led import Led
 from leveret.broker.cluster.stream_member import StreamMember, member_of
+from leveret.broker.cluster.stream_membership import StreamMembership
 from leveret.broker.cluster.topology_records import QueueRecord
+from leveret.broker.model.queue import Queue
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.process import logs
+from leveret.broker.process.config import Config
 from leveret.broker.remote.remote_queue import RemoteQueue
-from leveret.storage import StorageError
+from leveret.storage import Log, StorageError
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.runtime import ClusterRuntime
@@ -58,22 +63,16 @@ RETRY_S = 1.0
 OFFSETS = "stream.offsets"  # a replica's consumers' offsets, for the leader to store
 
 
-@dataclass
-class Led:
-    """A stream this node leads."""
+class Host(stream_sac.Vhosts, Protocol):
+    """What of the broker the replication and its parts read: the vhosts (where the SAC
+    groups' streams are) and the settings (the failover delay)."""
 
-    queue: StreamQueue
-    member: StreamMember
-    key: str
-    record: QueueRecord
-    shipper: Shipper | None = None
-    task: asyncio.Task[None] | None = None
-    closed: bool = field(default=False)
-    fence: int = 0  # the newest epoch a replica said it was fenced at
+    @property
+    def config(self) -> Config: ...
 
 
 class StreamReplication:
-    def __init__(self, broker: Any, cluster: ClusterRuntime) -> None:
+    def __init__(self, broker: Host, cluster: ClusterRuntime) -> None:
         self.broker = broker
         self.cluster = cluster
         self.replicas = Replicas(cluster.links.handlers)
@@ -82,10 +81,8 @@ class StreamReplication:
         cluster.links.handlers.on_message(OFFSETS, self._store_offsets)
         self.led: dict[str, Led] = {}
         self.following: dict[str, QueueRecord] = {}  # streams replicated here, by key
-        self.failover: Any = None
+        self.failover: stream_failover.Failover | None = None
         self.sac: stream_sac.StreamSac | None = None  # single active consumer across nodes
-        from leveret.broker.cluster.stream_membership import StreamMembership  # imports this
-
         self.membership = StreamMembership(self)
 
     @staticmethod
@@ -99,7 +96,7 @@ class StreamReplication:
         return record.node == self.cluster.node or (
             self.replicated(record) and self.cluster.node in record.members)
 
-    def attach(self, queue: Any, record: QueueRecord) -> None:
+    def attach(self, queue: Queue, record: QueueRecord) -> None:
         """The sync made (or found) `queue` for `record` on this node: make it a leader or a
         replica if the record is a replicated stream this node is a member of."""
         if not isinstance(queue, StreamQueue) or not self.replicated(record):
@@ -140,7 +137,7 @@ class StreamReplication:
                  vhost=record.vhost, members=list(record.members))
         return True
 
-    def log_of(self, key: str) -> Any:
+    def log_of(self, key: str) -> Log | None:
         """This node's log of the stream `key` (a replica's or the leader's), or None."""
         replica = self.replicas.logs.get(key)
         if replica is not None:
@@ -148,7 +145,7 @@ class StreamReplication:
         led = self.led.get(key)
         return led.queue.log if led is not None else None
 
-    def rerole(self, queue: Any, record: QueueRecord) -> bool:
+    def rerole(self, queue: Queue, record: QueueRecord) -> bool:
         """A new record for a stream this node holds (a failover moved its leader): take the
         role it gives, on the same log, and keep the consumers. False if it is not that."""
         if not isinstance(queue, StreamQueue) or not queue.role or not self.replicated(record):
@@ -171,11 +168,11 @@ class StreamReplication:
         if member is not None:
             member.keep_bound(bound)
 
-    def detach(self, queue: Any) -> None:
+    def detach(self, queue: Queue) -> None:
         """The queue leaves this node's model (deleted, replaced): stop shipping or replicating
         before its log closes."""
         member = member_of(queue)
-        if member is None or not member.role:
+        if member is None or not member.role or not isinstance(queue, StreamQueue):
             return
         if self.sac is not None:
             self.sac.detached(queue)
@@ -390,8 +387,10 @@ class StreamReplication:
             log.warning("consumer offsets not stored: the stream's leader cannot be reached",
                         leader=leader, error=str(exc))
 
-    async def _store_offsets(self, _link: Link, body: Any) -> None:
-        key = body.get("stream") if isinstance(body, dict) else None
+    async def _store_offsets(self, _link: Link, body: object) -> None:
+        if not isinstance(body, dict):
+            return
+        key = body.get("stream")
         led = self.led.get(key) if isinstance(key, str) else None
         if led is None or led.queue.deleted:
             return
@@ -416,16 +415,15 @@ def install(broker: Any) -> None:
     assert cluster is not None
     replication = StreamReplication(broker, cluster)
     broker.stream_replication = replication
-    from leveret.broker.cluster import stream_failover  # it imports this module
-
-    replication.failover = stream_failover.install(replication)
-    replication.sac = stream_sac.install(replication)
+    replication.failover = stream_failover.install(
+        replication, float(broker.config.stream_failover_after_s))
+    replication.sac = stream_sac.install(cluster, broker)
     sync = getattr(broker, "topology_sync", None)
     if sync is not None:
         sync.replication = replication
 
 
-def replication_of(broker: Any) -> StreamReplication | None:
+def replication_of(broker: object) -> StreamReplication | None:
     found = getattr(broker, "stream_replication", None)
     return found if isinstance(found, StreamReplication) else None
 

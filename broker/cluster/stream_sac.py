@@ -31,9 +31,11 @@ stream's leader changes (`StreamReplication` calls `detached`, then `attached`),
 step down and join the new leader's group (this node's own, if it became the leader); a
 leader that steps down hands its own stream-protocol members over the same way.
 
-It knows the model's StreamQueue, Consumer and Cursor, the link, the stream members and the
-replication wiring; it must not know stream-protocol frames or sessions (the subscription is a
-Consumer whose sink speaks ConsumerUpdate itself), AMQP, or etcd. Asyncio: one event loop.
+It knows the model's StreamQueue, Consumer and Cursor, the link and the stream members; it is
+given the cluster runtime and the broker's vhosts (`Vhosts`), not the replication wiring that
+installs it (stream_replication.py). It must not know stream-protocol frames or sessions (the
+subscription is a Consumer whose sink speaks ConsumerUpdate itself), AMQP, or etcd.
+Asyncio: one event loop.
 """
 
 from __future__ import annotations
@@ -41,19 +43,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from leveret.broker.cluster.link import Link, LinkError
 from leveret.broker.cluster.stream_member import member_of
 from leveret.broker.model import stream_args as sargs
 from leveret.broker.model.consumer import Consumer
+from leveret.broker.model.message import QueuedMessage
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.model.stream_cursor import Cursor
+from leveret.broker.model.vhost import VHost
 from leveret.broker.process import logs
 
 if TYPE_CHECKING:
-    from leveret.broker.cluster.stream_replication import StreamReplication
+    from leveret.broker.cluster.runtime import ClusterRuntime
 
 log = logs.get("leveret.cluster.sac")
 JOIN, LEAVE, STATE, STEPPED = "sac.join", "sac.leave", "sac.state", "sac.stepped"
@@ -107,20 +112,28 @@ class RemoteMember:
     def credit(self, consumer: Consumer) -> int:
         return 0
 
-    def send(self, consumer: Consumer, entry: Any, queue: Any) -> None:
+    def send(self, consumer: Consumer, entry: QueuedMessage, queue: object) -> None:
         raise AssertionError("a remote member reads on its own node")
 
-    def send_records(self, consumer: Consumer, offsets: Any, records: Any) -> None:
+    def send_records(self, consumer: Consumer, offsets: Sequence[int],
+                     records: Sequence[bytes]) -> None:
         raise AssertionError("a remote member reads on its own node")
 
     def server_cancel(self, consumer: Consumer) -> None:
         pass
 
 
+class Vhosts(Protocol):
+    """What of the broker a leader's groups are found in."""
+
+    @property
+    def vhosts(self) -> Mapping[str, VHost]: ...
+
+
 class StreamSac:
-    def __init__(self, replication: StreamReplication) -> None:
-        self.replication = replication
-        self.cluster = replication.cluster
+    def __init__(self, cluster: ClusterRuntime, broker: Vhosts) -> None:
+        self.broker = broker
+        self.cluster = cluster
         handlers = self.cluster.links.handlers
         handlers.on_message(JOIN, self._joined)
         handlers.on_message(LEAVE, self._left)
@@ -250,9 +263,11 @@ class StreamSac:
         if step_down and cursor is not None and cursor.active and not member.queue.deleted:
             member.queue.deactivate(member.consumer)
 
-    async def _state(self, link: Link, body: Any) -> None:
+    async def _state(self, link: Link, body: object) -> None:
         """The leader's group chose: this member is active, or inactive (or: ask again)."""
-        found = body.get("member") if isinstance(body, dict) else None
+        if not isinstance(body, dict):
+            return
+        found = body.get("member")
         member = self.members.get(found) if isinstance(found, int) else None
         if member is None or member.link is not link:
             return  # gone, or a choice of a group it has left since
@@ -302,13 +317,16 @@ class StreamSac:
     # -- the leader's side ----------------------------------------------------------------
 
     def _led(self, body: dict[str, Any]) -> StreamQueue | None:
-        vhost = self.replication.broker.vhosts.get(body.get("vhost"))
-        queue = vhost.queues.get(body.get("stream")) if vhost is not None else None
+        vhost_name, name = body.get("vhost"), body.get("stream")
+        if not isinstance(vhost_name, str) or not isinstance(name, str):
+            return None
+        vhost = self.broker.vhosts.get(vhost_name)
+        queue = vhost.queues.get(name) if vhost is not None else None
         if isinstance(queue, StreamQueue) and queue.role == "leader" and not queue.deleted:
             return queue
         return None
 
-    async def _joined(self, link: Link, body: Any) -> None:
+    async def _joined(self, link: Link, body: object) -> None:
         if not isinstance(body, dict):
             return
         member, reference = body.get("member"), body.get("reference")
@@ -333,7 +351,7 @@ class StreamSac:
         self.remote[key] = consumer
         queue.groups.join(consumer)
 
-    async def _left(self, link: Link, body: Any) -> None:
+    async def _left(self, link: Link, body: object) -> None:
         member = body.get("member") if isinstance(body, dict) else None
         if not isinstance(member, int):
             return
@@ -343,7 +361,7 @@ class StreamSac:
             del self.remote[key]
             consumer.queue.groups.leave(consumer)
 
-    async def _stepped(self, link: Link, body: Any) -> None:
+    async def _stepped(self, link: Link, body: object) -> None:
         member = body.get("member") if isinstance(body, dict) else None
         consumer = self.remote.get((link.peer_node, member)) if isinstance(member, int) else None
         if consumer is not None and _link_of(consumer) is link:
@@ -388,9 +406,9 @@ def _link_of(consumer: Consumer) -> Link | None:
     return sink.link if isinstance(sink, RemoteMember) else None
 
 
-def install(replication: StreamReplication) -> StreamSac:
+def install(cluster: ClusterRuntime, broker: Vhosts) -> StreamSac:
     """Answer the `sac.*` kinds, and register members waiting for a group from now on."""
-    sac = StreamSac(replication)
+    sac = StreamSac(cluster, broker)
     with contextlib.suppress(RuntimeError):  # no running loop: nothing to retry yet
         sac.start()
     return sac

@@ -103,7 +103,7 @@ class Node(Protocol):
     cluster: ClusterRuntime | None
     forwarder: Forwarding | None  # what the RemoteQueues made here hand their work to
     recorder: Observer
-    topology_sync: Any
+    topology_sync: TopologySync | None
     cluster_sessions: dict[str, Any]
 
 
@@ -117,7 +117,8 @@ class TopologySync:
         self._applying_exchange: str | None = None
         self._replacing = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self.replication: Any = None  # replicated streams (cluster/stream_replication.py)
+        # replicated streams (cluster/stream_replication.py)
+        self.replication: stream_replication.StreamReplication | None = None
         self.deleting: dict[tuple[str, str], asyncio.Task[None]] = {}  # model -> etcd deletes
         # this node's durable queues as the local metastore had them at boot
         self._boot_rows = [(row["vhost"], row["name"], row["storage_id"])

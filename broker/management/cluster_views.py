@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from leveret.broker.cluster.link import LinkError, RemoteError
 from leveret.broker.management import messages, stream_connections, views
@@ -108,13 +108,28 @@ def local_sessions(broker: Broker) -> list[Session]:
     return sorted((s for s in broker.connections if s.vhost is not None), key=lambda s: s.id)
 
 
+class QueueRequest(TypedDict):
+    """`mgmt.purge`'s body: a queue this node holds."""
+
+    vhost: str
+    name: str
+
+
+class GetRequest(QueueRequest):
+    """`mgmt.get`'s body: the queue, and get_messages' options."""
+
+    count: int
+    ackmode: str
+    encoding: str
+
+
 def install(broker: Broker) -> None:
     """Answer the other nodes' management requests about what this node holds."""
     cluster = broker.cluster
     assert cluster is not None
     handlers = cluster.links.handlers
 
-    async def queue_stats(_link: Link, body: Any) -> list[dict[str, Any] | None]:
+    async def queue_stats(_link: Link, body: object) -> list[dict[str, Any] | None]:
         wanted = body.get("queues") if isinstance(body, dict) else None
         if not isinstance(wanted, list):
             raise ValueError("mgmt.queue_stats takes {'queues': [[vhost, name], ...]}")
@@ -129,38 +144,39 @@ def install(broker: Broker) -> None:
                 out.append(own_view(broker, queue))
         return out
 
-    async def connections(_link: Link, _body: Any) -> list[dict[str, Any]]:
+    async def connections(_link: Link, _body: object) -> list[dict[str, Any]]:
         return ([views.connection_view(s) for s in local_sessions(broker)]
                 + stream_connections.local_connection_views(broker))
 
-    async def channels(_link: Link, _body: Any) -> list[dict[str, Any]]:
+    async def channels(_link: Link, _body: object) -> list[dict[str, Any]]:
         return [views.channel_view(s, ch) for s in local_sessions(broker)
                 for ch in sorted(s.channels.values(), key=lambda c: c.number)]
 
-    def held(body: Any) -> Queue:
+    def held(body: QueueRequest) -> Queue:
         vhost = broker.vhosts.get(str(body.get("vhost"))) if isinstance(body, dict) else None
         queue = vhost.queues.get(str(body.get("name"))) if vhost is not None else None
         if queue is None or is_remote(broker, queue):
             raise NotFound(f"no queue '{body.get('name')}' in vhost '{body.get('vhost')}'")
         return queue
 
-    async def purge(_link: Link, body: Any) -> int:
+    async def purge(_link: Link, body: QueueRequest) -> int:
         return held(body).purge()
 
-    async def get(_link: Link, body: Any) -> list[dict[str, Any]]:
+    async def get(_link: Link, body: GetRequest) -> list[dict[str, Any]]:
         return messages.take(held(body), int(body["count"]), str(body["ackmode"]),
                              str(body["encoding"]))
 
-    async def consumers(_link: Link, _body: Any) -> list[dict[str, Any]]:
+    async def consumers(_link: Link, _body: object) -> list[dict[str, Any]]:
         return [views.consumer_view(s, ch, consumer) for s in local_sessions(broker)
                 for ch in sorted(s.channels.values(), key=lambda c: c.number)
                 for consumer in ch.consumers.values()]
 
-    async def close(_link: Link, body: Any) -> bool:
-        name = body.get("name") if isinstance(body, dict) else None
+    async def close(_link: Link, body: object) -> bool:
+        fields = body if isinstance(body, dict) else {}
+        name = fields.get("name")
         for session in local_sessions(broker):
             if views.connection_name(session) == name:
-                session.force_close(str(body.get("reason") or "Closed via management plugin"))
+                session.force_close(str(fields.get("reason") or "Closed via management plugin"))
                 return True
         return stream_connections.close_local(broker, str(name))  # NotFound if none
 

@@ -30,13 +30,14 @@ import contextlib
 import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from aiohttp import web
 
 from leveret.broker.management import streamops, views
 from leveret.broker.management.http import BROKER, CURRENT_USER, sees_everything
+from leveret.broker.model.stream import StreamQueue
 from leveret.broker.process import logs
 
 if TYPE_CHECKING:
@@ -55,12 +56,15 @@ GROUP_KEYS = ("offset_lag",)
 RATES: web.AppKey[Sampler] = web.AppKey("rates")
 log = logs.get("leveret.management")
 
-Seen = dict[int, tuple[Any, tuple[int, ...]]]
+Seen = dict[int, tuple[object, tuple[int, ...]]]  # id(object) -> (the object, its counters)
 History = deque[tuple[float, tuple[int, ...]]]
-Histories = dict[Any, tuple[Any, History]]  # an object's key -> (the object, its samples)
+# an object's key, as the API shows it: a connection's or channel's name, a queue's or an
+# exchange's (vhost, name), a group's (vhost, stream, reference)
+Key: TypeAlias = "str | tuple[str, str] | tuple[str, str, str]"
+Histories = dict[Key, tuple[object, History]]  # an object's key -> (the object, its samples)
 
 
-def _record(old: Histories, new: Histories, key: Any, obj: Any, stamp: float,
+def _record(old: Histories, new: Histories, key: Key, obj: object, stamp: float,
             values: tuple[int, ...]) -> None:
     """Append the object's counters to its history (a new one for an object not seen, or
     a new object under a name that an earlier one had)."""
@@ -70,7 +74,7 @@ def _record(old: Histories, new: Histories, key: Any, obj: Any, stamp: float,
     new[key] = (obj, history)
 
 
-def _pick(entries: Any, age_s: int, incr_s: int) -> list[dict[str, Any]]:
+def _pick(entries: Sequence[tuple[float, int]], age_s: int, incr_s: int) -> list[dict[str, Any]]:
     """RabbitMQ's `samples` from (timestamp, value) pairs oldest first: one every `incr_s`
     over the last `age_s`, newest first."""
     cutoff = time.time() - age_s
@@ -86,7 +90,7 @@ def _pick(entries: Any, age_s: int, incr_s: int) -> list[dict[str, Any]]:
     return picked
 
 
-def _growth(seen: Seen, now_seen: Seen, obj: Any, values: tuple[int, ...],
+def _growth(seen: Seen, now_seen: Seen, obj: object, values: tuple[int, ...],
             first: bool) -> list[int]:
     """What `obj`'s counters grew by since the last sample (all of them for an object not
     seen before, none at the very first sample), noting its values for the next."""
@@ -143,7 +147,7 @@ class Sampler:
                     grown[key] += delta
                 queue_rates[(vhost.name, queue.name)] = {
                     k: d * per_s for k, d in zip(QUEUE_KEYS, deltas, strict=True)}
-                if queue.type == "stream" and getattr(queue, "groups", None):
+                if queue.type == "stream" and isinstance(queue, StreamQueue) and queue.groups:
                     self._sample_groups(queue, stamp, per_s, kept["group"], group_rates)
             for exchange in vhost.exchanges.values():
                 values = (exchange.stats_publish_in, exchange.stats_publish_out)
@@ -192,7 +196,7 @@ class Sampler:
         self._last = now
         self.history.append((stamp, {n: dict(t) for n, t in self.totals.items()}))
 
-    def _sample_groups(self, stream: Any, stamp: float, per_s: float, kept: Histories,
+    def _sample_groups(self, stream: StreamQueue, stamp: float, per_s: float, kept: Histories,
                        rates: dict[tuple[str, str, str], dict[str, float]]) -> None:
         """A group's lag is a level, not a counter: its rate is the change since the last
         sample, negative when the group catches up (a group new since then: 0.0)."""
@@ -221,7 +225,7 @@ class Sampler:
                                   if vhosts is None or n in vhosts))
                       for stamp, totals in self.history], age_s, incr_s)
 
-    def object_samples(self, kind: str, name: Any, keys: tuple[str, ...], age_s: int,
+    def object_samples(self, kind: str, name: Key, keys: tuple[str, ...], age_s: int,
                        incr_s: int, key: str) -> list[dict[str, Any]]:
         """An object's `samples` of one counter (its value then), newest first; none for an
         object the sampler has not seen yet."""
@@ -276,7 +280,7 @@ def _fill_overview(sampler: Sampler, request: web.Request, data: dict[str, Any])
         data["rates_mode"] = "basic"
 
 
-def _fill_item(item: Any, rates: dict[str, float] | None, field: str = "message_stats",
+def _fill_item(item: object, rates: dict[str, float] | None, field: str = "message_stats",
                samples: Callable[[str], list[dict[str, Any]]] | None = None) -> None:
     """Each `<kind>_details` of the item's `field` (the item itself for "") gets the rate."""
     if not isinstance(item, dict) or rates is None:
@@ -310,34 +314,35 @@ def _kind(raw_path: str) -> str | None:
     return None
 
 
-def _fill(sampler: Sampler, request: web.Request, kind: str, item: Any) -> None:
+def _fill(sampler: Sampler, request: web.Request, kind: str, item: object) -> None:
     if not isinstance(item, dict):
         return
     ages = _ages(request)
 
-    def samples(name: Any, keys: tuple[str, ...]) -> Callable[[str], list[dict[str, Any]]] | None:
+    def samples(name: Key, keys: tuple[str, ...]) -> Callable[[str], list[dict[str, Any]]] | None:
         if ages is None:
             return None
         return lambda k: sampler.object_samples(kind, name, keys, *ages, k)
 
-    key = (item.get("vhost"), item.get("name"))
+    # the names the rates are kept under (a missing one is "", which names nothing here)
+    key = (item.get("vhost", ""), item.get("name", ""))
     if kind == "queue":
-        _fill_item(item, sampler.queue_rates.get(key),  # type: ignore[arg-type]
+        _fill_item(item, sampler.queue_rates.get(key),
                    samples=samples(key, QUEUE_KEYS))
     elif kind == "exchange":
-        _fill_item(item, sampler.exchange_rates.get(key),  # type: ignore[arg-type]
+        _fill_item(item, sampler.exchange_rates.get(key),
                    samples=samples(key, EXCHANGE_KEYS))
     elif kind == "channel":
-        name = item.get("name")
-        _fill_item(item, sampler.channel_rates.get(name),  # type: ignore[arg-type]
+        name = item.get("name", "")
+        _fill_item(item, sampler.channel_rates.get(name),
                    samples=samples(name, CHANNEL_KEYS))
     elif kind == "connection":
-        name = item.get("name")
-        _fill_item(item, sampler.connection_rates.get(name),  # type: ignore[arg-type]
+        name = item.get("name", "")
+        _fill_item(item, sampler.connection_rates.get(name),
                    field="", samples=samples(name, CONNECTION_KEYS))
     elif kind == "group":
-        group = (item.get("vhost"), item.get("stream"), item.get("reference"))
-        _fill_item(item, sampler.group_rates.get(group, {"offset_lag": 0.0}),  # type: ignore
+        group = (item.get("vhost", ""), item.get("stream", ""), item.get("reference", ""))
+        _fill_item(item, sampler.group_rates.get(group, {"offset_lag": 0.0}),
                    field="", samples=samples(group, GROUP_KEYS))
     elif kind == "vhost":
         name = str(item.get("name"))
@@ -351,7 +356,7 @@ def _fill(sampler: Sampler, request: web.Request, kind: str, item: Any) -> None:
                    samples=in_vhost)
 
 
-def _strip(data: dict[str, Any], kind: str | None, item: Any) -> None:
+def _strip(data: dict[str, Any], kind: str | None, item: object) -> None:
     """collect_statistics none: no message statistics, as RabbitMQ's API then shows."""
     if kind is None:  # the overview
         if "message_stats" in data:
@@ -378,8 +383,11 @@ async def fill(request: web.Request,
     off = request.app[BROKER].config.collect_statistics == "none"
     if sampler is None and not off:
         return response
+    body = response.body
+    if not isinstance(body, bytes | bytearray):  # a Payload: not an answer built as JSON
+        return response
     try:
-        data = json.loads(bytes(response.body))  # type: ignore[arg-type]
+        data = json.loads(bytes(body))
     except (TypeError, ValueError):
         return response
     if overview:

@@ -78,8 +78,8 @@ def _ssl_info(session: StreamSession) -> dict[str, Any]:
 
 def connection_view(session: StreamSession) -> dict[str, Any]:
     """rabbit_stream_reader's connection items, as the management API shows them."""
-    host, port = views.local_address(session)  # type: ignore[arg-type]
-    name = views.connection_name(session)  # type: ignore[arg-type]
+    host, port = views.local_address(session)
+    name = views.connection_name(session)
     view: dict[str, Any] = {
         "name": name,
         "conn_name": name,
@@ -115,7 +115,7 @@ def connection_view(session: StreamSession) -> dict[str, Any]:
 
 
 def connection_details(session: StreamSession) -> dict[str, Any]:
-    return {"name": views.connection_name(session),  # type: ignore[arg-type]
+    return {"name": views.connection_name(session),
             "user": session.username, "node": session.broker.config.node_name,
             "peer_port": session.peer[1], "peer_host": session.peer[0]}
 
@@ -179,7 +179,7 @@ def close_local(broker: Broker, name: str) -> bool:
     """For the other nodes' `mgmt.close_connection`: close this node's stream connection, or
     NotFound."""
     for session in local_sessions(broker):
-        if views.connection_name(session) == name:  # type: ignore[arg-type]
+        if views.connection_name(session) == name:
             session.abort()
             return True
     raise NotFound(f"no connection '{name}'")
@@ -192,10 +192,10 @@ def install(broker: Broker) -> None:
     if cluster is None or STREAM_PUBLISHERS in cluster.links.handlers.requests:
         return
 
-    async def publishers(_link: Link, _body: Any) -> list[dict[str, Any]]:
+    async def publishers(_link: Link, _body: object) -> list[dict[str, Any]]:
         return publisher_views(local_sessions(broker))
 
-    async def consumers(_link: Link, _body: Any) -> list[dict[str, Any]]:
+    async def consumers(_link: Link, _body: object) -> list[dict[str, Any]]:
         return consumer_views(local_sessions(broker))
 
     cluster.links.handlers.on_request(STREAM_PUBLISHERS, publishers)
@@ -233,6 +233,6 @@ def api_consumer_views(request: web.Request, vhost: str | None) -> list[dict[str
 
 def find_stream_connection(request: web.Request, name: str) -> StreamSession | None:
     for session in stream_sessions(request):
-        if views.connection_name(session) == name:  # type: ignore[arg-type]
+        if views.connection_name(session) == name:
             return session
     return None

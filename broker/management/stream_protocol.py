@@ -121,12 +121,12 @@ def tracked_publishers(request: web.Request, vhost: str | None, stream: str | No
 # -- handlers -----------------------------------------------------------------------------------
 
 
-def _owner(item: dict[str, Any]) -> Any:
+def _owner(item: dict[str, Any]) -> object:
     user = item.get("user")
     return user if user is not None else item.get("connection_details", {}).get("user")
 
 
-def _vhost_of(item: dict[str, Any]) -> Any:
+def _vhost_of(item: dict[str, Any]) -> object:
     vhost = item.get("vhost")
     return vhost if vhost is not None else item.get("queue", {}).get("vhost")
 
@@ -171,7 +171,7 @@ async def _find(request: web.Request) -> StreamSession | dict[str, Any]:
     vhost = vhost_for_read(request, request.match_info["vhost"]).name
     name = request.match_info["name"]
     for session in all_stream_sessions(request, vhost):
-        if views.connection_name(session) == name:  # type: ignore[arg-type]
+        if views.connection_name(session) == name:
             _authorised(request, session.username)
             return session
     for item in await cluster_views.remote_items(broker_of(request), cluster_views.CONNECTIONS):

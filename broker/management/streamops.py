@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import re
 import weakref
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker.access.admin import BadRequest, get_vhost
 from leveret.broker.management import views
 from leveret.broker.model import superstream
+from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.errors import NotFound
 from leveret.broker.model.storage_env import STREAM_CHUNK_TYPES
+from leveret.broker.model.stream import StreamQueue
 from leveret.storage import (
     StorageError,
     inspect,
@@ -32,7 +35,7 @@ if TYPE_CHECKING:
     from leveret.broker.broker import Broker
     from leveret.broker.model.vhost import VHost
 
-_EPOCHS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_EPOCHS: weakref.WeakKeyDictionary[StreamQueue, int] = weakref.WeakKeyDictionary()
 _SIZE = re.compile(
     r"^([0-9]+)(kB|KB|MB|GB|kb|mb|gb|Kb|Mb|Gb|kiB|KiB|MiB|GiB|kib|mib|gib|KIB|MIB|GIB|k|K|m|M"
     r"|g|G)?$"
@@ -46,7 +49,7 @@ _ISO_DURATION = re.compile(
 # -- RabbitMQ's value syntaxes --------------------------------------------------------------
 
 
-def parse_size(value: Any) -> int | None:
+def parse_size(value: object) -> int | None:
     """rabbit_resource_monitor_misc:parse_information_unit: 20gb, 500MB, 1GiB, 1024."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -144,7 +147,7 @@ def delete_super_stream(broker: Broker, vhost_name: str, name: str) -> list[str]
     return superstream.delete(vhost, name)
 
 
-def super_stream_view(vhost: VHost, exchange: Any) -> dict[str, Any]:
+def super_stream_view(vhost: VHost, exchange: superstream.SuperStreamExchange) -> dict[str, Any]:
     partitions = []
     for index, (key, queue) in enumerate(exchange.partition_keys()):
         item: dict[str, Any] = {"name": queue.name, "binding_key": key, "partition_index": index,
@@ -169,7 +172,7 @@ def super_streams(vhost: VHost) -> list[dict[str, Any]]:
 # -- status, restart, offsets -----------------------------------------------------------------
 
 
-def committed_chunk_id(stream: Any) -> int:
+def committed_chunk_id(stream: StreamQueue) -> int:
     """The first offset of the last committed chunk of records (-1 if none)."""
     committed = stream.log.committed_offset
     directory = Path(stream.log.directory)
@@ -186,7 +189,7 @@ def committed_chunk_id(stream: Any) -> int:
     return -1
 
 
-def tracking_rows(stream: Any) -> list[dict[str, Any]]:
+def tracking_rows(stream: StreamQueue) -> list[dict[str, Any]]:
     tracking = stream.log.tracking()
     rows = [{"type": "sequence", "reference": n.decode("utf-8", "replace"), "value": v}
             for n, v in tracking.publishers.items()]
@@ -195,7 +198,7 @@ def tracking_rows(stream: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def status(stream: Any, node: str) -> dict[str, Any]:
+def status(stream: StreamQueue, node: str) -> dict[str, Any]:
     """stream_status: one row per member (here: the writer), and the tracking rows."""
     summary = stream.log.summary()
     readers = sum(1 for c in stream.consumers if c.state is not None and c.state.reader)
@@ -219,7 +222,7 @@ def status(stream: Any, node: str) -> dict[str, Any]:
     }
 
 
-def restart(stream: Any, node: str) -> str:
+def restart(stream: StreamQueue, node: str) -> str:
     """restart_stream on one node: store offsets, close the log, reopen it (recovering it as at
     boot), and move every active consumer's reader to just after what it was last given."""
     stream.restart()
@@ -238,7 +241,7 @@ def reset_offset(broker: Broker, vhost_name: str, stream_name: str, reference: s
     stream.reset_offset(name)
 
 
-def publishers(stream: Any) -> list[dict[str, Any]]:
+def publishers(stream: StreamQueue) -> list[dict[str, Any]]:
     """Named publishers (x-stream-publisher-name) and their last stored publishing id."""
     return [
         {"queue": {"name": stream.name, "vhost": stream.vhost.name}, "stream": stream.name,
@@ -248,7 +251,7 @@ def publishers(stream: Any) -> list[dict[str, Any]]:
     ]
 
 
-def stored_offsets(stream: Any) -> list[dict[str, Any]]:
+def stored_offsets(stream: StreamQueue) -> list[dict[str, Any]]:
     return [
         {"stream": stream.name, "vhost": stream.vhost.name,
          "reference": n.decode("utf-8", "replace"), "stored_offset": v}
@@ -278,26 +281,26 @@ def groups(stream: Any) -> list[dict[str, Any]]:
     return out
 
 
-def group_lags(stream: Any) -> dict[str, int]:
+def group_lags(stream: StreamQueue) -> dict[str, int]:
     """Each single-active-consumer group's offset lag (its active member's), by reference."""
     committed = stream.log.committed_offset
     return {reference: _group_lag(members, committed)
             for reference, members in stream.groups.groups.items()}
 
 
-def _lag(consumer: Any, committed: int) -> int:
+def _lag(consumer: Consumer, committed: int) -> int:
     cursor = consumer.state
     return max(0, committed - cursor.delivered) if cursor is not None else 0
 
 
-def _group_lag(members: Any, committed: int) -> int:
+def _group_lag(members: Iterable[Consumer], committed: int) -> int:
     for member in members:
         if member.state is not None and member.state.active:
             return _lag(member, committed)
     return 0
 
 
-def _member(consumer: Any, committed: int) -> dict[str, Any]:
+def _member(consumer: Consumer, committed: int) -> dict[str, Any]:
     channel = consumer.sink
     session = getattr(channel, "session", None)
     cursor = consumer.state

@@ -10,13 +10,14 @@ Runs on the broker's event loop thread.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import decimal
 import json
 import zlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote_plus
 
 from leveret.broker.model.superstream import SuperStreamExchange
@@ -318,12 +319,23 @@ def default_binding_view(vhost: str, queue: Queue) -> dict[str, Any]:
 # -- connections, channels, consumers ------------------------------------------------------------
 
 
-def connection_name(session: Session) -> str:
+class Addressed(Protocol):
+    """A client connection of either protocol (an AMQP Session, a StreamSession), as far as
+    its name and local address go."""
+
+    @property
+    def peer(self) -> tuple[str, int]: ...
+
+    @property
+    def transport(self) -> asyncio.Transport | None: ...
+
+
+def connection_name(session: Addressed) -> str:
     """`peer:port -> local:port`, an IPv6 address in brackets, as RabbitMQ names it."""
     return listen.connection_name(session.peer, session.transport)
 
 
-def local_address(session: Session) -> tuple[str, int]:
+def local_address(session: Addressed) -> tuple[str, int]:
     return listen.local_address(session.transport)
 
 

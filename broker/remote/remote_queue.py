@@ -14,7 +14,7 @@ Single-threaded: every method runs on the event loop thread.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from leveret.broker.model.errors import NotFound
 from leveret.broker.model.queue import Queue
@@ -39,6 +39,22 @@ class Forwarding(Protocol):
                 nowait: bool) -> None: ...
 
     def get(self, queue: RemoteQueue, client: QueueClient, no_ack: bool) -> None: ...
+
+
+class Settling(Protocol):
+    """The forwarder's channel a remote consumer's deliveries came on: it settles them with
+    the holding node, by the holder's delivery tag."""
+
+    def settle(self, tag: int, ok: bool, requeue: bool = False) -> None: ...
+
+    def ack(self, tag: int) -> None: ...
+
+    def ack_many(self, tags: list[int]) -> None: ...
+
+
+# what a RemoteQueue hands out: a QueuedMessage (basic.get) or, for a consumer's delivery, the
+# pair (the holder's tag, the channel that settles it)
+Entry: TypeAlias = "QueuedMessage | tuple[int, Settling]"
 
 
 class QueuePublisher(Protocol):
@@ -136,8 +152,8 @@ class RemoteQueue(Queue):
     # An entry is a QueuedMessage (basic.get) or, for a consumer's delivery, the pair
     # (holder's tag, what settles it).
 
-    def ack(self, entry: Any, consumer: Consumer | None = None) -> None:
-        if type(entry) is tuple:
+    def ack(self, entry: Entry, consumer: Consumer | None = None) -> None:
+        if isinstance(entry, tuple):
             entry[1].ack(entry[0])
         else:
             entry.store_ref.settle(entry.seq, True)
@@ -158,8 +174,8 @@ class RemoteQueue(Queue):
         if run:
             shadow.ack_many(run)
 
-    def reject(self, entry: Any, consumer: Consumer | None = None) -> None:
-        if type(entry) is tuple:
+    def reject(self, entry: Entry, consumer: Consumer | None = None) -> None:
+        if isinstance(entry, tuple):
             entry[1].settle(entry[0], False, False)
         else:
             entry.store_ref.settle(entry.seq, False, False)

@@ -31,6 +31,7 @@ from leveret.broker.session.connection import Session
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
+    from leveret.broker.model.vhost import VHost
 
 log = logs.get("leveret.cluster.tunnel")
 HIGH_WATER = 4 * 1024 * 1024  # bytes buffered on the link before the session stops delivering
@@ -95,7 +96,7 @@ class TunnelTransport:
 
     abort = close
 
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
+    def get_extra_info(self, name: str, default: object = None) -> object:
         return (f"node:{self.link.peer_node}", self.id) if name == "peername" else default
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
@@ -131,7 +132,7 @@ class TunnelServer:
         self.sessions: dict[tuple[int, int], Session] = {}
         self._watched: set[int] = set()  # the links whose closing is followed
 
-    async def open(self, link: Link, body: Any) -> dict[str, Any]:
+    async def open(self, link: Link, body: object) -> dict[str, Any]:
         if not isinstance(body, dict) or not isinstance(body.get("id"), int):
             raise ValueError("tunnel.open takes {id, vhost}")
         tunnel_id = int(body["id"]) & ~TUNNEL_FROM_OPENER
@@ -155,7 +156,7 @@ class TunnelServer:
             link.on_close(self._link_closed)
         return {"frame_max": session.frame_max}
 
-    def _trust(self, session: Session, vhost: Any) -> None:
+    def _trust(self, session: Session, vhost: VHost) -> None:
         timer = session._handshake_timer
         if timer is not None:
             timer.cancel()
