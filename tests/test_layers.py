@@ -34,13 +34,6 @@ EXPECTED_CYCLES: dict[str, frozenset[str]] = {
         "broker.cluster.stream_failover", "broker.cluster.stream_membership",
         "broker.cluster.stream_replication", "broker.cluster.stream_sac",
     }),
-    # session -> consuming, publishing (TYPE_CHECKING: Subscription, Publisher); consuming,
-    # publishing -> session (TYPE_CHECKING: StreamSession) and -> streams (stream_of);
-    # streams -> session (TYPE_CHECKING)
-    "stream protocol session and its handlers": frozenset({
-        "broker.streamproto.consuming", "broker.streamproto.publishing",
-        "broker.streamproto.session", "broker.streamproto.streams",
-    }),
     # broker -> session.connection (TYPE_CHECKING: Session); connection -> broker
     # (TYPE_CHECKING) and -> channel; channel -> connection (TYPE_CHECKING), topology,
     # cluster_topology; cluster_topology -> remote.forwarding; those -> channel (and broker)

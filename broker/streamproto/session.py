@@ -35,9 +35,9 @@ from leveret.broker.streamproto import frames as f
 if TYPE_CHECKING:
     from leveret.broker.access.auth import Permission, User
     from leveret.broker.broker import Broker
-    from leveret.broker.streamproto.consuming import Subscription
-    from leveret.broker.streamproto.publishing import Publisher
+    from leveret.broker.streamproto.publisher import Publisher
     from leveret.broker.streamproto.settings import Settings
+    from leveret.broker.streamproto.subscription import Subscription
 
 log = logs.get("leveret.stream_connection")
 _ids = itertools.count(1)
