@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from leveret.broker.model.queue import Queue
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.remote.remote_queue import RemoteQueue
 from leveret.broker.streamproto import constants as k
@@ -62,7 +63,7 @@ def node_endpoint(s: StreamSession, node: str) -> Endpoint | None:
     return (str(host), port) if host else None
 
 
-def placement(s: StreamSession, name: str, queue: Any) -> tuple[str, list[str]]:
+def placement(s: StreamSession, name: str, queue: Queue) -> tuple[str, list[str]]:
     """(leader node, replica nodes) of a stream: its record in the topology (the leader is
     `node`, the members the replicated stream's), else where the model has it."""
     cluster = s.broker.cluster

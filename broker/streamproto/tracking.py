@@ -29,6 +29,7 @@ from leveret.broker.streamproto import frames as f
 from leveret.storage import StorageError
 
 if TYPE_CHECKING:
+    from leveret.broker.broker import Broker
     from leveret.broker.cluster.link import Link
     from leveret.broker.streamproto.session import StreamSession
 
@@ -132,22 +133,19 @@ def store_remote(s: StreamSession, name: str, offsets: dict[bytes, int]) -> None
         log.warning("stream-protocol offset not stored", stream=name, error=str(exc))
 
 
-def install(broker: Any) -> None:
+def install(broker: Broker) -> None:
     """Cluster mode: answer other nodes' stream queries and stores from this node's copies."""
     cluster = getattr(broker, "cluster", None)
     if cluster is None or QUERY in cluster.links.handlers.requests:
         return
 
-    def local(body: Any) -> StreamQueue | None:
-        if not isinstance(body, dict):
-            return None
+    def local(body: dict[str, object]) -> StreamQueue | None:
         vhost = broker.vhosts.get(str(body.get("vhost")))
         queue = vhost.queues.get(str(body.get("stream"))) if vhost is not None else None
         return queue if isinstance(queue, StreamQueue) and not queue.deleted else None
 
-    async def query(_link: Link, body: Any) -> list[Any]:
-        queue = local(body)
-        if queue is None:
+    async def query(_link: Link, body: object) -> list[object]:
+        if not isinstance(body, dict) or (queue := local(body)) is None:
             return [k.STREAM_NOT_AVAILABLE, None]
         what, reference = body.get("what"), str(body.get("reference") or "")
         if what == "offset":
@@ -158,9 +156,8 @@ def install(broker: Any) -> None:
             return [k.OK, streams.stats_of(queue)]
         raise ValueError(f"unknown stream query {what!r}")
 
-    async def store(_link: Link, body: Any) -> None:
-        queue = local(body)
-        if queue is not None:
+    async def store(_link: Link, body: object) -> None:
+        if isinstance(body, dict) and (queue := local(body)) is not None:
             store_local(queue, {bytes.fromhex(str(ref)): int(offset)
                                 for ref, offset in body.get("offsets", [])})
 
@@ -171,11 +168,11 @@ def install(broker: Any) -> None:
 # -- the handlers: the local ones of consuming, publishing and streams, unless held elsewhere
 
 
-def _u64(value: Any) -> bytes:
+def _u64(value: int) -> bytes:
     return f.u64(int(value))
 
 
-def _stats(value: Any) -> bytes:
+def _stats(value: dict[str, int] | None) -> bytes:
     stats = dict(value or {})
     return f.i32(len(stats)) + b"".join(
         f.enc_string(str(key)) + f.i64(int(v)) for key, v in stats.items())
