@@ -29,6 +29,7 @@ from leveret.broker.streamproto import (
     tracking,
 )
 from leveret.broker.streamproto import constants as k
+from leveret.broker.streamproto.peers import Peers, peers_of
 from leveret.broker.streamproto.session import StreamSession
 from leveret.broker.streamproto.settings import Settings
 
@@ -81,9 +82,10 @@ PRE_OPEN = frozenset({k.PEER_PROPERTIES, k.SASL_HANDSHAKE, k.SASL_AUTHENTICATE, 
 class StreamServer:
     """The stream listeners of one broker, and their connections."""
 
-    def __init__(self, broker: Broker, settings: Settings) -> None:
+    def __init__(self, broker: Broker, settings: Settings, peers: Peers) -> None:
         self.broker = broker
         self.settings = settings
+        self.peers = peers  # the other nodes (peers.py): a stream's leader, their endpoints
         self.handlers = HANDLERS
         self.pre_open = PRE_OPEN
         self.sessions: set[StreamSession] = set()
@@ -214,7 +216,8 @@ async def start(server: Host) -> StreamServer | None:
                         advertised_port=config.stream_advertised_port)
     broker = server.broker
     assert broker is not None, "the broker starts before its stream listeners"
-    streams_server = StreamServer(broker, settings)
+    peers = peers_of(broker)
+    streams_server = StreamServer(broker, settings, peers)
     host = server.host
     for port, tls, flag, default in wanted:
         try:
@@ -234,6 +237,6 @@ async def start(server: Host) -> StreamServer | None:
     broker.alarm_listeners.append(streams_server.alarm_changed)
     server.stream_server = streams_server
     registry.register(broker, streams_server)
-    tracking.install(broker)  # cluster mode: other nodes' queries of this node's copies
+    tracking.install(broker, peers)  # other nodes' queries of this node's copies
     streams_server.start_sweeping()
     return streams_server

@@ -35,6 +35,7 @@ from leveret.broker.streamproto import frames as f
 if TYPE_CHECKING:
     from leveret.broker.access.auth import Permission, User
     from leveret.broker.broker import Broker
+    from leveret.broker.streamproto.peers import Peers
     from leveret.broker.streamproto.publisher import Publisher
     from leveret.broker.streamproto.settings import Settings
     from leveret.broker.streamproto.subscription import Subscription
@@ -54,6 +55,9 @@ class Server(Protocol):
 
     @property
     def settings(self) -> Settings: ...
+
+    @property
+    def peers(self) -> Peers: ...
 
     @property
     def handlers(self) -> dict[int, Handler]: ...

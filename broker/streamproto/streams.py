@@ -95,6 +95,12 @@ def stream_known(s: StreamSession, name: str) -> bool:
     return queue is not None and queue.type == "stream" and not queue.deleted
 
 
+def held_elsewhere(s: StreamSession, name: str) -> bool:
+    """A stream of the vhost with no copy on this node (another node of the cluster holds
+    it)."""
+    return stream_known(s, name) and stream_of(s, name) is None
+
+
 def _answer(s: StreamSession, key: int, corr: int, code: int) -> None:
     if not s.closed:
         s.send(f.response(key, corr, code))
