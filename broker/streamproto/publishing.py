@@ -6,9 +6,10 @@ message`, cut as it is from the Publish frame) through the stream's writer, so i
 batch, the commit point and the confirms of AMQP 0.9.1 publishes (a run of them is a chunk of its
 own, whose record bytes a subscriber's Deliver carries as they are). A publisher with a reference
 is deduplicated by its publishing ids through the same tracking records as 0.9.1's
-x-stream-publisher-name. Confirms of one turn go out as one PublishConfirm per publisher.
-A publisher counts what it was sent, confirmed and refused (RabbitMQ's published, confirmed and
-errored, shown by the management API): plain integer additions per frame, never per message.
+x-stream-publisher-name. Confirms of one turn go out as one PublishConfirm per publisher (the
+publisher itself, its confirms and counters: publisher.py). A publisher counts what it was
+sent, confirmed and refused (RabbitMQ's published, confirmed and errored, shown by the
+management API): plain integer additions per frame, never per message.
 Must not know: AMQP 1.0's sections (records are stored as sent). Single-threaded.
 """
 
