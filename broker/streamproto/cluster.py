@@ -18,8 +18,7 @@ distribution, Leveret's stream connections do not forward (a replica nacks strea
 publishes); clients that look Metadata up connect to the leader.
 
 Where the nodes are comes from the broker's peers (`peers.py`): on one node every stream is
-here, so Metadata names this node for the streams it finds (and, as RabbitMQ answers, no node
-when it finds none) and nothing is held elsewhere.
+here, Metadata always names this node, and nothing is held elsewhere.
 Must not know: AMQP, etcd, whether the broker runs in a cluster. Single-threaded, on the event
 loop.
 """
@@ -64,8 +63,8 @@ def metadata(s: StreamSession, d: f.Decoder, _version: int) -> None:
         at = _endpoint(peers, here, leader)
         seen = [e for e in (_endpoint(peers, here, r) for r in replicas) if e is not None]
         found[name] = (k.OK if at is not None else k.STREAM_NOT_AVAILABLE, at, seen)
-    # RabbitMQ lists the endpoints of the nodes involved, sorted (none when it found no stream)
-    endpoints = sorted({e for _, at, seen in found.values() for e in ([at] if at else []) + seen})
+    endpoints = peers.announced(
+        here, {e for _, at, seen in found.values() for e in ([at] if at else []) + seen})
     brokers = f.i32(len(endpoints)) + b"".join(
         f.u16(i) + f.enc_string(host) + f.u32(port) for i, (host, port) in enumerate(endpoints))
     entries = []

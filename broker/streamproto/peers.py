@@ -38,6 +38,10 @@ class Peers(Protocol):
     def link_to(self, node: str) -> Link | None:
         """The link that asks another node; None when there is none (or it is this one)."""
 
+    def announced(self, here: Endpoint, involved: set[Endpoint]) -> list[Endpoint]:
+        """The endpoints Metadata lists, given this node's and those of the nodes involved in
+        the streams it found."""
+
     def serve(self, requests: Mapping[str, RequestHandler],
               messages: Mapping[str, MessageHandler]) -> None:
         """Answer the other nodes' requests and messages of these kinds (once: a second
@@ -62,6 +66,9 @@ class OneNode:
 
     def link_to(self, node: str) -> Link | None:
         return None
+
+    def announced(self, here: Endpoint, involved: set[Endpoint]) -> list[Endpoint]:
+        return [here]  # always itself, a stream found or not (RabbitMQ lists none if none)
 
     def serve(self, requests: Mapping[str, RequestHandler],
               messages: Mapping[str, MessageHandler]) -> None:
@@ -98,6 +105,9 @@ class ClusterPeers:
 
     def link_to(self, node: str) -> Link | None:
         return self.cluster.links.link_to(node) if node != self.cluster.node else None
+
+    def announced(self, here: Endpoint, involved: set[Endpoint]) -> list[Endpoint]:
+        return sorted(involved)  # as RabbitMQ: the nodes involved, sorted
 
     def serve(self, requests: Mapping[str, RequestHandler],
               messages: Mapping[str, MessageHandler]) -> None:

@@ -142,7 +142,6 @@ def test_metadata_of_a_missing_stream(ports: Ports) -> None:
     client.request(0x0F, struct.pack(">i", 1) + s(name))
     frame = client.next(0x800F)
     brokers = struct.unpack(">i", frame[8:12])[0]
-    assert brokers == 0  # only the nodes of the streams found are listed, and none was
     pos = 12
     for _ in range(brokers):
         size = struct.unpack(">h", frame[pos + 2 : pos + 4])[0]
