@@ -28,13 +28,6 @@ PARTS = ["amqp", "storage", "broker", "cli", "spark"]
 EXPECTED_CYCLES: dict[str, frozenset[str]] = {
     # queue -> vhost (TYPE_CHECKING: a queue's owner); vhost -> queue (it builds classic queues)
     "queue and vhost": frozenset({"broker.model.queue", "broker.model.vhost"}),
-    # session -> consuming, publishing (TYPE_CHECKING: Subscription, Publisher); consuming,
-    # publishing -> session (TYPE_CHECKING: StreamSession) and -> streams (stream_of);
-    # streams -> session (TYPE_CHECKING)
-    "stream protocol session and its handlers": frozenset({
-        "broker.streamproto.consuming", "broker.streamproto.publishing",
-        "broker.streamproto.session", "broker.streamproto.streams",
-    }),
     # broker -> session.connection (TYPE_CHECKING: Session); connection -> broker
     # (TYPE_CHECKING) and -> channel; channel -> connection (TYPE_CHECKING), topology,
     # cluster_topology; cluster_topology -> remote.forwarding; those -> channel (and broker)

@@ -24,9 +24,9 @@ from leveret.broker.streamproto import registry
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
     from leveret.broker.cluster.link import Link
-    from leveret.broker.streamproto.consuming import Subscription
-    from leveret.broker.streamproto.publishing import Publisher
+    from leveret.broker.streamproto.publisher import Publisher
     from leveret.broker.streamproto.session import StreamSession
+    from leveret.broker.streamproto.subscription import Subscription
 
 STREAM_PUBLISHERS = "mgmt.stream_publishers"
 STREAM_CONSUMERS = "mgmt.stream_consumers"

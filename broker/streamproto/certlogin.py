@@ -12,6 +12,7 @@ Must not know: frames, users. Pure functions.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 # Python's long attribute names -> rabbit_cert_info's short ones
@@ -44,7 +45,7 @@ def _escape(value: str) -> str:
     return "".join(out)
 
 
-def distinguished_name(rdns: Any) -> str:
+def distinguished_name(rdns: Iterable[Iterable[tuple[str, object]]] | None) -> str:
     """rabbit_cert_info:format_rdn_sequence of getpeercert()'s subject or issuer."""
     parts = []
     for rdn in reversed(list(rdns or ())):

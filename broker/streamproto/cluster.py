@@ -1,9 +1,9 @@
-"""The stream protocol in cluster mode: where a stream lives, as Metadata tells it, and
+"""The stream protocol over the nodes: where a stream lives, as Metadata tells it, and
 RabbitMQ's answer for what this node cannot serve of a stream it does not lead.
 
-Every node's model has every queue of the cluster. A stream's topology record names its leader
-(`node`) and, for a replicated stream, its members; a node that is neither has it as a
-`RemoteQueue`, a replica holds a real `StreamQueue` with role "replica". Metadata names the
+In a cluster every node's model has every queue of the cluster. A stream's topology record
+names its leader (`node`) and, for a replicated stream, its members; a node that is neither has
+it as a `RemoteQueue`, a replica holds a real `StreamQueue` with role "replica". Metadata names the
 leader and the running replicas, each with the stream endpoint of its node record in etcd
 (`stream_host`, `stream_port`: its `--stream-advertised-host` / port, else its `advertise_host`
 and stream port; records of older nodes fall back to `advertise_host` and 5552), as the links
@@ -17,64 +17,32 @@ STREAM_NOT_AVAILABLE too: RabbitMQ's node would write to a remote leader over Er
 distribution, Leveret's stream connections do not forward (a replica nacks stream-protocol
 publishes); clients that look Metadata up connect to the leader.
 
-On a single node (no cluster) Metadata names this node only, as before.
-Must not know: AMQP, etcd. Single-threaded, on the event loop.
+Where the nodes are comes from the broker's peers (`peers.py`): on one node every stream is
+here, Metadata always names this node, and nothing is held elsewhere.
+Must not know: AMQP, etcd, whether the broker runs in a cluster. Single-threaded, on the event
+loop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from leveret.broker.model.stream import StreamQueue
-from leveret.broker.remote.remote_queue import RemoteQueue
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto import consuming, publishing
 from leveret.broker.streamproto import frames as f
+from leveret.broker.streamproto.streams import held_elsewhere, stream_known
 
 if TYPE_CHECKING:
+    from leveret.broker.streamproto.peers import Endpoint, Peers
     from leveret.broker.streamproto.session import StreamSession
 
-DEFAULT_STREAM_PORT = 5552
 NO_LEADER = 0xFFFF
-Endpoint = tuple[str, int]
 
 
-def remote_stream(s: StreamSession, name: str) -> RemoteQueue | None:
-    queue = s.vhost.queues.get(name)
-    if isinstance(queue, RemoteQueue) and queue.type == "stream" and not queue.deleted:
-        return queue
-    return None
-
-
-def node_endpoint(s: StreamSession, node: str) -> Endpoint | None:
-    """The stream endpoint of another running node, from its record; None when it is down."""
-    cluster = getattr(s.broker, "cluster", None)
-    if cluster is None:
-        return None
-    record: dict[str, Any] | None = cluster.links.records.get(node)
-    if record is None:
-        return None
-    host = record.get("stream_host") or record.get("advertise_host") or ""
-    port = record.get("stream_port")
-    if not isinstance(port, int) or isinstance(port, bool) or port <= 0:
-        port = DEFAULT_STREAM_PORT
-    return (str(host), port) if host else None
-
-
-def placement(s: StreamSession, name: str, queue: Any) -> tuple[str, list[str]]:
-    """(leader node, replica nodes) of a stream: its record in the topology (the leader is
-    `node`, the members the replicated stream's), else where the model has it."""
-    cluster = s.broker.cluster
-    assert cluster is not None
-    record = cluster.cache.queue(s.vhost.name, name)
-    if record is not None and record.type == "stream" and record.node:
-        return record.node, [m for m in record.members if m != record.node]
-    return (queue.holder or cluster.node), []
-
-
-def _endpoint(s: StreamSession, this_node: str, here: Endpoint, node: str) -> Endpoint | None:
-    return here if node == this_node else node_endpoint(s, node)
+def _endpoint(peers: Peers, here: Endpoint, node: str) -> Endpoint | None:
+    return here if node == peers.node else peers.endpoint(node)
 
 
 def metadata(s: StreamSession, d: f.Decoder, _version: int) -> None:
@@ -82,27 +50,21 @@ def metadata(s: StreamSession, d: f.Decoder, _version: int) -> None:
     names = d.strings()
     d.done()
     here = s.server.advertised(s)
-    cluster = getattr(s.broker, "cluster", None)
+    peers = s.server.peers
     found: dict[str, tuple[int, Endpoint | None, list[Endpoint]]] = {}
     for name in dict.fromkeys(names):
         if not (s.allowed("read", name) or s.allowed("write", name)):
             found[name] = (k.ACCESS_REFUSED, None, [])
             continue
-        queue = s.vhost.queues.get(name)
-        local = isinstance(queue, StreamQueue) and not queue.deleted
-        if not local and remote_stream(s, name) is None:
+        if not stream_known(s, name):
             found[name] = (k.STREAM_DOES_NOT_EXIST, None, [])
-        elif cluster is None:
-            found[name] = (k.OK, here, [])
-        else:
-            leader, replicas = placement(s, name, queue)
-            at = _endpoint(s, cluster.node, here, leader)
-            seen = [e for e in (_endpoint(s, cluster.node, here, r) for r in replicas)
-                    if e is not None]
-            found[name] = (k.OK if at is not None else k.STREAM_NOT_AVAILABLE, at, seen)
-    # RabbitMQ lists the endpoints of the nodes involved, sorted; a single node always itself
-    endpoints = [here] if cluster is None else sorted(
-        {e for _, at, seen in found.values() for e in ([at] if at else []) + seen})
+            continue
+        leader, replicas = peers.placement(s.vhost.name, name, s.vhost.queues[name].holder)
+        at = _endpoint(peers, here, leader)
+        seen = [e for e in (_endpoint(peers, here, r) for r in replicas) if e is not None]
+        found[name] = (k.OK if at is not None else k.STREAM_NOT_AVAILABLE, at, seen)
+    endpoints = peers.announced(
+        here, {e for _, at, seen in found.values() for e in ([at] if at else []) + seen})
     brokers = f.i32(len(endpoints)) + b"".join(
         f.u16(i) + f.enc_string(host) + f.u32(port) for i, (host, port) in enumerate(endpoints))
     entries = []
@@ -119,7 +81,7 @@ Handler = Callable[["StreamSession", f.Decoder, int], None]
 
 def not_held(s: StreamSession, name: str) -> bool:
     """No member of the stream on this node (Subscribe is refused)."""
-    return remote_stream(s, name) is not None
+    return held_elsewhere(s, name)
 
 
 def not_led(s: StreamSession, name: str) -> bool:

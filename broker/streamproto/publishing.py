@@ -6,9 +6,10 @@ message`, cut as it is from the Publish frame) through the stream's writer, so i
 batch, the commit point and the confirms of AMQP 0.9.1 publishes (a run of them is a chunk of its
 own, whose record bytes a subscriber's Deliver carries as they are). A publisher with a reference
 is deduplicated by its publishing ids through the same tracking records as 0.9.1's
-x-stream-publisher-name. Confirms of one turn go out as one PublishConfirm per publisher.
-A publisher counts what it was sent, confirmed and refused (RabbitMQ's published, confirmed and
-errored, shown by the management API): plain integer additions per frame, never per message.
+x-stream-publisher-name. Confirms of one turn go out as one PublishConfirm per publisher (the
+publisher itself, its confirms and counters: publisher.py). A publisher counts what it was
+sent, confirmed and refused (RabbitMQ's published, confirmed and errored, shown by the
+management API): plain integer additions per frame, never per message.
 Must not know: AMQP 1.0's sections (records are stored as sent). Single-threaded.
 """
 
@@ -19,62 +20,17 @@ from typing import TYPE_CHECKING
 
 from leveret.amqp.stored import stream_entry
 from leveret.broker.model.message import Confirm
-from leveret.broker.model.stream import StreamQueue
 from leveret.broker.streamproto import compression
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto import frames as f
+from leveret.broker.streamproto.publisher import Publisher
+from leveret.broker.streamproto.publisher import publish_error
 from leveret.broker.streamproto.streams import stream_of
 
 if TYPE_CHECKING:
     from leveret.broker.streamproto.session import StreamSession
 
 _ID_SIZE = struct.Struct(">QI")  # a simple entry's publishing id and size (top bit clear)
-
-
-class Publisher:
-    """One declared publisher of a connection."""
-
-    __slots__ = ("acks", "confirmed", "errored", "errors", "id", "published", "queue",
-                 "reference", "session", "stream")
-
-    def __init__(self, session: StreamSession, pid: int, reference: str | None,
-                 queue: StreamQueue) -> None:
-        self.session = session
-        self.id = pid
-        self.reference = reference
-        self.queue = queue
-        self.stream = queue.name
-        self.acks: list[int] = []
-        self.errors: list[int] = []
-        # RabbitMQ's per-publisher counters, in publishing ids (a sub-entry batch is one):
-        # added once per Publish frame and once per PublishConfirm / PublishError sent
-        self.published = 0
-        self.confirmed = 0
-        self.errored = 0
-
-    def settled(self, confirm: Confirm) -> None:
-        first = not self.acks and not self.errors
-        (self.errors if confirm.rejected else self.acks).append(confirm.seq)
-        if first:
-            self.session.loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        s = self.session
-        if self.acks:
-            ids, self.acks = self.acks, []
-            self.confirmed += len(ids)
-            s.send(f.frame(k.PUBLISH_CONFIRM, 1, f.u8(self.id) + f.i32(len(ids))
-                           + struct.pack(f">{len(ids)}Q", *ids)))
-        if self.errors:
-            ids, self.errors = self.errors, []
-            self.errored += len(ids)
-            s.send(publish_error(self.id, ids, k.INTERNAL_ERROR))
-        s.flush()
-
-
-def publish_error(pid: int, ids: list[int], code: int) -> bytes:
-    return f.frame(k.PUBLISH_ERROR, 1, f.u8(pid) + f.i32(len(ids))
-                   + b"".join(f.u64(i) + f.u16(code) for i in ids))
 
 
 def declare_publisher(s: StreamSession, d: f.Decoder, _version: int) -> None:

@@ -15,13 +15,12 @@ import asyncio
 import errno
 import ssl
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from leveret.broker.process import listen, logs
 from leveret.broker.streamproto import (
     amqp10,  # noqa: F401 - registers the record converter
     cluster,
-    cluster_streams,
     consuming,
     handshake,
     publishing,
@@ -30,11 +29,13 @@ from leveret.broker.streamproto import (
     tracking,
 )
 from leveret.broker.streamproto import constants as k
+from leveret.broker.streamproto.peers import Peers, peers_of
 from leveret.broker.streamproto.session import StreamSession
 from leveret.broker.streamproto.settings import Settings
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
+    from leveret.broker.process.config import Config
     from leveret.broker.streamproto import frames
 
 log = logs.get("leveret.stream_server")
@@ -61,14 +62,14 @@ HANDLERS: dict[int, Handler] = {
     k.UNSUBSCRIBE: consuming.unsubscribe,
     k.QUERY_OFFSET: consuming.query_offset,
     k.CONSUMER_UPDATE | k.RESPONSE: consuming.consumer_update_response,
-    k.CREATE: cluster_streams.create,  # streams.create on a single node
-    k.DELETE: cluster_streams.delete,  # streams.delete on a single node
+    k.CREATE: streams.create,
+    k.DELETE: streams.delete,
     k.METADATA: cluster.metadata,
     k.ROUTE: streams.route,
     k.PARTITIONS: streams.partitions,
     k.STREAM_STATS: streams.stream_stats,
-    k.CREATE_SUPER_STREAM: cluster_streams.create_super_stream,  # streams' on a single node
-    k.DELETE_SUPER_STREAM: cluster_streams.delete_super_stream,
+    k.CREATE_SUPER_STREAM: streams.create_super_stream,
+    k.DELETE_SUPER_STREAM: streams.delete_super_stream,
     k.RESOLVE_OFFSET_SPEC: consuming.resolve_offset_spec,
     # QueryOffset, QueryPublisherSequence, StreamStats: the local ones, or the leader's node
     # asked; StoreOffset: to the local copy or the leader
@@ -81,9 +82,10 @@ PRE_OPEN = frozenset({k.PEER_PROPERTIES, k.SASL_HANDSHAKE, k.SASL_AUTHENTICATE, 
 class StreamServer:
     """The stream listeners of one broker, and their connections."""
 
-    def __init__(self, broker: Broker, settings: Settings) -> None:
+    def __init__(self, broker: Broker, settings: Settings, peers: Peers) -> None:
         self.broker = broker
         self.settings = settings
+        self.peers = peers  # the other nodes (peers.py): a stream's leader, their endpoints
         self.handlers = HANDLERS
         self.pre_open = PRE_OPEN
         self.sessions: set[StreamSession] = set()
@@ -173,7 +175,23 @@ class StreamServer:
                 session.transport.abort()
 
 
-def _tls_context(server: Any) -> ssl.SSLContext | None:
+class Host(Protocol):
+    """What `start` needs of the starting `leveret.broker.server.Server` (a Protocol: that
+    module imports this one)."""
+
+    stream_server: StreamServer | None
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def broker(self) -> Broker | None: ...  # set before the stream listeners start
+
+    @property
+    def host(self) -> str: ...
+
+
+def _tls_context(server: Host) -> ssl.SSLContext | None:
     config = server.config
     if not config.stream_tls_port or config.tls_certfile is None or config.tls_keyfile is None:
         return None
@@ -181,7 +199,7 @@ def _tls_context(server: Any) -> ssl.SSLContext | None:
     return context
 
 
-async def start(server: Any) -> StreamServer | None:
+async def start(server: Host) -> StreamServer | None:
     """Bind the stream listeners of a starting Server (its broker is up). A listener on its
     default port that is taken (another broker on this machine) is skipped with a warning; a
     port that was chosen and is taken stops the start, in one line."""
@@ -196,7 +214,10 @@ async def start(server: Any) -> StreamServer | None:
         return None
     settings = Settings(advertised_host=config.stream_advertised_host,
                         advertised_port=config.stream_advertised_port)
-    streams_server = StreamServer(server.broker, settings)
+    broker = server.broker
+    assert broker is not None, "the broker starts before its stream listeners"
+    peers = peers_of(broker)
+    streams_server = StreamServer(broker, settings, peers)
     host = server.host
     for port, tls, flag, default in wanted:
         try:
@@ -207,15 +228,15 @@ async def start(server: Any) -> StreamServer | None:
                             setting=flag)
                 continue
             await streams_server.stop()
-            server.broker.close()
+            broker.close()
             raise listen.ServerError(listen.listen_error(exc, host, port, flag)) from None
         if tls is None:
             streams_server.port = bound
         else:
             streams_server.tls_port = bound
-    server.broker.alarm_listeners.append(streams_server.alarm_changed)
+    broker.alarm_listeners.append(streams_server.alarm_changed)
     server.stream_server = streams_server
-    registry.register(server.broker, streams_server)
-    tracking.install(server.broker)  # cluster mode: other nodes' queries of this node's copies
+    registry.register(broker, streams_server)
+    tracking.install(broker, peers)  # other nodes' queries of this node's copies
     streams_server.start_sweeping()
     return streams_server

@@ -35,9 +35,10 @@ from leveret.broker.streamproto import frames as f
 if TYPE_CHECKING:
     from leveret.broker.access.auth import Permission, User
     from leveret.broker.broker import Broker
-    from leveret.broker.streamproto.consuming import Subscription
-    from leveret.broker.streamproto.publishing import Publisher
+    from leveret.broker.streamproto.peers import Peers
+    from leveret.broker.streamproto.publisher import Publisher
     from leveret.broker.streamproto.settings import Settings
+    from leveret.broker.streamproto.subscription import Subscription
 
 log = logs.get("leveret.stream_connection")
 _ids = itertools.count(1)
@@ -54,6 +55,9 @@ class Server(Protocol):
 
     @property
     def settings(self) -> Settings: ...
+
+    @property
+    def peers(self) -> Peers: ...
 
     @property
     def handlers(self) -> dict[int, Handler]: ...

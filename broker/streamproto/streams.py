@@ -1,26 +1,46 @@
 """The stream protocol's stream management: Create, Delete, Route, Partitions,
 StreamStats, CreateSuperStream and DeleteSuperStream.
 
-Streams are the model's stream queues, declared and deleted through the vhost with the same
-checks as a queue.declare of `x-queue-type: stream`; RabbitMQ's answers (rabbit_stream_manager,
-rabbit_stream_reader) map the model's errors to response codes.
-Must not know: frames beyond the Decoder and the encoders. Single-threaded, on the event loop.
+Streams are the model's stream queues. Create, Delete, CreateSuperStream and DeleteSuperStream
+run the model's checks at once, with RabbitMQ's response codes (rabbit_stream_manager,
+rabbit_stream_reader: PRECONDITION_FAILED, ACCESS_REFUSED, STREAM_ALREADY_EXISTS,
+STREAM_DOES_NOT_EXIST), then change the topology through the topology port
+(`broker.topology`), one node or a cluster alike: on one node the port never waits and the
+step, started eagerly (`eager.start`), answers in the turn that read the command; in a cluster
+it answers once every running node has applied the change. The store unreachable or too slow
+(`TopologyError`): INTERNAL_ERROR.
+
+CreateSuperStream answers as rabbit_stream_manager:create_super_stream does: partitions named
+and bound with the keys the client sent, as they are (a blank key is a key); a partition name
+given twice is STREAM_ALREADY_EXISTS and nothing is made; a failure on the way removes what was
+made (docs/STREAM-PROTOCOL.md, "Super streams").
+Must not know: frames beyond the Decoder and the encoders, which mode the broker runs in.
+Single-threaded, on the event loop.
 """
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
+from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.model import superstream
 from leveret.broker.model.errors import BrokerError, NotFound, PreconditionFailed
 from leveret.broker.model.storage_env import STREAM_CHUNK_TYPES
 from leveret.broker.model.stream import StreamQueue
+from leveret.broker.process import logs
 from leveret.broker.streamproto import constants as k
+from leveret.broker.streamproto import eager
 from leveret.broker.streamproto import frames as f
+from leveret.broker.topology.port import BindingSpec, ExchangeSpec, QueueSpec, TopologyError
 from leveret.storage import OffsetSpec
 
 if TYPE_CHECKING:
     from leveret.broker.streamproto.session import StreamSession
+
+log = logs.get("leveret.stream_connection")
+SUPER_STREAM_MARKER = {"x-super-stream": True}
+Unavailable = (TopologyError, EtcdException)  # the store cannot take the change now
 
 _LONG_ARGS = {
     "max-length-bytes": "x-max-length-bytes",
@@ -64,8 +84,26 @@ def correct_name(name: str) -> str | None:
 
 
 def stream_of(s: StreamSession, name: str) -> StreamQueue | None:
+    """The stream's copy on this node (its leader or a replica), if any."""
     queue = s.vhost.queues.get(name)
     return queue if isinstance(queue, StreamQueue) and not queue.deleted else None
+
+
+def stream_known(s: StreamSession, name: str) -> bool:
+    """A stream of the vhost, held here or by another node of the cluster."""
+    queue = s.vhost.queues.get(name)
+    return queue is not None and queue.type == "stream" and not queue.deleted
+
+
+def held_elsewhere(s: StreamSession, name: str) -> bool:
+    """A stream of the vhost with no copy on this node (another node of the cluster holds
+    it)."""
+    return stream_known(s, name) and stream_of(s, name) is None
+
+
+def _answer(s: StreamSession, key: int, corr: int, code: int) -> None:
+    if not s.closed:
+        s.send(f.response(key, corr, code))
 
 
 def create(s: StreamSession, d: f.Decoder, _version: int) -> None:
@@ -73,23 +111,38 @@ def create(s: StreamSession, d: f.Decoder, _version: int) -> None:
     raw_name = d.string()
     arguments = d.map()
     d.done()
-    s.send(f.response(k.CREATE, corr, _create(s, raw_name, arguments)))
-
-
-def _create(s: StreamSession, raw_name: str, arguments: dict[str, str]) -> int:
     name = correct_name(raw_name)
     if name is None:
-        return k.PRECONDITION_FAILED
+        _answer(s, k.CREATE, corr, k.PRECONDITION_FAILED)
+        return
     if not s.allowed("configure", name):
-        return k.ACCESS_REFUSED
+        _answer(s, k.CREATE, corr, k.ACCESS_REFUSED)
+        return
     if name in s.vhost.queues:
-        return k.STREAM_ALREADY_EXISTS
+        _answer(s, k.CREATE, corr, k.STREAM_ALREADY_EXISTS)
+        return
     try:
         args = queue_arguments(arguments)
-        s.vhost.declare_queue(name, owner=s, durable=True, arguments=args)
-    except (PreconditionFailed, BrokerError):
-        return k.PRECONDITION_FAILED
-    return k.OK
+        s.vhost.check_queue_declaration(name, owner=s, durable=True, arguments=args)
+    except BrokerError:
+        _answer(s, k.CREATE, corr, k.PRECONDITION_FAILED)
+        return
+    eager.start(_create(s, corr, QueueSpec(name, "stream", durable=True, arguments=args,
+                                           owner=s)))
+
+
+async def _create(s: StreamSession, corr: int, spec: QueueSpec) -> None:
+    try:
+        declared = await s.broker.topology.declare_queue(s.vhost, spec)
+    except BrokerError:  # another kind of queue with that name, declared meanwhile
+        _answer(s, k.CREATE, corr, k.STREAM_ALREADY_EXISTS)
+        return
+    except Unavailable as exc:
+        log.warning("cannot create a stream: the metadata store is unavailable",
+                    stream=spec.name, error=str(exc))
+        _answer(s, k.CREATE, corr, k.INTERNAL_ERROR)
+        return
+    _answer(s, k.CREATE, corr, k.OK if declared.created else k.STREAM_ALREADY_EXISTS)
 
 
 def delete(s: StreamSession, d: f.Decoder, _version: int) -> None:
@@ -97,15 +150,27 @@ def delete(s: StreamSession, d: f.Decoder, _version: int) -> None:
     name = d.string()
     d.done()
     if not s.allowed("configure", name):
-        s.send(f.response(k.DELETE, corr, k.ACCESS_REFUSED))
+        _answer(s, k.DELETE, corr, k.ACCESS_REFUSED)
+    elif not stream_known(s, name):
+        _answer(s, k.DELETE, corr, k.STREAM_DOES_NOT_EXIST)
+    else:
+        eager.start(_delete(s, corr, name))
+
+
+async def _delete(s: StreamSession, corr: int, name: str) -> None:
+    vhost = s.vhost
+    try:
+        deleted = await s.broker.topology.delete_queue(vhost, name)
+    except Unavailable as exc:
+        log.warning("cannot delete a stream: the metadata store is unavailable", stream=name,
+                    error=str(exc))
+        _answer(s, k.DELETE, corr, k.INTERNAL_ERROR)
         return
-    queue = stream_of(s, name)
-    if queue is None:
-        s.send(f.response(k.DELETE, corr, k.STREAM_DOES_NOT_EXIST))
+    if deleted is None:  # deleted meanwhile, by someone else
+        _answer(s, k.DELETE, corr, k.STREAM_DOES_NOT_EXIST)
         return
-    s.vhost.delete_queue(queue)
-    s.send(f.response(k.DELETE, corr, k.OK))
-    s.server.stream_deleted(s.vhost.name, name)
+    _answer(s, k.DELETE, corr, k.OK)
+    s.server.stream_deleted(vhost.name, name)
 
 
 def route(s: StreamSession, d: f.Decoder, _version: int) -> None:
@@ -178,67 +243,122 @@ def create_super_stream(s: StreamSession, d: f.Decoder, _version: int) -> None:
     keys = d.strings()
     arguments = d.map()
     d.done()
-    s.send(f.response(k.CREATE_SUPER_STREAM, corr,
-                      _create_super(s, name, names, keys, arguments)))
+    code, args = _check_super(s, name, names, keys, arguments)
+    if code != k.OK:
+        _answer(s, k.CREATE_SUPER_STREAM, corr, code)
+        return
+    eager.start(_create_super(s, corr, name, names, keys, args))
 
 
-def _create_super(s: StreamSession, name: str, names: list[str], keys: list[str],
-                  arguments: dict[str, str]) -> int:
+def _check_super(s: StreamSession, name: str, names: list[str], keys: list[str],
+                 arguments: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    """The checks of CreateSuperStream, in RabbitMQ's order; (OK, the partitions' queue
+    arguments) or the response code."""
+    vhost = s.vhost
     if correct_name(name) is None or not names or len(names) != len(keys):
-        return k.PRECONDITION_FAILED
+        return k.PRECONDITION_FAILED, {}
     if not all(s.allowed("configure", n) for n in [name, *names]) or not s.allowed(
             "write", name):
-        return k.ACCESS_REFUSED
-    if name in s.vhost.exchanges or any(n in s.vhost.queues for n in names):
-        return k.STREAM_ALREADY_EXISTS
-    if names != [f"{name}-{key}" for key in keys]:
-        return _create_named_partitions(s, name, names, keys, arguments)
-    try:
-        superstream.add(s.vhost, name, binding_keys=keys,
-                        arguments=queue_arguments(arguments), owner=s)
-    except BrokerError:
-        return k.PRECONDITION_FAILED
-    return k.OK
-
-
-def _create_named_partitions(s: StreamSession, name: str, names: list[str], keys: list[str],
-                             arguments: dict[str, str]) -> int:
-    """Partitions whose names are not `<super stream>-<key>`: declared one by one."""
-    vhost = s.vhost
+        return k.ACCESS_REFUSED, {}
+    if name in vhost.exchanges or any(n in vhost.queues for n in names):
+        return k.STREAM_ALREADY_EXISTS, {}
     try:
         args = queue_arguments(arguments)
-        args.setdefault("x-queue-leader-locator", "balanced")
-        vhost.declare_exchange(name, "direct", durable=True, arguments={"x-super-stream": True})
-        for order, (key, queue_name) in enumerate(zip(keys, names, strict=True)):
-            vhost.declare_queue(queue_name, owner=s, durable=True, arguments=args)
-            vhost.bind(name, "queue", queue_name, key, {"x-stream-partition-order": order})
-    except BrokerError:
+    except PreconditionFailed:
+        return k.PRECONDITION_FAILED, {}
+    if len(set(names)) != len(names):  # the second declaration of a name finds the first
+        return k.STREAM_ALREADY_EXISTS, {}
+    try:
+        _keys, _names, queue_args = superstream.plan(vhost, name, partitions=len(names),
+                                                     names=names, arguments=args)
+        vhost.check_exchange_declaration(name, "direct", durable=True, auto_delete=False,
+                                         internal=False, arguments=SUPER_STREAM_MARKER)
         for queue_name in names:
-            queue = vhost.queues.get(queue_name)
-            if queue is not None:
-                vhost.delete_queue(queue)
-        if name in vhost.exchanges:
-            vhost.delete_exchange(name)
-        return k.PRECONDITION_FAILED
-    return k.OK
+            vhost.check_queue_declaration(queue_name, owner=s, durable=True,
+                                          arguments=queue_args)
+    except BrokerError:
+        return k.PRECONDITION_FAILED, {}
+    return k.OK, queue_args
+
+
+async def _create_super(s: StreamSession, corr: int, name: str, names: list[str],
+                        keys: list[str], args: dict[str, Any]) -> None:
+    """The exchange, then each partition (placed as a Create's stream is) and its binding,
+    each settled before the next, so consecutive partitions see the leaders placed before
+    them. A failure removes what was made."""
+    topology, vhost = s.broker.topology, s.vhost
+    made: list[str] = []
+    exchange_made = False
+    try:
+        await topology.declare_exchange(vhost, ExchangeSpec(
+            name, "direct", durable=True, arguments=SUPER_STREAM_MARKER))
+        exchange_made = True
+        for order, (key, queue_name) in enumerate(zip(keys, names, strict=True)):
+            declared = await topology.declare_queue(vhost, QueueSpec(
+                queue_name, "stream", durable=True, arguments=args, owner=s))
+            if not declared.created:
+                raise PreconditionFailed(f"there is already a queue named {queue_name}")
+            made.append(queue_name)
+            await topology.bind(vhost, BindingSpec(
+                name, "queue", queue_name, key, {"x-stream-partition-order": order}))
+    except Unavailable as exc:
+        log.warning("cannot create a super stream: the metadata store is unavailable",
+                    stream=name, error=str(exc))
+        await _unmake(s, name if exchange_made else None, made)
+        _answer(s, k.CREATE_SUPER_STREAM, corr, k.INTERNAL_ERROR)
+        return
+    except BrokerError:  # declared meanwhile, by someone else
+        await _unmake(s, name if exchange_made else None, made)
+        _answer(s, k.CREATE_SUPER_STREAM, corr, k.PRECONDITION_FAILED)
+        return
+    _answer(s, k.CREATE_SUPER_STREAM, corr, k.OK)
+
+
+async def _unmake(s: StreamSession, exchange: str | None, queues: list[str]) -> None:
+    """Remove what a refused CreateSuperStream made (what cannot be removed stays)."""
+    topology, vhost = s.broker.topology, s.vhost
+    for queue_name in queues:
+        with suppress(BrokerError, *Unavailable):
+            await topology.delete_queue(vhost, queue_name)
+    if exchange is not None:
+        with suppress(BrokerError, *Unavailable):
+            await topology.delete_exchange(vhost, exchange)
 
 
 def delete_super_stream(s: StreamSession, d: f.Decoder, _version: int) -> None:
+    """The exchange (its bindings with it), then each partition stream."""
     corr = d.u32()
     name = d.string()
     d.done()
     if not s.allowed("configure", name):
-        s.send(f.response(k.DELETE_SUPER_STREAM, corr, k.ACCESS_REFUSED))
+        _answer(s, k.DELETE_SUPER_STREAM, corr, k.ACCESS_REFUSED)
         return
     exchange = s.vhost.exchanges.get(name)
-    if exchange is None or not isinstance(exchange, superstream.SuperStreamExchange):
-        s.send(f.response(k.DELETE_SUPER_STREAM, corr, k.STREAM_DOES_NOT_EXIST))
+    if not isinstance(exchange, superstream.SuperStreamExchange):
+        _answer(s, k.DELETE_SUPER_STREAM, corr, k.STREAM_DOES_NOT_EXIST)
         return
+    partitions = [q.name for q in exchange.partitions() if q.type == "stream"]
+    eager.start(_delete_super(s, corr, name, partitions))
+
+
+async def _delete_super(s: StreamSession, corr: int, name: str, partitions: list[str],
+                        ) -> None:
+    topology, vhost = s.broker.topology, s.vhost
+    deleted: list[str] = []
     try:
-        deleted = superstream.delete(s.vhost, name)
-    except NotFound:
-        s.send(f.response(k.DELETE_SUPER_STREAM, corr, k.STREAM_DOES_NOT_EXIST))
+        if not await topology.delete_exchange(vhost, name):
+            raise NotFound(name)  # deleted meanwhile, by someone else
+        for queue_name in partitions:
+            if await topology.delete_queue(vhost, queue_name) is not None:
+                deleted.append(queue_name)
+    except Unavailable as exc:
+        log.warning("cannot delete a super stream: the metadata store is unavailable",
+                    stream=name, error=str(exc))
+        _answer(s, k.DELETE_SUPER_STREAM, corr, k.INTERNAL_ERROR)
         return
-    s.send(f.response(k.DELETE_SUPER_STREAM, corr, k.OK))
+    except BrokerError:
+        _answer(s, k.DELETE_SUPER_STREAM, corr, k.STREAM_DOES_NOT_EXIST)
+        return
+    _answer(s, k.DELETE_SUPER_STREAM, corr, k.OK)
     for stream in deleted:
-        s.server.stream_deleted(s.vhost.name, stream)
+        s.server.stream_deleted(vhost.name, stream)

@@ -22,14 +22,15 @@ from typing import TYPE_CHECKING, Any
 from leveret.broker.cluster.link import LinkError
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.process import logs
-from leveret.broker.streamproto import cluster as placement
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto import consuming, publishing, streams
 from leveret.broker.streamproto import frames as f
 from leveret.storage import StorageError
 
 if TYPE_CHECKING:
+    from leveret.broker.broker import Broker
     from leveret.broker.cluster.link import Link
+    from leveret.broker.streamproto.peers import Peers
     from leveret.broker.streamproto.session import StreamSession
 
 log = logs.get("leveret.stream_connection")
@@ -83,16 +84,11 @@ def _spawn(coro: Coroutine[Any, Any, None]) -> None:
 
 
 def _leader_link(s: StreamSession, name: str) -> Link | None:
-    remote = placement.remote_stream(s, name)
-    cluster = getattr(s.broker, "cluster", None)
-    if remote is None or cluster is None:
+    if not streams.held_elsewhere(s, name):
         return None
-    leader, _ = placement.placement(s, name, remote)
-    return cluster.links.link_to(leader) if leader != cluster.node else None
-
-
-def held_elsewhere(s: StreamSession, name: str) -> bool:
-    return placement.remote_stream(s, name) is not None
+    peers = s.server.peers
+    leader, _ = peers.placement(s.vhost.name, name, s.vhost.queues[name].holder)
+    return peers.link_to(leader)
 
 
 def ask_leader(s: StreamSession, key: int, corr: int, name: str, what: str, reference: str,
@@ -132,22 +128,17 @@ def store_remote(s: StreamSession, name: str, offsets: dict[bytes, int]) -> None
         log.warning("stream-protocol offset not stored", stream=name, error=str(exc))
 
 
-def install(broker: Any) -> None:
-    """Cluster mode: answer other nodes' stream queries and stores from this node's copies."""
-    cluster = getattr(broker, "cluster", None)
-    if cluster is None or QUERY in cluster.links.handlers.requests:
-        return
+def install(broker: Broker, peers: Peers) -> None:
+    """Answer other nodes' stream queries and stores from this node's copies (on one node,
+    no other node asks)."""
 
-    def local(body: Any) -> StreamQueue | None:
-        if not isinstance(body, dict):
-            return None
+    def local(body: dict[str, object]) -> StreamQueue | None:
         vhost = broker.vhosts.get(str(body.get("vhost")))
         queue = vhost.queues.get(str(body.get("stream"))) if vhost is not None else None
         return queue if isinstance(queue, StreamQueue) and not queue.deleted else None
 
-    async def query(_link: Link, body: Any) -> list[Any]:
-        queue = local(body)
-        if queue is None:
+    async def query(_link: Link, body: object) -> list[object]:
+        if not isinstance(body, dict) or (queue := local(body)) is None:
             return [k.STREAM_NOT_AVAILABLE, None]
         what, reference = body.get("what"), str(body.get("reference") or "")
         if what == "offset":
@@ -158,24 +149,22 @@ def install(broker: Any) -> None:
             return [k.OK, streams.stats_of(queue)]
         raise ValueError(f"unknown stream query {what!r}")
 
-    async def store(_link: Link, body: Any) -> None:
-        queue = local(body)
-        if queue is not None:
+    async def store(_link: Link, body: object) -> None:
+        if isinstance(body, dict) and (queue := local(body)) is not None:
             store_local(queue, {bytes.fromhex(str(ref)): int(offset)
                                 for ref, offset in body.get("offsets", [])})
 
-    cluster.links.handlers.on_request(QUERY, query)
-    cluster.links.handlers.on_message(STORE, store)
+    peers.serve({QUERY: query}, {STORE: store})
 
 
 # -- the handlers: the local ones of consuming, publishing and streams, unless held elsewhere
 
 
-def _u64(value: Any) -> bytes:
+def _u64(value: int) -> bytes:
     return f.u64(int(value))
 
 
-def _stats(value: Any) -> bytes:
+def _stats(value: dict[str, int] | None) -> bytes:
     stats = dict(value or {})
     return f.i32(len(stats)) + b"".join(
         f.enc_string(str(key)) + f.i64(int(v)) for key, v in stats.items())
@@ -195,7 +184,7 @@ def _wrap(key: int, what: str, with_reference: bool, permission: Callable[..., b
         except f.FrameError:
             handler(s, d, version)  # the handler fails it as a malformed frame
             return
-        if permission(s, name) and held_elsewhere(s, name):
+        if permission(s, name) and streams.held_elsewhere(s, name):
             ask_leader(s, key, corr, name, what, reference, encode, empty)
             return
         handler(s, d, version)
@@ -237,5 +226,5 @@ def store_offset(s: StreamSession, d: f.Decoder, _version: int) -> None:
     queue = streams.stream_of(s, name)
     if queue is not None:
         store_local(queue, {ref: offset})
-    elif held_elsewhere(s, name):
+    elif streams.held_elsewhere(s, name):
         store_remote(s, name, {ref: offset})

@@ -162,6 +162,22 @@ def test_the_stream_protocols_create_super_stream_places_partitions_through_etcd
     assert in_etcd(etcd, cluster, "bad-a") == (None, None)
     assert all(api(node, "GET", "/api/exchanges/%2F/bad")[0] == 404 for node in (a, b, c))
 
+    # as rabbit_stream_manager answers, and as one node does (STREAM-PROTOCOL.md, "Super
+    # streams"): a partition name given twice already exists and nothing is made; partitions
+    # are named and bound as sent, a blank key included
+    client.request(CREATE_SUPER_STREAM, s("twice") + strings(["twice-a", "twice-a"])
+                   + strings(["a", "a"]) + strmap({}))
+    assert client.response(CREATE_SUPER_STREAM)[1] == ALREADY_EXISTS
+    assert in_etcd(etcd, cluster, "twice-a") == (None, None)
+    assert all(api(node, "GET", "/api/exchanges/%2F/twice")[0] == 404 for node in (a, b, c))
+    client.request(CREATE_SUPER_STREAM, s("named") + strings(["named-first", "named-"])
+                   + strings(["one", ""]) + strmap({}))
+    assert client.response(CREATE_SUPER_STREAM)[1] == OK
+    for node in (a, b, c):
+        assert partitions_on(node, "named") == ["named-first", "named-"]
+    client.request(DELETE_SUPER_STREAM, s("named"))
+    assert client.response(DELETE_SUPER_STREAM)[1] == OK
+
     client.request(DELETE_SUPER_STREAM, s("orders"))
     assert client.response(DELETE_SUPER_STREAM)[1] == OK
     assert all(in_etcd(etcd, cluster, name) == (None, None) for name in names)

@@ -11,7 +11,7 @@ import pika
 from leveret.amqp import stored
 from leveret.amqp.content import Message
 from leveret.amqp.properties import encode_values
-from leveret.broker.streamproto import amqp10, chunk, consuming
+from leveret.broker.streamproto import amqp10, chunk, subscription
 
 from .conftest import StreamBroker
 from .raw import s, strmap
@@ -21,14 +21,14 @@ from .test_raw_protocol import confirms, create_and_declare, deliveries
 def test_stream_records_are_cut_and_mixed_runs_converted() -> None:
     sent = [b"\x00\x53\x75\xa0\x02hi", b"\x00\x53\x77\xa1\x03abc"]
     records = [stored.encode_amqp10_record("", "events", m) for m in sent]
-    assert consuming._entries(records).data == chunk.entries(sent).data
+    assert subscription._entries(records).data == chunk.entries(sent).data
     plain = stored.encode_record(Message("", "events", encode_values(3, None), b"091"))
     mixed = [records[0], plain, records[1]]
     expected = chunk.entries([amqp10.to_amqp10(r) for r in mixed])
-    run = consuming._entries(mixed)
+    run = subscription._entries(mixed)
     assert (run.data, run.count, run.crc) == (expected.data, 3, expected.crc)
     other = stored.encode_amqp10_record("", "other", sent[0])  # another prefix: converted
-    assert consuming._entries([records[0], other]).data == chunk.entries(
+    assert subscription._entries([records[0], other]).data == chunk.entries(
         [sent[0], sent[0]]).data
 
 

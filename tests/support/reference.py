@@ -22,6 +22,7 @@ from support.ports import free_port
 
 RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 RABBITMQCTL = Path("/usr/lib/rabbitmq/bin/rabbitmqctl")
+RABBITMQ_STREAMS = Path("/usr/lib/rabbitmq/bin/rabbitmq-streams")
 
 
 @dataclass
@@ -36,14 +37,22 @@ class Reference:
 
     def ctl(self, *args: str) -> str:
         """Run rabbitmqctl against this node; skips the test when that is not possible."""
+        return self._run(RABBITMQCTL, *args)
+
+    def streams(self, *args: str) -> str:
+        """Run rabbitmq-streams (the stream plugin's commands: add_super_stream...) against
+        this node; skips the test when that is not possible."""
+        return self._run(RABBITMQ_STREAMS, *args)
+
+    def _run(self, tool: Path, *args: str) -> str:
         import pytest
 
         if self.ctl_env is None:
-            pytest.skip(f"rabbitmqctl needs the local reference node, not {self.kind}")
-        result = subprocess.run([str(RABBITMQCTL), *args], env=self.ctl_env,
+            pytest.skip(f"{tool.name} needs the local reference node, not {self.kind}")
+        result = subprocess.run([str(tool), *args], env=self.ctl_env,
                                 capture_output=True, text=True, timeout=60)
         if result.returncode != 0:
-            raise RuntimeError(f"rabbitmqctl {' '.join(args)}: {result.stderr or result.stdout}")
+            raise RuntimeError(f"{tool.name} {' '.join(args)}: {result.stderr or result.stdout}")
         return result.stdout
 
     @property
