@@ -23,8 +23,7 @@ from leveret.broker.model.message import Confirm
 from leveret.broker.streamproto import compression
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto import frames as f
-from leveret.broker.streamproto.publisher import Publisher
-from leveret.broker.streamproto.publisher import publish_error
+from leveret.broker.streamproto.publisher import Publisher, publish_error
 from leveret.broker.streamproto.streams import stream_of
 
 if TYPE_CHECKING:
