@@ -31,15 +31,12 @@ from typing import TYPE_CHECKING, Any
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.intervals import IntervalSet
 from leveret.broker.model.message import Confirm, QueuedMessage
-from leveret.broker.model.queue import ClassicQueue
+from leveret.broker.model.queue import ClassicQueue, QueueOwner
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.store import MemoryStore
 from leveret.broker.model.writer import Writer
 from leveret.broker.process import logs
 from leveret.storage import Log, LogConfig, OffsetSpec, StorageError
-
-if TYPE_CHECKING:
-    from leveret.broker.model.vhost import VHost
 
 log = logs.get("leveret.durable")
 
@@ -157,7 +154,7 @@ class PagedStore:
 
 
 class DurableClassicQueue(ClassicQueue):
-    def __init__(self, vhost: VHost, name: str, *, env: StorageEnv, storage_id: str | None = None,
+    def __init__(self, vhost: QueueOwner, name: str, *, env: StorageEnv, storage_id: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(vhost, name, **kwargs)
         self.env = env

@@ -27,10 +27,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from leveret.broker.model.consumer import Consumer
     from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
-    from leveret.broker.model.queue import ClassicQueue
+    from leveret.broker.model.queue import ClassicQueue, QueueOwner
     from leveret.broker.model.queue_client import QueueClient
     from leveret.broker.model.stream import StreamQueue
-    from leveret.broker.model.vhost import VHost
 
 
 class QueueType(Protocol):
@@ -39,7 +38,6 @@ class QueueType(Protocol):
     # identity and flags
     kind: str  # "queue", as an exchange's is "exchange": what a binding's destination is
     type: str  # the x-queue-type it was declared with
-    vhost: VHost
     name: str
     durable: bool
     auto_delete: bool
@@ -61,6 +59,11 @@ class QueueType(Protocol):
     stats_deliver_no_ack: int
     stats_redeliver: int
     stats_get_empty: int
+
+    @property
+    def vhost(self) -> QueueOwner:
+        """The vhost that holds the queue, as the queue sees it."""
+        ...
 
     @property
     def resource(self) -> str: ...

@@ -33,7 +33,7 @@ from leveret.broker.model.superstream_exchange import (
 )
 
 if TYPE_CHECKING:
-    from leveret.broker.model.queue import Queue
+    from leveret.broker.model.queue import Queue, QueueOwner
     from leveret.broker.model.vhost import VHost
 
 __all__ = [
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 
-def partition_index(vhost: VHost, queue: Any) -> int:
+def partition_index(vhost: QueueOwner, queue: Queue) -> int:
     """The queue's position in the super stream it belongs to, or -1."""
     for exchange in vhost.exchanges.values():
         if isinstance(exchange, SuperStreamExchange):
