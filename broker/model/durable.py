@@ -26,7 +26,7 @@ import uuid
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.intervals import IntervalSet
@@ -154,8 +154,8 @@ class PagedStore:
 
 
 class DurableClassicQueue(ClassicQueue):
-    def __init__(self, vhost: QueueOwner, name: str, *, env: StorageEnv, storage_id: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, vhost: QueueOwner, name: str, *, env: StorageEnv,
+                 storage_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(vhost, name, **kwargs)
         self.env = env
         self.storage_id = storage_id or uuid.uuid4().hex
