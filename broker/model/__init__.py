@@ -3,6 +3,9 @@
 Modules:
 
 - `vhost`: a virtual host, its exchanges, queues and bindings, and routing between them;
+- `queue_kind`: queue types as declarations see them (argument validation, equivalence,
+  building a queue) and their registry; `classic_kind`, `stream_kind`: the two kinds;
+  `queue_type`: the interface of a queue once it exists; `fields`: AMQP field tables;
 - `exchange`, `binding`: exchanges and their routing, bindings; `superstream_exchange` and
   `superstream`: super streams' exchange, and their operations;
 - `queue`: what every queue type shares, and the classic queue; `store`: a classic queue's
