@@ -4,10 +4,10 @@ definitions may ask of a queue, whatever its type.
 `QueueType` is implemented by the classic queue (queue.py, durable.py), the stream
 (stream.py) and a queue held by another node of the cluster (broker/remote/remote_queue.py);
 the next type (quorum queues) is one more implementation, built by its `QueueKind`
-(queue_kind.py), which also holds the type's declare-time rules. Whoever holds a queue calls these members and never asks which type it has:
-basic.consume and basic.get are served by the queue itself (`consume`, `serve_get`), which
-answers through the `QueueClient` it is given, in this turn or, for a queue on another node,
-once that node has answered.
+(queue_kind.py), which also holds the type's declare-time rules. Whoever holds a queue calls
+these members and never asks which type it has: basic.consume and basic.get are served by the
+queue itself (`consume`, `serve_get`), which answers through the `QueueClient` it is given, in
+this turn or, for a queue on another node, once that node has answered.
 
 A delivery's handle (`entry`) belongs to the queue type (a QueuedMessage for classic queues,
 an offset for streams, the holder's tag for a remote queue): the session keeps it unread and
