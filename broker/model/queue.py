@@ -20,6 +20,7 @@ from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.store import MemoryStore, MessageStore, PriorityStore
 
 if TYPE_CHECKING:
+    from leveret.broker.model.dedup import DedupCache
     from leveret.broker.model.exchange import Exchange
     from leveret.broker.model.policy import Policy
     from leveret.broker.model.queue_client import QueueClient
@@ -84,7 +85,7 @@ class Queue:
         self.consumers: list[Consumer] = []
         self.had_consumers = False
         self.deleted = False
-        self.dedup: Any = None  # a queue-level deduplication cache, when enabled
+        self.dedup: DedupCache | None = None  # a queue-level deduplication cache
         self.stats_published = 0
         self.stats_delivered = 0
 

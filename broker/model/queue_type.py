@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from leveret.broker.model.consumer import Consumer
+    from leveret.broker.model.dedup import DedupCache
     from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
     from leveret.broker.model.queue import ClassicQueue, QueueOwner
     from leveret.broker.model.queue_client import QueueClient
@@ -48,7 +49,7 @@ class QueueType(Protocol):
     single_active: bool  # x-single-active-consumer on a classic queue: the first one gets all
     unacked: int  # deliveries not yet settled, where the type counts them (else 0)
     deleted: bool
-    dedup: Any  # a queue-level deduplication cache (model/dedup.py), when enabled
+    dedup: DedupCache | None  # a queue-level deduplication cache, when enabled
 
     # message statistics, bumped by the queue and by the channels (management/rates.py)
     stats_published: int
