@@ -71,7 +71,7 @@ def _ranges(intervals: IntervalSet) -> bytes:
     return flat.tobytes()
 
 
-def _parse_ranges(record: Any) -> list[tuple[int, int]]:
+def _parse_ranges(record: bytes | memoryview) -> list[tuple[int, int]]:
     flat = array("Q")
     flat.frombytes(bytes(record))
     if sys.byteorder == "little":

@@ -42,7 +42,7 @@ class QueueType(Protocol):
     name: str
     durable: bool
     auto_delete: bool
-    exclusive_owner: Any  # the owning session, or None
+    exclusive_owner: object  # the owning session, or None
     arguments: dict[str, Any]
     consumers: list[Consumer]
     had_consumers: bool

@@ -244,7 +244,7 @@ class VHost:
             self.observer.exchange_deleted(exchange)
         self.observer.exchange_removed(exchange)
 
-    def _remove_bindings_to(self, destination: Any) -> None:
+    def _remove_bindings_to(self, destination: object) -> None:
         for source in list(self.exchanges.values()):
             for binding in source.bindings_to(destination):
                 self._unbind(binding)
@@ -279,7 +279,7 @@ class VHost:
         return queue
 
     @staticmethod
-    def check_exclusive(queue: Queue, owner: Any, strict: bool = False) -> None:
+    def check_exclusive(queue: Queue, owner: object, strict: bool = False) -> None:
         owned_elsewhere = queue.exclusive_owner is not None and queue.exclusive_owner is not owner
         if owned_elsewhere or (strict and queue.exclusive_owner is not owner):
             raise equivalence.exclusive_locked(queue.resource)
@@ -288,7 +288,7 @@ class VHost:
         self,
         name: str,
         *,
-        owner: Any,
+        owner: object,
         passive: bool = False,
         durable: bool = False,
         exclusive: bool = False,
@@ -324,7 +324,7 @@ class VHost:
         self,
         name: str,
         *,
-        owner: Any,
+        owner: object,
         durable: bool = False,
         exclusive: bool = False,
         auto_delete: bool = False,
@@ -368,7 +368,7 @@ class VHost:
         self.queue_kinds.implemented(kind.name, rs)
         return name, kind.name, None
 
-    def create_queue(self, name: str, queue_type: str, *, durable: bool, exclusive_owner: Any,
+    def create_queue(self, name: str, queue_type: str, *, durable: bool, exclusive_owner: object,
                      auto_delete: bool, arguments: dict[str, Any],
                      storage_id: str | None = None) -> Queue:
         """Add a queue whose declaration was checked (not recorded: the caller does)."""
@@ -443,7 +443,7 @@ class VHost:
         destination_name: str,
         routing_key: str,
         arguments: dict[str, Any] | None = None,
-        owner: Any = None,
+        owner: object = None,
     ) -> None:
         binding = self.check_bind(source_name, kind, destination_name, routing_key, arguments,
                                   owner)
@@ -463,7 +463,7 @@ class VHost:
         destination_name: str,
         routing_key: str,
         arguments: dict[str, Any] | None = None,
-        owner: Any = None,
+        owner: object = None,
     ) -> Binding:
         """The checks of bind, raising as it does; the binding it would add."""
         if source_name == "" or (kind == "exchange" and destination_name == ""):
@@ -484,7 +484,7 @@ class VHost:
         destination_name: str,
         routing_key: str,
         arguments: dict[str, Any] | None = None,
-        owner: Any = None,
+        owner: object = None,
     ) -> None:
         """Remove a binding. As RabbitMQ (`absent_errs_only`), a missing source, destination
         or binding is not an error, and exclusivity is checked only for a binding that exists."""
@@ -500,7 +500,7 @@ class VHost:
         destination_name: str,
         routing_key: str,
         arguments: dict[str, Any] | None = None,
-        owner: Any = None,
+        owner: object = None,
     ) -> Binding | None:
         """The checks of unbind; the binding it would remove, or None."""
         if source_name == "" or (kind == "exchange" and destination_name == ""):
@@ -525,7 +525,7 @@ class VHost:
     def route(self, exchange: Exchange, message: InboundMessage) -> list[Queue]:
         """Every queue the message goes to, each once."""
         headers = message.headers
-        keys: Any = message.routing_key
+        keys: str | list[str] = message.routing_key
         if "CC" in headers or "BCC" in headers:
             keys = routing_keys_of(message) + string_list(headers.get("BCC"))
         if exchange.name == "":
@@ -570,7 +570,7 @@ class VHost:
                 taken += 1
         return taken
 
-    def dead_letter(self, queue: Any, entry: QueuedMessage, reason: str) -> None:
+    def dead_letter(self, queue: Queue, entry: QueuedMessage, reason: str) -> None:
         dlx_name = getattr(queue, "dlx", None)
         if dlx_name is None:
             return
