@@ -2,8 +2,10 @@
 
 Each validator returns None or RabbitMQ's error term as text (the `~p` of an Erlang term, such
 as `{value_negative,-1}`); `check_queue_args` raises PreconditionFailed with RabbitMQ's reply
-text. Which keys belong to which queue type also lives here, so that a key of another type is
-refused with "invalid arg ... of queue type ...". Pure functions; no I/O.
+text. RabbitMQ's catalogue of queue types (the keys each one takes, its module's name) also
+lives here, so that a key of another type is refused with "invalid arg ... of queue type ...",
+whichever types Leveret implements; the queue kinds (queue_kind.py) read their entries.
+Pure functions; no I/O.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class DeclareRules:
     def check_equivalence(self, existing: QueueAttrs, durable: bool, auto_delete: bool,
                           arguments: FieldTable) -> None:
         """A redeclaration of `existing` (a queue of this type) must match it."""
-        equivalence.check_queue(existing, durable, auto_delete, arguments)
+        equivalence.check_queue(existing, durable, auto_delete, arguments, self.declare_keys)
 
 
 class QueueKind(Protocol):

@@ -80,6 +80,15 @@ def test_classic_equivalence_compares_its_keys_and_ignores_others(vhost: VHost) 
         f"inequivalent arg 'x-max-length' for {RS}: received '2' but current is '1'")
 
 
+def test_equivalence_compares_the_keys_the_kind_declares(vhost: VHost) -> None:
+    existing = ClassicQueue(vhost, "q", arguments={"x-max-length": 1, "x-custom": 1})
+    kind = DeclareRules("classic")
+    kind.declare_keys = ("x-custom",)
+    kind.check_equivalence(existing, True, False, {"x-max-length": 2, "x-custom": 1})
+    assert refusal(kind.check_equivalence, existing, True, False, {"x-custom": 2}) == (
+        f"inequivalent arg 'x-custom' for {RS}: received '2' but current is '1'")
+
+
 def test_classic_without_storage_builds_a_queue_in_memory(vhost: VHost) -> None:
     queue = ClassicKind().create(vhost, "q", durable=True, exclusive_owner=None,
                                  auto_delete=False, arguments={}, storage_id=None)
