@@ -113,5 +113,9 @@ class QueueKinds:
             )
         return kind
 
+    def __getitem__(self, name: str) -> QueueKind:
+        """The kind of a type already checked (KeyError if it is not implemented here)."""
+        return self.kinds[name]
+
     def __contains__(self, name: object) -> bool:
         return name in self.kinds

@@ -372,7 +372,7 @@ class VHost:
                      auto_delete: bool, arguments: dict[str, Any],
                      storage_id: str | None = None) -> Queue:
         """Add a queue whose declaration was checked (not recorded: the caller does)."""
-        kind = self.queue_kinds.implemented(queue_type, self.rs("queue", name))
+        kind = self.queue_kinds[queue_type]  # checked by check_queue_declaration (or etcd's)
         try:
             queue = kind.create(self, name, durable=durable, exclusive_owner=exclusive_owner,
                                 auto_delete=auto_delete, arguments=arguments,
@@ -386,7 +386,7 @@ class VHost:
     def restore_queue(self, name: str, queue_type: str, *, auto_delete: bool,
                       arguments: dict[str, Any], storage_id: str | None) -> Queue:
         """Recreate a durable queue from the metadata store at boot."""
-        kind = self.queue_kinds.implemented(queue_type, self.rs("queue", name))
+        kind = self.queue_kinds[queue_type]  # checked by check_queue_declaration (or etcd's)
         queue = kind.create(self, name, durable=True, exclusive_owner=None,
                             auto_delete=auto_delete, arguments=arguments,
                             storage_id=storage_id or None)
