@@ -5,7 +5,7 @@ texts; routing follows exchange-to-exchange bindings and alternate exchanges wit
 protection, so each queue gets a message at most once. Who may do what is checked by the
 session before it calls in here. A queue declaration runs the checks every type shares here
 and asks the type's `QueueKind` (queue_kind.py, registered by the composition root) for the
-rest and to build the queue; the vhost knows no queue type by name. Single-threaded; no I/O.
+rest and to build the queue; no type's own rule is written here. Single-threaded; no I/O.
 """
 
 from __future__ import annotations
