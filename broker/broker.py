@@ -20,11 +20,13 @@ from leveret.broker.access.auth import HASHING_ALGORITHM, Permission, Users
 from leveret.broker.cluster.stream_member import StreamMember
 from leveret.broker.metadata.recorder import MetadataRecorder, restore
 from leveret.broker.metadata.store import Metastore
+from leveret.broker.model.classic_kind import ClassicKind
 from leveret.broker.model.durable import DurableClassicQueue
-from leveret.broker.model.queue import ClassicQueue, Queue
+from leveret.broker.model.queue_kind import QueueKinds
 from leveret.broker.model.replication import ONE_NODE, Replication
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.stream import StreamQueue
+from leveret.broker.model.stream_kind import StreamKind
 from leveret.broker.model.vhost import Observer, VHost
 from leveret.broker.process import logs
 from leveret.broker.process.alarms import Alarms
@@ -103,6 +105,11 @@ class Broker:
                                      config.stream_chunk_max_bytes)
         self.queue_env = StorageEnv(queues_dir, encode, decode_record,
                                     _fsync(config.queue_fsync))
+        # the queue types every vhost may hold: adding one is one more registration here
+        self.queue_kinds = QueueKinds([
+            ClassicKind(self.queue_env),
+            StreamKind(self.stream_env, self._stream_replication),
+        ])
         self.metastore = Metastore(config.data_dir / "metadata.sqlite3")
         self.recorder: Observer = MetadataRecorder(self.metastore)
         if self.metastore.fresh:
@@ -125,10 +132,7 @@ class Broker:
             vhost = VHost(
                 name,
                 self.scheduler,
-                queue_types={
-                    "classic": self._classic_queue,
-                    "stream": self._stream_queue,
-                },
+                queue_kinds=self.queue_kinds,
                 observer=self.recorder,
             )
             self.vhosts[name] = vhost
@@ -136,19 +140,11 @@ class Broker:
                 self.metastore.put_vhost(name)
         return vhost
 
-    def _classic_queue(self, vhost: VHost, name: str, *, durable: bool, **kwargs: Any) -> Queue:
-        """Durable classic queues keep their messages in the log; transient ones in memory."""
-        if durable:
-            return DurableClassicQueue(vhost, name, durable=True, env=self.queue_env, **kwargs)
-        kwargs.pop("storage_id", None)
-        return ClassicQueue(vhost, name, durable=False, **kwargs)
-
-    def _stream_queue(self, vhost: VHost, name: str, **kwargs: Any) -> Queue:
-        """A stream, with its replication for good: one node's, or in a cluster this node's
+    def _stream_replication(self) -> Replication:
+        """A new stream's replication, for good: one node's, or in a cluster this node's
         member of it, which broker/cluster/stream_replication.py makes a leader or a replica
         once the topology names this node."""
-        replication: Replication = StreamMember() if self.config.etcd else ONE_NODE
-        return StreamQueue(vhost, name, env=self.stream_env, replication=replication, **kwargs)
+        return StreamMember() if self.config.etcd else ONE_NODE
 
     def add_user(
         self,

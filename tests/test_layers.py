@@ -26,8 +26,6 @@ PARTS = ["amqp", "storage", "broker", "cli", "spark"]
 # edges that close it. The list may only shrink: a new cycle fails the test, and so does a
 # listed one that has changed or gone (then shrink or remove its entry).
 EXPECTED_CYCLES: dict[str, frozenset[str]] = {
-    # queue -> vhost (TYPE_CHECKING: a queue's owner); vhost -> queue (it builds classic queues)
-    "queue and vhost": frozenset({"broker.model.queue", "broker.model.vhost"}),
     # broker -> session.connection (TYPE_CHECKING: Session); connection -> broker
     # (TYPE_CHECKING) and -> channel; channel -> connection (TYPE_CHECKING), topology,
     # cluster_topology; cluster_topology -> remote.forwarding; those -> channel (and broker)

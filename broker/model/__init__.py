@@ -3,11 +3,14 @@
 Modules:
 
 - `vhost`: a virtual host, its exchanges, queues and bindings, and routing between them;
+- `queue_kind`: queue types as declarations see them (argument validation, equivalence,
+  building a queue) and their registry; `classic_kind`, `stream_kind`: the two kinds;
+  `queue_type`: the interface of a queue once it exists; `fields`: AMQP field tables;
 - `exchange`, `binding`: exchanges and their routing, bindings; `superstream_exchange` and
   `superstream`: super streams' exchange, and their operations;
-- `queue`: what every queue type shares, and the classic queue; `store`: a classic queue's
-  ready messages; `durable`: durable classic queues in the log; `remote_queue`: a queue held
-  by another node, as this node's model sees it;
+- `queue`: what every queue type shares, the classic queue, and `QueueOwner` (what a queue
+  asks of its vhost); `store`: a classic queue's ready messages; `durable`: durable classic
+  queues in the log (a queue held by another node is broker/remote's `RemoteQueue`);
 - `stream`: the stream queue type; `stream_args`, `stream_cursor`: its arguments and a
   consumer's position; `sac`: single active consumer; `writer`, `committer`: the publish
   path's hop to a log, its commit point and confirms; `storage_env`: what the runtime gives

@@ -2,19 +2,22 @@
 
 Each validator returns None or RabbitMQ's error term as text (the `~p` of an Erlang term, such
 as `{value_negative,-1}`); `check_queue_args` raises PreconditionFailed with RabbitMQ's reply
-text. Which keys belong to which queue type also lives here, so that a key of another type is
-refused with "invalid arg ... of queue type ...". Pure functions; no I/O.
+text. RabbitMQ's catalogue of queue types (the keys each one takes, its module's name) also
+lives here, so that a key of another type is refused with "invalid arg ... of queue type ...",
+whichever types Leveret implements; the queue kinds (queue_kind.py) read their entries.
+Pure functions; no I/O.
 """
 
 from __future__ import annotations
 
 import datetime
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeGuard
 
 from leveret.broker.model.binding import wire_type_name
 from leveret.broker.model.errors import PreconditionFailed
+from leveret.broker.model.fields import FieldTable, FieldValue
 
 MAX_EXPIRY_MS = 315_360_000_000  # ten years, RabbitMQ's cap for TTLs and x-expires
 MAX_PRIORITY = 255
@@ -22,35 +25,35 @@ OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 LEADER_LOCATORS = ("client-local", "balanced", "random", "least-leaders", "min-masters")
 MASTER_LOCATORS = ("min-masters", "client-local", "random")
 
-Validator = Callable[[Any, dict[str, Any]], str | None]
+Validator = Callable[[FieldValue, FieldTable], str | None]
 
 
-def erlang_type(value: Any) -> str:
+def erlang_type(value: object) -> str:
     """The AMQP type name RabbitMQ prints; ints are shown as pika encodes them."""
     return wire_type_name(value)
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_str(value: Any) -> bool:
+def is_str(value: object) -> TypeGuard[str | bytes]:
     return isinstance(value, str | bytes)
 
 
-def text(value: Any) -> str:
+def text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def check_int(value: Any, _args: dict[str, Any]) -> str | None:
+def check_int(value: FieldValue, _args: FieldTable) -> str | None:
     if is_int(value):
         return None
     return f'"expected integer, got {erlang_type(value)}"'
 
 
-def check_non_neg_int(value: Any, args: dict[str, Any]) -> str | None:
+def check_non_neg_int(value: FieldValue, args: FieldTable) -> str | None:
     error = check_int(value, args)
-    if error is None and value < 0:
+    if error is None and is_int(value) and value < 0:
         return f"{{value_negative,{value}}}"
     return error
 
@@ -63,44 +66,45 @@ def check_expiry(value: int) -> str | None:
     return None
 
 
-def check_expires(value: Any, args: dict[str, Any]) -> str | None:
-    error = check_int(value, args)
-    if error is not None:
-        return error
+def check_expires(value: FieldValue, args: FieldTable) -> str | None:
+    if not is_int(value):
+        return check_int(value, args)
     if value == 0:
         return "{value_zero,0}"
     return check_expiry(value)
 
 
-def check_message_ttl(value: Any, args: dict[str, Any]) -> str | None:
-    return check_int(value, args) or check_expiry(value)
+def check_message_ttl(value: FieldValue, args: FieldTable) -> str | None:
+    if not is_int(value):
+        return check_int(value, args)
+    return check_expiry(value)
 
 
-def check_max_priority(value: Any, args: dict[str, Any]) -> str | None:
+def check_max_priority(value: FieldValue, args: FieldTable) -> str | None:
     error = check_non_neg_int(value, args)
-    if error is None and value > MAX_PRIORITY:
+    if error is None and is_int(value) and value > MAX_PRIORITY:
         return f"{{max_value_exceeded,{value}}}"
     return error
 
 
-def check_bool(value: Any, _args: dict[str, Any]) -> str | None:
+def check_bool(value: FieldValue, _args: FieldTable) -> str | None:
     if isinstance(value, bool):
         return None
     return f"{{unacceptable_type,{erlang_type(value)}}}"
 
 
-def check_positive_int(value: Any, args: dict[str, Any]) -> str | None:
+def check_positive_int(value: FieldValue, args: FieldTable) -> str | None:
     error = check_non_neg_int(value, args)
-    if error is None and value == 0:
+    if error is None and is_int(value) and value == 0:
         return "{value_zero,0}"
     return error
 
 
-def check_dlx(value: Any, _args: dict[str, Any]) -> str | None:
+def check_dlx(value: FieldValue, _args: FieldTable) -> str | None:
     return None if is_str(value) else f"{{unacceptable_type,{erlang_type(value)}}}"
 
 
-def check_dlrk(value: Any, args: dict[str, Any]) -> str | None:
+def check_dlrk(value: FieldValue, args: FieldTable) -> str | None:
     if not is_str(value):
         return f"{{unacceptable_type,{erlang_type(value)}}}"
     if "x-dead-letter-exchange" not in args:
@@ -109,7 +113,7 @@ def check_dlrk(value: Any, args: dict[str, Any]) -> str | None:
 
 
 def _one_of(choices: tuple[str, ...], error: str) -> Validator:
-    def check(value: Any, _args: dict[str, Any]) -> str | None:
+    def check(value: FieldValue, _args: FieldTable) -> str | None:
         if not is_str(value):
             return f"{{unacceptable_type,{erlang_type(value)}}}"
         return None if text(value) in choices else error
@@ -125,7 +129,7 @@ check_master_locator = _one_of(MASTER_LOCATORS, "invalid_queue_master_locator")
 check_dlx_strategy = _one_of(("at-most-once", "at-least-once"), "invalid_dlx_strategy")
 
 
-def check_queue_mode(value: Any, _args: dict[str, Any]) -> str | None:
+def check_queue_mode(value: FieldValue, _args: FieldTable) -> str | None:
     if not is_str(value):
         return f"{{unacceptable_type,{erlang_type(value)}}}"
     if text(value) in ("default", "lazy"):
@@ -133,9 +137,9 @@ def check_queue_mode(value: Any, _args: dict[str, Any]) -> str | None:
     return f"\"unsupported queue mode '{text(value)}'\""
 
 
-def check_queue_version(value: Any, args: dict[str, Any]) -> str | None:
+def check_queue_version(value: FieldValue, args: FieldTable) -> str | None:
     error = check_non_neg_int(value, args)
-    if error is None and value not in (1, 2):
+    if error is None and is_int(value) and value not in (1, 2):
         return f"\"unsupported queue version '{value}'\""
     return error
 
@@ -162,7 +166,7 @@ def parse_max_age(value: str) -> int | None:
     return number * _UNIT_MS[unit]
 
 
-def check_max_age(value: Any, _args: dict[str, Any]) -> str | None:
+def check_max_age(value: FieldValue, _args: FieldTable) -> str | None:
     if not is_str(value):
         return f"{{unacceptable_type,{erlang_type(value)}}}"
     return None if parse_max_age(text(value)) is not None else "invalid_max_age"
@@ -299,7 +303,7 @@ def check_nesting(arguments: dict[str, Any], resource_text: str) -> None:
     while stack:
         value, depth = stack.pop()
         if isinstance(value, dict):
-            children: Any = value.values()
+            children: Iterable[FieldValue] = value.values()
         elif isinstance(value, list):
             children = value
         else:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def freeze(value: Any) -> Any:
+def freeze(value: object) -> object:
     """A hashable form of an AMQP field value, keeping int and float apart."""
     if isinstance(value, dict):
         return tuple(sorted((k, freeze(v)) for k, v in value.items()))
@@ -27,6 +27,10 @@ def freeze(value: Any) -> Any:
     return value
 
 
+# what tells two bindings of one source apart: destination, routing key, frozen arguments
+BindingKey = tuple[object, str, object]
+
+
 @dataclass(eq=False)
 class Binding:
     source: Any  # Exchange
@@ -35,11 +39,11 @@ class Binding:
     arguments: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def key(self) -> tuple[Any, str, Any]:
+    def key(self) -> BindingKey:
         return (self.destination, self.routing_key, freeze(self.arguments))
 
 
-def amqp_type_name(value: Any) -> str:
+def amqp_type_name(value: object) -> str:
     """The AMQP 0.9.1 type RabbitMQ would print for a decoded field value."""
     if isinstance(value, bool):
         return "bool"
@@ -64,7 +68,7 @@ def amqp_type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def wire_type_name(value: Any) -> str:
+def wire_type_name(value: object) -> str:
     """The type RabbitMQ prints for a decoded value; ints are named as pika encodes them.
 
     The decoded value has lost its wire type, so an int in the signed 32-bit range is shown
@@ -75,7 +79,7 @@ def wire_type_name(value: Any) -> str:
     return amqp_type_name(value)
 
 
-def erlang_term(value: Any) -> str:
+def erlang_term(value: object) -> str:
     """A decoded field value as Erlang's `~p` prints it (`true`, `1`, `<<"s">>`)."""
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -89,7 +93,7 @@ def erlang_term(value: Any) -> str:
     return str(value)
 
 
-def _plain(value: Any) -> str:
+def _plain(value: object) -> str:
     """Erlang's `~s` for a binary, `~p` for any other term."""
     if isinstance(value, str | bytes | bytearray):
         raw = value.encode("utf-8") if isinstance(value, str) else bytes(value)
@@ -97,14 +101,14 @@ def _plain(value: Any) -> str:
     return erlang_term(value)
 
 
-def describe(value: Any) -> str:
+def describe(value: object) -> str:
     """RabbitMQ's `the value '<V>' of type '<T>'` (or `none`) in inequivalence texts."""
     if value is _MISSING:
         return "none"
     return f"the value '{_plain(value)}' of type '{wire_type_name(value)}'"
 
 
-def describe_pair(received: Any, current: Any) -> tuple[str, str]:
+def describe_pair(received: object, current: object) -> tuple[str, str]:
     """Both sides of `received X but current is Y`, as rabbit_misc:assert_args_equivalence.
 
     When both tables hold the key, RabbitMQ prints the bare values (`'2000'`); when one side
@@ -119,7 +123,7 @@ _MISSING = object()
 MISSING = _MISSING
 
 
-def equivalent(a: Any, b: Any) -> bool:
+def equivalent(a: object, b: object) -> bool:
     """Argument equivalence: integer types are equal by value; other types must match."""
     if a is _MISSING or b is _MISSING:
         return a is b

@@ -20,7 +20,7 @@ def routing_keys_of(message: InboundMessage) -> list[str]:
     return [message.routing_key, *string_list(message.headers.get("CC"))]
 
 
-def string_list(value: Any) -> list[str]:
+def string_list(value: object) -> list[str]:
     """The strings of a CC or BCC header (anything else in it is ignored). A longstr that is
     not UTF-8 cannot equal any name here; it is read with replacement characters, so that it
     can still match a `#` binding."""

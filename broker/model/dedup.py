@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from leveret.broker.model.binding import amqp_type_name, freeze
@@ -59,7 +59,7 @@ def from_arguments(arguments: dict[str, Any], rs: str,
                       clock)
 
 
-def _digest(value: Any) -> bytes:
+def _digest(value: object) -> bytes:
     return hashlib.blake2b(repr((amqp_type_name(value), freeze(value))).encode(),
                            digest_size=16).digest()
 
@@ -76,7 +76,7 @@ class DedupCache:
         self.entries: OrderedDict[bytes, float] = OrderedDict()
         self.duplicates = 0
 
-    def seen(self, headers: dict[str, Any]) -> bool:
+    def seen(self, headers: Mapping[str, Any]) -> bool:
         """True if this message is a duplicate; otherwise remember it and return False."""
         if self.header not in headers:
             return False

@@ -26,20 +26,17 @@ import uuid
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.intervals import IntervalSet
 from leveret.broker.model.message import Confirm, QueuedMessage
-from leveret.broker.model.queue import ClassicQueue
+from leveret.broker.model.queue import ClassicQueue, QueueOwner
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.store import MemoryStore
 from leveret.broker.model.writer import Writer
 from leveret.broker.process import logs
 from leveret.storage import Log, LogConfig, OffsetSpec, StorageError
-
-if TYPE_CHECKING:
-    from leveret.broker.model.vhost import VHost
 
 log = logs.get("leveret.durable")
 
@@ -74,7 +71,7 @@ def _ranges(intervals: IntervalSet) -> bytes:
     return flat.tobytes()
 
 
-def _parse_ranges(record: Any) -> list[tuple[int, int]]:
+def _parse_ranges(record: bytes | memoryview) -> list[tuple[int, int]]:
     flat = array("Q")
     flat.frombytes(bytes(record))
     if sys.byteorder == "little":
@@ -157,8 +154,8 @@ class PagedStore:
 
 
 class DurableClassicQueue(ClassicQueue):
-    def __init__(self, vhost: VHost, name: str, *, env: StorageEnv, storage_id: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, vhost: QueueOwner, name: str, *, env: StorageEnv,
+                 storage_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(vhost, name, **kwargs)
         self.env = env
         self.storage_id = storage_id or uuid.uuid4().hex

@@ -65,7 +65,9 @@ def check_exchange(x: ExchangeAttrs, rs: str, type_: str, durable: bool, auto_de
 
 
 def check_queue(queue: QueueAttrs, durable: bool, auto_delete: bool,
-                arguments: dict[str, Any]) -> None:
+                arguments: dict[str, Any], keys: Sequence[str] | None = None) -> None:
+    """A redeclaration of `queue`: its flags, then `x-queue-type` and the arguments its type
+    keeps (`keys`: its kind's; by default, those RabbitMQ lists for `queue.type`)."""
     rs = queue.resource
     for field, current, wanted in (
         ("durable", queue.durable, durable),
@@ -80,7 +82,8 @@ def check_queue(queue: QueueAttrs, durable: bool, auto_delete: bool,
     current_args.setdefault("x-queue-type", "classic")
     received = dict(arguments)
     received.setdefault("x-queue-type", "classic")
-    keys = qargs.QUEUE_TYPE_ARGS.get(queue.type, ())
+    if keys is None:
+        keys = qargs.QUEUE_TYPE_ARGS.get(queue.type, ())
     ordered = ["x-queue-type"] + [k for k in keys if k != "x-queue-type"]
     check_arguments(rs, current_args, received, ordered)
 

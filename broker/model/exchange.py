@@ -9,10 +9,13 @@ more, empty words count). Single-threaded; no I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from leveret.broker.model.binding import Binding, erlang_term, wire_type_name
+from leveret.broker.model.binding import Binding, BindingKey, erlang_term, wire_type_name
 from leveret.broker.model.errors import PreconditionFailed
+
+if TYPE_CHECKING:
+    from leveret.broker.model.dedup import DedupCache
 
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 X_MATCH_VALUES = ("all", "any", "all-with-x", "any-with-x")
@@ -44,8 +47,9 @@ class Exchange:
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments = dict(arguments or {})
-        self.bindings: dict[Any, Binding] = {}
-        self.dedup: Any = None  # an exchange-level deduplication cache, when enabled
+        self.bindings: dict[BindingKey, Binding] = {}
+        self.dedup: DedupCache | None = None  # an exchange-level deduplication cache
+        self._index_init()
 
     @property
     def alternate_exchange(self) -> str | None:
@@ -65,14 +69,17 @@ class Exchange:
         self._index_add(binding)
         return True
 
-    def remove(self, binding_key: Any) -> Binding | None:
+    def remove(self, binding_key: BindingKey) -> Binding | None:
         binding = self.bindings.pop(binding_key, None)
         if binding is not None:
             self._index_remove(binding)
         return binding
 
-    def bindings_to(self, destination: Any) -> list[Binding]:
+    def bindings_to(self, destination: object) -> list[Binding]:
         return [b for b in self.bindings.values() if b.destination is destination]
+
+    def _index_init(self) -> None:
+        """Set up the type's routing index (the constructor's last step)."""
 
     def _index_add(self, binding: Binding) -> None:
         pass
@@ -87,8 +94,7 @@ class Exchange:
 class DirectExchange(Exchange):
     type = "direct"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def _index_init(self) -> None:
         self._by_key: dict[str, dict[Any, int]] = {}
 
     def _index_add(self, binding: Binding) -> None:
@@ -139,8 +145,7 @@ class _TopicNode:
 class TopicExchange(Exchange):
     type = "topic"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def _index_init(self) -> None:
         self._root = _TopicNode()
 
     def _index_add(self, binding: Binding) -> None:
@@ -240,7 +245,7 @@ def headers_match(arguments: dict[str, Any], headers: Mapping[str, Any]) -> bool
     return want_all
 
 
-def _same_value(a: Any, b: Any) -> bool:
+def _same_value(a: object, b: object) -> bool:
     """RabbitMQ compares the values only, not their AMQP types: a longstr and a byte array
     with the same bytes are equal, and so are a short and a long with the same value."""
     if isinstance(a, bool) or isinstance(b, bool):

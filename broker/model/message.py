@@ -7,7 +7,7 @@ derive a changed copy), so it never sees how properties are encoded.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 
@@ -61,7 +61,7 @@ class Confirm:
 
     __slots__ = ("callback", "pending", "rejected", "sealed", "seq")
 
-    def __init__(self, seq: int, callback: Any) -> None:
+    def __init__(self, seq: int, callback: Callable[[Confirm], None]) -> None:
         self.seq = seq
         self.callback = callback
         self.pending = 0

@@ -11,7 +11,7 @@ Single-threaded: every method runs on the event loop thread.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from leveret.broker.model import args as qargs
 from leveret.broker.model.consumer import Consumer
@@ -20,8 +20,32 @@ from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.store import MemoryStore, MessageStore, PriorityStore
 
 if TYPE_CHECKING:
+    from leveret.broker.model.dedup import DedupCache
+    from leveret.broker.model.exchange import Exchange
+    from leveret.broker.model.policy import Policy
     from leveret.broker.model.queue_client import QueueClient
-    from leveret.broker.model.vhost import VHost
+    from leveret.broker.model.scheduler import Scheduler, Timer
+
+
+class QueueOwner(Protocol):
+    """What a queue asks of the vhost that holds it (vhost.py implements it): its clock,
+    dead-lettering, its policies, and to be deleted. Named here rather than importing the
+    vhost, which builds queues, so that the two modules import one way only."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    @property
+    def exchanges(self) -> dict[str, Exchange]: ...
+
+    def delete_queue(self, queue: Queue) -> int: ...
+
+    def dead_letter(self, queue: Queue, entry: QueuedMessage, reason: str) -> None: ...
+
+    def policy_for(self, kind: str, name: str) -> Policy | None: ...
 
 
 class Queue:
@@ -44,11 +68,11 @@ class Queue:
 
     def __init__(
         self,
-        vhost: VHost,
+        vhost: QueueOwner,
         name: str,
         *,
         durable: bool = True,
-        exclusive_owner: Any = None,
+        exclusive_owner: object = None,
         auto_delete: bool = False,
         arguments: dict[str, Any] | None = None,
     ) -> None:
@@ -61,7 +85,7 @@ class Queue:
         self.consumers: list[Consumer] = []
         self.had_consumers = False
         self.deleted = False
-        self.dedup: Any = None  # a queue-level deduplication cache, when enabled
+        self.dedup: DedupCache | None = None  # a queue-level deduplication cache
         self.stats_published = 0
         self.stats_delivered = 0
 
@@ -200,7 +224,7 @@ class Queue:
 class ClassicQueue(Queue):
     type = "classic"
 
-    def __init__(self, vhost: VHost, name: str, **kwargs: Any) -> None:
+    def __init__(self, vhost: QueueOwner, name: str, **kwargs: Any) -> None:
         super().__init__(vhost, name, **kwargs)
         a = self.arguments
         self.ttl_ms: int | None = a.get("x-message-ttl")
@@ -221,9 +245,9 @@ class ClassicQueue(Queue):
         self._seq = 0
         self._rr = 0
         self._dispatching = False
-        self._expiry_timer: Any = None
+        self._expiry_timer: Timer | None = None
         self._expiry_at: int | None = None
-        self._idle_timer: Any = None
+        self._idle_timer: Timer | None = None
         self.arm_idle_timer()
 
     @property

@@ -3,11 +3,11 @@ definitions may ask of a queue, whatever its type.
 
 `QueueType` is implemented by the classic queue (queue.py, durable.py), the stream
 (stream.py) and a queue held by another node of the cluster (broker/remote/remote_queue.py);
-the next type (quorum queues) is one more implementation, made by the vhost's `queue_types`
-factories. Whoever holds a queue calls these members and never asks which type it has:
-basic.consume and basic.get are served by the queue itself (`consume`, `serve_get`), which
-answers through the `QueueClient` it is given, in this turn or, for a queue on another node,
-once that node has answered.
+the next type (quorum queues) is one more implementation, built by its `QueueKind`
+(queue_kind.py), which also holds the type's declare-time rules. Whoever holds a queue calls
+these members and never asks which type it has: basic.consume and basic.get are served by the
+queue itself (`consume`, `serve_get`), which answers through the `QueueClient` it is given, in
+this turn or, for a queue on another node, once that node has answered.
 
 A delivery's handle (`entry`) belongs to the queue type (a QueuedMessage for classic queues,
 an offset for streams, the holder's tag for a remote queue): the session keeps it unread and
@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from leveret.broker.model.consumer import Consumer
+    from leveret.broker.model.dedup import DedupCache
     from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
-    from leveret.broker.model.queue import ClassicQueue
+    from leveret.broker.model.queue import ClassicQueue, QueueOwner
     from leveret.broker.model.queue_client import QueueClient
     from leveret.broker.model.stream import StreamQueue
-    from leveret.broker.model.vhost import VHost
 
 
 class QueueType(Protocol):
@@ -39,18 +39,17 @@ class QueueType(Protocol):
     # identity and flags
     kind: str  # "queue", as an exchange's is "exchange": what a binding's destination is
     type: str  # the x-queue-type it was declared with
-    vhost: VHost
     name: str
     durable: bool
     auto_delete: bool
-    exclusive_owner: Any  # the owning session, or None
+    exclusive_owner: object  # the owning session, or None
     arguments: dict[str, Any]
     consumers: list[Consumer]
     had_consumers: bool
     single_active: bool  # x-single-active-consumer on a classic queue: the first one gets all
     unacked: int  # deliveries not yet settled, where the type counts them (else 0)
     deleted: bool
-    dedup: Any  # a queue-level deduplication cache (model/dedup.py), when enabled
+    dedup: DedupCache | None  # a queue-level deduplication cache, when enabled
 
     # message statistics, bumped by the queue and by the channels (management/rates.py)
     stats_published: int
@@ -61,6 +60,11 @@ class QueueType(Protocol):
     stats_deliver_no_ack: int
     stats_redeliver: int
     stats_get_empty: int
+
+    @property
+    def vhost(self) -> QueueOwner:
+        """The vhost that holds the queue, as the queue sees it."""
+        ...
 
     @property
     def resource(self) -> str: ...

@@ -35,7 +35,7 @@ from leveret.broker.model import superstream
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.errors import NotImplementedFeature, PreconditionFailed
 from leveret.broker.model.message import Confirm, InboundMessage
-from leveret.broker.model.queue import Queue
+from leveret.broker.model.queue import Queue, QueueOwner
 from leveret.broker.model.replication import ONE_NODE, Replication
 from leveret.broker.model.sac import SacGroups
 from leveret.broker.model.storage_env import STREAM_CHUNK_TYPES, STREAM_ENTRIES, USER, StorageEnv
@@ -45,7 +45,7 @@ from leveret.broker.process import logs
 from leveret.storage import ChunkView, Log, LogConfig, OffsetSpec, ReaderFilter, StorageError
 
 if TYPE_CHECKING:
-    from leveret.broker.model.vhost import VHost
+    from leveret.broker.model.scheduler import Timer
 
 log = logs.get("leveret.stream")
 TRACKING_FLUSH_MS = 1000
@@ -161,7 +161,7 @@ class StreamQueue(Queue):
 
     def __init__(
         self,
-        vhost: VHost,
+        vhost: QueueOwner,
         name: str,
         *,
         env: StorageEnv,
@@ -191,8 +191,8 @@ class StreamQueue(Queue):
                              append=self._append, failed=self._append_failed,
                              on_commit=self.dispatch, name=name, replication=replication)
         self.groups = SacGroups(self, replication)
-        self._tracking_timer: Any = None
-        self._retention_timer: Any = None
+        self._tracking_timer: Timer | None = None
+        self._retention_timer: Timer | None = None
         self.stats_deduplicated = 0
         self._arm_retention_timer()
 

@@ -51,7 +51,7 @@ class StartSpec:
     value: int = 0
 
 
-def _erlang_repr(value: Any) -> str:
+def _erlang_repr(value: object) -> str:
     if isinstance(value, str | bytes):
         return f'{{longstr,<<"{qargs.text(value)}">>}}'
     if isinstance(value, bool):
@@ -61,7 +61,7 @@ def _erlang_repr(value: Any) -> str:
     return f"{{{qargs.erlang_type(value)},{value!r}}}"
 
 
-def parse_offset(value: Any, now_ms: int, rs: str) -> StartSpec:
+def parse_offset(value: object, now_ms: int, rs: str) -> StartSpec:
     """x-stream-offset, as rabbit_stream_queue:parse_offset_arg reads it."""
     if isinstance(value, bool):
         raise _bad_offset(value, rs)
@@ -80,7 +80,7 @@ def parse_offset(value: Any, now_ms: int, rs: str) -> StartSpec:
     raise _bad_offset(value, rs)
 
 
-def _bad_offset(value: Any, rs: str) -> PreconditionFailed:
+def _bad_offset(value: object, rs: str) -> PreconditionFailed:
     term = f"{{invalid_stream_offset_arg,{_erlang_repr(value)}}}"
     return PreconditionFailed(f"invalid arg 'x-stream-offset' for {rs}: {term}")
 
@@ -178,7 +178,7 @@ def tracking_enabled(tag: str, arguments: dict[str, Any]) -> bool:
 PUBLISHER_NAME = (str, bytes)  # what an x-stream-publisher-name may be
 
 
-def publisher_key(publisher: Any) -> bytes:
+def publisher_key(publisher: object) -> bytes:
     """A publisher name as stored (UTF-8, at most 255 bytes), or PreconditionFailed."""
     if not isinstance(publisher, PUBLISHER_NAME):
         raise PreconditionFailed("x-stream-publisher-name must be a string")

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leveret.broker.model import stream_args as sargs
+
+if TYPE_CHECKING:
+    from leveret.broker.model.scheduler import Timer
 
 
 class Cursor:
@@ -51,7 +54,7 @@ class Cursor:
         self.skip_below = 0
         self.active = True
         self.draining = False  # handing over: no new deliveries, waiting for acks
-        self.drain_timer: Any = None
+        self.drain_timer: Timer | None = None
         self.pending: deque[int] = deque()  # delivered offsets, in order
         self.stored = -1  # highest offset with every delivery up to it acked
         self.delivered = -1  # the last offset delivered

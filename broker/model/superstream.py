@@ -33,8 +33,8 @@ from leveret.broker.model.superstream_exchange import (
 )
 
 if TYPE_CHECKING:
-    from leveret.broker.model.queue import Queue
-    from leveret.broker.model.vhost import VHost
+    from leveret.broker.model.queue import Queue, QueueOwner
+    from leveret.broker.model.vhost import Authorize, VHost
 
 __all__ = [
     "HASH_SEED",
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 
-def partition_index(vhost: VHost, queue: Any) -> int:
+def partition_index(vhost: QueueOwner, queue: Queue) -> int:
     """The queue's position in the super stream it belongs to, or -1."""
     for exchange in vhost.exchanges.values():
         if isinstance(exchange, SuperStreamExchange):
@@ -98,8 +98,8 @@ def plan(vhost: VHost, name: str, *, partitions: int | None = None,
 
 def add(vhost: VHost, name: str, *, partitions: int | None = None,
         binding_keys: list[str] | None = None, names: list[str] | None = None,
-        arguments: dict[str, Any] | None = None, owner: Any = None,
-        check: Any = None) -> list[str]:
+        arguments: dict[str, Any] | None = None, owner: object = None,
+        check: Authorize | None = None) -> list[str]:
     """Create the super stream `name`; returns the partition stream names. All or nothing."""
     binding_keys, names, queue_args = plan(vhost, name, partitions=partitions,
                                            binding_keys=binding_keys, names=names,

@@ -13,7 +13,7 @@ from typing import Any
 
 import mmh3
 
-from leveret.broker.model.binding import amqp_type_name
+from leveret.broker.model.binding import Binding, amqp_type_name
 from leveret.broker.model.errors import PreconditionFailed
 from leveret.broker.model.exchange import DirectExchange
 
@@ -50,7 +50,7 @@ def partition_for(key: str, count: int) -> int:
     return mmh3.hash(key.encode("utf-8"), HASH_SEED, signed=False) % count
 
 
-def _order(binding: Any) -> tuple[int, int, str]:
+def _order(binding: Binding) -> tuple[int, int, str]:
     order = binding.arguments.get("x-stream-partition-order")
     if isinstance(order, int) and not isinstance(order, bool):
         return (0, order, binding.destination.name)
@@ -84,7 +84,7 @@ class SuperStreamExchange(DirectExchange):
         keys = [routing_keys] if isinstance(routing_keys, str) else list(routing_keys)
         return list(dict.fromkeys(partitions[partition_for(k, len(partitions))] for k in keys))
 
-    def index_of(self, queue: Any) -> int:
+    def index_of(self, queue: object) -> int:
         for index, partition in enumerate(self.partitions()):
             if partition is queue:
                 return index

@@ -3,7 +3,9 @@
 Declarations, deletions and bindings follow RabbitMQ's rules and raise domain errors with its
 texts; routing follows exchange-to-exchange bindings and alternate exchanges with cycle
 protection, so each queue gets a message at most once. Who may do what is checked by the
-session before it calls in here. Single-threaded; no I/O.
+session before it calls in here. A queue declaration runs the checks every type shares here
+and asks the type's `QueueKind` (queue_kind.py, registered by the composition root) for the
+rest and to build the queue; no type's own rule is written here. Single-threaded; no I/O.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from leveret.broker.model import args as qargs
 from leveret.broker.model import dedup, equivalence
 from leveret.broker.model.binding import Binding
+from leveret.broker.model.classic_kind import ClassicKind
 from leveret.broker.model.deadletter import (
     dead_lettered_copy,
     is_cycle,
@@ -33,9 +36,9 @@ from leveret.broker.model.errors import (
 from leveret.broker.model.exchange import Exchange, exchange_class
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.policy import Policy, effective
-from leveret.broker.model.queue import ClassicQueue, Queue
+from leveret.broker.model.queue import Queue
+from leveret.broker.model.queue_kind import QueueKinds
 from leveret.broker.model.scheduler import Scheduler
-from leveret.broker.model.stream_args import check_declaration as check_stream_declaration
 from leveret.broker.model.superstream_exchange import (
     SuperStreamExchange,
     check_exchange_arguments,
@@ -53,7 +56,6 @@ PREDECLARED = (
 )
 DEFAULT_EXCHANGE_TEXT = "operation not permitted on the default exchange"
 
-QueueFactory = Callable[..., Queue]
 Authorize = Callable[[str, str, str], None]  # (permission, resource kind, name); raises
 
 
@@ -89,15 +91,16 @@ class VHost:
         self,
         name: str,
         scheduler: Scheduler,
-        queue_types: dict[str, QueueFactory] | None = None,
+        queue_kinds: QueueKinds | None = None,
         observer: Observer | None = None,
     ) -> None:
         self.name = name
         self.scheduler = scheduler
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
-        self.queue_types: dict[str, QueueFactory] = {"classic": ClassicQueue}
-        self.queue_types.update(queue_types or {})
+        # the queue types it may hold (the composition root's; in-memory classic queues alone
+        # for a vhost made on its own, as in unit tests)
+        self.queue_kinds = queue_kinds or QueueKinds([ClassicKind()])
         self.observer = observer or Observer()
         self.policies: dict[str, Policy] = {}
         for name_, type_ in PREDECLARED:
@@ -243,7 +246,7 @@ class VHost:
             self.observer.exchange_deleted(exchange)
         self.observer.exchange_removed(exchange)
 
-    def _remove_bindings_to(self, destination: Any) -> None:
+    def _remove_bindings_to(self, destination: object) -> None:
         for source in list(self.exchanges.values()):
             for binding in source.bindings_to(destination):
                 self._unbind(binding)
@@ -278,7 +281,7 @@ class VHost:
         return queue
 
     @staticmethod
-    def check_exclusive(queue: Queue, owner: Any, strict: bool = False) -> None:
+    def check_exclusive(queue: Queue, owner: object, strict: bool = False) -> None:
         owned_elsewhere = queue.exclusive_owner is not None and queue.exclusive_owner is not owner
         if owned_elsewhere or (strict and queue.exclusive_owner is not owner):
             raise equivalence.exclusive_locked(queue.resource)
@@ -287,7 +290,7 @@ class VHost:
         self,
         name: str,
         *,
-        owner: Any,
+        owner: object,
         passive: bool = False,
         durable: bool = False,
         exclusive: bool = False,
@@ -323,7 +326,7 @@ class VHost:
         self,
         name: str,
         *,
-        owner: Any,
+        owner: object,
         durable: bool = False,
         exclusive: bool = False,
         auto_delete: bool = False,
@@ -335,12 +338,9 @@ class VHost:
         when a new one may be created."""
         rs = self.rs("queue", name or "amq.gen")
         qargs.check_nesting(arguments, rs)
-        queue_type = qargs.queue_type_of(arguments, rs)
+        kind = self.queue_kinds.declared(arguments, rs)
         if name == "":
-            if queue_type == "stream":
-                raise PreconditionFailed(
-                    "Cannot declare a server-named queue for type rabbit_stream_queue"
-                )
+            kind.check_server_named()
             name = server_generated_name("amq.gen-")
         elif name.startswith("amq."):
             raise AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
@@ -350,8 +350,9 @@ class VHost:
         existing = self.queues.get(name)
         if existing is not None:
             self.check_exclusive(existing, exclusive_owner, strict=True)
-            equivalence.check_queue(existing, durable, auto_delete, arguments)
-            return name, queue_type, existing
+            self.queue_kinds.rules(existing.type).check_equivalence(existing, durable,
+                                                                    auto_delete, arguments)
+            return name, kind.name, existing
         rs = self.rs("queue", name)
         # RabbitMQ's channel checks the DLX's type and permissions before the queue type
         # validates its arguments.
@@ -363,33 +364,21 @@ class VHost:
         if dlx is not None:
             check("read", "queue", name)
             check("write", "exchange", qargs.text(dlx))
-        qargs.check_queue_args(arguments, queue_type, rs)
-        if queue_type == "stream":
-            check_stream_declaration(rs, durable=durable, exclusive=exclusive,
-                                     auto_delete=auto_delete, arguments=arguments)
+        kind.validate_arguments(rs, durable=durable, exclusive=exclusive,
+                                auto_delete=auto_delete, arguments=arguments)
         dedup.from_arguments(arguments, rs, self.scheduler.now_ms)
-        if queue_type not in self.queue_types:
-            raise PreconditionFailed(
-                f"invalid arg 'x-queue-type' for {rs}: \"unsupported queue type '{queue_type}'\""
-            )
-        return name, queue_type, None
+        self.queue_kinds.implemented(kind.name, rs)
+        return name, kind.name, None
 
-    def create_queue(self, name: str, queue_type: str, *, durable: bool, exclusive_owner: Any,
+    def create_queue(self, name: str, queue_type: str, *, durable: bool, exclusive_owner: object,
                      auto_delete: bool, arguments: dict[str, Any],
                      storage_id: str | None = None) -> Queue:
         """Add a queue whose declaration was checked (not recorded: the caller does)."""
-        factory = self.queue_types[queue_type]
-        extra = {"storage_id": storage_id} if storage_id else {}
+        kind = self.queue_kinds[queue_type]  # checked by check_queue_declaration (or etcd's)
         try:
-            queue = factory(
-                self,
-                name,
-                durable=durable,
-                exclusive_owner=exclusive_owner,
-                auto_delete=auto_delete,
-                arguments=arguments,
-                **extra,
-            )
+            queue = kind.create(self, name, durable=durable, exclusive_owner=exclusive_owner,
+                                auto_delete=auto_delete, arguments=arguments,
+                                storage_id=storage_id or None)
         except StorageError as exc:  # its files cannot be created (a full disk)
             raise InternalError(f"cannot create {self.rs('queue', name)}: {exc}") from None
         queue.dedup = dedup.from_arguments(arguments, queue.resource, self.scheduler.now_ms)
@@ -399,10 +388,10 @@ class VHost:
     def restore_queue(self, name: str, queue_type: str, *, auto_delete: bool,
                       arguments: dict[str, Any], storage_id: str | None) -> Queue:
         """Recreate a durable queue from the metadata store at boot."""
-        factory = self.queue_types[queue_type]
-        extra = {"storage_id": storage_id} if storage_id else {}
-        queue = factory(self, name, durable=True, exclusive_owner=None, auto_delete=auto_delete,
-                        arguments=arguments, **extra)
+        kind = self.queue_kinds[queue_type]  # checked by check_queue_declaration (or etcd's)
+        queue = kind.create(self, name, durable=True, exclusive_owner=None,
+                            auto_delete=auto_delete, arguments=arguments,
+                            storage_id=storage_id or None)
         queue.dedup = dedup.from_arguments(arguments, queue.resource, self.scheduler.now_ms)
         self.queues[name] = queue
         return queue
@@ -456,7 +445,7 @@ class VHost:
         destination_name: str,
         routing_key: str,
         arguments: dict[str, Any] | None = None,
-        owner: Any = None,
+        owner: object = None,
     ) -> None:
         binding = self.check_bind(source_name, kind, destination_name, routing_key, arguments,
                                   owner)
@@ -476,7 +465,7 @@ class VHost:
         destination_name: str,
         routing_key: str,
         arguments: dict[str, Any] | None = None,
-        owner: Any = None,
+        owner: object = None,
     ) -> Binding:
         """The checks of bind, raising as it does; the binding it would add."""
         if source_name == "" or (kind == "exchange" and destination_name == ""):
@@ -497,7 +486,7 @@ class VHost:
         destination_name: str,
         routing_key: str,
         arguments: dict[str, Any] | None = None,
-        owner: Any = None,
+        owner: object = None,
     ) -> None:
         """Remove a binding. As RabbitMQ (`absent_errs_only`), a missing source, destination
         or binding is not an error, and exclusivity is checked only for a binding that exists."""
@@ -513,7 +502,7 @@ class VHost:
         destination_name: str,
         routing_key: str,
         arguments: dict[str, Any] | None = None,
-        owner: Any = None,
+        owner: object = None,
     ) -> Binding | None:
         """The checks of unbind; the binding it would remove, or None."""
         if source_name == "" or (kind == "exchange" and destination_name == ""):
@@ -538,7 +527,7 @@ class VHost:
     def route(self, exchange: Exchange, message: InboundMessage) -> list[Queue]:
         """Every queue the message goes to, each once."""
         headers = message.headers
-        keys: Any = message.routing_key
+        keys: str | list[str] = message.routing_key
         if "CC" in headers or "BCC" in headers:
             keys = routing_keys_of(message) + string_list(headers.get("BCC"))
         if exchange.name == "":
@@ -583,7 +572,7 @@ class VHost:
                 taken += 1
         return taken
 
-    def dead_letter(self, queue: Any, entry: QueuedMessage, reason: str) -> None:
+    def dead_letter(self, queue: Queue, entry: QueuedMessage, reason: str) -> None:
         dlx_name = getattr(queue, "dlx", None)
         if dlx_name is None:
             return

@@ -17,14 +17,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from leveret.broker.model.errors import NotFound
-from leveret.broker.model.queue import Queue
+from leveret.broker.model.queue import Queue, QueueOwner
 
 if TYPE_CHECKING:
     from leveret.broker.model.consumer import Consumer
     from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
     from leveret.broker.model.queue_client import QueueClient
     from leveret.broker.model.queue_type import QueueType
-    from leveret.broker.model.vhost import VHost
 
 ELSEWHERE = object()  # the exclusive owner of a queue exclusive to a connection on another node
 
@@ -75,7 +74,7 @@ def node_down(queue: RemoteQueue) -> NotFound:
 
 
 class RemoteQueue(Queue):
-    def __init__(self, vhost: VHost, name: str, *, queue_type: str, node: str, durable: bool,
+    def __init__(self, vhost: QueueOwner, name: str, *, queue_type: str, node: str, durable: bool,
                  auto_delete: bool, arguments: dict[str, Any], exclusive_elsewhere: bool,
                  forwarder: Forwarding | None) -> None:
         super().__init__(vhost, name, durable=durable,
