@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from support.import_graph import cycles, graph_of, modules_of
+from support.import_graph import package_cycles
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ["amqp", "storage", "broker", "cli", "spark"]
@@ -39,10 +39,8 @@ EXPECTED_CYCLES: dict[str, frozenset[str]] = {
 
 def leveret_cycles(root: Path) -> set[frozenset[str]]:
     """The cycles among the five packages under `root`, named without the `leveret.` prefix."""
-    modules: dict[str, Path] = {}
-    for part in PARTS:
-        modules.update(modules_of(f"leveret.{part}", root / part))
-    return {frozenset(m.removeprefix("leveret.") for m in c) for c in cycles(graph_of(modules))}
+    found = package_cycles({f"leveret.{part}": root / part for part in PARTS})
+    return {frozenset(m.removeprefix("leveret.") for m in c) for c in found}
 
 
 def unexpected(found: set[frozenset[str]]) -> tuple[list[list[str]], list[str]]:
@@ -96,8 +94,7 @@ def test_cycle_check_finds_every_kind_of_import(tmp_path: Path, back_edge: str) 
     write(tmp_path / "pkg" / "__init__.py", "")
     write(tmp_path / "pkg" / "a.py", "from pkg.b import B\nclass A: ...\n")
     write(tmp_path / "pkg" / "b.py", back_edge + "class B: ...\n")
-    graph = graph_of(modules_of("pkg", tmp_path / "pkg"))
-    assert cycles(graph) == [frozenset({"pkg.a", "pkg.b"})]
+    assert package_cycles({"pkg": tmp_path / "pkg"}) == [frozenset({"pkg.a", "pkg.b"})]
 
 
 def test_cycle_check_passes_a_package_without_cycles(tmp_path: Path) -> None:
@@ -106,14 +103,14 @@ def test_cycle_check_passes_a_package_without_cycles(tmp_path: Path) -> None:
     write(tmp_path / "pkg" / "__init__.py", "from pkg.a import A\nfrom pkg.b import B\n")
     write(tmp_path / "pkg" / "a.py", "from pkg import b\nclass A: ...\n")
     write(tmp_path / "pkg" / "b.py", "import os\nclass B: ...\n")
-    assert cycles(graph_of(modules_of("pkg", tmp_path / "pkg"))) == []
+    assert package_cycles({"pkg": tmp_path / "pkg"}) == []
 
 
 def test_cycle_check_counts_a_name_from_the_package_as_the_package(tmp_path: Path) -> None:
     """`from pkg import B` in pkg.a, where B is defined by pkg/__init__ importing pkg.a."""
     write(tmp_path / "pkg" / "__init__.py", "from pkg.a import A\nclass B: ...\n")
     write(tmp_path / "pkg" / "a.py", "from pkg import B\nclass A: ...\n")
-    assert cycles(graph_of(modules_of("pkg", tmp_path / "pkg"))) == [frozenset({"pkg", "pkg.a"})]
+    assert package_cycles({"pkg": tmp_path / "pkg"}) == [frozenset({"pkg", "pkg.a"})]
 
 
 def lint_imports(pythonpath: Path) -> subprocess.CompletedProcess[str]:

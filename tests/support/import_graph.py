@@ -22,6 +22,9 @@ A cycle is a strongly connected component with more than one module.
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -101,3 +104,23 @@ def _components(graph: Mapping[str, set[str]]) -> Iterator[frozenset[str]]:
     for node in sorted(graph):
         if node not in index:
             yield from visit(node)
+
+
+def package_cycles(packages: Mapping[str, Path]) -> list[frozenset[str]]:
+    """The cycles among these packages (name -> folder), read in a fresh interpreter.
+
+    CPython 3.11's `ast.parse` can fail with "SystemError: AST constructor recursion depth
+    mismatch" (python/cpython#106905) in a process where enough compiling went before, as in a
+    long test run; a child process parses with a clean state."""
+    argv = [f"{name}={folder}" for name, folder in packages.items()]
+    result = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True,
+                            check=True)
+    return [frozenset(component) for component in json.loads(result.stdout)]
+
+
+if __name__ == "__main__":  # package_cycles' child: `name=folder` arguments, JSON out
+    found: dict[str, Path] = {}
+    for argument in sys.argv[1:]:
+        name, folder = argument.split("=", 1)
+        found.update(modules_of(name, Path(folder)))
+    print(json.dumps([sorted(component) for component in cycles(graph_of(found))]))
