@@ -41,14 +41,6 @@ EXPECTED_CYCLES: dict[str, frozenset[str]] = {
         "broker.streamproto.consuming", "broker.streamproto.publishing",
         "broker.streamproto.session", "broker.streamproto.streams",
     }),
-    # broker -> session.connection (TYPE_CHECKING: Session); connection -> broker
-    # (TYPE_CHECKING) and -> channel; channel -> connection (TYPE_CHECKING), topology,
-    # cluster_topology; cluster_topology -> remote.forwarding; those -> channel (and broker)
-    "broker and the AMQP session": frozenset({
-        "broker.broker", "broker.remote.forwarding", "broker.session.channel",
-        "broker.session.cluster_topology", "broker.session.connection",
-        "broker.session.topology",
-    }),
 }
 
 

@@ -53,6 +53,7 @@ class BindingSpec:
     destination: str
     routing_key: str = ""
     arguments: Mapping[str, Any] = field(default_factory=dict)
+    owner: object | None = None  # the connection that asks (an exclusive queue's own may bind it)
 
 
 @dataclass(frozen=True)
