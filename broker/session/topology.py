@@ -27,8 +27,7 @@ Single-threaded: runs on the event loop thread of its connection.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pamqp import commands as m
@@ -137,15 +136,19 @@ def _binding_permissions(channel: Channel, kind: str, destination: str, source: 
         channel.check("read", "exchange", source)
 
 
-@asynccontextmanager
-async def _answering(action: str) -> AsyncIterator[None]:
-    """The port's refusals as RabbitMQ words a Khepri timeout: 541 INTERNAL_ERROR."""
+async def _ask(change: Awaitable[T], action: Callable[[], str],
+               unanswered: Callable[[], None] | None = None) -> T:
+    """The port's answer to `change`; its refusals as RabbitMQ words a Khepri timeout:
+    541 INTERNAL_ERROR, `failed to <action>` (worded only then). `unanswered` runs first when
+    the store did not answer."""
     try:
-        yield
+        return await change
     except StoreUnavailable:  # OutOfCluster too: no lease for a leased entity
-        raise unavailable(action) from None
+        if unanswered is not None:
+            unanswered()
+        raise unavailable(action()) from None
     except NotSettled:
-        raise InternalError(f"failed to {action}: this node did not see the change in time")\
+        raise InternalError(f"failed to {action()}: this node did not see the change in time")\
             from None
 
 
@@ -231,8 +234,9 @@ def exchange_declare(channel: Channel, method: m.Exchange.Declare) -> None:
 
 async def _declare_exchange(channel: Channel, method: m.Exchange.Declare,
                             spec: ExchangeSpec) -> None:
-    async with _answering(f"declare {channel.vhost.rs('exchange', spec.name)}"):
-        await _port(channel).declare_exchange(channel.vhost, spec)
+    vhost = channel.vhost
+    await _ask(_port(channel).declare_exchange(vhost, spec),
+               lambda: f"declare {vhost.rs('exchange', spec.name)}")
     _reply(channel, method.nowait, m.Exchange.DeclareOk())
 
 
@@ -243,8 +247,9 @@ def exchange_delete(channel: Channel, method: m.Exchange.Delete) -> None:
     channel.vhost.check_exchange_delete(name, method.if_unused)
 
     async def step() -> None:
-        async with _answering(f"delete {channel.vhost.rs('exchange', name)}"):
-            await _port(channel).delete_exchange(channel.vhost, name)
+        vhost = channel.vhost
+        await _ask(_port(channel).delete_exchange(vhost, name),
+                   lambda: f"delete {vhost.rs('exchange', name)}")
         _reply(channel, method.nowait, m.Exchange.DeleteOk())
     backlog.start_step(channel, method.index, step())
 
@@ -286,8 +291,7 @@ def _binding(source: str, kind: str, destination: str, key: str,
 
 
 async def _store_bind(channel: Channel, nowait: bool, spec: BindingSpec, ok: Frame) -> None:
-    async with _answering("create binding"):
-        await _port(channel).bind(channel.vhost, spec)
+    await _ask(_port(channel).bind(channel.vhost, spec), lambda: "create binding")
     _reply(channel, nowait, ok)
 
 
@@ -300,8 +304,7 @@ def _unbind(channel: Channel, method: UnbindMethod, source: str, kind: str, dest
     nowait = isinstance(method, m.Exchange.Unbind) and method.nowait  # queue.unbind has none
 
     async def step() -> None:
-        async with _answering("delete binding"):
-            await _port(channel).unbind(channel.vhost, spec)
+        await _ask(_port(channel).unbind(channel.vhost, spec), lambda: "delete binding")
         _reply(channel, nowait, ok)
     backlog.start_step(channel, method.index, step())
 
@@ -344,8 +347,8 @@ def _passive_queue(channel: Channel, method: m.Queue.Declare, queue: Queue) -> N
 
 async def _declare_queue(channel: Channel, method: m.Queue.Declare, spec: QueueSpec) -> None:
     vhost, port = channel.vhost, _port(channel)
-    async with _answering(f"declare {vhost.rs('queue', spec.name)}"):
-        declared = await port.declare_queue(vhost, spec)
+    declared = await _ask(port.declare_queue(vhost, spec),
+                          lambda: f"declare {vhost.rs('queue', spec.name)}")
     queue = vhost.queues.get(spec.name)
     if queue is None and declared.created and declared.placement.node == port.node:
         raise InternalError(f"cannot create {vhost.rs('queue', spec.name)} on this node")
@@ -417,13 +420,12 @@ async def _delete_queue(channel: Channel, method: m.Queue.Delete, name: str,
     if queue is not None:  # the cache may apply the delete before this step resumes
         count = queue.count_on_delete
         later = _cancels_after_reply(channel, queue)
-    async with _answering(f"delete {vhost.rs('queue', name)}"):
-        try:
-            deleted = await _port(channel).delete_queue(vhost, name)
-        except StoreUnavailable:
-            for owner, consumer in later:  # still consuming: the closing channel cancels them
-                owner.consumers[consumer.tag] = consumer
-            raise
+
+    def still_consuming() -> None:  # the closing channel cancels them
+        for owner, consumer in later:
+            owner.consumers[consumer.tag] = consumer
+    deleted = await _ask(_port(channel).delete_queue(vhost, name),
+                         lambda: f"delete {vhost.rs('queue', name)}", still_consuming)
     if deleted is not None and deleted.message_count is not None and queue is not None:
         count = deleted.message_count
     if channel.closed:

@@ -4,7 +4,8 @@ Role: `TopologyPort` for a broker composed without a cluster. Every change is th
 (`VHost.add_queue`, `bind`, ...), applied at once: the vhost writes durable entities to the
 SQLite metastore through its observer. A new queue or exchange was checked by the front end
 (`VHost.check_*_declaration`, which also names a server-named queue) and is added as it is; a
-redeclaration gets the model's equivalence check. Every queue lives on this node.
+redeclaration gets the model's equivalence check unless the front end made it against that
+queue (`QueueSpec.new` false). Every queue lives on this node.
 
 It must not know AMQP, the stream protocol, HTTP, etcd or the SQLite schema.
 Single-threaded: the broker's event loop (the methods never wait).
@@ -33,6 +34,7 @@ class LocalTopology:
 
     def __init__(self, node: str) -> None:
         self._node = node
+        self._here = Placement(node)  # where every queue lives (immutable: shared)
 
     @property
     def node(self) -> str:
@@ -42,25 +44,30 @@ class LocalTopology:
         return {self._node}
 
     async def place(self, vhost: VHost, spec: QueueSpec) -> Placement:
-        return Placement(self._node)
+        return self._here
 
     def placements(self, vhost: VHost) -> dict[str, Placement]:
-        return {name: Placement(self._node) for name in vhost.queues}
+        return {name: self._here for name in vhost.queues}
 
     async def refresh(self, vhost: VHost, exchanges: Sequence[str] = (),
                       queues: Sequence[str] = ()) -> None:
         return None  # the model is the store
 
     async def declare_queue(self, vhost: VHost, spec: QueueSpec) -> DeclaredQueue:
-        if spec.name in vhost.queues:  # the model's equivalence check (406), and a touch
-            vhost.declare_queue(
-                spec.name, owner=spec.owner, durable=spec.durable, exclusive=spec.exclusive,
-                auto_delete=spec.auto_delete, arguments=dict(spec.arguments))
-            return DeclaredQueue(spec.name, Placement(self._node), False)
+        existing = vhost.queues.get(spec.name)
+        if existing is not None:
+            if spec.new:  # the front end did not see it: the model's equivalence check (406)
+                vhost.declare_queue(
+                    spec.name, owner=spec.owner, durable=spec.durable,
+                    exclusive=spec.exclusive, auto_delete=spec.auto_delete,
+                    arguments=dict(spec.arguments))
+            else:  # checked against this queue by the front end
+                existing.touch()
+            return DeclaredQueue(spec.name, self._here, False)
         vhost.add_queue(spec.name, spec.type, durable=spec.durable and not spec.exclusive,
                         exclusive_owner=spec.owner if spec.exclusive else None,
                         auto_delete=spec.auto_delete, arguments=dict(spec.arguments))
-        return DeclaredQueue(spec.name, Placement(self._node), True)
+        return DeclaredQueue(spec.name, self._here, True)
 
     async def delete_queue(self, vhost: VHost, name: str) -> DeletedQueue | None:
         queue = vhost.queues.get(name)
