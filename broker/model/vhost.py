@@ -138,6 +138,13 @@ class VHost:
             internal=internal, arguments=arguments, check=check)
         if existing is not None:
             return existing
+        return self.add_exchange(name, type_, durable=durable, auto_delete=auto_delete,
+                                 internal=internal, arguments=arguments)
+
+    def add_exchange(self, name: str, type_: str, *, durable: bool, auto_delete: bool,
+                     internal: bool, arguments: dict[str, Any]) -> Exchange:
+        """Create and record an exchange whose declaration was checked
+        (check_exchange_declaration)."""
         exchange = self.create_exchange(name, type_, durable=durable, auto_delete=auto_delete,
                                         internal=internal, arguments=arguments)
         if durable:
@@ -310,9 +317,16 @@ class VHost:
         if existing is not None:
             existing.touch()
             return existing
-        queue = self.create_queue(name, queue_type, durable=durable and not exclusive,
-                                  exclusive_owner=owner if exclusive else None,
-                                  auto_delete=auto_delete, arguments=arguments)
+        return self.add_queue(name, queue_type, durable=durable and not exclusive,
+                              exclusive_owner=owner if exclusive else None,
+                              auto_delete=auto_delete, arguments=arguments)
+
+    def add_queue(self, name: str, queue_type: str, *, durable: bool, exclusive_owner: Any,
+                  auto_delete: bool, arguments: dict[str, Any]) -> Queue:
+        """Create and record a queue whose declaration was checked (check_queue_declaration)."""
+        queue = self.create_queue(name, queue_type, durable=durable,
+                                  exclusive_owner=exclusive_owner, auto_delete=auto_delete,
+                                  arguments=arguments)
         if queue.durable:
             try:
                 self.observer.queue_declared(queue)

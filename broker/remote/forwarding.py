@@ -33,9 +33,11 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections import deque
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands as m
+from pamqp.base import Frame
 
 from leveret.amqp import codec
 from leveret.amqp import constants as c
@@ -55,15 +57,13 @@ from leveret.broker.remote.tunnel_client import (
     entry_of,
     message_of,
 )
-from leveret.broker.session import backlog
 from leveret.broker.session.unacked import Unacked
 
 if TYPE_CHECKING:
-    from leveret.broker.broker import Broker
     from leveret.broker.cluster.peers import ClusterLinks
+    from leveret.broker.cluster.runtime import ClusterRuntime
     from leveret.broker.model.consumer import Consumer
     from leveret.broker.model.queue_client import QueueClient
-    from leveret.broker.session.channel import Channel
 
 log = logs.get("leveret.cluster.forwarding")
 _DELIVER_ID = struct.pack(">I", c.BASIC_DELIVER)
@@ -484,11 +484,36 @@ class TunnelServing(Protocol):
     def receive(self, link: Link, tunnel_id: int, data: bytes) -> None: ...
 
 
+class ClientConnection(Protocol):
+    """What the forwarder needs of a client connection (`session.connection.Session`): its
+    socket, to stop reading from it while a peer is behind."""
+
+    @property
+    def transport(self) -> asyncio.Transport | None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def blocked(self) -> bool: ...
+
+
+class Host(Protocol):
+    """What the forwarder needs of the broker (`broker.Broker`): the cluster's links and the
+    client connections."""
+
+    @property
+    def cluster(self) -> ClusterRuntime | None: ...
+
+    @property
+    def connections(self) -> Collection[ClientConnection]: ...
+
+
 class Forwarder:
     """This node's tunnels to the others (`broker.forwarder`), and its server of theirs. It
     is the `Forwarding` of every RemoteQueue (remote_queue.py)."""
 
-    def __init__(self, broker: Broker, server: TunnelServing) -> None:
+    def __init__(self, broker: Host, server: TunnelServing) -> None:
         self.broker = broker
         self.server = server
         self.tunnels: dict[tuple[str, str], Tunnel] = {}
@@ -654,29 +679,37 @@ def get(queue: RemoteQueue, client: QueueClient, no_ack: bool) -> None:
     client.wait_for(GET_INDEX, step())
 
 
-def forward_queue_method(channel: Channel, queue: RemoteQueue, method: Any) -> None:
+def forward_queue_method(client: QueueClient, queue: RemoteQueue, method: Frame,
+                         answer: Callable[[Frame], None]) -> None:
     """queue.declare (passive), queue.purge or queue.delete of a RemoteQueue: asked of the
-    holder; its reply (with its counts) or its error (same code and text) is this channel's."""
+    holder; its reply (with its counts) goes to `answer`, its error (same code and text) is
+    the client's, as the error of the method it waits for."""
     tunnel = _tunnel_for(queue)
-    shadow = _remote(channel).ops(tunnel)
+    shadow = _remote(client).ops(tunnel)
+    nowait = bool(getattr(method, "nowait", False))
     if isinstance(method, m.Queue.Declare):
-        data = encode_passive_declare(shadow.number, queue.name, method.nowait)
+        data = encode_passive_declare(shadow.number, queue.name, nowait)
     else:
         data = codec.encode_method(shadow.number, method)
-    if getattr(method, "nowait", False):
+    if nowait:
         shadow.write(data)
         return
     future = shadow.call(data)
 
     async def step() -> None:
         reply = await _answer(queue, shadow, future)
-        if isinstance(reply, m.Queue.DeclareOk):
-            channel.session.write(codec.encode_declare_ok(
-                channel.number, queue.name, reply.message_count or 0, reply.consumer_count or 0))
-        elif reply is not None:
-            channel.reply(reply)
+        if reply is not None:
+            answer(reply)
 
-    backlog.run_step(channel, method.index, step())
+    client.wait_for(method.index, step())
 
 
-__all__ = ["AMQPError", "Forwarder", "consume", "forward_queue_method", "get", "node_down"]
+def holder_reachable(queue: RemoteQueue) -> bool:
+    """Whether this node has an open link to the node that holds `queue`."""
+    forwarder = queue.forwarder
+    link = forwarder.link_to(queue.node) if isinstance(forwarder, Forwarder) else None
+    return link is not None and not link.closed
+
+
+__all__ = ["AMQPError", "Forwarder", "consume", "forward_queue_method", "get", "holder_reachable",
+           "node_down"]

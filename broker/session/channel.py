@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands as m
+from pamqp.base import Frame
 
 from leveret.amqp import codec
 from leveret.amqp import constants as c
@@ -38,15 +39,17 @@ from leveret.broker.model.errors import (
 )
 from leveret.broker.model.message import Confirm, QueuedMessage
 from leveret.broker.model.vhost import server_generated_name
-from leveret.broker.session import backlog, cluster_topology, queries, topology
+from leveret.broker.session import backlog, queries, topology
 from leveret.broker.session.confirms import Confirms
 from leveret.broker.session.errors import to_amqp
 from leveret.broker.session.unacked import Unacked
 
 if TYPE_CHECKING:
+    from leveret.amqp.connection import WireConnection
+    from leveret.broker.model.exchange import Exchange
     from leveret.broker.model.queue_client import Closeable
+    from leveret.broker.model.vhost import VHost
     from leveret.broker.session.backlog import Backlog
-    from leveret.broker.session.connection import Session
 
 FLAG_EXPIRATION = 1 << 8
 FLAG_USER_ID = 1 << 4
@@ -56,6 +59,41 @@ NOT_PLAIN = FLAG_EXPIRATION | FLAG_USER_ID | (1 << 13)  # 1 << 13: the headers p
 # what a delivery's frames add to its message's bytes, near enough for the session's
 # flush-early mark
 FRAMING_BYTES = 100
+
+
+class Session(topology.Session, Protocol):
+    """What a channel needs of its connection (`connection.Session`): a Protocol, so that
+    this module does not import the connection, which imports it."""
+
+    @property
+    def vhost(self) -> VHost: ...
+
+    @property
+    def channels(self) -> Mapping[int, Channel]: ...
+
+    @property
+    def wire(self) -> WireConnection: ...
+
+    @property
+    def writable(self) -> bool: ...
+
+    @property
+    def frame_max(self) -> int: ...
+
+    @property
+    def capabilities(self) -> Mapping[str, object]: ...
+
+    @property
+    def username(self) -> str: ...
+
+    @property
+    def limited_permissions(self) -> bool: ...
+
+    def write_many(self, parts: list[bytes | memoryview], size: int = -1) -> None: ...
+
+    def after_turn(self, callback: Callable[[], None]) -> None: ...
+
+    def check_permission(self, kind: str, resource_kind: str, name: str) -> None: ...
 
 
 class Channel:
@@ -89,10 +127,9 @@ class Channel:
         self.backlog: Backlog | None = None  # a step this channel waits for, in cluster mode
         # its channels on the nodes that hold queues it used (broker/remote/forwarding.py)
         self.remote: Closeable | None = None
-        self._handlers: dict[type, Callable[[Any], None]] = {
+        self._handlers: dict[type[Frame], Callable[[Any], None]] = {
             **{kind: functools.partial(handler, self)
-               for kind, handler in (topology.HANDLERS if session.broker.cluster is None
-                                     else cluster_topology.handlers(self)).items()},
+               for kind, handler in topology.HANDLERS.items()},
             m.Channel.Flow: self._flow,
             m.Basic.Qos: self._qos,
             m.Basic.Consume: self._consume,
@@ -115,7 +152,7 @@ class Channel:
 
     # -- dispatch -----------------------------------------------------------------------------
 
-    def handle(self, method: Any) -> None:
+    def handle(self, method: Frame) -> None:
         handler = self._handlers.get(type(method))
         if handler is None:
             raise AMQPError(
@@ -126,7 +163,7 @@ class Channel:
         except BrokerError as error:
             raise to_amqp(error) from None
 
-    def reply(self, method: Any) -> None:
+    def reply(self, method: Frame) -> None:
         self.session.write(codec.encode_method(self.number, method))
 
     def check(self, kind: str, resource_kind: str, name: str) -> None:
@@ -134,14 +171,14 @@ class Channel:
 
     # -- channel ------------------------------------------------------------------------------
 
-    def _flow(self, method: Any) -> None:
+    def _flow(self, method: m.Channel.Flow) -> None:
         if not method.active:
             raise NotImplementedFeature("active=false")
         self.reply(m.Channel.FlowOk(active=True))
 
     # -- consuming ----------------------------------------------------------------------------
 
-    def _qos(self, method: Any) -> None:
+    def _qos(self, method: m.Basic.Qos) -> None:
         if method.prefetch_size:
             raise NotImplementedFeature(f"prefetch_size!=0 ({method.prefetch_size})")
         if method.global_:
@@ -151,7 +188,7 @@ class Channel:
         self.reply(m.Basic.QosOk())
         self.redispatch()
 
-    def _consume(self, method: Any) -> None:
+    def _consume(self, method: m.Basic.Consume) -> None:
         name = topology.queue_name(self, topology.strip_cr_lf(method.queue))
         self.check("read", "queue", name)
         queue = self.vhost.queue(name)
@@ -168,7 +205,8 @@ class Channel:
         consumer = Consumer(
             tag, queue, self, no_ack=method.no_ack, exclusive=method.exclusive,
             prefetch=self.consumer_prefetch,
-            priority=priority if qargs.is_int(priority) else 0, arguments=arguments,
+            priority=priority if isinstance(priority, int) and qargs.is_int(priority) else 0,
+            arguments=arguments,
         )
         try:
             queue.consume(consumer, self, method.nowait)
@@ -176,14 +214,14 @@ class Channel:
             self.consumers.pop(tag, None)
             raise
 
-    def _cancel(self, method: Any) -> None:
-        consumer = self.consumers.pop(method.consumer_tag, None)
+    def _cancel(self, method: m.Basic.Cancel) -> None:
+        consumer = self.consumers.pop(method.consumer_tag or "", None)
         if consumer is not None:
             consumer.queue.remove_consumer(consumer)
         if not method.nowait:
             self.reply(m.Basic.CancelOk(consumer_tag=method.consumer_tag))
 
-    def _get(self, method: Any) -> None:
+    def _get(self, method: m.Basic.Get) -> None:
         name = topology.queue_name(self, topology.strip_cr_lf(method.queue))
         if queries.is_query(name):
             answer = queries.answer(self.vhost, name, self.check)
@@ -408,7 +446,7 @@ class Channel:
             queue.requeue(entries)
         self.redispatch()
 
-    def _recover(self, method: Any) -> None:
+    def _recover(self, method: m.Basic.Recover | m.Basic.RecoverAsync) -> None:
         if not method.requeue:
             raise NotImplementedFeature("requeue=false")
         self.requeue_all()
@@ -432,6 +470,22 @@ class Channel:
         header: bytes,
         body: bytes,
     ) -> None:
+        """Route one publish; an exchange this node does not know is looked up first
+        (`topology.look_up_exchange`: in a cluster, it may have been declared through another
+        node), and the publish is tried once more."""
+        try:
+            self._publish(exchange_name, routing_key, mandatory, immediate, header, body)
+        except BrokerError as error:
+            if isinstance(error, NotFound) and exchange_name not in self.vhost.exchanges:
+                topology.look_up_exchange(self, exchange_name, functools.partial(
+                    self.publish_looked_up, exchange_name, routing_key, mandatory, immediate,
+                    header, body))
+                return
+            raise to_amqp(error) from None
+
+    def publish_looked_up(self, exchange_name: str, routing_key: str, mandatory: bool,
+                          immediate: bool, header: bytes, body: bytes) -> None:
+        """`publish`, once its exchange was looked up: a miss now is a 404."""
         try:
             self._publish(exchange_name, routing_key, mandatory, immediate, header, body)
         except BrokerError as error:
@@ -472,7 +526,7 @@ class Channel:
             exc.at = at
             raise
 
-    def _publish_plain_run(self, exchange: Any, exchange_name: str, routing_key: str,
+    def _publish_plain_run(self, exchange: Exchange, exchange_name: str, routing_key: str,
                            run: list[Any]) -> bool:
         """A run of plain messages (NOT_PLAIN) that routes to one stream, taken in one call to
         the stream (`StreamQueue.publish_many`), with the stats and confirms `_route` keeps.
@@ -504,7 +558,7 @@ class Channel:
                 confirm.seal()
         return True
 
-    def _publish_target(self, exchange_name: str, immediate: bool) -> Any:
+    def _publish_target(self, exchange_name: str, immediate: bool) -> Exchange:
         """The exchange a publish goes to, once the rules on the publish itself allow it."""
         if immediate:
             raise NotImplementedFeature("immediate=true")
@@ -519,7 +573,7 @@ class Channel:
             )
         return exchange
 
-    def _publish_one(self, exchange: Any, exchange_name: str, routing_key: str,
+    def _publish_one(self, exchange: Exchange, exchange_name: str, routing_key: str,
                      mandatory: bool, header: bytes, body: bytes) -> None:
         message = Message(exchange_name, routing_key, header, body)
         flags = (header[12] << 8) | header[13]
@@ -540,7 +594,7 @@ class Channel:
                 f"'{self.session.username}'"
             )
 
-    def _route(self, exchange: Any, message: Message, mandatory: bool) -> None:
+    def _route(self, exchange: Exchange, message: Message, mandatory: bool) -> None:
         confirm: Confirm | None = None
         if self.confirms is not None:
             confirm = self.confirms.track()
@@ -574,7 +628,7 @@ class Channel:
 
     # -- confirms -----------------------------------------------------------------------------
 
-    def _confirm_select(self, method: Any) -> None:
+    def _confirm_select(self, method: m.Confirm.Select) -> None:
         if self.tx is not None:
             raise PreconditionFailed("cannot switch from tx to confirm mode")
         if self.confirms is None:
@@ -584,14 +638,14 @@ class Channel:
 
     # -- transactions -------------------------------------------------------------------------
 
-    def _tx_select(self, _method: Any) -> None:
+    def _tx_select(self, _method: m.Tx.Select) -> None:
         if self.confirms is not None:
             raise PreconditionFailed("cannot switch from confirm to tx mode")
         if self.tx is None:
             self.tx = []
         self.reply(m.Tx.SelectOk())
 
-    def _tx_commit(self, _method: Any) -> None:
+    def _tx_commit(self, _method: m.Tx.Commit) -> None:
         """As RabbitMQ: the publishes first, then the acks and nacks in their order."""
         if self.tx is None:
             raise PreconditionFailed("channel is not transactional")
@@ -610,7 +664,7 @@ class Channel:
             self.tx = []
         self.reply(m.Tx.CommitOk())
 
-    def _tx_rollback(self, _method: Any) -> None:
+    def _tx_rollback(self, _method: m.Tx.Rollback) -> None:
         """Drop the publishes; the acked and nacked deliveries become unacked again."""
         if self.tx is None:
             raise PreconditionFailed("channel is not transactional")

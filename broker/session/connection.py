@@ -15,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pamqp import commands
+from pamqp.base import Frame
 
 from leveret.amqp import auth as wire_auth
 from leveret.amqp import constants as c
@@ -34,8 +35,10 @@ from leveret.broker.session.channel import Channel
 from leveret.broker.session.errors import to_amqp
 
 if TYPE_CHECKING:
-    from leveret.broker.access.auth import Permission, User
-    from leveret.broker.broker import Broker
+    from leveret.broker.access.auth import Permission, User, Users
+    from leveret.broker.model.vhost import VHost
+    from leveret.broker.process.config import Config
+    from leveret.broker.topology.port import TopologyPort
 
 log = logs.get("leveret.connection")
 _ids = itertools.count(1)
@@ -54,10 +57,44 @@ class _Detached:
         return lambda *_args: None
 
 
+class Host(Protocol):
+    """What a connection needs of the broker that accepted it (`broker.Broker`): a Protocol,
+    so that this module does not import the broker, which imports it."""
+
+    channels_opened_total: int
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def users(self) -> Users: ...
+
+    @property
+    def vhosts(self) -> Mapping[str, VHost]: ...
+
+    @property
+    def alarm(self) -> str | None: ...
+
+    @property
+    def topology(self) -> TopologyPort: ...
+
+    def server_properties(self) -> dict[str, Any]: ...
+
+    def too_many_connections(self) -> bool: ...
+
+    def connection_opened(self, session: Session) -> None: ...
+
+    def connection_closed(self, session: Session) -> None: ...
+
+    def login_failed(self) -> None: ...
+
+    def cluster_key(self, session: Session) -> str: ...
+
+
 class Session(asyncio.Protocol):
     flush_early_bytes = FLUSH_EARLY_BYTES  # a tunnel's session leaves sooner (tunnel_server)
 
-    def __init__(self, broker: Broker, tls: bool = False) -> None:
+    def __init__(self, broker: Host, tls: bool = False) -> None:
         self.broker = broker
         self.id = next(_ids)
         self.tls = tls
@@ -237,6 +274,11 @@ class Session(asyncio.Protocol):
     def name(self) -> str:
         return f"{self.peer[0]}:{self.peer[1]} #{self.id}"
 
+    @property
+    def cluster_key(self) -> str:
+        """This connection's name across the cluster (an exclusive queue's owner in etcd)."""
+        return self.broker.cluster_key(self)
+
     # -- the wire handler interface -----------------------------------------------------------
 
     def on_start_ok(
@@ -344,7 +386,7 @@ class Session(asyncio.Protocol):
         if channel is not None:
             channel.close()
 
-    def on_method(self, number: int, method: Any) -> None:
+    def on_method(self, number: int, method: Frame) -> None:
         channel = self.channels[number]
         if channel.backlog is None or not backlog.defer(channel, method.index, channel.handle,
                                                         method):

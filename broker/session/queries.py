@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from pamqp import commands
@@ -30,7 +30,11 @@ from leveret.amqp.content import Message
 from leveret.broker.model.errors import NotFound, PreconditionFailed
 from leveret.broker.model.superstream import SuperStreamExchange
 
+if TYPE_CHECKING:
+    from leveret.broker.model.vhost import VHost
+
 PREFIX = "amq.leveret."
+Check = Callable[[str, str, str], None]  # the channel's permission check
 
 
 class Answered:
@@ -40,10 +44,10 @@ class Answered:
     redelivers = False
     stats_ack = 0  # a channel counts each queue's acks (management rates): these go nowhere
 
-    def ack(self, entry: Any, consumer: Any = None) -> None: ...
-    def ack_many(self, entries: list[Any], consumer: Any = None) -> None: ...
-    def reject(self, entry: Any, consumer: Any = None) -> None: ...
-    def requeue(self, entries: list[Any]) -> None: ...
+    def ack(self, entry: object, consumer: object = None) -> None: ...
+    def ack_many(self, entries: list[object], consumer: object = None) -> None: ...
+    def reject(self, entry: object, consumer: object = None) -> None: ...
+    def requeue(self, entries: list[object]) -> None: ...
     def dispatch(self) -> None: ...
 
 
@@ -54,7 +58,7 @@ def is_query(name: str) -> bool:
     return name.startswith(PREFIX)
 
 
-def answer(vhost: Any, name: str, check: Callable[[str, str, str], None]) -> Message | None:
+def answer(vhost: VHost, name: str, check: Check) -> Message | None:
     parts = urlsplit(name)
     kind = parts.path[len(PREFIX):]
     params = {k: v[0] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
@@ -64,7 +68,7 @@ def answer(vhost: Any, name: str, check: Callable[[str, str, str], None]) -> Mes
     return handler(vhost, name, params, check)
 
 
-def _stream(vhost: Any, name: str, params: dict[str, str], check: Any) -> Any:
+def _stream(vhost: VHost, name: str, params: dict[str, str], check: Check) -> Any:
     stream_name = params.get("stream")
     if stream_name is None:
         raise NotFound(f"no queue '{name}' in vhost '{vhost.name}'")
@@ -75,7 +79,7 @@ def _stream(vhost: Any, name: str, params: dict[str, str], check: Any) -> Any:
     return stream
 
 
-def _publisher_id(vhost: Any, name: str, params: dict[str, str], check: Any) -> Message:
+def _publisher_id(vhost: VHost, name: str, params: dict[str, str], check: Check) -> Message:
     stream = _stream(vhost, name, params, check)
     publisher = params.get("publisher", "")
     value = stream.last_publishing_id(publisher.encode("utf-8"))
@@ -83,7 +87,8 @@ def _publisher_id(vhost: Any, name: str, params: dict[str, str], check: Any) -> 
                   "x-stream-publishing-id", value)
 
 
-def _consumer_offset(vhost: Any, name: str, params: dict[str, str], check: Any) -> Message | None:
+def _consumer_offset(vhost: VHost, name: str, params: dict[str, str],
+                     check: Check) -> Message | None:
     stream = _stream(vhost, name, params, check)
     consumer = params.get("consumer", "")
     offset = stream.stored_offset(consumer.encode("utf-8"))
@@ -93,7 +98,7 @@ def _consumer_offset(vhost: Any, name: str, params: dict[str, str], check: Any) 
                   "x-stream-offset", offset)
 
 
-def _stream_offsets(vhost: Any, name: str, params: dict[str, str], check: Any) -> Message:
+def _stream_offsets(vhost: VHost, name: str, params: dict[str, str], check: Check) -> Message:
     log = _stream(vhost, name, params, check).log
     return _reply(name, {
         "stream": params["stream"], "first": log.first_offset, "last": log.last_offset,
@@ -101,7 +106,7 @@ def _stream_offsets(vhost: Any, name: str, params: dict[str, str], check: Any) -
     })
 
 
-def _partitions(vhost: Any, name: str, params: dict[str, str], check: Any) -> Message:
+def _partitions(vhost: VHost, name: str, params: dict[str, str], check: Check) -> Message:
     exchange_name = params.get("superstream", "")
     check("read", "exchange", exchange_name)
     exchange = vhost.exchange(exchange_name)

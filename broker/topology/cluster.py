@@ -13,6 +13,10 @@ deleted if it is the one this declaration wrote, so a refused declaration leaves
 for every front end. Other refused changes (exchanges, bindings, deletions) are left as etcd
 has them: the front end's text says to read them back.
 
+Every change first hands itself to the event loop (`_own_turn`): a front end may start it
+eagerly, outside any task (`session.backlog.start_step`), and etcd's client, its timeouts and
+the settling wait belong to the task that goes on with it.
+
 Errors: `StoreUnavailable` (etcd did not answer), `OutOfCluster` (no lease for a leased
 entity), `NotSettled` (stored, not applied here in time); the model's errors (406, 405, 404)
 pass through with its texts. Anything else etcd refuses (`EtcdException`) passes through.
@@ -59,6 +63,12 @@ UNDO_PAUSE_S = 0.5
 UNDO_WINDOW_S = 30.0  # how long a refused declaration is watched for once etcd answers
 
 
+async def _own_turn() -> None:
+    """Wait one turn of the event loop, so that what follows runs in the task that awaits
+    this, whoever started it."""
+    await asyncio.sleep(0)
+
+
 class ClusterTopology:
     """The etcd implementation of `TopologyPort`."""
 
@@ -77,6 +87,7 @@ class ClusterTopology:
         return running_nodes.running_nodes(self.cluster)
 
     async def place(self, vhost: VHost, spec: QueueSpec) -> Placement:
+        await _own_turn()
         return await placement.place(self.cluster, vhost.name, vhost.policies, spec,
                                      self.locator_setting)
 
@@ -88,6 +99,7 @@ class ClusterTopology:
                       queues: Sequence[str] = ()) -> None:
         """Read from etcd the names the model lacks; return once the cache has applied those
         that exist. etcd unreachable: the model's answer stands."""
+        await _own_turn()
         store = self.cluster.store
         revision = 0
         try:
@@ -120,6 +132,7 @@ class ClusterTopology:
             exclusive_owner=spec.owner_key if spec.exclusive else None, members=where.members)
 
     async def declare_queue(self, vhost: VHost, spec: QueueSpec) -> DeclaredQueue:
+        await _own_turn()
         record = await self.queue_record(vhost, spec)
         leased = record.exclusive or record.auto_delete or not record.durable
         lease = self._lease() if leased else 0
@@ -138,6 +151,7 @@ class ClusterTopology:
     async def delete_queue(self, vhost: VHost, name: str) -> DeletedQueue | None:
         """Delete the queue as this node's cache knows it (a newer declaration stays); drop
         it from the model at once if this node holds it. None: it was not there."""
+        await _own_turn()
         record = self.cluster.cache.queue(vhost.name, name)
         queue = vhost.queues.get(name)
         held = queue if queue is not None and not isinstance(queue, RemoteQueue) else None
@@ -155,6 +169,7 @@ class ClusterTopology:
     # -- exchanges and bindings ---------------------------------------------------------------
 
     async def declare_exchange(self, vhost: VHost, spec: ExchangeSpec) -> bool:
+        await _own_turn()
         record = ExchangeRecord(vhost.name, spec.name, spec.type, spec.durable,
                                 spec.auto_delete, spec.internal, dict(spec.arguments))
         lease = self._lease() if record.auto_delete or not record.durable else 0
@@ -164,6 +179,7 @@ class ClusterTopology:
         return isinstance(result, Created)
 
     async def delete_exchange(self, vhost: VHost, name: str) -> bool:
+        await _own_turn()
         async with self._store():
             revision = await self.cluster.store.delete_exchange(vhost.name, name)
         if revision is None:
@@ -172,11 +188,13 @@ class ClusterTopology:
         return True
 
     async def bind(self, vhost: VHost, spec: BindingSpec) -> None:
+        await _own_turn()
         async with self._store():
             result = await self.cluster.store.bind(self._binding(vhost, spec))
         await self._settle(result.revision)
 
     async def unbind(self, vhost: VHost, spec: BindingSpec) -> bool:
+        await _own_turn()
         async with self._store():
             revision = await self.cluster.store.unbind(self._binding(vhost, spec))
         if revision is None:

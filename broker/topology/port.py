@@ -21,7 +21,11 @@ if TYPE_CHECKING:
     from leveret.broker.model.vhost import VHost
 
 
-@dataclass(frozen=True)
+# The declarations and the answers are made once per AMQP method: plain dataclasses with slots
+# (a frozen one's __init__ costs three times as much), never changed once made.
+
+
+@dataclass(slots=True)
 class QueueSpec:
     """A queue as its declaration asks for it (already checked by the model)."""
 
@@ -36,7 +40,7 @@ class QueueSpec:
     new: bool = True  # no queue of that name is known here (a new stream is placed over nodes)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ExchangeSpec:
     name: str
     type: str
@@ -46,13 +50,14 @@ class ExchangeSpec:
     arguments: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class BindingSpec:
     source: str
     destination_type: Literal["queue", "exchange"]
     destination: str
     routing_key: str = ""
     arguments: Mapping[str, Any] = field(default_factory=dict)
+    owner: object | None = None  # the connection that asks (an exclusive queue's own may bind it)
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,7 @@ class Placement:
     members: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class DeclaredQueue:
     """The answer to a declaration: where the queue is, and whether this call created it."""
 
@@ -73,7 +78,7 @@ class DeclaredQueue:
     created: bool
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class DeletedQueue:
     """A deleted queue; `message_count` when this node held it (None: another node held it
     and drops it as the change reaches it)."""
