@@ -6,8 +6,8 @@ such a step runs, the channel's later methods, publishes and acks wait here, in 
 and run once it ends; other channels of the connection go on. So a publish that follows a
 declare on the same channel sees the declaration, as it would on one node.
 
-`start_step` runs a step at once, as far as it goes without waiting (an eager start: Python
-3.11 has no eager task factory). A step that never waits, a change to this node's own model,
+`start_step` runs a step at once, as far as it goes without waiting (`process/eager.py`). A
+step that never waits, a change to this node's own model,
 so answers in the turn that read its method and raises its error there, as a synchronous
 handler does; only a step that waits becomes a task that the channel's later frames wait for.
 What such a step calls before it first waits runs outside that task: it must not enter a
@@ -24,16 +24,15 @@ Single-threaded: runs on the event loop thread of its connection.
 from __future__ import annotations
 
 import asyncio
-import types
 from collections import deque
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from leveret.amqp import constants as c
 from leveret.amqp.connection import WireConnection
 from leveret.amqp.errors import AMQPError
 from leveret.broker.model.errors import BrokerError
-from leveret.broker.process import logs
+from leveret.broker.process import eager, logs
 from leveret.broker.session.errors import to_amqp
 
 log = logs.get("leveret.connection")
@@ -93,43 +92,15 @@ def run_step(channel: Channel, index: int, step: Coroutine[Any, Any, None]) -> N
 
 
 def start_step(channel: Channel, index: int, step: Coroutine[Any, Any, None]) -> None:
-    """Run `step` for the method `index` of `channel` at once, until it first waits.
+    """Run `step` for the method `index` of `channel` at once, until it first waits
+    (process/eager.py).
 
     A step that ends without waiting has answered in this turn; its error is raised here, to
     the handler's caller, as a synchronous handler's is. A step that waits goes on as
     `run_step`'s does, from where it waits, and the channel's later frames wait for it."""
-    try:
-        awaited = step.send(None)
-    except StopIteration:
-        return
-    run_step(channel, index, _resumed(step, awaited))
-
-
-async def _resumed(step: Coroutine[Any, Any, None], awaited: object) -> None:
-    await _go_on(step, awaited)
-
-
-@types.coroutine
-def _go_on(step: Coroutine[Any, Any, None], awaited: object) -> Generator[Any, Any, None]:
-    """Drive a started `step` in the task that awaits this: the task waits for what the step
-    waits for (`awaited`, which the step yielded), and hands the step what it is sent or
-    thrown (a result, an error, a cancellation), until the step ends."""
-    while True:
-        try:
-            sent = yield awaited
-        except GeneratorExit:
-            step.close()
-            raise
-        except BaseException as error:  # noqa: BLE001 - the step's to handle, or to raise
-            try:
-                awaited = step.throw(error)
-            except StopIteration:
-                return
-        else:
-            try:
-                awaited = step.send(sent)
-            except StopIteration:
-                return
+    rest = eager.start(step)
+    if rest is not None:
+        run_step(channel, index, rest)
 
 
 def defer(channel: Channel, index: int, handler: Callable[..., None], *args: Any) -> bool:

@@ -6,8 +6,8 @@ run the model's checks at once, with RabbitMQ's response codes (rabbit_stream_ma
 rabbit_stream_reader: PRECONDITION_FAILED, ACCESS_REFUSED, STREAM_ALREADY_EXISTS,
 STREAM_DOES_NOT_EXIST), then change the topology through the topology port
 (`broker.topology`), one node or a cluster alike: on one node the port never waits and the
-step, started eagerly (`eager.start`), answers in the turn that read the command; in a cluster
-it answers once every running node has applied the change. The store unreachable or too slow
+step, started eagerly (`process/eager.py`), answers in the turn that read the command; in a
+cluster it answers once every running node has applied the change. The store unreachable or too slow
 (`TopologyError`): INTERNAL_ERROR.
 
 CreateSuperStream answers as rabbit_stream_manager:create_super_stream does: partitions named
@@ -28,9 +28,8 @@ from leveret.broker.model import superstream
 from leveret.broker.model.errors import BrokerError, NotFound, PreconditionFailed
 from leveret.broker.model.storage_env import STREAM_CHUNK_TYPES
 from leveret.broker.model.stream import StreamQueue
-from leveret.broker.process import logs
+from leveret.broker.process import eager, logs
 from leveret.broker.streamproto import constants as k
-from leveret.broker.streamproto import eager
 from leveret.broker.streamproto import frames as f
 from leveret.broker.topology.port import BindingSpec, ExchangeSpec, QueueSpec, TopologyError
 from leveret.storage import OffsetSpec
@@ -127,7 +126,7 @@ def create(s: StreamSession, d: f.Decoder, _version: int) -> None:
     except BrokerError:
         _answer(s, k.CREATE, corr, k.PRECONDITION_FAILED)
         return
-    eager.start(_create(s, corr, QueueSpec(name, "stream", durable=True, arguments=args,
+    eager.start_task(_create(s, corr, QueueSpec(name, "stream", durable=True, arguments=args,
                                            owner=s)))
 
 
@@ -154,7 +153,7 @@ def delete(s: StreamSession, d: f.Decoder, _version: int) -> None:
     elif not stream_known(s, name):
         _answer(s, k.DELETE, corr, k.STREAM_DOES_NOT_EXIST)
     else:
-        eager.start(_delete(s, corr, name))
+        eager.start_task(_delete(s, corr, name))
 
 
 async def _delete(s: StreamSession, corr: int, name: str) -> None:
@@ -247,7 +246,7 @@ def create_super_stream(s: StreamSession, d: f.Decoder, _version: int) -> None:
     if code != k.OK:
         _answer(s, k.CREATE_SUPER_STREAM, corr, code)
         return
-    eager.start(_create_super(s, corr, name, names, keys, args))
+    eager.start_task(_create_super(s, corr, name, names, keys, args))
 
 
 def _check_super(s: StreamSession, name: str, names: list[str], keys: list[str],
@@ -338,7 +337,7 @@ def delete_super_stream(s: StreamSession, d: f.Decoder, _version: int) -> None:
         _answer(s, k.DELETE_SUPER_STREAM, corr, k.STREAM_DOES_NOT_EXIST)
         return
     partitions = [q.name for q in exchange.partitions() if q.type == "stream"]
-    eager.start(_delete_super(s, corr, name, partitions))
+    eager.start_task(_delete_super(s, corr, name, partitions))
 
 
 async def _delete_super(s: StreamSession, corr: int, name: str, partitions: list[str],
