@@ -76,6 +76,19 @@ def ab(tmp_path: Path, etcd: EtcdServer, cluster: str,
     yield a, b
 
 
+@pytest.fixture
+def ab_patient(tmp_path: Path, etcd: EtcdServer, cluster: str,
+               nodes: list[BrokerProcess]) -> Iterator[tuple[ClusterNode, ClusterNode]]:
+    """`ab` with a lease and a link timeout of 5 s: a test that stops a node for a second to
+    watch backpressure must not, on a loaded machine, watch failure detection instead."""
+    patient = {"LEVERET_CLUSTER_LEASE_TTL_S": "5", "LEVERET_CLUSTER_HEARTBEAT_TIMEOUT_S": "5"}
+    a = make_node(tmp_path, etcd.url, cluster, "a", management=True, env=patient)
+    b = make_node(tmp_path, etcd.url, cluster, "b", management=True, env=patient)
+    nodes.extend((a.start(), b.start()))
+    wait_until(lambda: "cluster link up" in a.log() and "cluster link up" in b.log())
+    yield a, b
+
+
 def on_a(ab: tuple[ClusterNode, ClusterNode], queue: str, **kwargs: Any) -> None:
     """Declare `queue` on A and wait until B sees it."""
     a, b = ab
@@ -560,10 +573,12 @@ def test_a_transaction_on_b_publishes_to_a_queue_on_a_at_commit_only(
 
 
 def test_publishers_on_b_wait_while_a_is_behind_and_b_holds_little(
-        ab: tuple[ClusterNode, ClusterNode]) -> None:
+        ab_patient: tuple[ClusterNode, ClusterNode]) -> None:
     """A stopped (SIGSTOP) while a client of B publishes 100 MB to a queue on A: B stops
     reading from its clients once the link holds 8 MB, instead of holding it all; once A
-    runs again every message arrives. (A stops for less than its 2 s etcd lease.)"""
+    runs again every message arrives. (A stops for well under its 5 s lease and link
+    timeout.)"""
+    ab = ab_patient
     a, b = ab
     on_a(ab, "q.slow")
     conn = connect(b)
