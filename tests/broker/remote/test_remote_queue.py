@@ -5,6 +5,7 @@ handed to the forwarder is in tests/broker/queues/test_queue_type.py."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -77,11 +78,26 @@ class Forwarding:
 
 
 class Sink:
+    """A client channel (`ConsumerSink`) that writes down the consumers the server cancels."""
+
     def __init__(self) -> None:
         self.cancelled: list[str] = []
 
     def server_cancel(self, consumer: Consumer) -> None:
         self.cancelled.append(consumer.tag)
+
+    def can_send(self, consumer: Consumer) -> bool:
+        return True
+
+    def send(self, consumer: Consumer, entry: QueuedMessage, queue: Any) -> None:
+        raise AssertionError("a remote queue's deliveries come from its forwarding")
+
+    def credit(self, consumer: Consumer) -> int:
+        return 1 << 30
+
+    def send_records(self, consumer: Consumer, offsets: Sequence[int],
+                     records: Sequence[bytes]) -> None:
+        raise AssertionError("a remote queue's deliveries come from its forwarding")
 
 
 @pytest.fixture
