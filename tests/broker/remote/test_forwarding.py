@@ -6,6 +6,7 @@ RabbitMQ's answers when the holding node is down or goes down."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -232,14 +233,24 @@ async def test_consume_and_get_on_a_node_without_a_link_are_rabbitmqs_node_down(
     assert client.said == [] and client.steps == []
 
 
-async def test_a_tunnel_that_cannot_open_answers_node_down(queue: RemoteQueue,
-                                                           cluster: Cluster) -> None:
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+async def test_a_tunnel_that_cannot_open_answers_node_down_and_nothing_else(
+        queue: RemoteQueue, cluster: Cluster) -> None:
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
     cluster.link = Link(open_error=LinkClosed("link to 'b' closed"))
     client = Client()
     queue.serve_get(client, False)
-    with pytest.raises(NotFound) as raised:
-        await client.step()
-    assert raised.value.text == DOWN
+    queue.consume(Consumer("ctag", queue, client), client, False)
+    for _ in range(2):
+        with pytest.raises(NotFound) as raised:
+            await client.step()
+        assert raised.value.text == DOWN
+    gc.collect()
+    # no "Future exception was never retrieved" (an error in the log) for what the
+    # node-down answer stands for
+    assert [context["message"] for context in unhandled] == []
 
 
 async def test_a_get_is_the_holders_get_ok_and_its_ack_goes_back_by_the_holders_tag(
