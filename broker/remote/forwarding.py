@@ -619,8 +619,21 @@ def _tunnel_for(queue: RemoteQueue) -> Tunnel:
 
 
 async def _answer(queue: RemoteQueue, shadow: Shadow, future: Any) -> Any:
+    """The holder's answer to `future` (a future, or the coroutine that asks), once the
+    tunnel is open; the node-down error if the tunnel is lost. What was asked of a tunnel
+    that never opened is dropped here (a coroutine closed, a future's exception retrieved),
+    so that the node-down answer is all that is said of it."""
     try:
         await shadow.tunnel.opened
+    except TunnelLost:
+        if asyncio.iscoroutine(future):
+            future.close()
+        elif future.done():
+            future.exception()
+        else:
+            future.add_done_callback(lambda done: done.cancelled() or done.exception())
+        raise node_down(queue) from None
+    try:
         return await future
     except TunnelLost:
         raise node_down(queue) from None

@@ -1,10 +1,10 @@
 """Fixtures for the topology port's unit tests: a broker's model composed with each
 implementation, and no AMQP, stream or HTTP listener.
 
-`local_broker` is one node (the model and its SQLite metastore). `cluster_node` is one node of
-a cluster on the session's real etcd (`tests/cluster/conftest.py`'s `etcd`, shared): the
-server's own cluster composition (membership, links, topology cache and sync) without its
-listeners, so the port is called directly on the test's event loop.
+`local_broker` (tests/broker/conftest.py) is one node (the model and its SQLite metastore).
+`cluster_node` is one node of a cluster on the session's real etcd (`tests/cluster/conftest.py`'s
+`etcd`, shared): the server's own cluster composition (membership, links, topology cache and
+sync) without its listeners, so the port is called directly on the test's event loop.
 """
 
 from __future__ import annotations
@@ -31,15 +31,6 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
     server = EtcdServer(tmp_path_factory.mktemp("etcd")).start()
     yield server
     server.stop()
-
-
-@pytest.fixture
-async def local_broker(tmp_path: Path) -> AsyncIterator[Broker]:
-    (tmp_path / "data").mkdir()
-    broker = Broker(Config(data_dir=tmp_path / "data", port=0, node_name="solo"),
-                    asyncio.get_running_loop())
-    yield broker
-    broker.close()
 
 
 async def start_cluster_node(data_dir: Path, etcd_url: str, cluster: str, node: str) -> Server:
