@@ -6,7 +6,7 @@ etcd knows (`cluster.membership`): this one in full, with its `cluster_links` (`
 the others from their records (running or not, alarms, uptime), each with its advertised host
 and management port (what `leveretctl --node NAME` reaches); if etcd does not answer, this
 node alone. In cluster mode the overview's queue and object totals take in every node's queues,
-connections and channels (`cluster_views`). Read-only; runs on the event loop.
+connections and channels (the `nodes` port). Read-only; runs on the event loop.
 """
 
 from __future__ import annotations
