@@ -146,7 +146,7 @@ def _consumer_details(request: web.Request, queue: Any) -> list[dict[str, Any]]:
 
 async def _queues(request: web.Request, vhosts: list[VHost]) -> list[dict[str, Any]]:
     """Every queue of `vhosts`, with its `node`: in cluster mode those held elsewhere too, with
-    their holder's counts (cluster_views)."""
+    their holder's counts (the nodes port)."""
     queues = [q for v in vhosts for q in v.queues.values()]
     return await nodes_of(request).queue_views(queues)
 
