@@ -229,7 +229,7 @@ class Server:
         broker.topology = ClusterTopology(broker.cluster, broker.topology_sync,
                                           config.queue_leader_locator)
         access_sync.install(broker)
-        cluster_views.install(broker)  # the management API's questions from other nodes
+        cluster_views.install(broker, broker.cluster)  # the HTTP API's questions from other nodes
         forwarder = broker.forwarder = Forwarder(broker, TunnelServer(broker))
         forwarder.serve(self.cluster_links)  # the tunnels other nodes open to this one
         try:

@@ -9,8 +9,10 @@ Modules:
   (connections, channels, consumers), `defs`, `streams`, `stream_members`, `stream_messages`,
   `stream_protocol` (rabbitmq_stream_management's paths), `metrics`;
 - `views`: the JSON shapes in RabbitMQ's field names; `stream_connections`: this node's
-  stream-protocol connections and their views; `cluster_views`: what other nodes hold, asked
-  over the node links; `messages`: a queue's "get"; `streamops`: the operations behind the
+  stream-protocol connections and their views; `nodes`: the port where one node and a
+  cluster differ (`NodesView`, chosen once by `app.create_app`; `OneNodeView` for one node);
+  `cluster_views`: its cluster implementation, what other nodes hold, asked over the node
+  links; `messages`: a queue's "get"; `streamops`: the operations behind the
   rabbitmq-streams-style commands; `rates`: message rates; `prometheus_names` and
   `member_metrics`: what /metrics shows;
 - `ui/`: the web UI's static pages.

@@ -28,6 +28,7 @@ from leveret.broker.management.http import (
     vhost_for_read,
     visible,
 )
+from leveret.broker.management.nodes import nodes_of
 
 # -- vhosts -----------------------------------------------------------------------------------
 
@@ -35,9 +36,7 @@ from leveret.broker.management.http import (
 def _vhost_views(request: web.Request, names: list[str] | None = None) -> list[dict[str, Any]]:
     broker = broker_of(request)
     meta = access_store(broker).vhost_metadata()
-    running = {broker.config.node_name: "running"}
-    if broker.cluster is not None:
-        running.update((name, "running") for name in broker.cluster.links.links)
+    running = nodes_of(request).running_nodes()
     return [
         views.vhost_view(vhost, *meta.get(vhost.name, ("", [])), running)
         for vhost in broker.vhosts.values()

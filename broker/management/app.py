@@ -32,6 +32,7 @@ from leveret.broker.management import (
     live,
     local_token,
     metrics,
+    nodes,
     overview,
     policies,
     rates,
@@ -40,6 +41,7 @@ from leveret.broker.management import (
     topology,
     ui,
 )
+from leveret.broker.management.cluster_views import ClusterNodes
 from leveret.broker.management.http import (
     AMQP_HOST,
     AMQP_PORT,
@@ -141,6 +143,9 @@ def create_app(broker: Broker, amqp_port: int | None = None, amqp_host: str | No
     app[AMQP_PORT] = amqp_port if amqp_port is not None else config.port
     app[AMQP_HOST] = amqp_host if amqp_host is not None else config.host
     app[HTTP_HOST] = http_host if http_host is not None else config.management_host or config.host
+    # the one place the API asks which mode it runs in: the views call the port (nodes.py)
+    app[nodes.NODES] = (nodes.OneNodeView(config.node_name) if broker.cluster is None
+                        else ClusterNodes(broker, broker.cluster))
     for module in (overview, access, policies, topology, live, defs, streams, stream_messages,
                    metrics, ui, rates):
         module.setup(app)

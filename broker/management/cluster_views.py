@@ -1,6 +1,8 @@
 """The management API's cluster-wide views: what other nodes hold, asked over the node links.
 
-Role: in cluster mode `/api/queues` on any node lists every queue, and `/api/connections`,
+Role: `ClusterNodes`, the cluster's implementation of the management API's port
+`nodes.NodesView` (chosen once by `app.create_app`; `nodes.OneNodeView` is one node's). In
+cluster mode `/api/queues` on any node lists every queue, and `/api/connections`,
 `/api/channels` every node's. Each node answers three link requests about what it holds
 (registered by `install`, before the links start):
 
@@ -36,12 +38,14 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from leveret.broker.cluster.link import LinkError, RemoteError
 from leveret.broker.management import messages, stream_connections, views
 from leveret.broker.management.http import ApiError
+from leveret.broker.management.nodes import ApiView
 from leveret.broker.model.errors import InternalError, NotFound
 from leveret.broker.process import logs
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
     from leveret.broker.cluster.link import Link
+    from leveret.broker.cluster.runtime import ClusterRuntime
     from leveret.broker.model.queue import Queue
     from leveret.broker.session.connection import Session
 
@@ -66,43 +70,6 @@ def node_of(broker: Broker, queue: Queue) -> str:
     return queue.holder or broker.config.node_name
 
 
-def is_remote(broker: Broker, queue: Queue) -> bool:
-    return broker.cluster is not None and node_of(broker, queue) != broker.config.node_name
-
-
-def stream_placement(broker: Broker, queue: Queue) -> tuple[str, tuple[str, ...]] | None:
-    """A replicated stream's leader and members as its queue record in etcd names them (what
-    `stream_status` answers on every node), or None for any other queue."""
-    cluster = broker.cluster
-    if cluster is None or queue.type != "stream":
-        return None
-    record = cluster.cache.queue(queue.vhost.name, queue.name)
-    if record is None or not record.members:
-        return None
-    return record.node, record.members
-
-
-def view_node(broker: Broker, queue: Queue) -> str:
-    """The node whose view of `queue` the API shows: a replicated stream's leader (a replica's
-    node holds a copy, but the leader's is the stream's view), else the queue's holder."""
-    placed = stream_placement(broker, queue)
-    return placed[0] if placed is not None else node_of(broker, queue)
-
-
-def own_view(broker: Broker, queue: Queue) -> dict[str, Any]:
-    """This node's view of `queue`, named after `view_node`; a replicated stream's with its
-    members and those online (this node and the members it has a link to)."""
-    placed = stream_placement(broker, queue)
-    if placed is None:
-        return views.queue_view(queue, node_of(broker, queue))
-    leader, members = placed
-    cluster = broker.cluster
-    assert cluster is not None  # (the placement came from its cache)
-    this = broker.config.node_name
-    online = [m for m in members if m == this or cluster.links.link_to(m) is not None]
-    return views.queue_view(queue, leader, members=members, online=online)
-
-
 def local_sessions(broker: Broker) -> list[Session]:
     """This node's client connections, opened in full, in connection order."""
     return sorted((s for s in broker.connections if s.vhost is not None), key=lambda s: s.id)
@@ -123,11 +90,10 @@ class GetRequest(QueueRequest):
     encoding: str
 
 
-def install(broker: Broker) -> None:
+def install(broker: Broker, cluster: ClusterRuntime) -> None:
     """Answer the other nodes' management requests about what this node holds."""
-    cluster = broker.cluster
-    assert cluster is not None
     handlers = cluster.links.handlers
+    nodes = ClusterNodes(broker, cluster)
 
     async def queue_stats(_link: Link, body: object) -> list[dict[str, Any] | None]:
         wanted = body.get("queues") if isinstance(body, dict) else None
@@ -138,10 +104,10 @@ def install(broker: Broker) -> None:
             vhost = broker.vhosts.get(str(item[0])) if isinstance(item, list) and item else None
             queue = vhost.queues.get(str(item[1])) if vhost is not None and len(item) > 1 \
                 else None
-            if queue is None or view_node(broker, queue) != broker.config.node_name:
+            if queue is None or nodes.view_node(queue) != nodes.node:
                 out.append(None)
             else:
-                out.append(own_view(broker, queue))
+                out.append(nodes.own_view(queue))
         return out
 
     async def connections(_link: Link, _body: object) -> list[dict[str, Any]]:
@@ -155,7 +121,7 @@ def install(broker: Broker) -> None:
     def held(body: QueueRequest) -> Queue:
         vhost = broker.vhosts.get(str(body.get("vhost"))) if isinstance(body, dict) else None
         queue = vhost.queues.get(str(body.get("name"))) if vhost is not None else None
-        if queue is None or is_remote(broker, queue):
+        if queue is None or nodes.is_remote(queue):
             raise NotFound(f"no queue '{body.get('name')}' in vhost '{body.get('vhost')}'")
         return queue
 
@@ -187,115 +153,168 @@ def install(broker: Broker) -> None:
     handlers.on_request(QUEUE_STATS, queue_stats)
     handlers.on_request(CONNECTIONS, connections)
     handlers.on_request(CHANNELS, channels)
-    stream_connections.install(broker)  # mgmt.stream_publishers, mgmt.stream_consumers
+    stream_connections.install(broker, handlers)  # mgmt.stream_publishers, mgmt.stream_consumers
 
 
-async def _ask_all(broker: Broker, ask: Callable[[str, Link], Awaitable[Any]],
-                   nodes: list[str]) -> dict[str, Any]:
-    """Each node's answer (by name), asked all at once; a node without a link or that fails
-    or times out is missing from the result."""
-    cluster = broker.cluster
-    if cluster is None:
-        return {}
-    pending: dict[str, Awaitable[Any]] = {}
-    for node in nodes:
-        link = cluster.links.link_to(node)
-        if link is not None and not link.closed:
-            pending[node] = asyncio.wait_for(ask(node, link), ASK_TIMEOUT_S)
-    results = await asyncio.gather(*pending.values(), return_exceptions=True)
-    answers: dict[str, Any] = {}
-    for node, result in zip(pending, results, strict=True):
-        if isinstance(result, BaseException):
-            log.warning("a node did not answer a management request", node=node,
-                        error=str(result) or type(result).__name__)
-        else:
-            answers[node] = result
-    return answers
+class ClusterNodes:
+    """The management API's `nodes.NodesView` in a cluster: the topology's records name a
+    replicated stream's leader and members, and the other nodes are asked over the links."""
 
+    def __init__(self, broker: Broker, cluster: ClusterRuntime) -> None:
+        self.broker = broker
+        self.cluster = cluster
 
-async def queue_views(broker: Broker, queues: list[Queue]) -> list[dict[str, Any]]:
-    """The views of `queues`: this node's from its model, the others' from their holders (a
-    replicated stream's from its leader, as every node shows it the same)."""
-    this = broker.config.node_name
-    holders = {id(queue): view_node(broker, queue) for queue in queues}
-    remote: dict[str, list[Queue]] = {}
-    for queue in queues:
-        if holders[id(queue)] != this:
-            remote.setdefault(holders[id(queue)], []).append(queue)
+    @property
+    def node(self) -> str:
+        return self.broker.config.node_name
 
-    async def ask(node: str, link: Link) -> Any:
-        names = [[q.vhost.name, q.name] for q in remote[node]]
-        return await link.call(QUEUE_STATS, {"queues": names})
+    def node_of(self, queue: Queue) -> str:
+        return node_of(self.broker, queue)
 
-    answers = await _ask_all(broker, ask, sorted(remote))
-    found: dict[int, dict[str, Any]] = {}
-    for node, held in remote.items():
-        answer = answers.get(node)
-        if isinstance(answer, list) and len(answer) == len(held):
-            for queue, view in zip(held, answer, strict=True):
-                if isinstance(view, dict):
-                    found[id(queue)] = view
-    out = []
-    for queue in queues:
-        if holders[id(queue)] == this:
-            out.append(own_view(broker, queue))
-        elif id(queue) in found:
-            out.append(found[id(queue)])
-        else:  # its holder (leader) does not answer: its identity without counts
-            view = own_view(broker, queue)
-            for key in DOWN_DROPS:
-                view.pop(key, None)
-            view["state"] = "down"
-            out.append(view)
-    return out
+    def is_remote(self, queue: Queue) -> bool:
+        return self.node_of(queue) != self.node
 
+    def stream_placement(self, queue: Queue) -> tuple[str, tuple[str, ...]] | None:
+        """A replicated stream's leader and members as its queue record in etcd names them
+        (what `stream_status` answers on every node), or None for any other queue."""
+        if queue.type != "stream":
+            return None
+        record = self.cluster.cache.queue(queue.vhost.name, queue.name)
+        if record is None or not record.members:
+            return None
+        return record.node, record.members
 
-async def on_holder(broker: Broker, queue: Queue, kind: str, body: dict[str, Any]) -> Any:
-    """Run `kind` (PURGE, GET) on the node that holds `queue`: its answer, 404 if it no longer
-    has the queue, 503 if it cannot be asked."""
-    node = node_of(broker, queue)
-    link = broker.cluster.links.link_to(node) if broker.cluster is not None else None
-    if link is None or link.closed:
-        raise ApiError(503, "service_unavailable",
-                       f"{queue.resource}: its node {node} does not answer")
-    try:
-        return await link.call(kind, {**body, "vhost": queue.vhost.name, "name": queue.name},
-                               timeout=ASK_TIMEOUT_S)
-    except RemoteError as exc:
-        if exc.error_type == "NotFound":
-            raise NotFound(exc.remote_message) from None
-        raise InternalError(f"{node}: {exc.remote_message}") from None
-    except LinkError:
-        raise ApiError(503, "service_unavailable",
-                       f"{queue.resource}: its node {node} does not answer") from None
+    def view_node(self, queue: Queue) -> str:
+        """The node whose view of `queue` the API shows: a replicated stream's leader (a
+        replica's node holds a copy, but the leader's is the stream's view), else the queue's
+        holder."""
+        placed = self.stream_placement(queue)
+        return placed[0] if placed is not None else self.node_of(queue)
 
+    def own_view(self, queue: Queue) -> ApiView:
+        """This node's view of `queue`, named after `view_node`; a replicated stream's with its
+        members and those online (this node and the members it has a link to)."""
+        placed = self.stream_placement(queue)
+        if placed is None:
+            return views.queue_view(queue, self.node_of(queue))
+        leader, members = placed
+        this = self.node
+        online = [m for m in members
+                  if m == this or self.cluster.links.link_to(m) is not None]
+        return views.queue_view(queue, leader, members=members, online=online)
 
-async def close_remote(broker: Broker, node: str, name: str, reason: str) -> None:
-    """Close a connection another node holds: 404 if it has no such connection any more,
-    503 if it cannot be asked."""
-    link = broker.cluster.links.link_to(node) if broker.cluster is not None else None
-    try:
+    async def _ask_all(self, ask: Callable[[str, Link], Awaitable[Any]],
+                       nodes: list[str]) -> dict[str, Any]:
+        """Each node's answer (by name), asked all at once; a node without a link or that
+        fails or times out is missing from the result."""
+        pending: dict[str, Awaitable[Any]] = {}
+        for node in nodes:
+            link = self.cluster.links.link_to(node)
+            if link is not None and not link.closed:
+                pending[node] = asyncio.wait_for(ask(node, link), ASK_TIMEOUT_S)
+        results = await asyncio.gather(*pending.values(), return_exceptions=True)
+        answers: dict[str, Any] = {}
+        for node, result in zip(pending, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("a node did not answer a management request", node=node,
+                            error=str(result) or type(result).__name__)
+            else:
+                answers[node] = result
+        return answers
+
+    async def queue_views(self, queues: list[Queue]) -> list[ApiView]:
+        """The views of `queues`: this node's from its model, the others' from their holders
+        (a replicated stream's from its leader, as every node shows it the same)."""
+        this = self.node
+        holders = {id(queue): self.view_node(queue) for queue in queues}
+        remote: dict[str, list[Queue]] = {}
+        for queue in queues:
+            if holders[id(queue)] != this:
+                remote.setdefault(holders[id(queue)], []).append(queue)
+
+        async def ask(node: str, link: Link) -> Any:
+            names = [[q.vhost.name, q.name] for q in remote[node]]
+            return await link.call(QUEUE_STATS, {"queues": names})
+
+        answers = await self._ask_all(ask, sorted(remote))
+        found: dict[int, ApiView] = {}
+        for node, held in remote.items():
+            answer = answers.get(node)
+            if isinstance(answer, list) and len(answer) == len(held):
+                for queue, view in zip(held, answer, strict=True):
+                    if isinstance(view, dict):
+                        found[id(queue)] = view
+        out = []
+        for queue in queues:
+            if holders[id(queue)] == this:
+                out.append(self.own_view(queue))
+            elif id(queue) in found:
+                out.append(found[id(queue)])
+            else:  # its holder (leader) does not answer: its identity without counts
+                view = self.own_view(queue)
+                for key in DOWN_DROPS:
+                    view.pop(key, None)
+                view["state"] = "down"
+                out.append(view)
+        return out
+
+    async def queue_totals(self, queues: list[Queue]) -> dict[str, int]:
+        """The overview's totals from every holder's view of `queues`."""
+        queue_views = await self.queue_views(queues)
+        return {key: sum(int(q.get(key, 0)) for q in queue_views)
+                for key in views.queue_totals(queues)}
+
+    async def on_holder(self, queue: Queue, kind: str, body: ApiView) -> object:
+        """Run `kind` (PURGE, GET) on the node that holds `queue`: its answer, 404 if it no
+        longer has the queue, 503 if it cannot be asked."""
+        node = self.node_of(queue)
+        link = self.cluster.links.link_to(node)
         if link is None or link.closed:
-            raise LinkError(f"no link to {node}")
-        await link.call(CLOSE, {"name": name, "reason": reason}, timeout=ASK_TIMEOUT_S)
-    except RemoteError as exc:
-        if exc.error_type == "NotFound":
-            raise NotFound(exc.remote_message) from None
-        raise InternalError(f"{node}: {exc.remote_message}") from None
-    except LinkError:
-        raise ApiError(503, "service_unavailable",
-                       f"connection '{name}': its node {node} does not answer") from None
+            raise ApiError(503, "service_unavailable",
+                           f"{queue.resource}: its node {node} does not answer")
+        try:
+            return await link.call(kind, {**body, "vhost": queue.vhost.name, "name": queue.name},
+                                   timeout=ASK_TIMEOUT_S)
+        except RemoteError as exc:
+            if exc.error_type == "NotFound":
+                raise NotFound(exc.remote_message) from None
+            raise InternalError(f"{node}: {exc.remote_message}") from None
+        except LinkError:
+            raise ApiError(503, "service_unavailable",
+                           f"{queue.resource}: its node {node} does not answer") from None
 
+    async def close_remote(self, node: str, name: str, reason: str) -> None:
+        """Close a connection another node holds: 404 if it has no such connection any more,
+        503 if it cannot be asked."""
+        link = self.cluster.links.link_to(node)
+        try:
+            if link is None or link.closed:
+                raise LinkError(f"no link to {node}")
+            await link.call(CLOSE, {"name": name, "reason": reason}, timeout=ASK_TIMEOUT_S)
+        except RemoteError as exc:
+            if exc.error_type == "NotFound":
+                raise NotFound(exc.remote_message) from None
+            raise InternalError(f"{node}: {exc.remote_message}") from None
+        except LinkError:
+            raise ApiError(503, "service_unavailable",
+                           f"connection '{name}': its node {node} does not answer") from None
 
-async def remote_items(broker: Broker, kind: str) -> list[dict[str, Any]]:
-    """Every other running node's connections (`mgmt.connections`), channels or consumers."""
-    cluster = broker.cluster
-    if cluster is None:
-        return []
+    async def remote_items(self, kind: str) -> list[ApiView]:
+        """Every other running node's connections (`mgmt.connections`), channels or
+        consumers."""
+        async def ask(_node: str, link: Link) -> Any:
+            return await link.call(kind, {})
 
-    async def ask(_node: str, link: Link) -> Any:
-        return await link.call(kind, {})
+        answers = await self._ask_all(ask, sorted(self.cluster.links.links))
+        return [item for node in sorted(answers) if isinstance(answers[node], list)
+                for item in answers[node] if isinstance(item, dict)]
 
-    answers = await _ask_all(broker, ask, sorted(cluster.links.links))
-    return [item for node in sorted(answers) if isinstance(answers[node], list)
-            for item in answers[node] if isinstance(item, dict)]
+    def running_nodes(self) -> dict[str, str]:
+        """This node and every node it has a link to."""
+        running = {self.node: "running"}
+        running.update((name, "running") for name in self.cluster.links.links)
+        return running
+
+    def metric_labels(self) -> dict[str, str]:
+        """A `node` label naming this node, as Leveret's own names carry."""
+        return {"node": self.node}

@@ -28,6 +28,7 @@ from leveret.broker.management.http import (
     user_of,
     vhost_for_read,
 )
+from leveret.broker.management.nodes import nodes_of
 
 if TYPE_CHECKING:
     from leveret.broker.session.connection import Session
@@ -57,7 +58,7 @@ async def _cluster_wide(request: web.Request, kind: str, local: list[dict[str, A
     """`local` (this node's items), then every other node's that the user may see."""
     user = user_of(request)
     everything = sees_everything(user)
-    remote = await cluster_views.remote_items(broker_of(request), kind)
+    remote = await nodes_of(request).remote_items(kind)
     return local + [item for item in remote
                     if (vhost is None or item.get("vhost") == vhost)
                     and (everything or item.get("user") == user.name)]
@@ -136,8 +137,7 @@ async def delete_connection(request: web.Request) -> web.Response:
         if item.get("name") == name:  # another node's: it closes it
             if not is_admin(user) and item.get("user") != user.name:
                 raise not_authorised("Not administrator user")
-            await cluster_views.close_remote(broker_of(request), str(item["node"]), name,
-                                             reason)
+            await nodes_of(request).close_remote(str(item["node"]), name, reason)
             return no_content()
     raise not_found()
 
@@ -169,7 +169,7 @@ async def get_channel(request: web.Request) -> web.Response:
 async def _all_consumers(request: web.Request, vhost: str | None = None) -> list[dict[str, Any]]:
     user = user_of(request)
     everything = sees_everything(user)
-    remote = await cluster_views.remote_items(broker_of(request), cluster_views.CONSUMERS)
+    remote = await nodes_of(request).remote_items(cluster_views.CONSUMERS)
     local = consumers(request, vhost) + stream_connections.api_consumer_views(request, vhost)
     return local + [
         c for c in remote

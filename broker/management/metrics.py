@@ -28,6 +28,7 @@ from leveret.broker.broker import VERSION
 from leveret.broker.management import prometheus_names
 from leveret.broker.management.http import BROKER
 from leveret.broker.management.member_metrics import MemberCollector
+from leveret.broker.management.nodes import NODES
 from leveret.broker.management.overview import alarm_state
 from leveret.broker.management.prometheus_names import every
 from leveret.broker.management.prometheus_names import gauge as _gauge
@@ -79,12 +80,13 @@ class BrokerTotals:
 
 
 class BrokerCollector:
-    def __init__(self, broker: Broker, totals: BrokerTotals) -> None:
+    def __init__(self, broker: Broker, totals: BrokerTotals, labels: dict[str, str]) -> None:
         self.broker = broker
         self.totals = totals
+        self.labels = labels
 
     def collect(self) -> Iterator[Metric]:
-        return prometheus_names.node_labelled(self.broker, self._collect())
+        return prometheus_names.node_labelled(self.labels, self._collect())
 
     def _collect(self) -> Iterator[Metric]:
         broker = self.broker
@@ -197,7 +199,7 @@ async def get_metrics(request: web.Request) -> web.Response:
 def setup(app: web.Application) -> None:
     totals = BrokerTotals(app[BROKER])
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(app[BROKER], totals))
+    registry.register(BrokerCollector(app[BROKER], totals, app[NODES].metric_labels()))
     registry.register(MemberCollector(app[BROKER]))  # replicated streams' members
     app[TOTALS] = totals
     app[REGISTRY] = registry

@@ -6,7 +6,7 @@ etcd knows (`cluster.membership`): this one in full, with its `cluster_links` (`
 the others from their records (running or not, alarms, uptime), each with its advertised host
 and management port (what `leveretctl --node NAME` reaches); if etcd does not answer, this
 node alone. In cluster mode the overview's queue and object totals take in every node's queues,
-connections and channels (`cluster_views`). Read-only; runs on the event loop.
+connections and channels (the `nodes` port). Read-only; runs on the event loop.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from leveret.broker.management.http import (
     vhost_for_read,
     visible_vhosts,
 )
+from leveret.broker.management.nodes import nodes_of
 from leveret.broker.model.exchange import EXCHANGE_TYPES
 from leveret.broker.process import logs
 from leveret.broker.process.alarms import resident_memory_bytes, total_memory_bytes
@@ -143,20 +144,19 @@ async def get_overview(request: web.Request) -> web.Response:
     config = broker.config
     node = config.node_name
     listeners = listener_views(request, broker)
-    totals = views.queue_totals(queues)
     objects = {"connections": len(sessions), "channels": len(channels),
                "consumers": sum(len(c.consumers) for c in channels)}
-    if broker.cluster is not None:  # every node's queues, connections and channels
-        names = {v.name for v in vhosts}
-        queue_views = await cluster_views.queue_views(broker, queues)
-        totals = {key: sum(int(q.get(key, 0)) for q in queue_views) for key in totals}
-        remote = [c for c in await cluster_views.remote_items(broker, cluster_views.CHANNELS)
-                  if c.get("vhost") in names]
-        objects["channels"] += len(remote)
-        objects["consumers"] += sum(int(c.get("consumer_count", 0)) for c in remote)
-        objects["connections"] += len(
-            [c for c in await cluster_views.remote_items(broker, cluster_views.CONNECTIONS)
-             if c.get("vhost") in names])
+    # every node's queues, connections and channels (on one node: this node's)
+    nodes = nodes_of(request)
+    names = {v.name for v in vhosts}
+    totals = await nodes.queue_totals(queues)
+    remote = [c for c in await nodes.remote_items(cluster_views.CHANNELS)
+              if c.get("vhost") in names]
+    objects["channels"] += len(remote)
+    objects["consumers"] += sum(int(c.get("consumer_count", 0)) for c in remote)
+    objects["connections"] += len(
+        [c for c in await nodes.remote_items(cluster_views.CONNECTIONS)
+         if c.get("vhost") in names])
     return single(request, {
         "management_version": VERSION,
         "rates_mode": "none",

@@ -33,6 +33,7 @@ from prometheus_client.core import (
 from leveret.broker.broker import VERSION
 from leveret.broker.management import views
 from leveret.broker.management.http import BROKER
+from leveret.broker.management.nodes import NODES
 from leveret.broker.management.overview import RABBITMQ_COMPAT_VERSION, cluster_name, node_view
 
 if TYPE_CHECKING:
@@ -150,15 +151,14 @@ class RabbitTotals:
                 self.channels.update((c, PROTOCOL, channel_values(c)) for c in channels))
 
 
-def node_labelled(broker: Broker, metrics: Iterator[Metric]) -> Iterator[Metric]:
-    """`metrics` as they are on a single node; in cluster mode each sample also gets a `node`
-    label naming this node."""
-    if broker.cluster is None:
+def node_labelled(labels: dict[str, str], metrics: Iterator[Metric]) -> Iterator[Metric]:
+    """`metrics` with `labels` added to each sample: the port's `nodes.NodesView.metric_labels`,
+    none on a single node, a `node` label naming this node in cluster mode."""
+    if not labels:
         yield from metrics
         return
-    node = broker.config.node_name
     for metric in metrics:
-        metric.samples = [s._replace(labels={**s.labels, "node": node}) for s in metric.samples]
+        metric.samples = [s._replace(labels={**s.labels, **labels}) for s in metric.samples]
         yield metric
 
 
@@ -189,15 +189,17 @@ def every(interval_s: float, step: Callable[[], object]) -> Callable[
 class RabbitCollector:
     """RabbitMQ's names, aggregated or per object (`per_object`)."""
 
-    def __init__(self, broker: Broker, totals: RabbitTotals, per_object: bool) -> None:
+    def __init__(self, broker: Broker, totals: RabbitTotals, per_object: bool,
+                 labels: dict[str, str]) -> None:
         self.broker = broker
         self.totals = totals
         self.per_object = per_object
+        self.labels = labels
 
     def collect(self) -> Iterator[Metric]:
         """In cluster mode every series also carries a `node` label, as Leveret's own names do
         (the dashboards join on instance and job, so an extra label does not matter)."""
-        return node_labelled(self.broker, self._collect())
+        return node_labelled(self.labels, self._collect())
 
     def _collect(self) -> Iterator[Metric]:
         broker = self.broker
@@ -319,10 +321,11 @@ async def get_per_object(request: web.Request) -> web.Response:
 def setup(app: web.Application, aggregated: CollectorRegistry) -> None:
     """Add the aggregated names to `/metrics`'s registry, and serve `/metrics/per-object`."""
     broker = app[BROKER]
+    labels = app[NODES].metric_labels()
     totals = RabbitTotals(broker)
-    aggregated.register(RabbitCollector(broker, totals, per_object=False))
+    aggregated.register(RabbitCollector(broker, totals, per_object=False, labels=labels))
     per_object = CollectorRegistry(auto_describe=False)
-    per_object.register(RabbitCollector(broker, totals, per_object=True))
+    per_object.register(RabbitCollector(broker, totals, per_object=True, labels=labels))
     app[TOTALS] = totals
     app[PER_OBJECT] = per_object
     app.cleanup_ctx.append(every(SAMPLE_S, totals.sample))

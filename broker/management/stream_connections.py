@@ -23,7 +23,7 @@ from leveret.broker.streamproto import registry
 
 if TYPE_CHECKING:
     from leveret.broker.broker import Broker
-    from leveret.broker.cluster.link import Link
+    from leveret.broker.cluster.link import Handlers, Link
     from leveret.broker.streamproto.publisher import Publisher
     from leveret.broker.streamproto.session import StreamSession
     from leveret.broker.streamproto.subscription import Subscription
@@ -185,11 +185,11 @@ def close_local(broker: Broker, name: str) -> bool:
     raise NotFound(f"no connection '{name}'")
 
 
-def install(broker: Broker) -> None:
-    """Cluster mode: answer the other nodes' questions about this node's stream publishers and
-    consumers (once: a second management app of the same broker finds them installed)."""
-    cluster = broker.cluster
-    if cluster is None or STREAM_PUBLISHERS in cluster.links.handlers.requests:
+def install(broker: Broker, handlers: Handlers) -> None:
+    """Cluster mode (`cluster_views.install`): answer the other nodes' questions about this
+    node's stream publishers and consumers, on the cluster links' `handlers` (once: a second
+    install for the same broker finds them installed)."""
+    if STREAM_PUBLISHERS in handlers.requests:
         return
 
     async def publishers(_link: Link, _body: object) -> list[dict[str, Any]]:
@@ -198,8 +198,8 @@ def install(broker: Broker) -> None:
     async def consumers(_link: Link, _body: object) -> list[dict[str, Any]]:
         return consumer_views(local_sessions(broker))
 
-    cluster.links.handlers.on_request(STREAM_PUBLISHERS, publishers)
-    cluster.links.handlers.on_request(STREAM_CONSUMERS, consumers)
+    handlers.on_request(STREAM_PUBLISHERS, publishers)
+    handlers.on_request(STREAM_CONSUMERS, consumers)
 
 
 def stream_connection_views(request: web.Request, vhost: str | None) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from leveret.amqp.stored import decode_record
-from leveret.broker.management import cluster_views, messages, streamops
+from leveret.broker.management import messages, streamops
 from leveret.broker.management.http import (
     ApiError,
     bad_request,
@@ -28,6 +28,7 @@ from leveret.broker.management.http import (
     ok,
     vhost_for_write,
 )
+from leveret.broker.management.nodes import nodes_of
 from leveret.broker.model.errors import NotFound
 from leveret.broker.model.storage_env import STREAM_CHUNK_TYPES
 from leveret.storage import OffsetSpec, StorageError
@@ -82,8 +83,9 @@ async def stream_messages(request: web.Request) -> web.Response:
     except NotFound as exc:
         raise ApiError(404, "not_found", exc.text) from None
     check("read", "queue", name)
-    if cluster_views.is_remote(broker, stream) or getattr(stream, "log", None) is None:
-        node = cluster_views.node_of(broker, stream)
+    nodes = nodes_of(request)
+    if nodes.is_remote(stream) or getattr(stream, "log", None) is None:
+        node = nodes.node_of(stream)
         raise bad_request(f"stream '{name}' is held by node {node}: read it through that "
                           "node's management API")
     offset = _number(request, "offset", stream.log.first_offset)

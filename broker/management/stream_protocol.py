@@ -33,7 +33,6 @@ from aiohttp import web
 
 from leveret.broker.management import cluster_views, streamops, views
 from leveret.broker.management.http import (
-    BROKER,
     broker_of,
     is_admin,
     listing,
@@ -48,13 +47,13 @@ from leveret.broker.management.http import (
 )
 from leveret.broker.management.live import consumers as amqp_consumer_views
 from leveret.broker.management.live import sessions as amqp_sessions
+from leveret.broker.management.nodes import nodes_of
 from leveret.broker.management.stream_connections import (
     STREAM_CONSUMERS,
     STREAM_PUBLISHERS,
     all_stream_sessions,
     connection_view,
     consumer_views,
-    install,
     publisher_views,
     stream_sessions,
 )
@@ -136,7 +135,7 @@ async def remote(request: web.Request, kind: str, vhost: str | None) -> list[dic
     user may see."""
     user = user_of(request)
     everything = sees_everything(user)
-    items = await cluster_views.remote_items(broker_of(request), kind)
+    items = await nodes_of(request).remote_items(kind)
     if kind == cluster_views.CONNECTIONS:
         items = [i for i in items if i.get("protocol") == "stream"]
     return [i for i in items if (vhost is None or _vhost_of(i) == vhost)
@@ -174,7 +173,7 @@ async def _find(request: web.Request) -> StreamSession | dict[str, Any]:
         if views.connection_name(session) == name:
             _authorised(request, session.username)
             return session
-    for item in await cluster_views.remote_items(broker_of(request), cluster_views.CONNECTIONS):
+    for item in await nodes_of(request).remote_items(cluster_views.CONNECTIONS):
         if (item.get("protocol") == "stream" and item.get("name") == name
                 and item.get("vhost") == vhost):
             _authorised(request, str(item.get("user")))
@@ -194,8 +193,8 @@ async def delete_connection(request: web.Request) -> web.Response:
         found.abort()
         return no_content()
     try:  # another node's: it closes it
-        await cluster_views.close_remote(broker_of(request), str(found["node"]),
-                                         str(found["name"]), "Closed via management plugin")
+        await nodes_of(request).close_remote(str(found["node"]), str(found["name"]),
+                                             "Closed via management plugin")
     except NotFound:
         raise not_found() from None
     return no_content()
@@ -205,7 +204,7 @@ async def _of_connection(request: web.Request, kind: str) -> list[dict[str, Any]
     found = await _find(request)
     if not isinstance(found, dict):
         return (publisher_views if kind == STREAM_PUBLISHERS else consumer_views)([found])
-    items = await cluster_views.remote_items(broker_of(request), kind)
+    items = await nodes_of(request).remote_items(kind)
     return [i for i in items if i.get("connection_details", {}).get("name") == found["name"]]
 
 
@@ -239,7 +238,6 @@ async def list_consumers(request: web.Request) -> web.Response:
 
 
 def setup(app: web.Application) -> None:
-    install(app[BROKER])
     r = app.router
     base = "/api/stream/connections"
     r.add_get(base, list_connections)

@@ -40,6 +40,7 @@ from leveret.broker.management.http import (
     vhost_for_write,
     visible_vhosts,
 )
+from leveret.broker.management.nodes import nodes_of
 from leveret.broker.model.errors import PreconditionFailed
 
 if TYPE_CHECKING:
@@ -145,9 +146,9 @@ def _consumer_details(request: web.Request, queue: Any) -> list[dict[str, Any]]:
 
 async def _queues(request: web.Request, vhosts: list[VHost]) -> list[dict[str, Any]]:
     """Every queue of `vhosts`, with its `node`: in cluster mode those held elsewhere too, with
-    their holder's counts (cluster_views)."""
+    their holder's counts (the nodes port)."""
     queues = [q for v in vhosts for q in v.queues.values()]
-    return await cluster_views.queue_views(broker_of(request), queues)
+    return await nodes_of(request).queue_views(queues)
 
 
 async def list_queues(request: web.Request) -> web.Response:
@@ -164,7 +165,7 @@ async def get_queue(request: web.Request) -> web.Response:
     queue = vhost.queues.get(request.match_info["name"])
     if queue is None:
         raise not_found()
-    view = (await cluster_views.queue_views(broker_of(request), [queue]))[0]
+    view = (await nodes_of(request).queue_views([queue]))[0]
     view["consumer_details"] = _consumer_details(request, queue)
     return ok(view)
 
@@ -184,9 +185,10 @@ async def delete_queue(request: web.Request) -> web.Response:
         raise not_found()
     if_unused, if_empty = _flag(request, "if-unused"), _flag(request, "if-empty")
     broker = broker_of(request)
+    nodes = nodes_of(request)
     queue = vhost.queues[name]
-    if cluster_views.is_remote(broker, queue) and (if_unused or if_empty):
-        view = (await cluster_views.queue_views(broker, [queue]))[0]  # its holder's counts
+    if nodes.is_remote(queue) and (if_unused or if_empty):
+        view = (await nodes.queue_views([queue]))[0]  # its holder's counts
         if view["state"] == "down":
             raise ApiError(503, "service_unavailable",
                            f"{queue.resource}: its node {view['node']} does not answer")
@@ -205,9 +207,10 @@ async def purge_queue(request: web.Request) -> web.Response:
         raise not_found()
     broker = broker_of(request)
     queue = vhost.queues[name]
-    if cluster_views.is_remote(broker, queue):
+    nodes = nodes_of(request)
+    if nodes.is_remote(queue):
         check("read", "queue", name)
-        await cluster_views.on_holder(broker, queue, cluster_views.PURGE, {})
+        await nodes.on_holder(queue, cluster_views.PURGE, {})
     else:
         admin.purge_queue(broker, vhost.name, name, check)
     return no_content()
@@ -237,9 +240,9 @@ async def get_messages(request: web.Request) -> web.Response:
     except (TypeError, ValueError):
         raise bad_request("count must be a number") from None
     encoding = str(data.get("encoding", "auto"))
-    broker = broker_of(request)
-    if cluster_views.is_remote(broker, queue):
-        return ok(await cluster_views.on_holder(broker, queue, cluster_views.GET, {
+    nodes = nodes_of(request)
+    if nodes.is_remote(queue):
+        return ok(await nodes.on_holder(queue, cluster_views.GET, {
             "count": count, "ackmode": ackmode, "encoding": encoding}))
     return ok(messages.take(queue, count, ackmode, encoding))
 
