@@ -111,6 +111,8 @@ VIOLATIONS = {
         "broker/workers/ipc.py", "leveret.broker.model.errors"),
     "the topology port knows no front end": (
         "broker/topology/port.py", "leveret.broker.session.errors"),
+    "the session reaches remote queues only through the queue-type interface": (
+        "broker/session/topology.py", "leveret.broker.remote.remote_queue"),
 }
 
 

@@ -20,10 +20,12 @@ from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.store import MemoryStore, MessageStore, PriorityStore
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from leveret.broker.model.dedup import DedupCache
     from leveret.broker.model.exchange import Exchange
     from leveret.broker.model.policy import Policy
-    from leveret.broker.model.queue_client import QueueClient
+    from leveret.broker.model.queue_client import QueueClient, QueueMethod
     from leveret.broker.model.scheduler import Scheduler, Timer
 
 
@@ -197,6 +199,17 @@ class Queue:
     def requeue(self, entries: list[Any]) -> None:
         """Deliveries given back, in delivery order."""
         raise NotImplementedError
+
+    def forward(self, client: QueueClient, method: QueueMethod,
+                answer: Callable[[QueueMethod], None]) -> bool:
+        """A queue of this node serves queue.declare and queue.purge itself: nothing to hand
+        to another node."""
+        return False
+
+    def forward_delete(self, client: QueueClient, method: QueueMethod,
+                       answer: Callable[[QueueMethod], None]) -> bool:
+        """A queue of this node is deleted here: nothing to hand to another node."""
+        return False
 
     def check_delete(self, if_unused: bool, if_empty: bool) -> None:
         """Raise if queue.delete's conditions forbid deleting now."""

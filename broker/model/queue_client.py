@@ -1,4 +1,5 @@
-"""How a queue answers basic.consume and basic.get: the `QueueClient` it is given.
+"""How a queue answers basic.consume and basic.get: the `QueueClient` it is given; and what
+a queue held by another node hands to it: a client's `QueueMethod`.
 
 The session's channel implements it; a queue of this node answers in the same turn, a queue
 held by another node (broker/remote) once that node has answered, inside a step the client's
@@ -20,6 +21,13 @@ if TYPE_CHECKING:
 
 class Closeable(Protocol):
     def close(self) -> None: ...
+
+
+class QueueMethod(Protocol):
+    """A client's queue.declare (passive), queue.purge or queue.delete, or the holding node's
+    reply to one, as a queue type sees it: opaque. The front end that made the method reads
+    the reply; a forwarder carries both as they are (AMQP frames, in broker/session and
+    broker/remote)."""
 
 
 class QueueClient(Protocol):

@@ -13,6 +13,12 @@ A delivery's handle (`entry`) belongs to the queue type (a QueuedMessage for cla
 an offset for streams, the holder's tag for a remote queue): the session keeps it unread and
 hands it back to settle it.
 
+A client's queue.declare (passive), queue.purge and queue.delete are handed to the node that
+holds the queue the same way (`forward`, `forward_delete`): a queue of this node answers that
+it did not, and the caller serves the method here. The method and its reply stay opaque
+(queue_client.py's `QueueMethod`): only the front end that made them and the forwarder that
+carries them read them.
+
 It must not know AMQP frames, the session or the cluster: a queue answers through
 `QueueClient` (queue_client.py), which the session's channel implements. The model's queue
 types do not import this module (mypy checks them against it at the end of this file, and
@@ -25,11 +31,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from leveret.broker.model.consumer import Consumer
     from leveret.broker.model.dedup import DedupCache
     from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
     from leveret.broker.model.queue import ClassicQueue, QueueOwner
-    from leveret.broker.model.queue_client import QueueClient
+    from leveret.broker.model.queue_client import QueueClient, QueueMethod
     from leveret.broker.model.stream import StreamQueue
 
 
@@ -154,11 +162,30 @@ class QueueType(Protocol):
 
     def requeue(self, entries: list[Any]) -> None: ...
 
+    # a queue method served by the node that holds the queue
+
+    def forward(self, client: QueueClient, method: QueueMethod,
+                answer: Callable[[QueueMethod], None]) -> bool:
+        """Hand a client's queue.declare (passive) or queue.purge to the node that holds the
+        queue, which answers in a step `client` waits for: its reply goes to `answer`, its
+        error is the method's. False: the queue is held here and the caller serves the
+        method."""
+        ...
+
+    def forward_delete(self, client: QueueClient, method: QueueMethod,
+                       answer: Callable[[QueueMethod], None]) -> bool:
+        """As `forward`, for a client's queue.delete, when the holding node can be reached.
+        False: the caller deletes the queue here, `check_delete` first (a queue held here,
+        or one whose holder is down, deleted from the metadata alone)."""
+        ...
+
     # purge and delete
 
     def purge(self) -> int: ...
 
-    def check_delete(self, if_unused: bool, if_empty: bool) -> None: ...
+    def check_delete(self, if_unused: bool, if_empty: bool) -> None:
+        """Raise if queue.delete's conditions forbid deleting it here now."""
+        ...
 
     def on_delete(self) -> None: ...
 

@@ -2,8 +2,9 @@
 
 A queue whose record names another node is a `RemoteQueue` in this node's model. It is one
 more implementation of the queue-type interface (broker/model/queue_type.py): the session
-publishes to it, consumes from it and gets from it as from any queue, and it hands the work to
-the forwarder, which speaks AMQP 0-9-1 to the holding node through a tunnel over the
+publishes to it, consumes from it, gets from it and hands it a passive queue.declare, a
+queue.purge or a queue.delete (`forward`, `forward_delete`) as any queue, and it hands the
+work to the forwarder, which speaks AMQP 0-9-1 to the holding node through a tunnel over the
 node-to-node link (docs/FORWARDING.md).
 
 - `remote_queue`: `RemoteQueue`, the queue as this node's model sees it, and `Forwarding`, what
@@ -14,7 +15,7 @@ node-to-node link (docs/FORWARDING.md).
 - `tunnel_server`: the holding node's end: an ordinary `Session` whose socket is the link.
 
 This room must not know the etcd topology (the queues it is given say which node holds
-them), nor be imported by the model or by the session's channel: they reach a remote queue
-only through the queue-type interface. The broker is composed with its forwarder in
-broker/server.py. Asyncio: one event loop.
+them), nor be imported by the model or by the session (its channel, its queue methods in
+session/topology.py): they reach a remote queue only through the queue-type interface. The
+broker is composed with its forwarder in broker/server.py. Asyncio: one event loop.
 """

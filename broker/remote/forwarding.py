@@ -37,7 +37,6 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands as m
-from pamqp.base import Frame
 
 from leveret.amqp import codec
 from leveret.amqp import constants as c
@@ -63,7 +62,7 @@ if TYPE_CHECKING:
     from leveret.broker.cluster.peers import ClusterLinks
     from leveret.broker.cluster.runtime import ClusterRuntime
     from leveret.broker.model.consumer import Consumer
-    from leveret.broker.model.queue_client import QueueClient
+    from leveret.broker.model.queue_client import QueueClient, QueueMethod
 
 log = logs.get("leveret.cluster.forwarding")
 _DELIVER_ID = struct.pack(">I", c.BASIC_DELIVER)
@@ -598,6 +597,14 @@ class Forwarder:
     def get(self, queue: RemoteQueue, client: QueueClient, no_ack: bool) -> None:
         get(queue, client, no_ack)
 
+    def forward(self, queue: RemoteQueue, client: QueueClient, method: QueueMethod,
+                answer: Callable[[QueueMethod], None]) -> None:
+        forward_queue_method(client, queue, method, answer)
+
+    def reachable(self, queue: RemoteQueue) -> bool:
+        link = self.link_to(queue.node)
+        return link is not None and not link.closed
+
     def publish(self, queue: RemoteQueue, message: Any, confirm: Confirm | None) -> bool:
         tunnel = self.tunnel(queue.node, queue.vhost.name)
         if tunnel is None:  # the node is down: as RabbitMQ, a confirm is a nack
@@ -692,14 +699,16 @@ def get(queue: RemoteQueue, client: QueueClient, no_ack: bool) -> None:
     client.wait_for(GET_INDEX, step())
 
 
-def forward_queue_method(client: QueueClient, queue: RemoteQueue, method: Frame,
-                         answer: Callable[[Frame], None]) -> None:
+def forward_queue_method(client: QueueClient, queue: RemoteQueue, method: QueueMethod,
+                         answer: Callable[[QueueMethod], None]) -> None:
     """queue.declare (passive), queue.purge or queue.delete of a RemoteQueue: asked of the
     holder; its reply (with its counts) goes to `answer`, its error (same code and text) is
     the client's, as the error of the method it waits for."""
+    if not isinstance(method, (m.Queue.Declare, m.Queue.Purge, m.Queue.Delete)):
+        raise TypeError(f"not a queue method a holder answers: {method!r}")
     tunnel = _tunnel_for(queue)
     shadow = _remote(client).ops(tunnel)
-    nowait = bool(getattr(method, "nowait", False))
+    nowait = bool(method.nowait)
     if isinstance(method, m.Queue.Declare):
         data = encode_passive_declare(shadow.number, queue.name, nowait)
     else:
@@ -717,12 +726,4 @@ def forward_queue_method(client: QueueClient, queue: RemoteQueue, method: Frame,
     client.wait_for(method.index, step())
 
 
-def holder_reachable(queue: RemoteQueue) -> bool:
-    """Whether this node has an open link to the node that holds `queue`."""
-    forwarder = queue.forwarder
-    link = forwarder.link_to(queue.node) if isinstance(forwarder, Forwarder) else None
-    return link is not None and not link.closed
-
-
-__all__ = ["AMQPError", "Forwarder", "consume", "forward_queue_method", "get", "holder_reachable",
-           "node_down"]
+__all__ = ["AMQPError", "Forwarder", "consume", "forward_queue_method", "get", "node_down"]

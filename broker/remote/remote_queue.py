@@ -4,8 +4,8 @@ Every node has every queue of the cluster in its vhosts, so that bindings and ro
 same everywhere; a queue whose record names another node is one of these. It has the queue's
 identity, type, flags and arguments, and implements the queue-type interface
 (broker/model/queue_type.py) by handing what must happen to the queue (a routed message, a
-consumer, a basic.get) to its `Forwarding`, which reaches the holding node: the session serves
-it as any other queue.
+consumer, a basic.get, a passive queue.declare, a queue.purge or a queue.delete) to its
+`Forwarding`, which reaches the holding node: the session serves it as any other queue.
 
 It must not know the link, the tunnel or AMQP: the forwarder (broker/remote/forwarding.py) is
 given to it, and implements `Forwarding`.
@@ -16,13 +16,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-from leveret.broker.model.errors import NotFound
+from leveret.broker.model.errors import NotFound, PreconditionFailed
 from leveret.broker.model.queue import Queue, QueueOwner
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from leveret.broker.model.consumer import Consumer
     from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
-    from leveret.broker.model.queue_client import QueueClient
+    from leveret.broker.model.queue_client import QueueClient, QueueMethod
     from leveret.broker.model.queue_type import QueueType
 
 ELSEWHERE = object()  # the exclusive owner of a queue exclusive to a connection on another node
@@ -38,6 +40,16 @@ class Forwarding(Protocol):
                 nowait: bool) -> None: ...
 
     def get(self, queue: RemoteQueue, client: QueueClient, no_ack: bool) -> None: ...
+
+    def forward(self, queue: RemoteQueue, client: QueueClient, method: QueueMethod,
+                answer: Callable[[QueueMethod], None]) -> None:
+        """Ask the holder `method` (queue.declare, queue.purge or queue.delete); its reply
+        goes to `answer`, its error is the client's. Raises node_down if it cannot be asked."""
+        ...
+
+    def reachable(self, queue: RemoteQueue) -> bool:
+        """Whether the node that holds `queue` can be asked now (a link to it is open)."""
+        ...
 
 
 class Settling(Protocol):
@@ -124,6 +136,31 @@ class RemoteQueue(Queue):
             raise node_down(self)
         self.forwarder.get(self, client, no_ack)
 
+    def forward(self, client: QueueClient, method: QueueMethod,
+                answer: Callable[[QueueMethod], None]) -> bool:
+        """A passive queue.declare or a queue.purge is the holder's to answer, with its
+        counts; if its node is down, RabbitMQ's 404 for it."""
+        if self.forwarder is None:
+            raise node_down(self)
+        self.forwarder.forward(self, client, method, answer)
+        return True
+
+    def forward_delete(self, client: QueueClient, method: QueueMethod,
+                       answer: Callable[[QueueMethod], None]) -> bool:
+        """queue.delete is the holder's to answer if it can be reached; if its node is down,
+        the queue is deleted from the metadata alone (`check_delete`)."""
+        if self.forwarder is None or not self.forwarder.reachable(self):
+            return False
+        self.forwarder.forward(self, client, method, answer)
+        return True
+
+    def check_delete(self, if_unused: bool, if_empty: bool) -> None:
+        """Deleted here because its node is down: from the metadata alone, as RabbitMQ
+        force-deletes a classic queue whose process is gone; but not if_empty, since it may
+        hold messages."""
+        if if_empty:
+            raise PreconditionFailed(f"{self.resource} not empty")
+
     def add_consumer(self, consumer: Consumer) -> None:
         """Consumers are added by the forwarder once the holder has taken them."""
         self.consumers.append(consumer)
@@ -146,7 +183,8 @@ class RemoteQueue(Queue):
         raise NotImplementedError("basic.get of a RemoteQueue goes through serve_get")
 
     def purge(self) -> int:
-        raise NotImplementedError("queue.purge of a RemoteQueue goes through the forwarder")
+        """Nothing to purge here: queue.purge is the holder's (`forward`)."""
+        raise NotImplementedError("queue.purge of a RemoteQueue goes through forward")
 
     # An entry is a QueuedMessage (basic.get) or, for a consumer's delivery, the pair
     # (holder's tag, what settles it).

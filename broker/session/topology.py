@@ -13,7 +13,8 @@ through it and maps domain errors to reply codes.
 A name this node does not know yet (a declaration made through another node, whose event is
 still on its way) is read from the port's store before a 404: for a passive declare, a bind,
 and a publish (`look_up_exchange`, only on a miss). A method on a queue held by another node
-(passive declare, purge, delete) goes to `forwarding.forward_queue_method`.
+(passive declare, purge, delete) is handed to it by the queue itself (the queue-type
+interface's `forward` and `forward_delete`), which a queue of this node declines.
 
 The port's refusals are answered as RabbitMQ words a Khepri timeout: 541 INTERNAL_ERROR
 `failed to <action> because the metadata store is unavailable` (docs/CLUSTER.md).
@@ -34,16 +35,9 @@ from pamqp import commands as m
 from pamqp.base import Frame
 
 from leveret.amqp import codec
-from leveret.broker.model.errors import (
-    AccessRefused,
-    InternalError,
-    NotFound,
-    PreconditionFailed,
-)
+from leveret.broker.model.errors import AccessRefused, InternalError, NotFound
 from leveret.broker.model.queue_client import QueueClient
 from leveret.broker.model.vhost import DEFAULT_EXCHANGE_TEXT
-from leveret.broker.remote import forwarding
-from leveret.broker.remote.remote_queue import RemoteQueue
 from leveret.broker.session import backlog
 from leveret.broker.topology.port import (
     BindingSpec,
@@ -57,6 +51,7 @@ from leveret.broker.topology.port import (
 if TYPE_CHECKING:
     from leveret.broker.model.consumer import Consumer
     from leveret.broker.model.queue import Queue
+    from leveret.broker.model.queue_client import QueueMethod
     from leveret.broker.model.vhost import VHost
 
 T = TypeVar("T")
@@ -198,17 +193,17 @@ def _reply(channel: Channel, nowait: bool, ok: Frame) -> None:
         channel.reply(ok)
 
 
-def _forward(channel: Channel, queue: RemoteQueue,
-             method: m.Queue.Declare | m.Queue.Purge | m.Queue.Delete) -> None:
-    """A method on a queue held by another node: forwarding asks the holder, in a step of
-    its own, and answers with its reply or its error."""
-    def answer(reply: Frame) -> None:
+def _holder_answers(channel: Channel, queue: Queue) -> Callable[[QueueMethod], None]:
+    """How the reply of the node that holds `queue` to a method handed to it (`forward`,
+    `forward_delete`: in a step of its own) becomes the client's: declare-ok with this
+    queue's name and the holder's counts, purge-ok and delete-ok as they came."""
+    def answer(reply: QueueMethod) -> None:
         if isinstance(reply, m.Queue.DeclareOk):
             channel.session.write(codec.encode_declare_ok(
                 channel.number, queue.name, reply.message_count or 0, reply.consumer_count or 0))
-        else:
+        elif isinstance(reply, Frame):
             channel.reply(reply)
-    forwarding.forward_queue_method(channel, queue, method, answer)
+    return answer
 
 
 # -- exchanges --------------------------------------------------------------------------------
@@ -336,8 +331,7 @@ def queue_declare(channel: Channel, method: m.Queue.Declare) -> None:
 def _passive_queue(channel: Channel, method: m.Queue.Declare, queue: Queue) -> None:
     channel.vhost.check_exclusive(queue, channel.session)
     channel.last_queue = queue.name
-    if isinstance(queue, RemoteQueue):
-        _forward(channel, queue, method)
+    if queue.forward(channel, method, _holder_answers(channel, queue)):
         return
     queue.touch()
     if not method.nowait:
@@ -384,8 +378,7 @@ def queue_purge(channel: Channel, method: m.Queue.Purge) -> None:
     channel.check("read", "queue", name)
     queue = channel.vhost.queue(name)
     channel.vhost.check_exclusive(queue, channel.session)
-    if isinstance(queue, RemoteQueue):
-        _forward(channel, queue, method)
+    if queue.forward(channel, method, _holder_answers(channel, queue)):
         return
     count = queue.purge()  # held here: purged here
     if not method.nowait:
@@ -399,17 +392,13 @@ def queue_delete(channel: Channel, method: m.Queue.Delete) -> None:
     queue = vhost.queues.get(name)
     if queue is not None:
         vhost.check_exclusive(queue, channel.session)
-        if isinstance(queue, RemoteQueue):
-            if forwarding.holder_reachable(queue):
-                _forward(channel, queue, method)
-                return
-            # its node is down: deleted from the metadata alone, as RabbitMQ force-deletes a
-            # classic queue whose process is gone (but not if_empty: it may hold messages)
-            if method.if_empty:
-                raise PreconditionFailed(f"{queue.resource} not empty")
+        if queue.forward_delete(channel, method, _holder_answers(channel, queue)):
+            return
+        queue.check_delete(method.if_unused, method.if_empty)
+        if queue.holder is not None:
+            # its node is down: deleted from the metadata alone, with nothing here to count
+            # or to cancel after delete-ok
             queue = None
-        else:
-            queue.check_delete(method.if_unused, method.if_empty)
     backlog.start_step(channel, method.index, _delete_queue(channel, method, name, queue))
 
 

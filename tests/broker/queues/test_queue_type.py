@@ -1,11 +1,13 @@
 """The queue-type interface (broker/model/queue_type.py), without sockets: how a classic queue,
-a stream and a remote queue answer basic.consume and basic.get through a `QueueClient`, and
-that the channel reaches a queue only through the interface."""
+a stream and a remote queue answer basic.consume and basic.get through a `QueueClient`, how
+a remote queue hands a passive queue.declare, a queue.purge or a queue.delete to its holder
+(and a queue of this node declines to), and that the channel and the session's queue methods
+reach a queue only through the interface."""
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.errors import NotFound, NotImplementedFeature, PreconditionFailed
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.queue import ClassicQueue
-from leveret.broker.model.queue_client import Closeable, QueueClient
+from leveret.broker.model.queue_client import Closeable, QueueClient, QueueMethod
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.model.vhost import VHost
@@ -129,10 +131,12 @@ def test_a_stream_refuses_basic_get_with_rabbitmqs_text(vhost: VHost, tmp_path: 
 
 
 class Forwarder:
-    """A Forwarding that keeps what a RemoteQueue hands it."""
+    """A Forwarding that keeps what a RemoteQueue hands it; its holder is reachable unless
+    told otherwise."""
 
-    def __init__(self) -> None:
+    def __init__(self, reachable: bool = True) -> None:
         self.handed: list[tuple[Any, ...]] = []
+        self.holder_reachable = reachable
 
     def publish(self, queue: RemoteQueue, message: InboundMessage,
                 confirm: Confirm | None) -> bool:
@@ -145,6 +149,13 @@ class Forwarder:
 
     def get(self, queue: RemoteQueue, client: QueueClient, no_ack: bool) -> None:
         self.handed.append(("get", queue.name, client, no_ack))
+
+    def forward(self, queue: RemoteQueue, client: QueueClient, method: QueueMethod,
+                answer: Callable[[QueueMethod], None]) -> None:
+        self.handed.append(("forward", queue.name, client, method, answer))
+
+    def reachable(self, queue: RemoteQueue) -> bool:
+        return self.holder_reachable
 
 
 def remote(vhost: VHost, forwarder: Forwarder | None, queue_type: str = "classic") -> RemoteQueue:
@@ -182,6 +193,63 @@ def test_a_remote_queue_without_a_forwarder_is_on_a_node_that_is_down(vhost: VHo
     assert client.said == []
 
 
+class Method:
+    """A client's queue method, opaque to the queues (an AMQP frame in the session)."""
+
+
+def no_answer(reply: QueueMethod) -> None:
+    raise AssertionError(f"a queue of this node has no holder to answer: {reply!r}")
+
+
+def test_a_queue_of_this_node_declines_to_forward_its_queue_methods(vhost: VHost) -> None:
+    queue = ClassicQueue(vhost, "q")
+    queue.publish(message(b"a"), None)
+    client = Client()
+    assert queue.forward(client, Method(), no_answer) is False
+    assert queue.forward_delete(client, Method(), no_answer) is False
+    assert client.said == []
+    with pytest.raises(PreconditionFailed) as raised:  # its own conditions still hold
+        queue.check_delete(if_unused=False, if_empty=True)
+    assert raised.value.text == "queue 'q' in vhost '/' not empty"
+
+
+def test_a_remote_queue_hands_its_queue_methods_to_its_forwarder(vhost: VHost) -> None:
+    forwarder = Forwarder()
+    queue = remote(vhost, forwarder)
+    client, declare, delete = Client(), Method(), Method()
+    answers: list[QueueMethod] = []
+    assert queue.forward(client, declare, answers.append) is True
+    assert queue.forward_delete(client, delete, answers.append) is True
+    assert forwarder.handed == [("forward", "q", client, declare, answers.append),
+                                ("forward", "q", client, delete, answers.append)]
+    assert client.said == [] and answers == []  # the forwarder answers, once the holder has
+
+
+def test_a_remote_queue_whose_holder_is_down_is_deleted_here_unless_if_empty(
+        vhost: VHost) -> None:
+    forwarder = Forwarder(reachable=False)
+    queue = remote(vhost, forwarder)
+    client = Client()
+    assert queue.forward_delete(client, Method(), no_answer) is False
+    assert forwarder.handed == []
+    queue.check_delete(if_unused=True, if_empty=False)  # its consumers are not counted here
+    with pytest.raises(PreconditionFailed) as raised:  # it may hold messages
+        queue.check_delete(if_unused=False, if_empty=True)
+    assert raised.value.text == "queue 'q' in vhost '/' not empty"
+
+
+def test_a_remote_queue_without_a_forwarder_answers_node_down_or_is_deleted_here(
+        vhost: VHost) -> None:
+    queue = remote(vhost, None)
+    client = Client()
+    with pytest.raises(NotFound) as raised:
+        queue.forward(client, Method(), no_answer)
+    assert raised.value.text == (
+        "home node 'b' of durable queue 'q' in vhost '/' is down or inaccessible")
+    assert queue.forward_delete(client, Method(), no_answer) is False
+    assert client.said == []
+
+
 def test_a_remote_stream_gives_credit_back_rather_than_redelivering(vhost: VHost) -> None:
     assert remote(vhost, Forwarder(), "classic").redelivers is True
     assert remote(vhost, Forwarder(), "stream").redelivers is False
@@ -211,6 +279,13 @@ def test_the_channel_reaches_queues_only_through_the_interface() -> None:
              if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance"]
     assert not [ast.unparse(c) for c in calls if {n.id for n in ast.walk(c)
                                                   if isinstance(n, ast.Name)} & names]
+
+
+def test_the_sessions_queue_methods_reach_queues_only_through_the_interface() -> None:
+    path = ROOT / "broker" / "session" / "topology.py"
+    assert not [m for m in imported_modules(path) if m.startswith("leveret.broker.remote")]
+    names = {n.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Name)}
+    assert not names & {"RemoteQueue", "StreamQueue", "ClassicQueue", "DurableClassicQueue"}
 
 
 def test_the_model_does_not_import_the_remote_room() -> None:
