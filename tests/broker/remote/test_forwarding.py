@@ -26,7 +26,7 @@ from leveret.broker.model.errors import NotFound
 from leveret.broker.model.message import Confirm, QueuedMessage
 from leveret.broker.model.queue_client import Closeable
 from leveret.broker.model.vhost import VHost
-from leveret.broker.remote.forwarding import Forwarder, forward_queue_method, holder_reachable
+from leveret.broker.remote.forwarding import Forwarder, forward_queue_method
 from leveret.broker.remote.remote_queue import RemoteQueue
 
 DOWN = "home node 'b' of durable queue 'q' in vhost '/' is down or inaccessible"
@@ -214,7 +214,7 @@ async def test_publishes_waiting_for_a_node_that_goes_down_are_nacked(queue: Rem
     assert confirmed == [(b"one", False)]
     publish(queue, b"two", confirmed)  # no link: routed, and nacked at once
     assert confirmed[1] == (b"two", False)
-    assert not holder_reachable(queue)
+    assert queue.forwarder is not None and not queue.forwarder.reachable(queue)
 
 
 async def test_consume_and_get_on_a_node_without_a_link_are_rabbitmqs_node_down(
