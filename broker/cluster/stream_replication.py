@@ -53,7 +53,7 @@ from leveret.broker.model.stream import StreamQueue
 from leveret.broker.process import logs
 from leveret.broker.process.config import Config
 from leveret.broker.remote.remote_queue import RemoteQueue
-from leveret.storage import Log, StorageError
+from leveret.storage import Log, LogClosedError, StorageError
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.runtime import ClusterRuntime
@@ -270,8 +270,12 @@ class StreamReplication:
             if offset > queue.writer.committer.committed:  # (a new shipper starts at -1)
                 queue.writer.committed_up_to(offset)
 
-        shipper = Shipper(led.key, queue.log, epoch, replicas, self.cluster.links.link_to,
-                          on_commit=committed, on_fenced=lambda fence: self._fenced(led, fence))
+        try:
+            shipper = Shipper(led.key, queue.log, epoch, replicas, self.cluster.links.link_to,
+                              on_commit=committed,
+                              on_fenced=lambda fence: self._fenced(led, fence))
+        except LogClosedError:
+            return  # the stream was deleted, or the node stops, while its epoch was read
         led.shipper = shipper
         self.replicas.shippers[led.key] = shipper
         member.ship(shipper)  # the writer's appends ship, in contact with a quorum only
