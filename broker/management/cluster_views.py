@@ -276,9 +276,7 @@ class ClusterNodes:
             return await link.call(kind, {**body, "vhost": queue.vhost.name, "name": queue.name},
                                    timeout=ASK_TIMEOUT_S)
         except RemoteError as exc:
-            if exc.error_type == "NotFound":
-                raise NotFound(exc.remote_message) from None
-            raise InternalError(f"{node}: {exc.remote_message}") from None
+            raise _refusal(node, exc) from None
         except LinkError:
             raise ApiError(503, "service_unavailable",
                            f"{queue.resource}: its node {node} does not answer") from None
@@ -292,9 +290,7 @@ class ClusterNodes:
                 raise LinkError(f"no link to {node}")
             await link.call(CLOSE, {"name": name, "reason": reason}, timeout=ASK_TIMEOUT_S)
         except RemoteError as exc:
-            if exc.error_type == "NotFound":
-                raise NotFound(exc.remote_message) from None
-            raise InternalError(f"{node}: {exc.remote_message}") from None
+            raise _refusal(node, exc) from None
         except LinkError:
             raise ApiError(503, "service_unavailable",
                            f"connection '{name}': its node {node} does not answer") from None
@@ -318,3 +314,11 @@ class ClusterNodes:
     def metric_labels(self) -> dict[str, str]:
         """A `node` label naming this node, as Leveret's own names carry."""
         return {"node": self.node}
+
+
+def _refusal(node: str, exc: RemoteError) -> NotFound | InternalError:
+    """Another node's refusal as this node answers it: its 404 stays a 404, anything else is
+    an internal error that names the node."""
+    if exc.error_type == "NotFound":
+        return NotFound(exc.remote_message)
+    return InternalError(f"{node}: {exc.remote_message}")
