@@ -23,6 +23,7 @@ from leveret.broker.metadata.store import Metastore
 from leveret.broker.model.classic_kind import ClassicKind
 from leveret.broker.model.durable import DurableClassicQueue
 from leveret.broker.model.queue_kind import QueueKinds
+from leveret.broker.model.quorum_kind import QuorumKind
 from leveret.broker.model.replication import ONE_NODE, Replication
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.stream import StreamQueue
@@ -109,6 +110,7 @@ class Broker:
         self.queue_kinds = QueueKinds([
             ClassicKind(self.queue_env),
             StreamKind(self.stream_env, self._stream_replication),
+            QuorumKind(self.queue_env, self._stream_replication),
         ])
         self.metastore = Metastore(config.data_dir / "metadata.sqlite3")
         self.recorder: Observer = MetadataRecorder(self.metastore)

@@ -32,6 +32,7 @@ from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.intervals import IntervalSet
 from leveret.broker.model.message import Confirm, QueuedMessage
 from leveret.broker.model.queue import ClassicQueue, QueueOwner
+from leveret.broker.model.replication import ONE_NODE, Appends
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.store import MemoryStore
 from leveret.broker.model.writer import Writer
@@ -155,7 +156,8 @@ class PagedStore:
 
 class DurableClassicQueue(ClassicQueue):
     def __init__(self, vhost: QueueOwner, name: str, *, env: StorageEnv,
-                 storage_id: str | None = None, **kwargs: Any) -> None:
+                 storage_id: str | None = None, replication: Appends = ONE_NODE,
+                 **kwargs: Any) -> None:
         super().__init__(vhost, name, **kwargs)
         self.env = env
         self.storage_id = storage_id or uuid.uuid4().hex
@@ -171,7 +173,8 @@ class DurableClassicQueue(ClassicQueue):
         self.delivered_offsets = IntervalSet()  # delivered before the last restart
         self.floor = self.log.first_offset
         self.writer = Writer(vhost.scheduler, env.fsync_policy, lambda: self.log, batch=_Batch,
-                             append=self._write, failed=self._write_failed, name=name)
+                             append=self._write, failed=self._write_failed, name=name,
+                             replication=replication)
         if not self.max_priority:
             self.messages = PagedStore(self)
         self._recover()
