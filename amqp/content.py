@@ -189,6 +189,10 @@ class Message:
         return self._fields()[2] == 2
 
     @property
+    def has_priority(self) -> bool:
+        return bool(self.header[12] & 0x08)  # FLAG_PRIORITY is bit 11: high byte, bit 3
+
+    @property
     def priority(self) -> int:
         return self._fields()[3]
 

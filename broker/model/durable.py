@@ -24,17 +24,18 @@ import struct
 import sys
 import uuid
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.intervals import IntervalSet
-from leveret.broker.model.message import Confirm, QueuedMessage
+from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.queue import ClassicQueue, QueueOwner
 from leveret.broker.model.replication import ONE_NODE, Appends
 from leveret.broker.model.storage_env import StorageEnv
-from leveret.broker.model.store import MemoryStore
+from leveret.broker.model.store import LeveledStore, MemoryStore, MessageStore
 from leveret.broker.model.writer import Writer
 from leveret.broker.process import logs
 from leveret.storage import Log, LogConfig, OffsetSpec, StorageError
@@ -47,6 +48,7 @@ SEGMENT_BYTES = 16 * 1024 * 1024
 PAGE_MESSAGES = 2048
 PAGE_BYTES = 8 * 1024 * 1024
 _HEAD = struct.Struct(">BQqBI")  # flags, seq, expires_at (-1: none), priority, body size
+PRIORITY_AT = 17  # where the priority byte is in _HEAD
 PERSISTENT = 1
 
 PENDING = "pending"  # store_ref of an entry waiting for this turn's write
@@ -59,6 +61,7 @@ class _Batch:
     settled: IntervalSet = field(default_factory=IntervalSet)
     delivered: IntervalSet = field(default_factory=IntervalSet)
     tail: list[QueuedMessage] = field(default_factory=list)  # entries kept in the log only
+    returned: list[QueuedMessage] = field(default_factory=list)  # counts to record (quorum)
 
 
 def _ranges(intervals: IntervalSet) -> bytes:
@@ -81,10 +84,14 @@ def _parse_ranges(record: bytes | memoryview) -> list[tuple[int, int]]:
 
 
 class PagedStore:
-    """Ready messages of a durable FIFO queue: a page in memory, the rest in the log."""
+    """Ready messages of a durable FIFO queue: a page in memory, the rest in the log.
 
-    def __init__(self, queue: DurableClassicQueue) -> None:
+    `level`: the one priority whose messages it holds, when the queue keeps others elsewhere
+    (a quorum queue's default priority): reading the tail back skips the others' records."""
+
+    def __init__(self, queue: DurableClassicQueue, level: int | None = None) -> None:
         self.queue = queue
+        self.level = level
         self.head = MemoryStore()
         self.tail_count = 0
         self.tail_bytes = 0
@@ -143,6 +150,17 @@ class PagedStore:
     def requeue(self, entry: QueuedMessage) -> None:
         self.head.requeue(entry)
 
+    def recovered(self, offset: int, size: int, entry: Callable[[], QueuedMessage]) -> None:
+        """A ready message found by recovery: into the head while it has room, else the tail
+        (read back when the head drains)."""
+        if self.tail_count or self.full():
+            if not self.tail_count:
+                self.tail_from = offset
+            self.tail_count += 1
+            self.tail_bytes += size
+        else:
+            self.head.push(entry())
+
     def clear(self) -> list[QueuedMessage]:
         """Purge: the head's entries are returned; the tail is settled in the log."""
         entries = self.head.clear()
@@ -175,9 +193,18 @@ class DurableClassicQueue(ClassicQueue):
         self.writer = Writer(vhost.scheduler, env.fsync_policy, lambda: self.log, batch=_Batch,
                              append=self._write, failed=self._write_failed, name=name,
                              replication=replication)
-        if not self.max_priority:
-            self.messages = PagedStore(self)
+        self.messages = self.make_store()
         self._recover()
+
+    def make_store(self) -> MessageStore:
+        """Where the ready messages wait: a page in memory for a FIFO queue, all in memory
+        for a priority queue."""
+        return PagedStore(self) if not self.max_priority else self.messages
+
+    def persists(self, message: InboundMessage) -> bool:
+        """Whether a message is written to the log: persistent ones (RabbitMQ keeps transient
+        messages of a durable classic queue in memory)."""
+        return message.persistent
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -190,9 +217,10 @@ class DurableClassicQueue(ClassicQueue):
         self.writer.schedule()
 
     def accept(self, entry: QueuedMessage, confirm: Confirm | None) -> None:
-        if entry.store_ref is None and entry.message.persistent:
+        persists = self.persists(entry.message)
+        if entry.store_ref is None and persists:
             self.write_later(entry)
-        if confirm is not None and entry.store_ref is PENDING and entry.message.persistent:
+        if confirm is not None and entry.store_ref is PENDING and persists:
             self.writer.confirm_later(confirm)
 
     def settled(self, entry: QueuedMessage) -> None:
@@ -234,6 +262,8 @@ class DurableClassicQueue(ClassicQueue):
             if entry.store_ref is PENDING or entry.store_ref is SETTLED_EARLY:
                 entry.store_ref = None
         store = self.messages
+        if isinstance(store, LeveledStore):
+            store = store.default
         if not written and isinstance(store, PagedStore):
             for entry in batch.tail:
                 store.tail_count -= 1
@@ -243,6 +273,7 @@ class DurableClassicQueue(ClassicQueue):
             following.settled.add_range(start, end)
         for start, end in batch.delivered.ranges():
             following.delivered.add_range(start, end)
+        following.returned += batch.returned
         return written
 
     def _write(self, batch: _Batch) -> None:
@@ -265,7 +296,7 @@ class DurableClassicQueue(ClassicQueue):
 
     def _pack(self, entry: QueuedMessage) -> bytes:
         message = entry.message
-        head = _HEAD.pack(PERSISTENT if message.persistent else 0, entry.seq,
+        head = _HEAD.pack(PERSISTENT if self.persists(message) else 0, entry.seq,
                           -1 if entry.expires_at is None else entry.expires_at, entry.priority,
                           len(message.body))
         return head + self.env.encode_record(message)
@@ -298,6 +329,7 @@ class DurableClassicQueue(ClassicQueue):
         reader = self.log.reader(OffsetSpec.offset(start))
         settled, delivered = self.settled_offsets, self.delivered_offsets
         unpack = self._unpack
+        level = store.level
         try:
             while store.tail_count and len(store.head) < PAGE_MESSAGES:
                 chunk = reader.read()
@@ -309,7 +341,8 @@ class DurableClassicQueue(ClassicQueue):
                 entries: list[QueuedMessage] = []
                 size = 0
                 for offset, record in chunk.items():
-                    if offset < start or (any_settled and offset in settled):
+                    if offset < start or (any_settled and offset in settled) or (
+                            level is not None and record[PRIORITY_AT] != level):
                         continue
                     entry = unpack(offset, record, any_delivered and offset in delivered)
                     entries.append(entry)
@@ -340,18 +373,17 @@ class DurableClassicQueue(ClassicQueue):
             for offset, record in chunk.items():
                 if offset in self.settled_offsets:
                     continue
-                flags, seq, _expires, _priority, size = _HEAD.unpack_from(record, 0)
+                flags, seq, _expires, priority, size = _HEAD.unpack_from(record, 0)
                 highest_seq = max(highest_seq, seq)
                 if not flags & PERSISTENT:
                     transient.add(offset)
-                elif isinstance(store, PagedStore) and (store.tail_count or store.full()):
-                    if not store.tail_count:
-                        store.tail_from = offset
-                    store.tail_count += 1
-                    store.tail_bytes += size
+                    continue
+                entry = partial(self._unpack, offset, record, offset in self.delivered_offsets)
+                paged = store.paged(priority) if isinstance(store, LeveledStore) else store
+                if isinstance(paged, PagedStore):
+                    paged.recovered(offset, size, entry)
                 else:
-                    into = store.head if isinstance(store, PagedStore) else store
-                    into.push(self._unpack(offset, record, offset in self.delivered_offsets))
+                    store.push(entry())
         reader.close()
         self._seq = highest_seq
         if transient.range_count:

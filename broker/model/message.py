@@ -24,6 +24,8 @@ class InboundMessage(Protocol):
     @property
     def priority(self) -> int: ...
     @property
+    def has_priority(self) -> bool: ...
+    @property
     def expiration(self) -> str | None: ...
     @property
     def properties(self) -> Any: ...
@@ -37,7 +39,8 @@ class InboundMessage(Protocol):
 class QueuedMessage:
     """One message in one queue: the shared message plus this queue's bookkeeping."""
 
-    __slots__ = ("expires_at", "message", "priority", "redelivered", "seq", "store_ref")
+    __slots__ = ("acquired", "delivery_count", "expires_at", "message", "priority",
+                 "redelivered", "seq", "store_ref")
 
     def __init__(
         self, message: InboundMessage, seq: int, expires_at: int | None = None, priority: int = 0
@@ -47,6 +50,8 @@ class QueuedMessage:
         self.expires_at = expires_at
         self.priority = priority
         self.redelivered = False
+        self.delivery_count = 0  # failed deliveries (a quorum queue's x-delivery-count)
+        self.acquired = 0  # deliveries and gets (a quorum queue's x-acquired-count)
         self.store_ref: Any = None  # where a durable store keeps it (e.g. a log offset)
 
     def __repr__(self) -> str:

@@ -47,7 +47,8 @@ class QueueOwner(Protocol):
 
     def dead_letter(self, queue: Queue, entry: QueuedMessage, reason: str) -> None: ...
 
-    def policy_for(self, kind: str, name: str) -> Policy | None: ...
+    def policy_for(self, kind: str, name: str, queue_type: str | None = None) -> Policy | None:
+        ...
 
 
 class Queue:
@@ -196,7 +197,7 @@ class Queue:
         """A delivery was rejected without requeue (dead-lettered or dropped)."""
         raise NotImplementedError
 
-    def requeue(self, entries: list[Any]) -> None:
+    def requeue(self, entries: list[Any], delivery_failed: bool = True) -> None:
         """Deliveries given back, in delivery order."""
         raise NotImplementedError
 
@@ -310,7 +311,7 @@ class ClassicQueue(Queue):
             message,
             self._seq,
             self._expires_at(message, now),
-            min(message.priority, self.max_priority or 0),
+            self.priority_of(message),
         )
         self.stats_published += 1
         if not len(self.messages) and self.consumers and not self._dispatching:
@@ -327,6 +328,10 @@ class ClassicQueue(Queue):
         self._drop_over_limit()
         self._expire_head(now)
         return True
+
+    def priority_of(self, message: InboundMessage) -> int:
+        """The level a message waits at: its priority, up to x-max-priority."""
+        return min(message.priority, self.max_priority or 0)
 
     def accept(self, entry: QueuedMessage, confirm: Confirm | None) -> None:
         """A new entry is in the store; a durable queue persists it here."""
@@ -430,7 +435,7 @@ class ClassicQueue(Queue):
         self.unacked -= 1
         self.discard(entry, "rejected")
 
-    def requeue(self, entries: list[QueuedMessage]) -> None:
+    def requeue(self, entries: list[QueuedMessage], delivery_failed: bool = True) -> None:
         """Put unacked entries back at their places, marked redelivered."""
         if self.deleted:
             return

@@ -160,7 +160,10 @@ class QueueType(Protocol):
 
     def reject(self, entry: Any, consumer: Consumer | None = None) -> None: ...
 
-    def requeue(self, entries: list[Any]) -> None: ...
+    def requeue(self, entries: list[Any], delivery_failed: bool = True) -> None:
+        """Put deliveries back: a client's basic.reject or basic.nack (`delivery_failed`), or
+        a closed channel's or basic.recover's return (not a failed delivery)."""
+        ...
 
     # a queue method served by the node that holds the queue
 

@@ -134,3 +134,66 @@ class PriorityStore:
         for level in reversed(self._levels):
             out += level.clear()
         return out
+
+
+class LeveledStore:
+    """Strict priorities over a store per level: the highest level with a message goes first,
+    FIFO within a level. The default level's store is given (a quorum queue's paged store, as
+    most messages carry no priority); the other levels are kept in memory, made when first
+    used."""
+
+    __slots__ = ("_levels", "_order", "default", "default_level", "top")
+
+    def __init__(self, default_level: int, default: MessageStore, top: int) -> None:
+        self.default_level = default_level
+        self.default = default
+        self.top = top
+        self._levels: dict[int, MessageStore] = {default_level: default}
+        self._order = [default_level]  # the levels made so far, highest first
+
+    def paged(self, priority: int) -> MessageStore:
+        """The store of a priority's level (made if it is new)."""
+        level = min(priority, self.top)
+        store = self._levels.get(level)
+        if store is None:
+            store = self._levels[level] = MemoryStore()
+            self._order = sorted(self._levels, reverse=True)
+        return store
+
+    def __len__(self) -> int:
+        return sum(len(store) for store in self._levels.values())
+
+    def __iter__(self) -> Iterator[QueuedMessage]:
+        for level in self._order:
+            yield from self._levels[level]
+
+    @property
+    def bytes(self) -> int:
+        return sum(store.bytes for store in self._levels.values())
+
+    def push(self, entry: QueuedMessage) -> None:
+        self.paged(entry.priority).push(entry)
+
+    def _top(self) -> MessageStore | None:
+        for level in self._order:
+            store = self._levels[level]
+            if len(store):
+                return store
+        return None
+
+    def peek(self) -> QueuedMessage | None:
+        top = self._top()
+        return top.peek() if top is not None else None
+
+    def pop(self) -> QueuedMessage | None:
+        top = self._top()
+        return top.pop() if top is not None else None
+
+    def requeue(self, entry: QueuedMessage) -> None:
+        self.paged(entry.priority).requeue(entry)
+
+    def clear(self) -> list[QueuedMessage]:
+        out: list[QueuedMessage] = []
+        for level in self._order:
+            out += self._levels[level].clear()
+        return out

@@ -702,7 +702,7 @@ class StreamQueue(Queue):
         offset tracking the message counts as handled, as it will never come back."""
         self.ack(entry, consumer)
 
-    def requeue(self, entries: list[Any]) -> None:
+    def requeue(self, entries: list[Any], delivery_failed: bool = True) -> None:
         """Requeue on a stream only returns credit (RabbitMQ does not redeliver)."""
 
     def settled(self, entry: Any) -> None:

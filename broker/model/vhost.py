@@ -425,9 +425,12 @@ class VHost:
 
     # -- policies -----------------------------------------------------------------------------
 
-    def policy_for(self, kind: str, name: str) -> Policy | None:
+    def policy_for(self, kind: str, name: str, queue_type: str | None = None) -> Policy | None:
+        """The policy of a queue or exchange (`queue_type`: a queue's, when it is not in
+        the vhost yet)."""
         queue = self.queues.get(name) if kind == "queues" else None
-        queue_type = queue.type if queue is not None else "stream"
+        if queue_type is None:
+            queue_type = queue.type if queue is not None else "stream"
         return effective(self.policies, kind, queue_type, name)
 
     def set_policy(self, policy: Policy) -> None:

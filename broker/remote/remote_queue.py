@@ -217,7 +217,7 @@ class RemoteQueue(Queue):
         else:
             entry.store_ref.settle(entry.seq, False, False)
 
-    def requeue(self, entries: list[Any]) -> None:
+    def requeue(self, entries: list[Any], delivery_failed: bool = True) -> None:
         for entry in entries:
             if type(entry) is tuple:
                 entry[1].settle(entry[0], False, True)

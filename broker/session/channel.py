@@ -433,7 +433,9 @@ class Channel:
             return
         self._reject([item for _tag, item in taken], requeue)
 
-    def _reject(self, items: list[Unacked], requeue: bool) -> None:
+    def _reject(self, items: list[Unacked], requeue: bool, delivery_failed: bool = True) -> None:
+        """basic.reject or basic.nack (a failed delivery), or a closed channel's or
+        basic.recover's return of its unacked deliveries (not a failed one)."""
         by_queue: dict[int, tuple[Any, list[object]]] = {}
         for item in items:
             if item.consumer is not None:
@@ -443,7 +445,7 @@ class Channel:
             else:
                 item.queue.reject(item.entry, item.consumer)
         for queue, entries in by_queue.values():
-            queue.requeue(entries)
+            queue.requeue(entries, delivery_failed)
         self.redispatch()
 
     def _recover(self, method: m.Basic.Recover | m.Basic.RecoverAsync) -> None:
@@ -457,7 +459,7 @@ class Channel:
         items = list(self.unacked.values())
         self.unacked.clear()
         self.get_unacked = 0
-        self._reject(items, requeue=True)
+        self._reject(items, requeue=True, delivery_failed=False)
 
     # -- publishing ---------------------------------------------------------------------------
 
@@ -694,7 +696,7 @@ class Channel:
         self._restore_held()  # acks of an uncommitted transaction do not count
         items = list(self.unacked.values())
         self.unacked.clear()
-        self._reject(items, requeue=True)
+        self._reject(items, requeue=True, delivery_failed=False)
         if self.confirms is not None:
             self.confirms.close()
         if self.remote is not None:
