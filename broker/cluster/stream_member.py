@@ -1,4 +1,4 @@
-"""This node's member of a stream in a cluster: the model's replication port
+"""This node's member of a stream or a quorum queue in a cluster: the model's replication port
 (broker/model/replication.py) as a cluster node answers it.
 
 Every stream queue of a cluster node is made with a `StreamMember` (the broker's queue factory),
@@ -17,7 +17,8 @@ StreamReplication (and StreamSac) drive it through these methods; the queue only
 asks of them is typed here by what it uses (`Wiring`, `Groups`), so that this module imports
 neither.
 
-It knows the model's StreamQueue, Queue and Consumer, and the Shipper; not etcd, links, AMQP.
+It knows the model's LogQueue (a stream or a quorum queue), Queue and Consumer, and the
+Shipper; not etcd, links, AMQP.
 Single-threaded, on the event loop.
 """
 
@@ -27,6 +28,7 @@ from typing import Any, Protocol
 
 from leveret.broker.cluster.replication import Shipper
 from leveret.broker.model.consumer import Consumer
+from leveret.broker.model.log_queue import LogQueue
 from leveret.broker.model.queue import Queue
 from leveret.broker.model.stream import StreamQueue
 
@@ -34,9 +36,9 @@ from leveret.broker.model.stream import StreamQueue
 class Wiring(Protocol):
     """What an attached member asks of its node's replication (StreamReplication)."""
 
-    def restarted(self, queue: StreamQueue, key: str) -> None: ...
+    def restarted(self, queue: LogQueue, key: str) -> None: ...
 
-    def member_rows(self, queue: StreamQueue, key: str,
+    def member_rows(self, queue: LogQueue, key: str,
                     local: dict[str, Any]) -> list[dict[str, Any]]: ...
 
     def send_offsets(self, key: str, leader: str, offsets: dict[bytes, int]) -> None: ...
@@ -65,7 +67,7 @@ class StreamMember:
         self._leader: str | None = None  # a replica's: the node that stores its offsets
         self._groups: Groups | None = None  # a replica's: the leader's SAC groups
         # once attached: its queue, its key, and the replication that drives it
-        self._attached: tuple[StreamQueue, str, Wiring] | None = None
+        self._attached: tuple[LogQueue, str, Wiring] | None = None
 
     # -- what the model asks (model/replication.py)
 
@@ -110,11 +112,13 @@ class StreamMember:
             self._groups.stepped_down(queue, consumer)
 
     def _queue(self) -> StreamQueue | None:
-        return self._attached[0] if self._attached is not None else None
+        """The stream whose groups these are (a quorum queue's are never elsewhere)."""
+        queue = self._attached[0] if self._attached is not None else None
+        return queue if isinstance(queue, StreamQueue) else None
 
     # -- what the replication does with it (stream_replication.py, stream_sac.py)
 
-    def attach(self, queue: StreamQueue, key: str, wiring: Wiring,
+    def attach(self, queue: LogQueue, key: str, wiring: Wiring,
                members: tuple[str, ...]) -> None:
         """A member of the replicated stream `key`: its rows and restarts are `wiring`'s."""
         self._attached = (queue, key, wiring)
@@ -163,8 +167,7 @@ class StreamMember:
 
 
 def member_of(queue: object) -> StreamMember | None:
-    """The cluster member a stream queue was made with (None: not a stream, or one node's)."""
-    if not isinstance(queue, StreamQueue):
-        return None
-    replication = queue.replication
+    """The cluster member a stream or a quorum queue was made with (None: another type, or
+    one node's)."""
+    replication = getattr(queue, "replication", None)
     return replication if isinstance(replication, StreamMember) else None

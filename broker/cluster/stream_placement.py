@@ -1,4 +1,4 @@
-"""Where a new replicated stream lives: its members and its first leader.
+"""Where a new replicated stream (or quorum queue) lives: its members and its first leader.
 
 `x-initial-cluster-size` says how many nodes hold the stream (default: every running node, as
 RabbitMQ; capped at the running nodes). The leader is placed by the leader locator
@@ -33,7 +33,7 @@ def place_stream(this_node: str, running: Iterable[str], records: Iterable[Queue
     leaders = dict.fromkeys(nodes, 0)
     held = dict.fromkeys(nodes, 0)
     for record in records:
-        if record.type != "stream":
+        if record.type not in ("stream", "quorum"):
             continue
         if record.node in leaders:
             leaders[record.node] += 1

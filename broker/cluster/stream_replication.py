@@ -33,7 +33,7 @@ module. Nothing of AMQP frames or sessions. Asyncio: one event loop.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from leveret.broker.cluster import stream_failover, stream_sac
 from leveret.broker.cluster.etcd import EtcdException
@@ -48,7 +48,7 @@ from leveret.broker.cluster.stream_led import Led
 from leveret.broker.cluster.stream_member import StreamMember, member_of
 from leveret.broker.cluster.stream_membership import StreamMembership
 from leveret.broker.cluster.topology_records import QueueRecord
-from leveret.broker.model.queue import Queue
+from leveret.broker.model.log_queue import LogQueue
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.process import logs
 from leveret.broker.process.config import Config
@@ -61,6 +61,14 @@ if TYPE_CHECKING:
 log = logs.get("leveret.cluster.streams")
 RETRY_S = 1.0
 OFFSETS = "stream.offsets"  # a replica's consumers' offsets, for the leader to store
+
+
+REPLICATED_TYPES = ("stream", "quorum")  # the queue types a cluster replicates by their log
+
+
+def _log_queue(queue: object) -> LogQueue | None:
+    """A stream or a quorum queue made with a cluster member (None: any other queue)."""
+    return cast("LogQueue", queue) if member_of(queue) is not None else None
 
 
 class Host(stream_sac.Vhosts, Protocol):
@@ -87,33 +95,37 @@ class StreamReplication:
 
     @staticmethod
     def replicated(record: QueueRecord) -> bool:
-        """A stream with a members list: declared with several, or its members changed since
-        (delete_replica down to the leader alone keeps the list, and the leader's shipper)."""
-        return record.type == "stream" and len(record.members) >= 1
+        """A stream or a quorum queue with a members list: declared with several, or its
+        members changed since (delete_replica down to the leader alone keeps the list, and
+        the leader's shipper)."""
+        return record.type in REPLICATED_TYPES and len(record.members) >= 1
 
     def holds(self, record: QueueRecord) -> bool:
         """This node holds the queue: its leader, or a member of a replicated stream."""
         return record.node == self.cluster.node or (
             self.replicated(record) and self.cluster.node in record.members)
 
-    def attach(self, queue: Queue, record: QueueRecord) -> None:
+    def attach(self, queue: object, record: QueueRecord) -> None:
         """The sync made (or found) `queue` for `record` on this node: make it a leader or a
-        replica if the record is a replicated stream this node is a member of."""
-        if not isinstance(queue, StreamQueue) or not self.replicated(record):
+        replica if the record is a replicated stream (or quorum queue) this node is a member
+        of."""
+        replicated = _log_queue(queue)
+        if replicated is None or not self.replicated(record):
             return
         member = member_of(queue)
         if member is None or member.role or self.cluster.node not in record.members:
             return
         key = record.storage_id or f"{record.vhost}/{record.name}"
-        member.attach(queue, key, self, tuple(record.members))
+        member.attach(replicated, key, self, tuple(record.members))
         if record.node == self.cluster.node:
-            self._lead(queue, member, record, key)
+            self._lead(replicated, member, record, key)
         else:
-            self._replicate(queue, member, record, key)
-        if self.sac is not None:
+            self._replicate(replicated, member, record, key)
+        replicated.took_role()
+        if self.sac is not None and isinstance(queue, StreamQueue):
             self.sac.attached(queue)
 
-    def _members_changed(self, queue: StreamQueue, record: QueueRecord) -> bool:
+    def _members_changed(self, queue: LogQueue, record: QueueRecord) -> bool:
         """add_replica or delete_replica on the stream this node leads, the leader and epoch
         unchanged: ship to the new set of replicas with a new shipper on the same log and
         writer (what waits for the quorum stays waiting and is confirmed at the new one)."""
@@ -145,19 +157,21 @@ class StreamReplication:
         led = self.led.get(key)
         return led.queue.log if led is not None else None
 
-    def rerole(self, queue: Queue, record: QueueRecord) -> bool:
+    def rerole(self, queue: object, record: QueueRecord) -> bool:
         """A new record for a stream this node holds (a failover moved its leader): take the
         role it gives, on the same log, and keep the consumers. False if it is not that."""
-        if not isinstance(queue, StreamQueue) or not queue.role or not self.replicated(record):
+        replicated = _log_queue(queue)
+        if replicated is None or not replicated.role or not self.replicated(record):
             return False
-        if record.storage_id != queue.storage_id or self.cluster.node not in record.members:
+        if (record.storage_id != replicated.storage_id
+                or self.cluster.node not in record.members):
             return False
-        if self._members_changed(queue, record):
+        if self._members_changed(replicated, record):
             return True
-        self._reattach(queue, record)
+        self._reattach(replicated, record)
         return True
 
-    def _reattach(self, queue: StreamQueue, record: QueueRecord, attach: bool = True) -> None:
+    def _reattach(self, queue: LogQueue, record: QueueRecord, attach: bool = True) -> None:
         """Detach `queue`, and attach it again (unless not `attach`) in the role `record`
         gives, on the same log; what its readers could read stays readable."""
         bound = queue.commit_bound
@@ -168,24 +182,26 @@ class StreamReplication:
         if member is not None:
             member.keep_bound(bound)
 
-    def detach(self, queue: Queue) -> None:
+    def detach(self, queue: object) -> None:
         """The queue leaves this node's model (deleted, replaced): stop shipping or replicating
         before its log closes."""
         member = member_of(queue)
-        if member is None or not member.role or not isinstance(queue, StreamQueue):
+        replicated = _log_queue(queue)
+        if member is None or not member.role or replicated is None:
             return
-        if self.sac is not None:
+        if self.sac is not None and isinstance(queue, StreamQueue):
             self.sac.detached(queue)
         for key, led in list(self.led.items()):
             if led.queue is queue:
                 self._stop(key, led)
         for key, replica in list(self.replicas.logs.items()):
-            if replica.log is queue.log or key == queue.storage_id:  # (a restart's new log)
+            if replica.log is replicated.log or key == replicated.storage_id:  # (a restart)
                 self.replicas.remove(key)
                 self.following.pop(key, None)
         member.detach()
+        replicated.took_role()
 
-    def restarted(self, queue: StreamQueue, key: str) -> None:
+    def restarted(self, queue: LogQueue, key: str) -> None:
         """restart_stream reopened the queue's log: ship or replicate the new one, in the same
         role (the writer closed with the old log: what waited for a quorum was nack'ed)."""
         led = self.led.get(key)
@@ -194,7 +210,7 @@ class StreamReplication:
             return
         self._reattach(queue, record)
 
-    def member_rows(self, queue: StreamQueue, key: str,
+    def member_rows(self, queue: LogQueue, key: str,
                     local: dict[str, Any]) -> list[dict[str, Any]]:
         """stream_status's rows: this node's (`local`, as the management API computes it) with
         its role, epoch and the commit point; on the leader, a row per replica as far as it
@@ -228,7 +244,7 @@ class StreamReplication:
 
     # -- the leader
 
-    def _lead(self, queue: StreamQueue, member: StreamMember, record: QueueRecord,
+    def _lead(self, queue: LogQueue, member: StreamMember, record: QueueRecord,
               key: str) -> None:
         member.lead()  # nothing is readable, or committed, until a majority holds it
         queue.writer.committed_up_to(-1)  # (no confirm waits for an offset below 0)
@@ -357,10 +373,10 @@ class StreamReplication:
 
     # -- a replica
 
-    def _replicate(self, queue: StreamQueue, member: StreamMember, record: QueueRecord,
+    def _replicate(self, queue: LogQueue, member: StreamMember, record: QueueRecord,
                    key: str) -> None:
         member.replicate(record.node, RemoteQueue(
-            queue.vhost, queue.name, queue_type="stream", node=record.node,
+            queue.vhost, queue.name, queue_type=record.type, node=record.node,
             durable=record.durable, auto_delete=record.auto_delete,
             arguments=dict(record.arguments), exclusive_elsewhere=False,
             forwarder=getattr(self.broker, "forwarder", None)))

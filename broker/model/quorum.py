@@ -23,16 +23,21 @@ Single-threaded: runs on the event loop.
 from __future__ import annotations
 
 import struct
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from leveret.broker.model.durable import DurableClassicQueue, PagedStore, _Batch
 from leveret.broker.model.errors import NotImplementedFeature
-from leveret.broker.model.message import InboundMessage, QueuedMessage
-from leveret.broker.model.queue import QueueOwner
+from leveret.broker.model.intervals import IntervalSet
+from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
+from leveret.broker.model.queue import Queue, QueueOwner
 from leveret.broker.model.replication import ONE_NODE, Replication
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.store import LeveledStore, MessageStore
 from leveret.storage import OffsetSpec
+
+if TYPE_CHECKING:
+    from leveret.broker.model.queue_client import QueueClient, QueueMethod
 
 RETURNS = 18  # chunk type: the counts of returned messages
 _COUNTS = struct.Struct(">QII")  # offset, delivery count, acquired count
@@ -85,6 +90,75 @@ class QuorumQueue(DurableClassicQueue):
         self.delivery_limit = delivery_limit(self.arguments.get("x-delivery-limit"),
                                              definition.get("delivery-limit"))
 
+    # -- the replication's answers (a cluster's member: docs/QUORUM-QUEUES.md) -----------------
+
+    @property
+    def role(self) -> str:
+        """"" on one node (or not a member yet), "leader" or "replica"."""
+        return self.replication.role
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return self.replication.members
+
+    @property
+    def commit_bound(self) -> int | None:
+        return self.replication.commit_bound
+
+    @property
+    def forward_to(self) -> Queue | None:
+        """A replica's: the leader's queue, which serves everything but the log."""
+        return self.replication.forward_to
+
+    def took_role(self) -> None:
+        """A new leader's state is its log's, read again (what it inherited included); a
+        replica keeps none: the leader serves its node's clients."""
+        role = self.replication.role
+        if role == "leader":
+            self._drop_state()
+            self._recover()
+            self.dispatch()
+        elif role == "replica":
+            self._drop_state()
+
+    def _drop_state(self) -> None:
+        for consumer in list(self.consumers):
+            consumer.sink.server_cancel(consumer)
+        self.consumers.clear()
+        self.messages = self.make_store()
+        self.settled_offsets = IntervalSet()
+        self.delivered_offsets = IntervalSet()
+        self.recovered_counts = {}
+        self.unacked = 0
+        self.floor = self.log.first_offset
+
+    def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
+        leader = self.replication.forward_to
+        if leader is not None:  # a replica: the leader writes, and confirms
+            return bool(leader.publish(message, confirm))
+        return super().publish(message, confirm)
+
+    def consumer_queue(self, arguments: dict[str, Any]) -> Queue:
+        leader = self.replication.forward_to
+        return leader if leader is not None else self
+
+    def serve_get(self, client: QueueClient, no_ack: bool) -> None:
+        leader = self.replication.forward_to
+        if leader is not None:
+            leader.serve_get(client, no_ack)
+        else:
+            super().serve_get(client, no_ack)
+
+    def forward(self, client: QueueClient, method: QueueMethod,
+                answer: Callable[[QueueMethod], None]) -> bool:
+        leader = self.replication.forward_to
+        return leader is not None and bool(leader.forward(client, method, answer))
+
+    def forward_delete(self, client: QueueClient, method: QueueMethod,
+                       answer: Callable[[QueueMethod], None]) -> bool:
+        leader = self.replication.forward_to
+        return leader is not None and bool(leader.forward_delete(client, method, answer))
+
     # -- consuming ----------------------------------------------------------------------------
 
     def validate_consumer(self, tag: str, no_ack: bool, prefetch: int, global_prefetch: int,
@@ -98,6 +172,8 @@ class QuorumQueue(DurableClassicQueue):
         super().deliver_to(consumer, entry)
 
     def get(self, no_ack: bool) -> QueuedMessage | None:
+        if self.replication.role == "replica":
+            return None  # the leader's to serve
         entry = super().get(no_ack)
         if entry is not None:
             entry.acquired += 1
@@ -127,6 +203,8 @@ class QuorumQueue(DurableClassicQueue):
         super().requeue(back)
 
     def _write(self, batch: _Batch) -> None:
+        if self.replication.role == "replica":
+            return  # a deposed leader's late settlements: the log is the leader's now
         super()._write(batch)
         records = [_COUNTS.pack(e.store_ref, e.delivery_count, e.acquired)
                    for e in batch.returned if isinstance(e.store_ref, int)]

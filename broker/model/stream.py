@@ -240,6 +240,9 @@ class StreamQueue(Queue):
 
     # -- the replication's answers (docs/REPLICATION.md) -------------------------------------
 
+    def took_role(self) -> None:
+        """A new role changes nothing here: the role is asked when it matters."""
+
     @property
     def role(self) -> str:
         """"" on one node (or not a member yet), "leader" or "replica"."""

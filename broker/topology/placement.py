@@ -31,6 +31,12 @@ if TYPE_CHECKING:
     from leveret.broker.model.policy import Policy
 
 LEADER_LOCATORS = qargs.LEADER_LOCATORS
+# the replicated types: the argument that sizes a new one's members, and its default (None:
+# every running node, as RabbitMQ's streams; 3 for a quorum queue, as RabbitMQ's)
+REPLICATED_SIZES: dict[str, tuple[str, int | None]] = {
+    "stream": ("x-initial-cluster-size", None),
+    "quorum": ("x-quorum-initial-group-size", 3),
+}
 
 
 def leader_locator(policies: dict[str, Policy], queue_type: str, name: str,
@@ -52,9 +58,10 @@ async def place(cluster: ClusterRuntime, vhost: str, policies: dict[str, Policy]
     if spec.exclusive:
         return Placement(cluster.node)
     locator = leader_locator(policies, spec.type, spec.name, spec.arguments, setting)
-    if spec.type == "stream" and spec.new:  # replicated: docs/REPLICATION.md, "Membership"
+    if spec.type in REPLICATED_SIZES and spec.new:  # docs/REPLICATION.md, "Membership"
+        key, default = REPLICATED_SIZES[spec.type]
         node, members = await running_nodes.place_new_stream(
-            cluster, vhost, spec.name, spec.arguments.get("x-initial-cluster-size"), locator)
+            cluster, vhost, spec.name, spec.arguments.get(key, default), locator)
         return Placement(node, members)
     if locator == "client-local":
         return Placement(cluster.node)  # the others ask for balanced (RabbitMQ 3.10+)
