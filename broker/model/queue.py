@@ -148,6 +148,16 @@ class Queue:
         if self.auto_delete and self.had_consumers and not self.consumers and not self.deleted:
             self.vhost.delete_queue(self)
 
+    def resume(self, consumer: Consumer) -> None:
+        """A consumer whose subscription went with a lost leader subscribes here again,
+        without a second consume-ok (a queue of this node simply takes it)."""
+        self.add_consumer(consumer)
+
+    def consumer_lost(self, consumer: Consumer) -> bool:
+        """The node that served this queue's consumer for it is gone: True if the queue
+        keeps the consumer to resume it elsewhere (a quorum queue), False to cancel it."""
+        return False
+
     def touch(self) -> None:
         """A basic.get or a redeclare: the queue is in use (x-expires)."""
 

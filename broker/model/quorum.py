@@ -8,13 +8,19 @@ new leader knows how often each message was tried. What differs from a classic q
 
 - every message is written and confirmed once the log's commit point covers it (the fsync
   policy on one node; a majority of the members in a cluster, through the replication port);
-- strict priorities, 32 levels (0-31), a message without one at 4 (RabbitMQ 4.x): the default
-  level is paged from the log, the others are kept in memory (store.py's LeveledStore);
-- a returned message counts its failed deliveries (`x-delivery-count`: basic.reject and
-  basic.nack with requeue) and its acquisitions (`x-acquired-count`: every return); past the
-  delivery limit (default 20, a negative one disables it) it is dead-lettered with the reason
-  `delivery_limit`, or dropped;
-- global QoS and queue.delete's if-unused and if-empty are refused as RabbitMQ refuses them.
+- requeued messages go first; then strict priorities, 32 levels (0-31), a message without one
+  at 4 (RabbitMQ 4.3): the default level is paged from the log, the others are kept in memory
+  (store.py's LeveledStore);
+- a returned message counts its acquisitions (`x-acquired-count`: every return) and its failed
+  deliveries (`x-delivery-count`: basic.reject, or its channel closed, as RabbitMQ 4.3 counts;
+  not basic.nack nor basic.recover); past the delivery limit (default 20, a negative one
+  disables it) it is dead-lettered with the reason `delivery_limit`, or dropped;
+- reject-publish lets the queue go one message over its limit and refuses publishes until it
+  is back at 80% of it (rabbit_fifo's soft limit); reject-publish-dlx is drop-head, as there;
+- exclusive consumers are not enforced; single active consumer prefers the highest x-priority
+  (the active one keeps its place until what it holds is settled), and refuses basic.get;
+- global QoS and queue.delete's if-unused and if-empty are refused as RabbitMQ 3.10 refuses
+  them (docs/QUORUM-QUEUES.md says where 4.3 differs).
 
 It must not know AMQP frames, the session or the cluster: it sees the replication port.
 Single-threaded: runs on the event loop.
@@ -26,33 +32,40 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.durable import DurableClassicQueue, PagedStore, _Batch
-from leveret.broker.model.errors import NotImplementedFeature
+from leveret.broker.model.errors import NotImplementedFeature, ResourceLocked
 from leveret.broker.model.intervals import IntervalSet
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.queue import Queue, QueueOwner
 from leveret.broker.model.replication import ONE_NODE, Replication
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.store import LeveledStore, MessageStore
+from leveret.broker.process import logs
 from leveret.storage import OffsetSpec
 
 if TYPE_CHECKING:
     from leveret.broker.model.queue_client import QueueClient, QueueMethod
+    from leveret.broker.model.scheduler import Timer
 
+log = logs.get("leveret.quorum")
 RETURNS = 18  # chunk type: the counts of returned messages
 _COUNTS = struct.Struct(">QII")  # offset, delivery count, acquired count
 DEFAULT_PRIORITY = 4  # a message without a priority (RabbitMQ 4.x)
 TOP_PRIORITY = 31
 DEFAULT_DELIVERY_LIMIT = 20
+RESUME_RETRY_MS = 250  # how soon a consumer that lost its leader tries the next one
 
 
 def delivery_limit(argument: object, policy: object) -> int | None:
-    """The delivery limit from the queue argument and the policy's `delivery-limit` (the
-    lower wins, as RabbitMQ's res_min); None: unlimited (a negative one disables it)."""
+    """The delivery limit from the queue argument and the policy's `delivery-limit`, as
+    RabbitMQ 4.3 resolves them: the lower of the two, unless one is negative (then the
+    higher: a negative one alone disables it); anything but an integer counts as unset, and
+    neither set is 20. None: unlimited."""
     values = [v for v in (argument, policy) if isinstance(v, int) and not isinstance(v, bool)]
     if not values:
         return DEFAULT_DELIVERY_LIMIT
-    limit = min(values)
+    limit = max(values) if any(v < 0 for v in values) else min(values)
     return None if limit < 0 else limit
 
 
@@ -66,8 +79,18 @@ class QuorumQueue(DurableClassicQueue):
         self.recovered_counts: dict[int, tuple[int, int]] = {}  # offset: counts, until read
         self.delivery_limit: int | None = DEFAULT_DELIVERY_LIMIT
         self.stats_delivery_limit = 0  # messages dead-lettered or dropped at the limit
+        # consumers of this node that the leader serves, by the queue that reaches it; and
+        # those whose leader was lost, waiting to subscribe on the next one
+        self.elsewhere: dict[Consumer, Queue] = {}
+        self.waiting: list[Consumer] = []
+        self._resume_timer: Timer | None = None
+        self.rejecting = False  # reject-publish: over the limit, until back under 80% of it
         super().__init__(vhost, name, env=env, storage_id=storage_id, replication=replication,
                          **kwargs)
+        if self.overflow == "reject-publish-dlx":
+            log.warning(f"Invalid overflow strategy reject-publish-dlx for quorum queue: "
+                        f"{self.resource}")
+            self.overflow = "drop-head"  # as RabbitMQ's quorum queues treat it
         self.policy_changed()
 
     # -- what differs from a durable classic queue --------------------------------------------
@@ -120,11 +143,16 @@ class QuorumQueue(DurableClassicQueue):
             self.dispatch()
         elif role == "replica":
             self._drop_state()
+        if self.waiting and role:
+            self._resume_later(0)
 
     def _drop_state(self) -> None:
         for consumer in list(self.consumers):
             consumer.sink.server_cancel(consumer)
         self.consumers.clear()
+        if self._resume_timer is not None:
+            self._resume_timer.cancel()
+            self._resume_timer = None
         self.messages = self.make_store()
         self.settled_offsets = IntervalSet()
         self.delivered_offsets = IntervalSet()
@@ -138,16 +166,60 @@ class QuorumQueue(DurableClassicQueue):
             return bool(leader.publish(message, confirm))
         return super().publish(message, confirm)
 
-    def consumer_queue(self, arguments: dict[str, Any]) -> Queue:
-        leader = self.replication.forward_to
-        return leader if leader is not None else self
+    # -- consumers served by the leader, across a failover ------------------------------------
 
-    def serve_get(self, client: QueueClient, no_ack: bool) -> None:
+    def consume(self, consumer: Consumer, client: QueueClient, nowait: bool) -> None:
         leader = self.replication.forward_to
+        if leader is None:
+            super().consume(consumer, client, nowait)
+            return
+        self.elsewhere[consumer] = leader
+        leader.consume(consumer, client, nowait)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        if consumer in self.waiting:
+            self.waiting.remove(consumer)
+            return
+        leader = self.elsewhere.pop(consumer, None)
         if leader is not None:
-            leader.serve_get(client, no_ack)
-        else:
-            super().serve_get(client, no_ack)
+            leader.remove_consumer(consumer)
+            return
+        super().remove_consumer(consumer)
+
+    def consumer_lost(self, consumer: Consumer) -> bool:
+        """The leader that served this node's consumer is gone: it waits for the next one
+        (its client sees nothing; what it had unacked comes back redelivered)."""
+        if self.deleted:
+            return False
+        self.elsewhere.pop(consumer, None)
+        if consumer not in self.waiting:
+            self.waiting.append(consumer)
+        self._resume_later(RESUME_RETRY_MS)
+        return True
+
+    def _resume_later(self, delay_ms: int) -> None:
+        if self._resume_timer is None and not self.deleted:
+            self._resume_timer = self.vhost.scheduler.call_later(delay_ms, self._resume)
+
+    def _resume(self) -> None:
+        """Subscribe the waiting consumers where the queue is led now: here, or through the
+        leader's queue (which calls consumer_lost again if it cannot take them yet)."""
+        self._resume_timer = None
+        if self.deleted or not self.waiting:
+            return
+        role = self.replication.role
+        leader = self.replication.forward_to
+        if (role == "replica" and leader is None) or (role == "" and self.replication.members):
+            self._resume_later(RESUME_RETRY_MS)  # between two roles
+            return
+        waiting, self.waiting = self.waiting, []
+        for consumer in waiting:
+            consumer.state = None
+            if leader is None:
+                self.add_consumer(consumer)
+            else:
+                self.elsewhere[consumer] = leader
+                leader.resume(consumer)
 
     def forward(self, client: QueueClient, method: QueueMethod,
                 answer: Callable[[QueueMethod], None]) -> bool:
@@ -159,7 +231,63 @@ class QuorumQueue(DurableClassicQueue):
         leader = self.replication.forward_to
         return leader is not None and bool(leader.forward_delete(client, method, answer))
 
+    # -- the length limits -------------------------------------------------------------------
+
+    def _would_overflow(self, message: InboundMessage) -> bool:
+        """reject-publish: refused only once the queue is over its limit (so it takes one
+        more than the limit first, as rabbit_fifo does)."""
+        return self.rejecting
+
+    def accept(self, entry: QueuedMessage, confirm: Confirm | None) -> None:
+        super().accept(entry, confirm)
+        if self.overflow == "reject-publish" and not self.rejecting:
+            messages = self.messages
+            self.rejecting = (
+                (self.max_length is not None and len(messages) > self.max_length)
+                or (self.max_length_bytes is not None
+                    and messages.bytes > self.max_length_bytes))
+
+    def settled(self, entry: QueuedMessage) -> None:
+        super().settled(entry)
+        if self.rejecting:
+            messages = self.messages
+            self.rejecting = not (
+                (self.max_length is None or len(messages) <= self.max_length * 0.8)
+                and (self.max_length_bytes is None
+                     or messages.bytes <= self.max_length_bytes * 0.8))
+
     # -- consuming ----------------------------------------------------------------------------
+
+    def check_consume(self, exclusive: bool) -> None:
+        """RabbitMQ does not enforce exclusive consumers on a quorum queue."""
+
+    def _next_consumer(self) -> Consumer | None:
+        """With single active consumer, the consumer with the highest x-priority (the
+        first of them to attach) is active; one of a lower priority keeps its place until it
+        has settled what it holds, and takes nothing new meanwhile (RabbitMQ 4.3)."""
+        consumers = self.consumers
+        if not self.single_active or not consumers:
+            return super()._next_consumer()
+        active = consumers[0]
+        best = max(consumers, key=lambda c: c.priority)
+        if best.priority > active.priority:
+            if active.unacked:
+                return None  # quiescing
+            consumers.remove(best)
+            consumers.insert(0, best)
+            active = best
+        return active if active.sink.can_send(active) else None
+
+    def serve_get(self, client: QueueClient, no_ack: bool) -> None:
+        leader = self.replication.forward_to
+        if leader is not None:
+            leader.serve_get(client, no_ack)
+            return
+        if self.single_active:
+            raise ResourceLocked(
+                f"cannot obtain access to locked {self.resource}. basic.get operations are "
+                "not supported by quorum queues with single active consumer")
+        super().serve_get(client, no_ack)
 
     def validate_consumer(self, tag: str, no_ack: bool, prefetch: int, global_prefetch: int,
                           arguments: dict[str, Any]) -> None:

@@ -137,17 +137,19 @@ class PriorityStore:
 
 
 class LeveledStore:
-    """Strict priorities over a store per level: the highest level with a message goes first,
-    FIFO within a level. The default level's store is given (a quorum queue's paged store, as
-    most messages carry no priority); the other levels are kept in memory, made when first
-    used."""
+    """A quorum queue's ready messages (RabbitMQ 4.3's rabbit_fifo): requeued ones first, in
+    their order, then strict priorities over a store per level: the highest level with a
+    message goes first, FIFO within a level. The default level's store is given (a paged
+    store, as most messages carry no priority); the other levels are kept in memory, made when
+    first used."""
 
-    __slots__ = ("_levels", "_order", "default", "default_level", "top")
+    __slots__ = ("_levels", "_order", "default", "default_level", "returns", "top")
 
     def __init__(self, default_level: int, default: MessageStore, top: int) -> None:
         self.default_level = default_level
         self.default = default
         self.top = top
+        self.returns = MemoryStore()  # requeued messages: served before every level
         self._levels: dict[int, MessageStore] = {default_level: default}
         self._order = [default_level]  # the levels made so far, highest first
 
@@ -161,20 +163,23 @@ class LeveledStore:
         return store
 
     def __len__(self) -> int:
-        return sum(len(store) for store in self._levels.values())
+        return len(self.returns) + sum(len(store) for store in self._levels.values())
 
     def __iter__(self) -> Iterator[QueuedMessage]:
+        yield from self.returns
         for level in self._order:
             yield from self._levels[level]
 
     @property
     def bytes(self) -> int:
-        return sum(store.bytes for store in self._levels.values())
+        return self.returns.bytes + sum(store.bytes for store in self._levels.values())
 
     def push(self, entry: QueuedMessage) -> None:
         self.paged(entry.priority).push(entry)
 
     def _top(self) -> MessageStore | None:
+        if len(self.returns):
+            return self.returns
         for level in self._order:
             store = self._levels[level]
             if len(store):
@@ -190,10 +195,10 @@ class LeveledStore:
         return top.pop() if top is not None else None
 
     def requeue(self, entry: QueuedMessage) -> None:
-        self.paged(entry.priority).requeue(entry)
+        self.returns.requeue(entry)
 
     def clear(self) -> list[QueuedMessage]:
-        out: list[QueuedMessage] = []
+        out: list[QueuedMessage] = self.returns.clear()
         for level in self._order:
             out += self._levels[level].clear()
         return out

@@ -371,8 +371,8 @@ class ConsumerShadow(Shadow):
         if out:
             channel.session.write_many(out)
 
-    def settle(self, tag: int, ok: bool, requeue: bool = False) -> None:
-        super().settle(tag, ok, requeue)
+    def settle(self, tag: int, ok: bool, requeue: bool = False, failed: bool = False) -> None:
+        super().settle(tag, ok, requeue, failed)
         if not self.consumer.no_ack:
             self.unacked -= 1
         if self.cancelled and self.unacked <= 0:
@@ -448,7 +448,8 @@ class ConsumerShadow(Shadow):
         consumer = self.consumer
         if consumer in self.queue.consumers:
             self.queue.consumers.remove(consumer)
-        consumer.sink.server_cancel(consumer)
+        if consumer.queue is self.queue or not consumer.queue.consumer_lost(consumer):
+            consumer.sink.server_cancel(consumer)
         if not self.closed and self.unacked <= 0:
             self.close()
 
@@ -597,6 +598,9 @@ class Forwarder:
     def get(self, queue: RemoteQueue, client: QueueClient, no_ack: bool) -> None:
         get(queue, client, no_ack)
 
+    def resume(self, queue: RemoteQueue, consumer: Consumer) -> None:
+        resume(queue, consumer)
+
     def forward(self, queue: RemoteQueue, client: QueueClient, method: QueueMethod,
                 answer: Callable[[QueueMethod], None]) -> None:
         forward_queue_method(client, queue, method, answer)
@@ -669,6 +673,39 @@ def consume(queue: RemoteQueue, consumer: Consumer, client: QueueClient, nowait:
         shadow.drain()
 
     client.wait_for(CONSUME_INDEX, step())
+
+
+def resume(queue: RemoteQueue, consumer: Consumer) -> None:
+    """A consumer of a quorum queue whose leader was lost subscribes on the new holder: as
+    `consume`, but its client already has its consume-ok. If the holder refuses or cannot be
+    reached, the consumer's own queue decides whether it waits for the next one."""
+    shadow = ConsumerShadow(_tunnel_for(queue), queue, consumer)
+
+    async def step() -> None:
+        try:
+            await _answer(queue, shadow, shadow.start(consumer.exclusive))
+        except BaseException as exc:
+            shadow.cancelled = True
+            shadow.close()
+            if not consumer.queue.consumer_lost(consumer):
+                consumer.sink.server_cancel(consumer)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        if getattr(consumer.sink, "closed", False):
+            shadow.cancel()
+            return
+        queue.consumers.append(consumer)
+        queue.had_consumers = True
+        shadow.active = True
+        shadow.drain()
+
+    task = asyncio.get_running_loop().create_task(step())
+    _resuming.add(task)
+    task.add_done_callback(_resuming.discard)
+
+
+_resuming: set[asyncio.Task[None]] = set()  # resume steps under way (kept from the collector)
 
 
 def _remote(client: QueueClient) -> ChannelRemote:

@@ -41,6 +41,10 @@ class Forwarding(Protocol):
 
     def get(self, queue: RemoteQueue, client: QueueClient, no_ack: bool) -> None: ...
 
+    def resume(self, queue: RemoteQueue, consumer: Consumer) -> None:
+        """Subscribe `consumer` on the holder again, telling its client nothing."""
+        ...
+
     def forward(self, queue: RemoteQueue, client: QueueClient, method: QueueMethod,
                 answer: Callable[[QueueMethod], None]) -> None:
         """Ask the holder `method` (queue.declare, queue.purge or queue.delete); its reply
@@ -56,7 +60,8 @@ class Settling(Protocol):
     """The forwarder's channel a remote consumer's deliveries came on: it settles them with
     the holding node, by the holder's delivery tag."""
 
-    def settle(self, tag: int, ok: bool, requeue: bool = False) -> None: ...
+    def settle(self, tag: int, ok: bool, requeue: bool = False, failed: bool = False) -> None:
+        ...
 
     def ack(self, tag: int) -> None: ...
 
@@ -129,6 +134,16 @@ class RemoteQueue(Queue):
         if self.forwarder is None:
             raise node_down(self)
         self.forwarder.consume(self, consumer, client, nowait)
+
+    def resume(self, consumer: Consumer) -> None:
+        """A consumer that lost its subscription with a leader subscribes on the holder
+        again, with no consume-ok to its client; if the holder cannot take it, the
+        consumer's own queue says whether to wait for the next one (`consumer_lost`)."""
+        if self.forwarder is None or not self.forwarder.reachable(self):
+            if not consumer.queue.consumer_lost(consumer):
+                consumer.sink.server_cancel(consumer)
+            return
+        self.forwarder.resume(self, consumer)
 
     def serve_get(self, client: QueueClient, no_ack: bool) -> None:
         """The holder's get-ok (or get-empty, or error) becomes the client's."""
@@ -220,9 +235,9 @@ class RemoteQueue(Queue):
     def requeue(self, entries: list[Any], delivery_failed: bool = True) -> None:
         for entry in entries:
             if type(entry) is tuple:
-                entry[1].settle(entry[0], False, True)
+                entry[1].settle(entry[0], False, True, delivery_failed)
             else:
-                entry.store_ref.settle(entry.seq, False, True)
+                entry.store_ref.settle(entry.seq, False, True, delivery_failed)
 
     def on_delete(self) -> None:
         """The queue is gone from the cluster: its consumers here are cancelled."""

@@ -115,9 +115,10 @@ class Shadow:
             self.write(data, future)
         return future
 
-    def settle(self, tag: int, ok: bool, requeue: bool = False) -> None:
+    def settle(self, tag: int, ok: bool, requeue: bool = False, failed: bool = False) -> None:
         """Ack or nack (with requeue) one delivery the peer made on this channel. Acks are
-        sent at the end of the turn, coalesced; a nack at once, after the acks before it."""
+        sent at the end of the turn, coalesced; a nack at once, after the acks before it (a
+        reject when the delivery failed: a quorum queue counts it, RabbitMQ 4.3)."""
         if self.closed:
             return  # the peer requeues what a closed channel held
         if ok:
@@ -127,8 +128,9 @@ class Shadow:
             self._acks.append(tag)
         else:
             self.send_acks()
-            self.tunnel.write(codec.encode_method(
-                self.number, m.Basic.Nack(delivery_tag=tag, multiple=False, requeue=requeue)))
+            self.tunnel.write(codec.encode_method(self.number, m.Basic.Reject(
+                delivery_tag=tag, requeue=requeue) if failed else m.Basic.Nack(
+                delivery_tag=tag, multiple=False, requeue=requeue)))
         self.taken(tag)
 
     def taken(self, tag: int) -> None:

@@ -426,16 +426,20 @@ class Channel:
         self.tx.append(work)
         self.tx_held += sum(1 for _tag, item in work[1] if item.consumer is not None)
 
-    def _settle(self, tag: int, multiple: bool, requeue: bool, _kind: str) -> None:
+    def _settle(self, tag: int, multiple: bool, requeue: bool, kind: str) -> None:
+        """basic.reject or basic.nack. RabbitMQ 4.3 counts a reject as a failed delivery (a
+        quorum queue's x-delivery-count), a nack not (#15387)."""
         taken = self._take(tag, multiple)
+        failed = kind == "reject"
         if self.tx is not None:
-            self._hold(("nack", taken, requeue))
+            self._hold(("nack", taken, requeue, failed))
             return
-        self._reject([item for _tag, item in taken], requeue)
+        self._reject([item for _tag, item in taken], requeue, failed)
 
-    def _reject(self, items: list[Unacked], requeue: bool, delivery_failed: bool = True) -> None:
-        """basic.reject or basic.nack (a failed delivery), or a closed channel's or
-        basic.recover's return of its unacked deliveries (not a failed one)."""
+    def _reject(self, items: list[Unacked], requeue: bool, delivery_failed: bool) -> None:
+        """basic.reject, basic.nack, basic.recover or a closed channel's return of its unacked
+        deliveries; `delivery_failed` as RabbitMQ 4.3 counts them: a reject and a close are
+        failed deliveries, a nack and a recover are not."""
         by_queue: dict[int, tuple[Any, list[object]]] = {}
         for item in items:
             if item.consumer is not None:
@@ -661,7 +665,7 @@ class Channel:
                 if item[0] == "ack":
                     self._ack_items([unacked for _tag, unacked in item[1]])
                 elif item[0] == "nack":
-                    self._reject([unacked for _tag, unacked in item[1]], item[2])
+                    self._reject([unacked for _tag, unacked in item[1]], item[2], item[3])
         finally:
             self.tx = []
         self.reply(m.Tx.CommitOk())
@@ -696,7 +700,7 @@ class Channel:
         self._restore_held()  # acks of an uncommitted transaction do not count
         items = list(self.unacked.values())
         self.unacked.clear()
-        self._reject(items, requeue=True, delivery_failed=False)
+        self._reject(items, requeue=True, delivery_failed=True)
         if self.confirms is not None:
             self.confirms.close()
         if self.remote is not None:

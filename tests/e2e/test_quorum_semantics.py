@@ -53,18 +53,82 @@ def test_fifo_with_confirms_get_and_consume(mq: Amqp) -> None:
     assert bodies == [f"m{i}".encode() for i in range(1, 20)]
 
 
-def test_a_nack_with_requeue_counts_a_failed_delivery(mq: Amqp) -> None:
+def test_a_reject_with_requeue_counts_a_failed_delivery(mq: Amqp) -> None:
     queue = declare(mq)
     ch = mq.channel(confirm=True)
     ch.basic_publish("", queue, b"a", pika.BasicProperties(headers={"k": "v"}))
     first, props, _ = get(ch, queue)
-    assert not first.redelivered and (props.headers or {}).get("x-delivery-count") is None
-    ch.basic_nack(first.delivery_tag, requeue=True)
+    # 4.3 adds no header to a first delivery; 3.10.8's basic.get adds x-delivery-count 0
+    assert not first.redelivered and (props.headers or {}).get("x-delivery-count", 0) == 0
+    ch.basic_reject(first.delivery_tag, requeue=True)
     again, props, body = get(ch, queue)
     assert body == b"a" and again.redelivered
     assert props.headers["x-delivery-count"] == 1 and props.headers["k"] == "v"
     ch.basic_reject(again.delivery_tag, requeue=True)
     assert get(ch, queue)[1].headers["x-delivery-count"] == 2
+
+
+def test_a_closed_channel_counts_a_failed_delivery(mq: Amqp) -> None:
+    queue = declare(mq)
+    ch = mq.channel(confirm=True)
+    ch.basic_publish("", queue, b"a")
+    taker = mq.connection().channel()
+    assert get(taker, queue)[2] == b"a"
+    taker.close()
+    method, props, _ = get(ch, queue)
+    assert method.redelivered
+    assert props.headers["x-delivery-count"] == 1
+    if mq.is_leveret:  # 4.3 (3.10.8 has no x-acquired-count)
+        assert props.headers["x-acquired-count"] == 1
+
+
+def test_basic_get_is_refused_with_single_active_consumer(mq: Amqp) -> None:
+    queue = declare(mq, **{"x-single-active-consumer": True})
+    ch = mq.channel()
+    code, text = mq.soft_error(lambda: ch.basic_get(queue))
+    assert code == 405
+    assert text == (f"RESOURCE_LOCKED - cannot obtain access to locked queue '{queue}' in vhost"
+                    " '/'. basic.get operations are not supported by quorum queues with single"
+                    " active consumer")
+
+
+def test_exclusive_consumers_are_not_enforced(mq: Amqp) -> None:
+    queue = declare(mq)
+    ch = mq.channel()
+    ch.basic_consume(queue, lambda *a: None, exclusive=True)
+    ch.basic_consume(queue, lambda *a: None)
+    other = mq.connection().channel()
+    other.basic_consume(queue, lambda *a: None, exclusive=True)
+    assert mq.counts(queue)[1] == 3
+
+
+def test_reject_publish_takes_one_more_then_refuses_until_eighty_percent(mq: Amqp) -> None:
+    queue = declare(mq, **{"x-max-length": 5, "x-overflow": "reject-publish"})
+    ch = mq.channel(confirm=True)
+    outcomes = []
+    for i in range(8):
+        try:
+            ch.basic_publish("", queue, b"%d" % i)
+            outcomes.append("ack")
+        except pika.exceptions.NackError:
+            outcomes.append("nack")
+    assert outcomes == ["ack"] * 6 + ["nack"] * 2
+    assert mq.ready(queue) == 6
+    for _ in range(1):  # 5 left: over 80% of 5 (4): still refused
+        ch.basic_get(queue, auto_ack=True)
+    with pytest.raises(pika.exceptions.NackError):
+        ch.basic_publish("", queue, b"x")
+    ch.basic_get(queue, auto_ack=True)  # 4 left: 80%: taken again
+    ch.basic_publish("", queue, b"y")
+    assert mq.drain(ch, queue) == [b"2", b"3", b"4", b"5", b"y"]
+
+
+def test_reject_publish_dlx_is_drop_head(mq: Amqp) -> None:
+    queue = declare(mq, **{"x-max-length": 2, "x-overflow": "reject-publish-dlx"})
+    ch = mq.channel(confirm=True)
+    for i in range(4):
+        ch.basic_publish("", queue, b"%d" % i)  # all confirmed: the head is dropped
+    assert mq.drain(ch, queue) == [b"2", b"3"]
 
 
 def test_past_the_delivery_limit_a_message_is_dead_lettered(mq: Amqp) -> None:
@@ -74,8 +138,8 @@ def test_past_the_delivery_limit_a_message_is_dead_lettered(mq: Amqp) -> None:
     queue = declare(mq, **{"x-delivery-limit": 1, "x-dead-letter-exchange": "",
                            "x-dead-letter-routing-key": dlq})
     ch.basic_publish("", queue, b"poison")
-    ch.basic_nack(get(ch, queue)[0].delivery_tag, requeue=True)  # count 1: back
-    ch.basic_nack(get(ch, queue)[0].delivery_tag, requeue=True)  # count 2 > 1: dead
+    ch.basic_reject(get(ch, queue)[0].delivery_tag, requeue=True)  # count 1: back
+    ch.basic_reject(get(ch, queue)[0].delivery_tag, requeue=True)  # count 2 > 1: dead
     assert mq.wait(lambda: mq.ready(dlq) == 1)
     assert mq.ready(queue) == 0
     _method, props, body = get(ch, dlq)
@@ -146,7 +210,8 @@ def test_counts_survive_a_restart(lev: Amqp, broker_process: BrokerProcess) -> N
     ch.basic_publish("", queue, b"a")
     ch.basic_publish("", queue, b"b")
     for _ in range(3):
-        ch.basic_nack(get(ch, queue)[0].delivery_tag, requeue=True)
+        ch.basic_reject(get(ch, queue)[0].delivery_tag, requeue=True)
+    ch.basic_nack(get(ch, queue)[0].delivery_tag, requeue=True)
     amqp.close()
     broker_process.kill()
     broker_process.start()
@@ -155,7 +220,7 @@ def test_counts_survive_a_restart(lev: Amqp, broker_process: BrokerProcess) -> N
     method, props, body = get(ch, queue)
     assert body == b"a" and method.redelivered
     assert props.headers["x-delivery-count"] == 3
-    assert props.headers["x-acquired-count"] == 3
+    assert props.headers["x-acquired-count"] == 4
     assert get(ch, queue)[2] == b"b"
     amqp.close()
 
@@ -163,19 +228,23 @@ def test_counts_survive_a_restart(lev: Amqp, broker_process: BrokerProcess) -> N
 # -- RabbitMQ 4.x, where 3.10.8 answers otherwise ------------------------------------------------
 
 
-def test_a_closed_channel_returns_without_counting_a_failed_delivery(lev: Amqp) -> None:
-    """4.x: a return with the channel is an acquisition, not a failed delivery
-    (3.10.8 counts every return in x-delivery-count and has no x-acquired-count)."""
-    queue = declare(lev)
+def test_nack_and_recover_count_acquisitions_only(lev: Amqp) -> None:
+    """4.3 (#15387): basic.nack and basic.recover return a message without a failed delivery,
+    so they never reach the delivery limit (3.10.8 counts every return in x-delivery-count
+    and has no x-acquired-count)."""
+    queue = declare(lev, **{"x-delivery-limit": 0})
     ch = lev.channel(confirm=True)
     ch.basic_publish("", queue, b"a")
-    taker = lev.connection().channel()
-    assert get(taker, queue)[2] == b"a"
-    taker.close()
+    for _ in range(3):
+        ch.basic_nack(get(ch, queue)[0].delivery_tag, requeue=True)
+    get(ch, queue)
+    ch.basic_recover(requeue=True)
     method, props, _ = get(ch, queue)
     assert method.redelivered
     assert "x-delivery-count" not in props.headers
-    assert props.headers["x-acquired-count"] == 1
+    assert props.headers["x-acquired-count"] == 4
+    ch.basic_reject(method.delivery_tag, requeue=True)  # the first failed one: over 0
+    assert ch.basic_get(queue)[0] is None
 
 
 def test_the_default_delivery_limit_is_twenty(lev: Amqp) -> None:
@@ -186,7 +255,7 @@ def test_the_default_delivery_limit_is_twenty(lev: Amqp) -> None:
     for count in range(21):
         method, props, _ = get(ch, queue)
         assert (props.headers or {}).get("x-delivery-count", 0) == count
-        ch.basic_nack(method.delivery_tag, requeue=True)
+        ch.basic_reject(method.delivery_tag, requeue=True)
     assert ch.basic_get(queue)[0] is None
 
 
@@ -195,8 +264,49 @@ def test_a_negative_delivery_limit_disables_it(lev: Amqp) -> None:
     ch = lev.channel(confirm=True)
     ch.basic_publish("", queue, b"p")
     for _ in range(25):
-        ch.basic_nack(get(ch, queue)[0].delivery_tag, requeue=True)
+        ch.basic_reject(get(ch, queue)[0].delivery_tag, requeue=True)
     assert get(ch, queue)[1].headers["x-delivery-count"] == 25
+
+
+def test_a_requeued_message_goes_before_every_priority(lev: Amqp) -> None:
+    """4.3's returns queue: a requeued message is served first."""
+    queue = declare(lev)
+    ch = lev.channel(confirm=True)
+    ch.basic_publish("", queue, b"low", pika.BasicProperties(priority=1))
+    taken = get(ch, queue)[0]
+    ch.basic_publish("", queue, b"high", pika.BasicProperties(priority=30))
+    ch.basic_reject(taken.delivery_tag, requeue=True)
+    assert lev.drain(ch, queue) == [b"low", b"high"]
+
+
+def test_single_active_consumer_prefers_the_highest_priority(lev: Amqp) -> None:
+    """4.3: a consumer of a higher x-priority takes over once the active one has settled
+    what it holds (3.10.8 keeps the first consumer active)."""
+    queue = declare(lev, **{"x-single-active-consumer": True})
+    ch = lev.channel(confirm=True)
+    got: list[tuple[str, bytes]] = []
+    low = lev.connection().channel()
+    low.basic_qos(prefetch_count=1)
+    held: list[Any] = []
+
+    def on_low(channel: Any, method: Any, _p: Any, body: bytes) -> None:
+        got.append(("low", body))
+        held.append(method.delivery_tag)
+
+    low.basic_consume(queue, on_low)
+    ch.basic_publish("", queue, b"1")
+    lev.wait(lambda: (low.connection.process_data_events(0.05), got)[1])
+    high = lev.connection().channel()
+    high.basic_consume(queue, lambda c, m, p, b: (got.append(("high", b)),
+                                                  c.basic_ack(m.delivery_tag)),
+                       arguments={"x-priority": 5})
+    ch.basic_publish("", queue, b"2")
+    high.connection.process_data_events(0.3)
+    assert got == [("low", b"1")]  # the low one still holds 1: "2" waits
+    low.basic_ack(held[0])
+    lev.wait(lambda: (low.connection.process_data_events(0.05),
+                      high.connection.process_data_events(0.05), len(got) == 2)[2])
+    assert got == [("low", b"1"), ("high", b"2")]
 
 
 def test_priorities_are_strict_and_no_priority_means_four(lev: Amqp) -> None:
@@ -251,7 +361,7 @@ def test_aio_pika_round_trip(mq: Amqp) -> None:
                     seen.append((message.body, message.redelivered,
                                  message.headers.get("x-delivery-count")))
                     if len(seen) == 1:
-                        await message.nack(requeue=True)
+                        await message.reject(requeue=True)
                     else:
                         await message.ack()
                     if len(seen) == 3:

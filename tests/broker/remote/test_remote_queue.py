@@ -28,8 +28,10 @@ class Holder:
         self.name = name
         self.said = said
 
-    def settle(self, tag: int, ok: bool, requeue: bool = False) -> None:
-        self.said.append((self.name, "ack" if ok else "requeue" if requeue else "reject", tag))
+    def settle(self, tag: int, ok: bool, requeue: bool = False, failed: bool = False) -> None:
+        self.said.append((self.name, "ack" if ok else "requeue" if requeue else "reject", tag,
+                          failed) if failed else (
+            self.name, "ack" if ok else "requeue" if requeue else "reject", tag))
 
     def ack(self, tag: int) -> None:
         self.said.append((self.name, "ack", tag))
@@ -129,9 +131,11 @@ def test_a_deliverys_settlement_goes_back_by_the_holders_tag(vhost: VHost) -> No
     queue.reject((8, two))
     queue.ack(got(3, two))
     queue.reject(got(4, one))
-    queue.requeue([(9, one), got(5, two)])
+    queue.requeue([(9, one), got(5, two)], delivery_failed=False)  # a nack or a recover
+    queue.requeue([(10, one)])  # a reject or a closed channel: a failed delivery
     assert said == [("one", "ack", 7), ("two", "reject", 8), ("two", "ack", 3),
-                    ("one", "reject", 4), ("one", "requeue", 9), ("two", "requeue", 5)]
+                    ("one", "reject", 4), ("one", "requeue", 9), ("two", "requeue", 5),
+                    ("one", "requeue", 10, True)]
 
 
 def test_a_multiple_ack_goes_to_each_holder_channel_as_runs_in_order(vhost: VHost) -> None:
