@@ -62,6 +62,7 @@ class _Batch:
     delivered: IntervalSet = field(default_factory=IntervalSet)
     tail: list[QueuedMessage] = field(default_factory=list)  # entries kept in the log only
     returned: list[QueuedMessage] = field(default_factory=list)  # counts to record (quorum)
+    delivered_early: list[QueuedMessage] = field(default_factory=list)  # before their write
 
 
 def _ranges(intervals: IntervalSet) -> bytes:
@@ -274,6 +275,7 @@ class DurableClassicQueue(ClassicQueue):
         for start, end in batch.delivered.ranges():
             following.delivered.add_range(start, end)
         following.returned += batch.returned
+        following.delivered_early += batch.delivered_early
         return written
 
     def _write(self, batch: _Batch) -> None:

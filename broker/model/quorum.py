@@ -33,7 +33,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker.model.consumer import Consumer
-from leveret.broker.model.durable import DurableClassicQueue, PagedStore, _Batch
+from leveret.broker.model.durable import (
+    DELIVERED,
+    PENDING,
+    DurableClassicQueue,
+    PagedStore,
+    _Batch,
+    _ranges,
+)
 from leveret.broker.model.errors import NotImplementedFeature, ResourceLocked
 from leveret.broker.model.intervals import IntervalSet
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
@@ -330,10 +337,24 @@ class QuorumQueue(DurableClassicQueue):
         self.writer.schedule()
         super().requeue(back)
 
+    def _mark_delivered(self, entry: QueuedMessage) -> None:
+        """Delivered before its write (this turn's publish): recorded once it has an offset,
+        so that a new leader redelivers it with the flag set."""
+        if entry.store_ref is PENDING and not entry.redelivered:
+            self.writer.batch.delivered_early.append(entry)
+        else:
+            super()._mark_delivered(entry)
+
     def _write(self, batch: _Batch) -> None:
         if self.replication.role == "replica":
             return  # a deposed leader's late settlements: the log is the leader's now
         super()._write(batch)
+        early = IntervalSet()
+        for entry in batch.delivered_early:
+            if isinstance(entry.store_ref, int):
+                early.add(entry.store_ref)
+        if early.range_count:
+            self.settled_offsets.add(self.log.append([_ranges(early)], chunk_type=DELIVERED))
         records = [_COUNTS.pack(e.store_ref, e.delivery_count, e.acquired)
                    for e in batch.returned if isinstance(e.store_ref, int)]
         if records:

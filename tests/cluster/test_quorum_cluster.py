@@ -120,3 +120,79 @@ def test_kill_the_leader_loses_no_confirmed_message(
     assert bodies == ([b"before-%d" % i for i in range(100, 200)]
                       + [b"after-%d" % i for i in range(50)])
     assert all(redelivered for body, redelivered in got[:5])  # the five held ones came back
+
+
+def test_consumers_on_other_nodes_keep_their_subscriptions_across_a_failover(
+        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+    """Consumers on both other nodes, one holding an unacked delivery, while the leader's node
+    is killed: neither is cancelled; the held delivery comes back redelivered; what is
+    published afterwards reaches them."""
+    a, b, c = abc
+    nodes = {"a": a, "b": b, "c": c}
+    declare(a, "jobs")
+    old = leader_of(etcd, cluster, "jobs")
+    others = [node for name, node in nodes.items() if name != old]
+    got: dict[str, list[tuple[bytes, bool]]] = {}
+    cancelled: list[str] = []
+    held: list[int] = []
+    conns = []
+    for name, node in nodes.items():
+        if name == old:
+            continue
+        conn = connect(node)
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=1)
+        got[name] = []
+
+        def on_message(channel: Any, method: Any, _props: Any, body: bytes,
+                       name: str = name) -> None:
+            got[name].append((body, method.redelivered))
+            if body == b"hold" and not held:
+                held.append(method.delivery_tag)  # left unacked across the failover
+            else:
+                channel.basic_ack(method.delivery_tag)
+
+        ch.basic_consume("jobs", on_message)
+        ch.add_on_cancel_callback(lambda _frame, name=name: cancelled.append(name))
+        conns.append(conn)
+
+    def pump(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for conn in conns:
+                conn.process_data_events(0.02)
+
+    publish_confirmed(others[0], "jobs", [b"hold"])
+    deadline = time.monotonic() + 20
+    while not held and time.monotonic() < deadline:
+        pump(0.1)
+    assert held
+    nodes[old].kill()
+    wait_until(lambda: leader_of(etcd, cluster, "jobs") != old, timeout=60)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            publish_confirmed(others[0], "jobs", [b"after-0"])
+            break
+        except (pika.exceptions.AMQPError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    publish_confirmed(others[1], "jobs", [b"after-%d" % i for i in range(1, 20)])
+    after = {b"after-%d" % i for i in range(20)}
+
+    def done() -> bool:
+        rows = [row for taken in got.values() for row in taken]
+        return after <= {body for body, _ in rows} and (b"hold", True) in rows
+
+    deadline = time.monotonic() + 30
+    while not done() and time.monotonic() < deadline:
+        pump(0.1)
+    assert not cancelled, got
+    bodies = [body for rows in got.values() for body, _ in rows]
+    assert {b"after-%d" % i for i in range(20)} <= set(bodies)
+    assert any(body == b"hold" and redelivered
+               for rows in got.values() for body, redelivered in rows), got
+    assert all(rows for rows in got.values())  # both consumers still take messages
+    for conn in conns:
+        conn.close()
