@@ -6,15 +6,19 @@ first deliveries."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
+import aio_pika
 import pika
+import pytest
 from support.cluster import (
     ClusterNode,
     connect,
     in_etcd,
     leader_of,
+    linked,
     publish_confirmed,
     same_logs,
     wait_until,
@@ -196,3 +200,148 @@ def test_consumers_on_other_nodes_keep_their_subscriptions_across_a_failover(
     assert all(rows for rows in got.values())  # both consumers still take messages
     for conn in conns:
         conn.close()
+
+
+def publish_until_confirmed(node: ClusterNode, name: str, body: bytes,
+                            timeout: float = 60) -> None:
+    """Publish `body` until one copy is confirmed (a nack, or a connection the failover
+    broke, means: not confirmed, send it again)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            publish_confirmed(node, name, [body])
+            return
+        except (pika.exceptions.AMQPError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def drain_all(node: ClusterNode, name: str, timeout: float = 30) -> list[bytes]:
+    """Every message of the queue through `node`, by basic.get with acks, until empty."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            conn = connect(node)
+            break
+        except pika.exceptions.AMQPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    ch = conn.channel()
+    got = []
+    while True:
+        method, _props, body = ch.basic_get(name)
+        if method is None:
+            break
+        got.append(body)
+        ch.basic_ack(method.delivery_tag)
+    conn.close()
+    return got
+
+
+def kill_the_leader(abc: Three, etcd: EtcdServer, cluster: str, rounds: int) -> None:
+    """`rounds` times: 50 confirmed publishes through a node that does not lead, a few taken
+    and acked, `kill -9` of the leader, a publish retried until a new leader confirms it, the
+    killed node restarted. Then every confirmed message not acked is delivered, once, in
+    publish order, through any node."""
+    nodes = dict(zip("abc", abc, strict=True))
+    declare(nodes["a"], "q.rounds")
+    confirmed: list[bytes] = []
+    acked: list[bytes] = []
+    probes = [f"probe{round_}".encode() for round_ in range(rounds)]
+    for round_ in range(rounds):
+        leader = leader_of(etcd, cluster, "q.rounds")
+        other = next(n for n in "abc" if n != leader)
+        batch = [f"r{round_}-{i}".encode() for i in range(50)]
+        publish_confirmed(nodes[other], "q.rounds", batch)
+        confirmed += batch
+        acked += [body for body, _ in drain(nodes[other], "q.rounds", 10)]
+        nodes[leader].kill()
+        wait_until(lambda old=leader: leader_of(etcd, cluster, "q.rounds") != old, timeout=60)
+        publish_until_confirmed(nodes[other], "q.rounds", probes[round_])
+        nodes[leader].restart()
+        wait_until(lambda old=leader: linked(nodes[old], 2), timeout=60)
+    final = leader_of(etcd, cluster, "q.rounds")
+    got = drain_all(nodes[final], "q.rounds")
+    left = [body for body in got if not body.startswith(b"probe")]
+    assert acked + left == confirmed, final  # FIFO, each once: nothing lost or doubled
+    assert [body for body in got if body.startswith(b"probe")] == probes
+
+
+def test_three_rounds_of_killing_the_leader_lose_no_confirmed_message(
+        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+    kill_the_leader(abc, etcd, cluster, 3)
+
+
+@pytest.mark.slow
+def test_twenty_rounds_of_killing_the_leader_lose_no_confirmed_message(
+        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+    kill_the_leader(abc, etcd, cluster, 20)
+
+
+def test_without_a_quorum_nothing_is_confirmed_and_it_resumes_when_one_is_back(
+        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+    a, b, c = abc
+    declare(a, "q.quorum")
+    publish_confirmed(a, "q.quorum", [b"before"])
+    b.kill()
+    c.kill()
+
+    async def run() -> None:
+        connection = await aio_pika.connect(a.url)
+        async with connection:
+            channel = await connection.channel(publisher_confirms=True)
+            pending = asyncio.ensure_future(channel.default_exchange.publish(
+                aio_pika.Message(b"during"), routing_key="q.quorum", timeout=None))
+            # one member of three holds it: the publisher sees nothing (no ack, no nack),
+            # as RabbitMQ's quorum queue keeps it pending; the connection stays open
+            await asyncio.sleep(4)
+            assert not pending.done()
+            assert not connection.is_closed
+            await asyncio.to_thread(b.restart)
+            confirm = await asyncio.wait_for(pending, 60)  # a and b: a quorum again
+            assert type(confirm).__name__ == "Ack"
+
+    asyncio.run(run())
+    assert drain_all(b, "q.quorum") == [b"before", b"during"]
+
+
+def test_a_restarted_replica_takes_only_what_it_lacks(
+        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+    """A replica killed and restarted keeps its log (the same segment file, its bytes a
+    prefix of the leader's) and takes only the chunks written meanwhile."""
+    a, b, c = abc
+    declare(a, "q.delta")
+    record, _ = in_etcd(etcd, cluster, "q.delta")
+    assert record is not None and record.storage_id is not None
+    publish_confirmed(a, "q.delta", [b"old-%d" % i for i in range(300)])
+    wait_until(lambda: same_logs((a, c), record.storage_id or ""), timeout=20)
+    folder = c.data_dir / "queues" / record.storage_id
+    first = sorted(folder.glob("*.segment"))[0]
+    before_inode, before = first.stat().st_ino, first.read_bytes()
+    c.kill()
+    publish_confirmed(b, "q.delta", [b"new-%d" % i for i in range(300)])
+    c.restart()
+    wait_until(lambda: same_logs((a, c), record.storage_id or ""), timeout=60)
+    assert first.stat().st_ino == before_inode
+    assert first.read_bytes()[:len(before)] == before
+    assert drain_all(c, "q.delta") == (
+        [b"old-%d" % i for i in range(300)] + [b"new-%d" % i for i in range(300)])
+
+
+def test_leader_and_a_replica_down_nothing_until_one_is_back_then_a_new_leader(
+        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+    a, b, c = abc
+    declare(a, "q.two-down")
+    publish_confirmed(c, "q.two-down", [b"first"])
+    a.kill()
+    b.kill()
+    time.sleep(4)  # both leases gone: c alone is no quorum, so nobody is elected
+    assert leader_of(etcd, cluster, "q.two-down") == "a"
+    with pytest.raises(pika.exceptions.NackError):  # the leader's node is down: nack'ed
+        publish_confirmed(c, "q.two-down", [b"refused"])
+    b.restart()
+    wait_until(lambda: leader_of(etcd, cluster, "q.two-down") in ("b", "c"), timeout=60)
+    publish_until_confirmed(c, "q.two-down", b"second")
+    assert drain_all(b, "q.two-down") == [b"first", b"second"]
