@@ -63,6 +63,7 @@ class _Batch:
     tail: list[QueuedMessage] = field(default_factory=list)  # entries kept in the log only
     returned: list[QueuedMessage] = field(default_factory=list)  # counts to record (quorum)
     delivered_early: list[QueuedMessage] = field(default_factory=list)  # before their write
+    dead_lettered: list[QueuedMessage] = field(default_factory=list)  # held (quorum)
 
 
 def _ranges(intervals: IntervalSet) -> bytes:
@@ -190,6 +191,9 @@ class DurableClassicQueue(ClassicQueue):
             raise
         self.settled_offsets = IntervalSet()
         self.delivered_offsets = IntervalSet()  # delivered before the last restart
+        # neither ready nor settled (a quorum queue's dead letters waiting for their targets):
+        # recovery and reading the tail back pass them by
+        self.held_offsets = IntervalSet()
         self.floor = self.log.first_offset
         self.writer = Writer(vhost.scheduler, env.fsync_policy, lambda: self.log, batch=_Batch,
                              append=self._write, failed=self._write_failed, name=name,
@@ -276,6 +280,7 @@ class DurableClassicQueue(ClassicQueue):
             following.delivered.add_range(start, end)
         following.returned += batch.returned
         following.delivered_early += batch.delivered_early
+        following.dead_lettered += batch.dead_lettered
         return written
 
     def _write(self, batch: _Batch) -> None:
@@ -311,6 +316,7 @@ class DurableClassicQueue(ClassicQueue):
         if self.log.truncate_before(floor):
             self.settled_offsets.discard_below(self.log.first_offset)
             self.delivered_offsets.discard_below(self.log.first_offset)
+            self.held_offsets.discard_below(self.log.first_offset)
 
     # -- reading back -------------------------------------------------------------------------
 
@@ -330,6 +336,7 @@ class DurableClassicQueue(ClassicQueue):
         self.writer.commit()  # readers stop at the committed offset (fsync every N ms)
         reader = self.log.reader(OffsetSpec.offset(start))
         settled, delivered = self.settled_offsets, self.delivered_offsets
+        held = self.held_offsets
         unpack = self._unpack
         level = store.level
         try:
@@ -338,13 +345,14 @@ class DurableClassicQueue(ClassicQueue):
                 if chunk is None:
                     break
                 low, high = chunk.first_offset, chunk.next_offset
-                any_settled = settled.count_in(low, high) > 0
+                any_settled = settled.count_in(low, high) > 0 or held.count_in(low, high) > 0
                 any_delivered = delivered.count_in(low, high) > 0
                 entries: list[QueuedMessage] = []
                 size = 0
                 for offset, record in chunk.items():
-                    if offset < start or (any_settled and offset in settled) or (
-                            level is not None and record[PRIORITY_AT] != level):
+                    if offset < start or (any_settled and (offset in settled or offset in held)
+                                          ) or (level is not None
+                                                and record[PRIORITY_AT] != level):
                         continue
                     entry = unpack(offset, record, any_delivered and offset in delivered)
                     entries.append(entry)
@@ -375,6 +383,9 @@ class DurableClassicQueue(ClassicQueue):
             for offset, record in chunk.items():
                 if offset in self.settled_offsets:
                     continue
+                if offset in self.held_offsets:
+                    self.recovered_held(self._unpack(offset, record, True))
+                    continue
                 flags, seq, _expires, priority, size = _HEAD.unpack_from(record, 0)
                 highest_seq = max(highest_seq, seq)
                 if not flags & PERSISTENT:
@@ -395,6 +406,9 @@ class DurableClassicQueue(ClassicQueue):
         self._truncate()
         log.info("durable queue recovered", queue=self.name, vhost=self.vhost.name,
                  messages=len(store))
+
+    def recovered_held(self, entry: QueuedMessage) -> None:
+        """A held message found by recovery (see `held_offsets`): its queue type's."""
 
     # -- lifecycle ----------------------------------------------------------------------------
 

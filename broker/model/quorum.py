@@ -20,7 +20,10 @@ new leader knows how often each message was tried. What differs from a classic q
 - exclusive consumers are not enforced; single active consumer prefers the highest x-priority
   (the active one keeps its place until what it holds is settled), and refuses basic.get;
 - global QoS and queue.delete's if-unused and if-empty are refused as RabbitMQ 3.10 refuses
-  them (docs/QUORUM-QUEUES.md says where 4.3 differs).
+  them (docs/QUORUM-QUEUES.md says where 4.3 differs);
+- at-least-once dead lettering (`x-dead-letter-strategy`, with reject-publish): a dead letter
+  stays in the queue (a `DEAD_LETTERS` record says so, for a restart or a new leader) until
+  every queue its copy was routed to has confirmed it, and is tried again until then.
 
 It must not know AMQP frames, the session or the cluster: it sees the replication port.
 Single-threaded: runs on the event loop.
@@ -62,6 +65,11 @@ DEFAULT_PRIORITY = 4  # a message without a priority (RabbitMQ 4.x)
 TOP_PRIORITY = 31
 DEFAULT_DELIVERY_LIMIT = 20
 RESUME_RETRY_MS = 250  # how soon a consumer that lost its leader tries the next one
+DEAD_LETTERS = 19  # chunk type: messages dead-lettered at least once, until their targets have them
+_DEAD = struct.Struct(">QB")  # offset, reason
+REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
+DEAD_LETTER_RETRY_MS = 1000
+COUNT_HEADERS = ("x-delivery-count", "x-acquired-count")
 
 
 def delivery_limit(argument: object, policy: object) -> int | None:
@@ -92,6 +100,12 @@ class QuorumQueue(DurableClassicQueue):
         self.waiting: list[Consumer] = []
         self._resume_timer: Timer | None = None
         self.rejecting = False  # reject-publish: over the limit, until back under 80% of it
+        self.dead_letter_strategy = "at-most-once"
+        # at-least-once: dead letters held until their targets confirm them, by reason
+        self.dead_letters: dict[QueuedMessage, str] = {}
+        self.dead_letters_bytes = 0
+        self._dead_letters_sent: set[QueuedMessage] = set()  # waiting for their targets
+        self._dead_letter_timer: Timer | None = None
         super().__init__(vhost, name, env=env, storage_id=storage_id, replication=replication,
                          **kwargs)
         if self.overflow == "reject-publish-dlx":
@@ -119,6 +133,22 @@ class QuorumQueue(DurableClassicQueue):
         definition = policy.definition if policy is not None else {}
         self.delivery_limit = delivery_limit(self.arguments.get("x-delivery-limit"),
                                              definition.get("delivery-limit"))
+        strategy = self.arguments.get("x-dead-letter-strategy",
+                                      definition.get("dead-letter-strategy", "at-most-once"))
+        if isinstance(strategy, bytes):
+            strategy = strategy.decode()
+        if strategy == "at-least-once" and self.overflow != "reject-publish":
+            log.warning(
+                f"Falling back to dead-letter-strategy at-most-once for {self.resource} "
+                "because configured dead-letter-strategy at-least-once is incompatible with "
+                f"effective overflow strategy {self.overflow}. To enable dead-letter-strategy "
+                "at-least-once, set overflow strategy to reject-publish.")
+            strategy = "at-most-once"
+        self.dead_letter_strategy = str(strategy)
+
+    @property
+    def at_least_once(self) -> bool:
+        return self.dlx is not None and self.dead_letter_strategy == "at-least-once"
 
     # -- the replication's answers (a cluster's member: docs/QUORUM-QUEUES.md) -----------------
 
@@ -164,6 +194,10 @@ class QuorumQueue(DurableClassicQueue):
         self.settled_offsets = IntervalSet()
         self.delivered_offsets = IntervalSet()
         self.recovered_counts = {}
+        self.held_offsets = IntervalSet()
+        self.dead_letters.clear()
+        self._dead_letters_sent.clear()
+        self.dead_letters_bytes = 0
         self.unacked = 0
         self.floor = self.log.first_offset
 
@@ -248,20 +282,24 @@ class QuorumQueue(DurableClassicQueue):
     def accept(self, entry: QueuedMessage, confirm: Confirm | None) -> None:
         super().accept(entry, confirm)
         if self.overflow == "reject-publish" and not self.rejecting:
-            messages = self.messages
+            count, size = self._held_length()
             self.rejecting = (
-                (self.max_length is not None and len(messages) > self.max_length)
-                or (self.max_length_bytes is not None
-                    and messages.bytes > self.max_length_bytes))
+                (self.max_length is not None and count > self.max_length)
+                or (self.max_length_bytes is not None and size > self.max_length_bytes))
 
     def settled(self, entry: QueuedMessage) -> None:
         super().settled(entry)
         if self.rejecting:
-            messages = self.messages
+            count, size = self._held_length()
             self.rejecting = not (
-                (self.max_length is None or len(messages) <= self.max_length * 0.8)
-                and (self.max_length_bytes is None
-                     or messages.bytes <= self.max_length_bytes * 0.8))
+                (self.max_length is None or count <= self.max_length * 0.8)
+                and (self.max_length_bytes is None or size <= self.max_length_bytes * 0.8))
+
+    def _held_length(self) -> tuple[int, int]:
+        """What the length limits count: the ready messages and the dead letters held."""
+        messages = self.messages
+        return (len(messages) + len(self.dead_letters),
+                messages.bytes + self.dead_letters_bytes)
 
     # -- consuming ----------------------------------------------------------------------------
 
@@ -349,6 +387,14 @@ class QuorumQueue(DurableClassicQueue):
         if self.replication.role == "replica":
             return  # a deposed leader's late settlements: the log is the leader's now
         super()._write(batch)
+        dead = []
+        for entry in batch.dead_lettered:
+            if isinstance(entry.store_ref, int) and entry in self.dead_letters:
+                self.held_offsets.add(entry.store_ref)
+                dead.append(_DEAD.pack(entry.store_ref,
+                                       REASONS.index(self.dead_letters[entry])))
+        if dead:
+            self.settled_offsets.add(self.log.append(dead, chunk_type=DEAD_LETTERS))
         early = IntervalSet()
         for entry in batch.delivered_early:
             if isinstance(entry.store_ref, int):
@@ -362,13 +408,19 @@ class QuorumQueue(DurableClassicQueue):
             self.settled_offsets.add(offset)
 
     def _recover(self) -> None:
+        self._recovered_reasons: dict[int, str] = {}
         if self.log.next_offset != self.log.first_offset:
-            reader = self.log.reader(OffsetSpec.first(), chunk_types=(RETURNS,))
+            reader = self.log.reader(OffsetSpec.first(), chunk_types=(RETURNS, DEAD_LETTERS))
             for chunk in reader:
                 self.settled_offsets.add(chunk.first_offset)
                 for record in chunk.records:
-                    offset, delivered, acquired = _COUNTS.unpack(bytes(record))
-                    self.recovered_counts[offset] = (delivered, acquired)
+                    if chunk.chunk_type == RETURNS:
+                        offset, delivered, acquired = _COUNTS.unpack(bytes(record))
+                        self.recovered_counts[offset] = (delivered, acquired)
+                    else:
+                        offset, reason = _DEAD.unpack(bytes(record))
+                        self.held_offsets.add(offset)
+                        self._recovered_reasons[offset] = REASONS[reason]
             reader.close()
         super()._recover()
         settled = self.settled_offsets
@@ -382,6 +434,74 @@ class QuorumQueue(DurableClassicQueue):
             entry.delivery_count, entry.acquired = counts
             stamp(entry)
         return entry
+
+    # -- dead lettering ----------------------------------------------------------------------
+
+    def discard(self, entry: QueuedMessage, reason: str) -> None:
+        """A message leaves without delivery: its dead-lettered copy carries no counts of
+        this queue's; at least once, it stays here until every target holds the copy."""
+        headers = entry.message.headers
+        if any(key in headers for key in COUNT_HEADERS):
+            entry.message = entry.message.replace(headers={
+                k: v for k, v in headers.items() if k not in COUNT_HEADERS})
+        if not self.at_least_once or self.deleted or self.replication.role == "replica":
+            super().discard(entry, reason)
+            return
+        self.dead_letters[entry] = reason
+        self.dead_letters_bytes += len(entry.message.body)
+        self.writer.batch.dead_lettered.append(entry)
+        self.writer.schedule()
+        self._send_dead_letter(entry)
+
+    def recovered_held(self, entry: QueuedMessage) -> None:
+        reason = self._recovered_reasons.get(entry.store_ref, "rejected")
+        self.dead_letters[entry] = reason
+        self.dead_letters_bytes += len(entry.message.body)
+        if self.replication.role != "replica":
+            self._dead_letters_later(0)
+
+    def _send_dead_letter(self, entry: QueuedMessage) -> None:
+        reason = self.dead_letters.get(entry)
+        if reason is None or entry in self._dead_letters_sent or self.deleted:
+            return
+        confirm = Confirm(0, lambda done: self._dead_letter_confirmed(entry, done))
+        if not self.vhost.dead_letter(self, entry, reason, confirm):
+            self._dead_letters_later(DEAD_LETTER_RETRY_MS)  # no route yet: try again
+            return
+        self._dead_letters_sent.add(entry)
+        confirm.seal()
+
+    def _dead_letter_confirmed(self, entry: QueuedMessage, confirm: Confirm) -> None:
+        self._dead_letters_sent.discard(entry)
+        if entry not in self.dead_letters or self.deleted:
+            return
+        if confirm.rejected:
+            self._dead_letters_later(DEAD_LETTER_RETRY_MS)
+            return
+        del self.dead_letters[entry]
+        self.dead_letters_bytes -= len(entry.message.body)
+        self.settled(entry)
+
+    def _dead_letters_later(self, delay_ms: int) -> None:
+        if self._dead_letter_timer is None and not self.deleted:
+            self._dead_letter_timer = self.vhost.scheduler.call_later(
+                delay_ms, self._send_dead_letters)
+
+    def _send_dead_letters(self) -> None:
+        self._dead_letter_timer = None
+        if self.replication.role == "replica":
+            return
+        for entry in list(self.dead_letters):
+            self._send_dead_letter(entry)
+
+    def purge(self) -> int:
+        """The ready messages, and the dead letters held (RabbitMQ 4.3 purges those too)."""
+        held = list(self.dead_letters)
+        self.dead_letters.clear()
+        self.dead_letters_bytes = 0
+        for entry in held:
+            self.settled(entry)
+        return super().purge()
 
     # -- deleting -----------------------------------------------------------------------------
 

@@ -589,13 +589,16 @@ class VHost:
                 taken += 1
         return taken
 
-    def dead_letter(self, queue: Queue, entry: QueuedMessage, reason: str) -> None:
+    def dead_letter(self, queue: Queue, entry: QueuedMessage, reason: str,
+                    confirm: Confirm | None = None) -> int:
+        """Republish a dead-lettered copy to the queue's DLX; the number of queues that took
+        it (`confirm`: settled when they all hold it, for at-least-once dead lettering)."""
         dlx_name = getattr(queue, "dlx", None)
         if dlx_name is None:
-            return
+            return 0
         exchange = self.exchanges.get(dlx_name)
         if exchange is None:
-            return
+            return 0
         copy = dead_lettered_copy(
             entry.message,
             queue.name,
@@ -604,8 +607,10 @@ class VHost:
             dlx_name,
             getattr(queue, "dlrk", None),
         )
+        taken = 0
         for target in self.route(exchange, copy):
-            if not is_cycle(copy, target.name, reason):
-                target.publish(copy, None)
+            if not is_cycle(copy, target.name, reason) and target.publish(copy, confirm):
+                taken += 1
+        return taken
 
 

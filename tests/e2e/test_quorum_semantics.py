@@ -7,6 +7,7 @@ otherwise (each such test says how 3.10.8 differs; docs/QUORUM-QUEUES.md lists t
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any
 
 import aio_pika
@@ -392,3 +393,81 @@ def test_kombu_round_trip(mq: Amqp) -> None:
             while len(received) < 2:
                 connection.drain_events(timeout=5)
     assert received == [({"n": 1}, None), ({"n": 1}, 1)]
+
+
+# -- at-least-once dead lettering ----------------------------------------------------------------
+
+
+def at_least_once(mq: Amqp, dlx: str) -> str:
+    return declare(mq, **{"x-dead-letter-exchange": dlx, "x-dead-letter-strategy":
+                          "at-least-once", "x-overflow": "reject-publish"})
+
+
+def test_at_least_once_dead_letters_reach_their_target(mq: Amqp) -> None:
+    dlx, target = mq.uid("dlx"), mq.uid("target")
+    ch = mq.channel(confirm=True)
+    ch.exchange_declare(dlx, "fanout")
+    ch.queue_declare(target, durable=True, arguments=QUORUM)
+    ch.queue_bind(target, dlx)
+    queue = at_least_once(mq, dlx)
+    ch.basic_publish("", queue, b"dead")
+    ch.basic_reject(get(ch, queue)[0].delivery_tag, requeue=False)
+    assert mq.wait(lambda: mq.ready(target) == 1)
+    _method, props, body = get(ch, target)
+    assert body == b"dead" and props.headers["x-death"][0]["reason"] == "rejected"
+    assert mq.ready(queue) == 0
+
+
+def test_an_unroutable_dead_letter_waits_for_a_route(lev: Amqp) -> None:
+    """At least once, a dead letter no queue takes stays in its queue and goes as soon as a
+    route exists (at most once, it would be lost)."""
+    dlx, target = lev.uid("dlx"), lev.uid("target")
+    ch = lev.channel(confirm=True)
+    ch.exchange_declare(dlx, "fanout")
+    queue = at_least_once(lev, dlx)
+    ch.basic_publish("", queue, b"kept")
+    ch.basic_reject(get(ch, queue)[0].delivery_tag, requeue=False)
+    ch.queue_declare(target, durable=True)
+    ch.queue_bind(target, dlx)
+    assert lev.wait(lambda: lev.ready(target) == 1, timeout=5)
+    assert get(ch, target)[2] == b"kept"
+
+
+def test_held_dead_letters_survive_a_restart(lev: Amqp, broker_process: BrokerProcess) -> None:
+    amqp = type(lev)("leveret", broker_process.port)
+    dlx, target = amqp.uid("dlx"), amqp.uid("target")
+    ch = amqp.channel(confirm=True)
+    ch.exchange_declare(dlx, "fanout", durable=True)
+    queue = at_least_once(amqp, dlx)
+    for body in (b"one", b"two"):
+        ch.basic_publish("", queue, body)
+    for _ in range(2):
+        ch.basic_reject(get(ch, queue)[0].delivery_tag, requeue=False)
+    assert ch.basic_get(queue)[0] is None  # held, not ready
+    amqp.close()
+    broker_process.kill()
+    broker_process.start()
+    amqp = type(lev)("leveret", broker_process.port)
+    ch = amqp.channel()
+    assert ch.basic_get(queue)[0] is None  # still held after the restart
+    ch.queue_declare(target, durable=True)
+    ch.queue_bind(target, dlx)
+    assert amqp.wait(lambda: amqp.ready(target) == 2, timeout=5)
+    assert amqp.drain(ch, target) == [b"one", b"two"]
+    amqp.close()
+
+
+def test_at_least_once_needs_reject_publish(lev: Amqp) -> None:
+    """With drop-head, at-least-once falls back to at-most-once (RabbitMQ logs a warning):
+    an unroutable dead letter is lost."""
+    dlx, target = lev.uid("dlx"), lev.uid("target")
+    ch = lev.channel(confirm=True)
+    ch.exchange_declare(dlx, "fanout")
+    queue = declare(lev, **{"x-dead-letter-exchange": dlx,
+                            "x-dead-letter-strategy": "at-least-once"})
+    ch.basic_publish("", queue, b"lost")
+    ch.basic_reject(get(ch, queue)[0].delivery_tag, requeue=False)
+    ch.queue_declare(target, durable=True)
+    ch.queue_bind(target, dlx)
+    time.sleep(1.5)
+    assert lev.ready(target) == 0 and lev.ready(queue) == 0
