@@ -37,11 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.durable import (
+    ACKS,
     DELIVERED,
     PENDING,
     DurableClassicQueue,
     PagedStore,
     _Batch,
+    _parse_ranges,
     _ranges,
 )
 from leveret.broker.model.errors import NotImplementedFeature, ResourceLocked
@@ -52,7 +54,7 @@ from leveret.broker.model.replication import ONE_NODE, Replication
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.store import LeveledStore, MessageStore
 from leveret.broker.process import logs
-from leveret.storage import OffsetSpec
+from leveret.storage import OffsetSpec, StorageError
 
 if TYPE_CHECKING:
     from leveret.broker.model.queue_client import QueueClient, QueueMethod
@@ -69,6 +71,7 @@ DEAD_LETTERS = 19  # chunk type: messages dead-lettered at least once, until the
 _DEAD = struct.Struct(">QB")  # offset, reason
 REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
 DEAD_LETTER_RETRY_MS = 1000
+FOLLOW_MS = 1000  # how often a replica applies the leader's settlements to its log's head
 COUNT_HEADERS = ("x-delivery-count", "x-acquired-count")
 
 
@@ -106,6 +109,8 @@ class QuorumQueue(DurableClassicQueue):
         self.dead_letters_bytes = 0
         self._dead_letters_sent: set[QueuedMessage] = set()  # waiting for their targets
         self._dead_letter_timer: Timer | None = None
+        self._followed = 0  # a replica: where its log's settlements were read up to
+        self._follow_timer: Timer | None = None
         super().__init__(vhost, name, env=env, storage_id=storage_id, replication=replication,
                          **kwargs)
         if self.overflow == "reject-publish-dlx":
@@ -183,6 +188,44 @@ class QuorumQueue(DurableClassicQueue):
         if self.waiting and role:
             self._resume_later(0)
 
+    # -- a replica's log ----------------------------------------------------------------------
+
+    def dispatch(self, now: int | None = None) -> None:
+        if self.replication.role == "replica":  # the commit point moved
+            if self._follow_timer is None and not self.deleted:
+                self._follow_timer = self.vhost.scheduler.call_later(FOLLOW_MS, self._follow)
+            return
+        super().dispatch(now)
+
+    def _follow(self) -> None:
+        """A replica applies the leader's settlements as far as they are committed and
+        deletes its log's head as the leader does, so that disk use follows the live
+        messages on every member."""
+        self._follow_timer = None
+        bound = self.replication.commit_bound
+        if self.deleted or self.replication.role != "replica" or bound is None:
+            return
+        settled = self.settled_offsets
+        try:
+            reader = self.log.reader(
+                OffsetSpec.offset(max(self._followed, self.log.first_offset)),
+                chunk_types=(ACKS, DELIVERED, RETURNS, DEAD_LETTERS))
+        except StorageError:
+            return
+        try:
+            for chunk in reader:
+                if chunk.next_offset - 1 > bound:
+                    break
+                settled.add_range(chunk.first_offset, chunk.next_offset)
+                if chunk.chunk_type == ACKS:
+                    for record in chunk.records:
+                        for start, end in _parse_ranges(record):
+                            settled.add_range(start, end)
+                self._followed = chunk.next_offset
+        finally:
+            reader.close()
+        self._truncate()
+
     def _drop_state(self) -> None:
         for consumer in list(self.consumers):
             consumer.sink.server_cancel(consumer)
@@ -199,7 +242,7 @@ class QuorumQueue(DurableClassicQueue):
         self._dead_letters_sent.clear()
         self.dead_letters_bytes = 0
         self.unacked = 0
-        self.floor = self.log.first_offset
+        self.floor = self._followed = self.log.first_offset
 
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
         leader = self.replication.forward_to
@@ -384,9 +427,22 @@ class QuorumQueue(DurableClassicQueue):
             super()._mark_delivered(entry)
 
     def _write(self, batch: _Batch) -> None:
+        """The durable queue's write, then this turn's records of the quorum queue's own:
+        deliveries made before their write, the counts of returned messages, and the dead
+        letters held (each needs its message's offset, known once it is written)."""
         if self.replication.role == "replica":
             return  # a deposed leader's late settlements: the log is the leader's now
         super()._write(batch)
+        early = IntervalSet()
+        for entry in batch.delivered_early:
+            if isinstance(entry.store_ref, int):
+                early.add(entry.store_ref)
+        if early.range_count:
+            self._append_settled([_ranges(early)], DELIVERED)
+        records = [_COUNTS.pack(e.store_ref, e.delivery_count, e.acquired)
+                   for e in batch.returned if isinstance(e.store_ref, int)]
+        if records:
+            self._append_settled(records, RETURNS)
         dead = []
         for entry in batch.dead_lettered:
             if isinstance(entry.store_ref, int) and entry in self.dead_letters:
@@ -394,25 +450,20 @@ class QuorumQueue(DurableClassicQueue):
                 dead.append(_DEAD.pack(entry.store_ref,
                                        REASONS.index(self.dead_letters[entry])))
         if dead:
-            self.settled_offsets.add(self.log.append(dead, chunk_type=DEAD_LETTERS))
-        early = IntervalSet()
-        for entry in batch.delivered_early:
-            if isinstance(entry.store_ref, int):
-                early.add(entry.store_ref)
-        if early.range_count:
-            self.settled_offsets.add(self.log.append([_ranges(early)], chunk_type=DELIVERED))
-        records = [_COUNTS.pack(e.store_ref, e.delivery_count, e.acquired)
-                   for e in batch.returned if isinstance(e.store_ref, int)]
-        if records:
-            offset = self.log.append(records, chunk_type=RETURNS)
-            self.settled_offsets.add(offset)
+            self._append_settled(dead, DEAD_LETTERS)
+
+    def _append_settled(self, records: list[bytes], chunk_type: int) -> None:
+        """A chunk of the queue's own records: its offsets are settled at once (they hold no
+        message), so that the log's head can be deleted past them."""
+        first = self.log.append(records, chunk_type=chunk_type)
+        self.settled_offsets.add_range(first, first + len(records))
 
     def _recover(self) -> None:
         self._recovered_reasons: dict[int, str] = {}
         if self.log.next_offset != self.log.first_offset:
             reader = self.log.reader(OffsetSpec.first(), chunk_types=(RETURNS, DEAD_LETTERS))
             for chunk in reader:
-                self.settled_offsets.add(chunk.first_offset)
+                self.settled_offsets.add_range(chunk.first_offset, chunk.next_offset)
                 for record in chunk.records:
                     if chunk.chunk_type == RETURNS:
                         offset, delivered, acquired = _COUNTS.unpack(bytes(record))

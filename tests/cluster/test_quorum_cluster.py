@@ -243,8 +243,8 @@ def drain_all(node: ClusterNode, name: str, timeout: float = 30) -> list[bytes]:
 def kill_the_leader(abc: Three, etcd: EtcdServer, cluster: str, rounds: int) -> None:
     """`rounds` times: 50 confirmed publishes through a node that does not lead, a few taken
     and acked, `kill -9` of the leader, a publish retried until a new leader confirms it, the
-    killed node restarted. Then every confirmed message not acked is delivered, once, in
-    publish order, through any node."""
+    killed node restarted. Then every confirmed message has been delivered at least once,
+    the first deliveries in publish order, through any node."""
     nodes = dict(zip("abc", abc, strict=True))
     declare(nodes["a"], "q.rounds")
     confirmed: list[bytes] = []
@@ -264,9 +264,13 @@ def kill_the_leader(abc: Three, etcd: EtcdServer, cluster: str, rounds: int) -> 
         wait_until(lambda old=leader: linked(nodes[old], 2), timeout=60)
     final = leader_of(etcd, cluster, "q.rounds")
     got = drain_all(nodes[final], "q.rounds")
-    left = [body for body in got if not body.startswith(b"probe")]
-    assert acked + left == confirmed, final  # FIFO, each once: nothing lost or doubled
-    assert [body for body in got if body.startswith(b"probe")] == probes
+    delivered = acked + [body for body in got if not body.startswith(b"probe")]
+    first = list(dict.fromkeys(delivered))
+    # every confirmed message delivered, first deliveries in publish order; an ack that a
+    # killed leader had not yet committed brings its message back (at least once)
+    assert first == confirmed, (final, len(delivered) - len(first))
+    assert dict.fromkeys(body for body in got if body.startswith(b"probe")) == dict.fromkeys(
+        probes)
 
 
 def test_three_rounds_of_killing_the_leader_lose_no_confirmed_message(
@@ -345,3 +349,42 @@ def test_leader_and_a_replica_down_nothing_until_one_is_back_then_a_new_leader(
     wait_until(lambda: leader_of(etcd, cluster, "q.two-down") in ("b", "c"), timeout=60)
     publish_until_confirmed(c, "q.two-down", b"second")
     assert drain_all(b, "q.two-down") == [b"first", b"second"]
+
+
+def test_every_member_deletes_what_is_settled(abc: Three, etcd: EtcdServer,
+                                              cluster: str) -> None:
+    """Disk use follows the live messages on every member: once 24 MB were published and
+    consumed, the leader and both replicas delete the segments that held them."""
+    a, b, c = abc
+    declare(a, "q.disk")
+    record, _ = in_etcd(etcd, cluster, "q.disk")
+    assert record is not None and record.storage_id is not None
+
+    async def publish() -> None:
+        connection = await aio_pika.connect(b.url)
+        async with connection:
+            channel = await connection.channel(publisher_confirms=True)
+            body = b"x" * 1024
+            for start in range(0, 24_000, 1000):
+                await asyncio.gather(*(channel.default_exchange.publish(
+                    aio_pika.Message(body), routing_key="q.disk") for _ in range(1000)))
+                del start
+
+    asyncio.run(publish())
+
+    def folder_bytes(node: ClusterNode) -> int:
+        folder = node.data_dir / "queues" / (record.storage_id or "")
+        return sum(p.stat().st_size for p in folder.glob("*.segment"))
+
+    def first_segment(node: ClusterNode) -> str:
+        folder = node.data_dir / "queues" / (record.storage_id or "")
+        return sorted(p.name for p in folder.glob("*.segment"))[0]
+
+    assert all(folder_bytes(node) > 20_000_000 for node in abc)
+    assert all(first_segment(node) == "00000000000000000000.segment" for node in abc)
+    assert len(drain(c, "q.disk", 24_000)) == 24_000
+    publish_confirmed(a, "q.disk", [b"last"])
+    # the first 16 MB segment goes on every member; the one being written stays
+    wait_until(lambda: all(first_segment(node) != "00000000000000000000.segment"
+                           and folder_bytes(node) < 16_000_000 for node in abc), timeout=30)
+    assert drain_all(b, "q.disk") == [b"last"]
