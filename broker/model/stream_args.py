@@ -1,10 +1,10 @@
 """Stream arguments: declaration checks, x-stream-offset and filter parsing, as RabbitMQ does.
 
 Declaring a stream checks the stream-only limits after the generic argument validators
-(args.py) and the flags of a durable-only type (queue_kind.py) have run; consuming parses `x-stream-offset` (first, last, next, an
-integer offset, an AMQP timestamp, or an interval such as `1h`), `x-stream-filter` and
-`x-stream-match-unfiltered`; publishing checks `x-stream-publisher-name`. Pure functions that
-raise domain errors with RabbitMQ's texts.
+(args.py) and the flags of a durable-only type (queue_kind.py) have run; consuming parses
+`x-stream-offset` (first, last, next, an integer offset, an AMQP timestamp, or an interval such
+as `1h`), `x-stream-filter` and `x-stream-match-unfiltered`; publishing checks
+`x-stream-publisher-name`. Pure functions that raise domain errors with RabbitMQ's texts.
 """
 
 from __future__ import annotations
