@@ -38,7 +38,8 @@ def declared(mq: Amqp, name: str, **kwargs: Any) -> tuple[int, int]:
 
 
 def invalid_arg(key: str, queue: str, error: str) -> tuple[int, str]:
-    return 406, f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{queue}' in vhost '/': {error}"
+    return 406, (f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{queue}' in vhost '/': "
+                 f"{error}")
 
 
 def of_another_type(key: str, queue: str) -> tuple[int, str]:
@@ -306,7 +307,7 @@ def test_kombu_declares_and_is_refused_alike(mq: Amqp) -> None:
         ).bind(channel).queue_declare()
         assert (name, messages, consumers) == (queue, 0, 0)
         # kombu's auto_delete queue: a quorum queue cannot be one
-        with pytest.raises(Exception) as info:  # noqa: PT011 - amqp's class per reply code
+        with pytest.raises(Exception) as info:  # py-amqp's class for a 406
             kombu.Queue(auto, durable=True, auto_delete=True,
                         queue_arguments=QUORUM).bind(connection.channel()).declare()
         assert getattr(info.value, "code", None) == 406
