@@ -337,9 +337,11 @@ def test_the_setting_is_checked(tmp_path: Path) -> None:
         load(env={}, overrides={"default_queue_type": "lazy"})
     assert str(raised.value) == ("invalid value 'lazy' for setting 'default_queue_type': "
                                  "classic, quorum or stream")
+    # on free ports, should the flag be ignored and the broker start
     result = subprocess.run(
         [sys.executable, "-m", "leveret.cli", "serve", "--data-dir", str(tmp_path / "data"),
-         "--default-queue-type", "lazy"], capture_output=True, text=True, timeout=60)
+         "--port", str(free_port()), "--management-port", "0", "--stream-port", "0",
+         "--default-queue-type", "lazy"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         "error: invalid value 'lazy' for setting 'default_queue_type': classic, quorum or stream"]
