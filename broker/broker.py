@@ -20,6 +20,7 @@ from leveret.broker.access.auth import HASHING_ALGORITHM, Permission, Users
 from leveret.broker.cluster.stream_member import StreamMember
 from leveret.broker.metadata.recorder import MetadataRecorder, restore
 from leveret.broker.metadata.store import Metastore
+from leveret.broker.model import default_type
 from leveret.broker.model.classic_kind import ClassicKind
 from leveret.broker.model.durable import DurableClassicQueue
 from leveret.broker.model.queue_kind import QueueKinds
@@ -112,6 +113,10 @@ class Broker:
             StreamKind(self.stream_env, self._stream_replication),
             QuorumKind(self.queue_env, self._stream_replication),
         ])
+        # a new vhost's default queue type unless it is given one (RabbitMQ's node-wide
+        # default_queue_type); Config.load has checked it
+        self.default_queue_type = (default_type.parse(config.default_queue_type,
+                                                      self.queue_kinds) or default_type.FALLBACK)
         self.metastore = Metastore(config.data_dir / "metadata.sqlite3")
         self.recorder: Observer = MetadataRecorder(self.metastore)
         if self.metastore.fresh:
@@ -128,7 +133,10 @@ class Broker:
             self.add_user(config.default_user, config.default_pass, tags=["administrator"])
             self.set_permissions(config.default_user, config.default_vhost, Permission())
 
-    def add_vhost(self, name: str, persist: bool = True) -> VHost:
+    def add_vhost(self, name: str, persist: bool = True,
+                  default_queue_type: str | None = None) -> VHost:
+        """The vhost `name`, made if there is none: with `default_queue_type` (a registered
+        type's name), else the server's, as RabbitMQ 4.x records in a new vhost."""
         vhost = self.vhosts.get(name)
         if vhost is None:
             vhost = VHost(
@@ -136,10 +144,11 @@ class Broker:
                 self.scheduler,
                 queue_kinds=self.queue_kinds,
                 observer=self.recorder,
+                default_queue_type=default_queue_type or self.default_queue_type,
             )
             self.vhosts[name] = vhost
             if persist and not self.config.etcd:  # in cluster mode vhosts live in etcd
-                self.metastore.put_vhost(name)
+                self.metastore.put_vhost(name, default_queue_type=vhost.default_queue_type)
         return vhost
 
     def _stream_replication(self) -> Replication:

@@ -115,6 +115,13 @@ def serve_command(
         typer.Option("--cluster-secret-file", help="File holding the cluster's shared secret "
                      "[env LEVERET_CLUSTER_SECRET_FILE, or the secret in LEVERET_CLUSTER_SECRET]"),
     ] = None,
+    default_queue_type: Annotated[
+        str | None,
+        typer.Option("--default-queue-type", metavar="TYPE",
+                     help="classic, quorum or stream: the type of a queue declared without "
+                     "x-queue-type in a vhost created without its own [default: classic; env "
+                     "LEVERET_DEFAULT_QUEUE_TYPE]"),
+    ] = None,
     # str, not float: `load` turns a bad value into its one-line error, as from TOML or env
     cluster_heartbeat_interval_s: Annotated[
         str | None,
@@ -154,6 +161,7 @@ def serve_command(
                 "cluster_secret_file": cluster_secret_file,
                 "cluster_heartbeat_interval_s": cluster_heartbeat_interval_s,
                 "cluster_heartbeat_timeout_s": cluster_heartbeat_timeout_s,
+                "default_queue_type": default_queue_type,
             },
         )
     except ConfigError as exc:

@@ -77,7 +77,10 @@ class AccessStore(ABC):
 
     @abstractmethod
     async def put_vhost(self, name: str, description: str = "", tags: list[str] | None = None,
-                        acting_user: str | None = None) -> bool: ...
+                        acting_user: str | None = None,
+                        default_queue_type: str | None = None) -> bool:
+        """Create or update a vhost; `default_queue_type`: a registered type's name, or None
+        for the server's (model/default_type.py)."""
 
     @abstractmethod
     async def delete_vhost(self, name: str) -> None: ...
@@ -208,8 +211,10 @@ class LocalAccess(AccessStore):
     """A single node: the model and SQLite, through broker.admin."""
 
     async def put_vhost(self, name: str, description: str = "", tags: list[str] | None = None,
-                        acting_user: str | None = None) -> bool:
-        return admin.add_vhost(self.broker, name, description, tags, acting_user)
+                        acting_user: str | None = None,
+                        default_queue_type: str | None = None) -> bool:
+        return admin.add_vhost(self.broker, name, description, tags, acting_user,
+                               default_queue_type)
 
     async def delete_vhost(self, name: str) -> None:
         admin.delete_vhost(self.broker, name)
@@ -300,9 +305,16 @@ class ClusterAccess(AccessStore):
     # -- vhosts ----------------------------------------------------------------------------------
 
     async def put_vhost(self, name: str, description: str = "", tags: list[str] | None = None,
-                        acting_user: str | None = None) -> bool:
+                        acting_user: str | None = None,
+                        default_queue_type: str | None = None) -> bool:
         if not name:
             raise admin.BadRequest("vhost names cannot be empty")
+        if default_queue_type not in (None, self.broker.default_queue_type):
+            # etcd's vhost records have no default queue type yet: every vhost has the
+            # nodes' setting (docs/QUORUM-QUEUES.md)
+            raise admin.BadRequest(
+                "a vhost's own default_queue_type is not supported in cluster mode yet; "
+                f"every vhost has the nodes' default_queue_type ({self.broker.default_queue_type})")
         store = self.cluster.store
         created = self.cluster.cache.vhost(name) is None
         async with self._writing():

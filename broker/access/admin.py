@@ -92,7 +92,8 @@ def algorithm_of(password_hash: str) -> str:
 
 
 def vhost_metadata(broker: Broker) -> dict[str, tuple[str, list[str]]]:
-    """Every vhost's description and tags, as kept in the metadata store."""
+    """Every vhost's description and tags, as kept in the metadata store (its default queue
+    type is the model's: VHost.default_queue_type)."""
     return {
         row["name"]: (row["description"], json.loads(row["tags"]))
         for row in broker.metastore.rows("vhosts")
@@ -112,14 +113,19 @@ def add_vhost(
     description: str = "",
     tags: list[str] | None = None,
     acting_user: str | None = None,
+    default_queue_type: str | None = None,
 ) -> bool:
     """Create (or update the metadata of) a vhost. As RabbitMQ's put_vhost, a new vhost gives
-    the user who created it full permissions on it (not at boot, where there is no user)."""
+    the user who created it full permissions on it (not at boot, where there is no user).
+    `default_queue_type` (default_type.parse's) replaces the vhost's; None gives it the
+    server's, as RabbitMQ 4.3 does on a create and on an update alike."""
     if not name:
         raise BadRequest("vhost names cannot be empty")
     created = name not in broker.vhosts
-    broker.add_vhost(name, persist=False)
-    broker.metastore.put_vhost(name, description or "", list(tags or []))
+    vhost = broker.add_vhost(name, persist=False)
+    queue_type = default_queue_type or broker.default_queue_type
+    broker.metastore.put_vhost(name, description or "", list(tags or []), queue_type)
+    vhost.default_queue_type = queue_type
     if created and acting_user is not None and acting_user in broker.users.users:
         broker.set_permissions(acting_user, name, Permission())
     if created:

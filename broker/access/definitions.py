@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from leveret.broker.access import admin
 from leveret.broker.access.access_store import AccessStore, TopologyUnavailable, access_store
 from leveret.broker.management.views import jsonable as _json
+from leveret.broker.model import default_type
 from leveret.broker.model.errors import BrokerError
 from leveret.broker.model.exchange import exchange_class
 from leveret.broker.process import logs
@@ -141,9 +142,10 @@ def export_all(broker: Broker) -> dict[str, Any]:
                 "description": meta.get(v.name, ("", []))[0],
                 "tags": meta.get(v.name, ("", []))[1],
                 "limits": [],
-                "metadata": {
+                "metadata": {  # RabbitMQ 4.3 writes default_queue_type here only
                     "description": meta.get(v.name, ("", []))[0],
                     "tags": meta.get(v.name, ("", []))[1],
+                    "default_queue_type": v.default_queue_type,
                 },
             }
             for v in vhosts
@@ -238,7 +240,9 @@ async def _import_vhosts(broker: Broker, store: AccessStore, data: dict[str, Any
             else {}
         description = item.get("description", metadata.get("description", "")) or ""
         tags = admin.parse_tags(item.get("tags", metadata.get("tags")))
-        await store.put_vhost(name, str(description), tags)
+        # as RabbitMQ 4.3: from the metadata only; none (or null) is the server's
+        queue_type = default_type.parse(metadata.get("default_queue_type"), broker.queue_kinds)
+        await store.put_vhost(name, str(description), tags, default_queue_type=queue_type)
     for item in _items(data, "permissions"):
         user, vhost = item.get("user"), item.get("vhost")
         if user not in broker.users.users or vhost not in broker.vhosts:

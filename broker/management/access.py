@@ -29,6 +29,7 @@ from leveret.broker.management.http import (
     visible,
 )
 from leveret.broker.management.nodes import nodes_of
+from leveret.broker.model import default_type
 
 # -- vhosts -----------------------------------------------------------------------------------
 
@@ -62,11 +63,15 @@ async def put_vhost(request: web.Request) -> web.Response:
         metadata = {}
     description = data.get("description", metadata.get("description", "")) or ""
     tags = admin.parse_tags(data.get("tags", metadata.get("tags")))
+    # RabbitMQ 4.3 reads default_queue_type, else 3.11's name for it (defaultqueuetype)
+    queue_type = default_type.parse(data.get("default_queue_type", data.get("defaultqueuetype")),
+                                    broker_of(request).queue_kinds)
     created = await access_store(broker_of(request)).put_vhost(
         request.match_info["vhost"],
         str(description),
         tags,
         acting_user=user_of(request).name,
+        default_queue_type=queue_type,
     )
     return created_or_updated(created)
 

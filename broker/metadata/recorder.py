@@ -40,7 +40,8 @@ class Broker(Protocol):
     @property
     def vhosts(self) -> dict[str, VHost]: ...
 
-    def add_vhost(self, name: str, persist: bool = True) -> VHost: ...
+    def add_vhost(self, name: str, persist: bool = True,
+                  default_queue_type: str | None = None) -> VHost: ...
 
 
 class RestoreError(Exception):
@@ -131,8 +132,9 @@ def _binding_row(binding: Binding) -> tuple[str, str, str, str, str, dict[str, A
 
 def restore(broker: Broker, store: Metastore) -> None:
     """Rebuild the durable state; a row that no longer loads is logged and skipped."""
-    for row in store.rows("vhosts"):
-        broker.add_vhost(row["name"], persist=False)
+    for row in store.rows("vhosts"):  # default_queue_type NULL: the server's (recorded < v2)
+        broker.add_vhost(row["name"], persist=False,
+                         default_queue_type=row["default_queue_type"])
     for row in store.rows("users"):
         broker.users.add(
             row["name"], password_hash=row["password_hash"], tags=json.loads(row["tags"])

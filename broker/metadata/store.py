@@ -20,11 +20,13 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# A vhost's default_queue_type is NULL in a vhost recorded before version 2 (it then follows
+# the server's setting).
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS vhosts (name TEXT PRIMARY KEY, description TEXT NOT NULL DEFAULT '',
-    tags TEXT NOT NULL DEFAULT '[]');
+    tags TEXT NOT NULL DEFAULT '[]', default_queue_type TEXT);
 CREATE TABLE IF NOT EXISTS users (name TEXT PRIMARY KEY, password_hash TEXT NOT NULL,
     hashing_algorithm TEXT NOT NULL, tags TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS permissions (user TEXT NOT NULL, vhost TEXT NOT NULL,
@@ -106,12 +108,21 @@ class Metastore:
             raise MetastoreError(f"cannot open the metadata database {path}: {exc}") from None
         if row is None:
             self._write("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) == 1:
+            self._upgrade_from_1()
         elif int(row[0]) != SCHEMA_VERSION:
             raise MetastoreError(
                 f"the metadata database {path} has schema version {row[0]}; this Leveret "
                 f"reads version {SCHEMA_VERSION}"
             )
         self.fresh = row is None
+
+    def _upgrade_from_1(self) -> None:
+        """Version 2 adds the vhosts' default_queue_type column (NULL: not recorded)."""
+        self._write("BEGIN")
+        self._write("ALTER TABLE vhosts ADD COLUMN default_queue_type TEXT")
+        self._write("UPDATE meta SET value = '2' WHERE key = 'schema'")
+        self._write("COMMIT")
 
     def _write(self, sql: str, params: tuple[Any, ...] = ()) -> None:
         try:
@@ -131,10 +142,11 @@ class Metastore:
 
     # -- writes -------------------------------------------------------------------------------
 
-    def put_vhost(self, name: str, description: str = "", tags: list[str] | None = None) -> None:
+    def put_vhost(self, name: str, description: str = "", tags: list[str] | None = None,
+                  default_queue_type: str | None = None) -> None:
         self._write(
-            "INSERT OR REPLACE INTO vhosts VALUES (?, ?, ?)",
-            (name, description, json.dumps(tags or [])),
+            "INSERT OR REPLACE INTO vhosts VALUES (?, ?, ?, ?)",
+            (name, description, json.dumps(tags or []), default_queue_type),
         )
 
     def delete_vhost(self, name: str) -> None:

@@ -3,13 +3,15 @@
 A `QueueKind` is one queue type as a declaration sees it: its name (the `x-queue-type`), how
 it validates a new queue's flags and arguments with RabbitMQ's texts, whether a redeclaration
 is equivalent to the queue that exists, and how it builds a queue (`create`). Classic queues
-(classic_kind.py) and streams (stream_kind.py) are kinds; the composition root (broker.py)
+(classic_kind.py), streams (stream_kind.py) and quorum queues (quorum_kind.py) are kinds; the
+composition root (broker.py)
 registers them in one `QueueKinds`, which every vhost asks. Adding a queue type is one more
 module and one registration: the vhost and the argument tables stay as they are.
 
-`DeclareRules` holds the rules RabbitMQ applies to any type it knows (args.py's catalogue):
-a declaration of a type RabbitMQ knows but Leveret does not implement (quorum queues, today)
-is validated by them first, then refused as an unsupported queue type, as before.
+`DeclareRules` holds the rules RabbitMQ applies to any type it knows (args.py's catalogue,
+and the flags a replicated type refuses): a declaration of a type RabbitMQ knows but a broker
+does not register (none in broker.py today; unit tests make such brokers) is validated by them
+first, then refused as an unsupported queue type.
 
 It must not know the vhost, the session, the cluster or I/O: a kind builds a queue for the
 `QueueOwner` it is given (queue.py).
@@ -36,6 +38,10 @@ class DeclareRules:
     arguments this type keeps. A kind extends them with its own checks."""
 
     server_named = True  # whether "" asks the server to name the queue (not for a stream)
+    # RabbitMQ's replicated types (quorum queues, streams) are durable, not exclusive and not
+    # auto-delete: their declarations are refused otherwise, and a vhost's default type of
+    # this kind does not apply to such a declaration (is_compatible)
+    durable_only = False
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -50,13 +56,31 @@ class DeclareRules:
     def validate_arguments(self, rs: str, *, durable: bool, exclusive: bool, auto_delete: bool,
                            arguments: FieldTable) -> None:
         """A new queue's flags and arguments, after the vhost's checks of the DLX: the typed
-        validators, then the keys of other types (RabbitMQ's order)."""
+        validators, then the keys of other types, then a durable-only type's flags (RabbitMQ's
+        order: rabbit_amqqueue checks the arguments before the type's declare)."""
         qargs.check_queue_args(arguments, self.name, rs)
+        if self.durable_only:
+            check_durable_only(rs, durable=durable, exclusive=exclusive, auto_delete=auto_delete)
+
+    def is_compatible(self, *, durable: bool, exclusive: bool, auto_delete: bool) -> bool:
+        """Whether a declaration with these flags may be of this type (RabbitMQ's
+        is_compatible, which decides where a vhost's default queue type applies)."""
+        return not self.durable_only or (durable and not exclusive and not auto_delete)
 
     def check_equivalence(self, existing: QueueAttrs, durable: bool, auto_delete: bool,
                           arguments: FieldTable) -> None:
         """A redeclaration of `existing` (a queue of this type) must match it."""
         equivalence.check_queue(existing, durable, auto_delete, arguments, self.declare_keys)
+
+
+def check_durable_only(rs: str, *, durable: bool, exclusive: bool, auto_delete: bool) -> None:
+    """rabbit_queue_type_util's checks of a replicated type's flags, in RabbitMQ's order."""
+    if auto_delete:
+        raise PreconditionFailed(f"invalid property 'auto-delete' for {rs}")
+    if exclusive:
+        raise PreconditionFailed(f"invalid property 'exclusive-owner' for {rs}")
+    if not durable:
+        raise PreconditionFailed(f"invalid property 'non-durable' for {rs}")
 
 
 class QueueKind(Protocol):
@@ -67,6 +91,8 @@ class QueueKind(Protocol):
     server_named: bool
 
     def check_server_named(self) -> None: ...
+
+    def is_compatible(self, *, durable: bool, exclusive: bool, auto_delete: bool) -> bool: ...
 
     def validate_arguments(self, rs: str, *, durable: bool, exclusive: bool, auto_delete: bool,
                            arguments: FieldTable) -> None: ...

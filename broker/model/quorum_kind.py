@@ -1,6 +1,9 @@
 """The quorum queue type as a declaration sees it: RabbitMQ's rules for rabbit_quorum_queue
-and the quorum queue it builds, with the replication the composition root chose for it (one
-node's, or this node's member of a cluster's).
+(no server-named queues; the arguments args.py lists for the type, checked by its generic
+validators, the keys of other types refused; durable, not exclusive, not auto-delete, checked
+after the arguments) and the quorum queue it builds, with the replication the composition root
+chose for it (one node's, or this node's member of a cluster's). docs/QUORUM-QUEUES.md
+("Declaring") lists the rules and where RabbitMQ 3.10 differs.
 
 It must not know the vhost, the session or the cluster (queue_kind.py says what a kind is).
 """
@@ -23,6 +26,9 @@ def one_node() -> Replication:
 
 class QuorumKind(DeclareRules):
     """Quorum queues, kept in `env`; `replication` gives each new queue its replication."""
+
+    server_named = False
+    durable_only = True
 
     def __init__(self, env: StorageEnv, replication: Callable[[], Replication] = one_node) -> None:
         super().__init__("quorum")

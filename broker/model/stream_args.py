@@ -1,10 +1,10 @@
 """Stream arguments: declaration checks, x-stream-offset and filter parsing, as RabbitMQ does.
 
-Declaring a stream checks flags and the stream-only limits after the generic argument
-validators (args.py) have run; consuming parses `x-stream-offset` (first, last, next, an
-integer offset, an AMQP timestamp, or an interval such as `1h`), `x-stream-filter` and
-`x-stream-match-unfiltered`; publishing checks `x-stream-publisher-name`. Pure functions that
-raise domain errors with RabbitMQ's texts.
+Declaring a stream checks the stream-only limits after the generic argument validators
+(args.py) and the flags of a durable-only type (queue_kind.py) have run; consuming parses
+`x-stream-offset` (first, last, next, an integer offset, an AMQP timestamp, or an interval such
+as `1h`), `x-stream-filter` and `x-stream-match-unfiltered`; publishing checks
+`x-stream-publisher-name`. Pure functions that raise domain errors with RabbitMQ's texts.
 """
 
 from __future__ import annotations
@@ -22,16 +22,9 @@ DEFAULT_SEGMENT_SIZE_BYTES = 500_000_000
 DEFAULT_FILTER_SIZE_BYTES = 16
 
 
-def check_declaration(
-    rs: str, *, durable: bool, exclusive: bool, auto_delete: bool, arguments: dict[str, Any]
-) -> None:
-    """RabbitMQ's stream declare checks, in its order (after the generic validators)."""
-    if auto_delete:
-        raise PreconditionFailed(f"invalid property 'auto-delete' for {rs}")
-    if exclusive:
-        raise PreconditionFailed(f"invalid property 'exclusive-owner' for {rs}")
-    if not durable:
-        raise PreconditionFailed(f"invalid property 'non-durable' for {rs}")
+def check_declaration(rs: str, *, arguments: dict[str, Any]) -> None:
+    """RabbitMQ's stream-only declare checks, in its order (after the generic validators and
+    the checks of a durable-only type's flags, queue_kind.DeclareRules)."""
     segment = arguments.get("x-stream-max-segment-size-bytes")
     if isinstance(segment, int) and segment > MAX_SEGMENT_SIZE_BYTES:
         raise PreconditionFailed("Exceeded max value for x-stream-max-segment-size-bytes")

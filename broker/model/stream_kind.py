@@ -27,6 +27,7 @@ class StreamKind(DeclareRules):
     """Streams, kept in `env`; `replication` gives each new stream its replication."""
 
     server_named = False
+    durable_only = True
 
     def __init__(self, env: StorageEnv, replication: Callable[[], Replication] = one_node) -> None:
         super().__init__("stream")
@@ -37,8 +38,7 @@ class StreamKind(DeclareRules):
                            arguments: FieldTable) -> None:
         super().validate_arguments(rs, durable=durable, exclusive=exclusive,
                                    auto_delete=auto_delete, arguments=arguments)
-        stream_args.check_declaration(rs, durable=durable, exclusive=exclusive,
-                                      auto_delete=auto_delete, arguments=arguments)
+        stream_args.check_declaration(rs, arguments=arguments)
 
     def create(self, owner: QueueOwner, name: str, *, durable: bool, exclusive_owner: object,
                auto_delete: bool, arguments: FieldTable, storage_id: str | None) -> Queue:

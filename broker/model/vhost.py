@@ -5,7 +5,8 @@ texts; routing follows exchange-to-exchange bindings and alternate exchanges wit
 protection, so each queue gets a message at most once. Who may do what is checked by the
 session before it calls in here. A queue declaration runs the checks every type shares here
 and asks the type's `QueueKind` (queue_kind.py, registered by the composition root) for the
-rest and to build the queue; no type's own rule is written here. Single-threaded; no I/O.
+rest and to build the queue; no type's own rule is written here. A declaration that names no
+type gets the vhost's default type (default_type.py). Single-threaded; no I/O.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from leveret.broker.model import args as qargs
-from leveret.broker.model import dedup, equivalence
+from leveret.broker.model import dedup, default_type, equivalence
 from leveret.broker.model.binding import Binding
 from leveret.broker.model.classic_kind import ClassicKind
 from leveret.broker.model.deadletter import (
@@ -93,6 +94,7 @@ class VHost:
         scheduler: Scheduler,
         queue_kinds: QueueKinds | None = None,
         observer: Observer | None = None,
+        default_queue_type: str = default_type.FALLBACK,
     ) -> None:
         self.name = name
         self.scheduler = scheduler
@@ -101,6 +103,9 @@ class VHost:
         # the queue types it may hold (the composition root's; in-memory classic queues alone
         # for a vhost made on its own, as in unit tests)
         self.queue_kinds = queue_kinds or QueueKinds([ClassicKind()])
+        # the type of a declaration that names none (default_type.py): set by whoever keeps
+        # the vhost's metadata (a registered kind's name)
+        self.default_queue_type = default_queue_type
         self.observer = observer or Observer()
         self.policies: dict[str, Policy] = {}
         for name_, type_ in PREDECLARED:
@@ -349,9 +354,12 @@ class VHost:
     ) -> tuple[str, str, Queue | None]:
         """Every check of a (not passive) declaration, raising as declare_queue does: the
         name (generated for ""), the queue type, and the existing (equivalent) queue or None
-        when a new one may be created."""
+        when a new one may be created. `arguments` gets the vhost's default type in place
+        when it names none (default_type.complete), so the caller creates what was checked."""
         rs = self.rs("queue", name or "amq.gen")
         qargs.check_nesting(arguments, rs)
+        default_type.complete(arguments, self.default_queue_type, self.queue_kinds,
+                              durable=durable, exclusive=exclusive, auto_delete=auto_delete)
         kind = self.queue_kinds.declared(arguments, rs)
         if name == "":
             kind.check_server_named()

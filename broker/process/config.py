@@ -89,6 +89,10 @@ class Config:
     # where a new queue's leader goes when neither the x-queue-leader-locator argument nor the
     # queue-leader-locator policy key says (client-local | balanced), as RabbitMQ's setting
     queue_leader_locator: str = "client-local"
+    # the queue type of a declaration without x-queue-type, in a vhost created without its own
+    # (docs/QUORUM-QUEUES.md#the-default-queue-type), as RabbitMQ's default_queue_type:
+    # classic | quorum | stream
+    default_queue_type: str = "classic"
     # the management API's message statistics (docs/UI.md#rates-in-the-api), as RabbitMQ's
     # collect_statistics: none (no rates, no message_stats) | coarse | fine (the same here)
     collect_statistics: str = "coarse"
@@ -98,6 +102,9 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in fields(Config)}
+# default_queue_type's values, as rabbitmq.conf takes them (a type's name or its module's)
+QUEUE_TYPES = {name: name for name in ("classic", "quorum", "stream")} | {
+    f"rabbit_{name}_queue": name for name in ("classic", "quorum", "stream")}
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -148,6 +155,23 @@ def _check_failure_detection(values: Mapping[str, Any]) -> None:
                           f"it must be longer than cluster_heartbeat_interval_s ({interval:g})")
 
 
+def _check_choices(values: dict[str, Any]) -> None:
+    """The settings that take one of a few words; default_queue_type becomes a type's name."""
+    locator = values.get("queue_leader_locator", "client-local")
+    if locator not in ("client-local", "balanced", "random", "least-leaders", "min-masters"):
+        raise ConfigError(f"invalid value '{locator}' for setting 'queue_leader_locator': "
+                          "client-local or balanced")
+    queue_type = values.get("default_queue_type", "classic")
+    if queue_type not in QUEUE_TYPES:
+        raise ConfigError(f"invalid value '{queue_type}' for setting 'default_queue_type': "
+                          "classic, quorum or stream")
+    values["default_queue_type"] = QUEUE_TYPES[queue_type]
+    statistics = values.get("collect_statistics", "coarse")
+    if statistics not in ("none", "coarse", "fine"):
+        raise ConfigError(f"invalid value '{statistics}' for setting 'collect_statistics': "
+                          "none, coarse or fine")
+
+
 def load(
     config_file: Path | None = None,
     env: Mapping[str, str] | None = None,
@@ -176,14 +200,7 @@ def load(
     for name, value in (overrides or {}).items():
         if value is not None:
             values[name] = _coerce(name, value)
-    locator = values.get("queue_leader_locator", "client-local")
-    if locator not in ("client-local", "balanced", "random", "least-leaders", "min-masters"):
-        raise ConfigError(f"invalid value '{locator}' for setting 'queue_leader_locator': "
-                          "client-local or balanced")
-    statistics = values.get("collect_statistics", "coarse")
-    if statistics not in ("none", "coarse", "fine"):
-        raise ConfigError(f"invalid value '{statistics}' for setting 'collect_statistics': "
-                          "none, coarse or fine")
+    _check_choices(values)
     _check_failure_detection(values)
     for name in ("stream_chunk_min_records", "stream_chunk_max_records", "stream_chunk_max_bytes"):
         if values.get(name, 1) < 1:

@@ -303,8 +303,12 @@ def test_users_vhosts_permissions_and_policies(page: Any, ui_broker: UiBroker) -
     page.click("nav >> text=Virtual hosts")
     form = page.locator("form[aria-label='add vhost']")
     form.locator("input[name=name]").fill("ui-shop")
+    form.locator("select[name=default_queue_type]").select_option("quorum")
     form.locator("button[type=submit]").click()
-    expect(form.get_by_role("status")).to_have_text("Virtual host ui-shop added.")
+    expect(form.get_by_role("status")).to_have_text("Virtual host ui-shop saved.")
+    assert http.get("/api/vhosts/ui-shop").body["default_queue_type"] == "quorum"
+    row = page.get_by_test_id("vhosts").locator("tr", has_text="ui-shop")
+    expect(row.locator("td").nth(3)).to_have_text("quorum", timeout=15_000)  # the list polls
 
     page.click("nav >> text=Users")
     form = page.locator("form[aria-label='add user']")

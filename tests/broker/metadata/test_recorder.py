@@ -42,11 +42,13 @@ class Node:
         self.vhosts: dict[str, VHost] = {}
         self.recorder = MetadataRecorder(store)
 
-    def add_vhost(self, name: str, persist: bool = True) -> VHost:
+    def add_vhost(self, name: str, persist: bool = True,
+                  default_queue_type: str | None = None) -> VHost:
         vhost = self.vhosts.get(name)
         if vhost is None:
             vhost = self.vhosts[name] = VHost(name, ManualScheduler(inline_soon=True),
-                                              observer=self.recorder)
+                                              observer=self.recorder,
+                                              default_queue_type=default_queue_type or "classic")
         return vhost
 
 

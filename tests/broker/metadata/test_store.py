@@ -197,6 +197,40 @@ def test_another_schema_version_is_refused_with_both_versions(path: Path) -> Non
                                  f"Leveret reads version {SCHEMA_VERSION}")
 
 
+def test_a_vhosts_default_queue_type_comes_back(store: Metastore) -> None:
+    store.put_vhost("/")
+    store.put_vhost("orders", "Orders", [], "quorum")
+    again = reopened(store)
+    try:
+        assert {r["name"]: r["default_queue_type"] for r in rows(again, "vhosts")} == {
+            "/": None, "orders": "quorum"}
+    finally:
+        again.close()
+
+
+def test_a_version_1_database_gets_the_default_queue_type_column(path: Path) -> None:
+    db = sqlite3.connect(path)  # the version 1 schema, with a vhost
+    db.executescript("""
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        INSERT INTO meta VALUES ('schema', '1');
+        CREATE TABLE vhosts (name TEXT PRIMARY KEY, description TEXT NOT NULL DEFAULT '',
+            tags TEXT NOT NULL DEFAULT '[]');
+        INSERT INTO vhosts VALUES ('/', 'Default', '["a"]');
+    """)
+    db.close()
+    store = Metastore(path)
+    try:
+        assert not store.fresh
+        assert rows(store, "vhosts") == [{"name": "/", "description": "Default", "tags": '["a"]',
+                                          "default_queue_type": None}]
+        store.put_vhost("q", default_queue_type="quorum")
+        assert store.db.execute("SELECT value FROM meta").fetchone() == (str(SCHEMA_VERSION),)
+    finally:
+        store.close()
+    assert SCHEMA_VERSION == 2
+    Metastore(path).close()  # opened again: already version 2
+
+
 def test_a_database_that_cannot_be_opened_names_its_file(tmp_path: Path) -> None:
     folder = tmp_path / "a-folder"
     folder.mkdir()

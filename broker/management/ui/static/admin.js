@@ -31,19 +31,25 @@ export function Users() {
 
 export function Vhosts() {
   const [name, setName] = useState('');
-  const [submit, status] = useSubmit(() => put(`/api/vhosts/${enc(name)}`, {}),
-    () => `Virtual host ${name} added.`);
+  const [queueType, setQueueType] = useState('');  // '': the server's default_queue_type
+  const [submit, status] = useSubmit(() => put(`/api/vhosts/${enc(name)}`,
+    queueType ? {default_queue_type: queueType} : {}), () => `Virtual host ${name} saved.`);
   return html`<div class="page"><h1>Virtual hosts</h1>
     <${PagedList} path="/api/vhosts" testid="vhosts"
-      columns=${['Name', 'Messages', 'Description', '']}
+      columns=${['Name', 'Messages', 'Description', 'Default queue type', '']}
       row=${(v) => html`<tr><td>${v.name}</td><td>${v.messages ?? ''}</td>
-        <td>${v.description || ''}</td>
+        <td>${v.description || ''}</td><td>${v.default_queue_type || ''}</td>
         <td><${Confirm} label="Delete" question=${`Delete virtual host ${v.name} and
           everything in it?`} action=${() => del(`/api/vhosts/${enc(v.name)}`)} /></td>
       </tr>`} />
-    <form class="inline" onSubmit=${submit} aria-label="add vhost"><h2>Add a virtual host</h2>
+    <form class="inline" onSubmit=${submit} aria-label="add vhost"><h2>Add or update a
+      virtual host</h2>
       <${Field} label="Name" name="name" value=${name} set=${setName} />
-      <button type="submit">Add</button>${status}</form></div>`;
+      <label>Default queue type <select name="default_queue_type" value=${queueType}
+        onChange=${(e) => setQueueType(e.target.value)}>
+        <option value="">the server's</option>${['classic', 'quorum', 'stream'].map(
+          (t) => html`<option value=${t}>${t}</option>`)}</select></label>
+      <button type="submit">Save</button>${status}</form></div>`;
 }
 
 export function Permissions() {
