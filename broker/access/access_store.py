@@ -309,17 +309,12 @@ class ClusterAccess(AccessStore):
                         default_queue_type: str | None = None) -> bool:
         if not name:
             raise admin.BadRequest("vhost names cannot be empty")
-        if default_queue_type not in (None, self.broker.default_queue_type):
-            # etcd's vhost records have no default queue type yet: every vhost has the
-            # nodes' setting (docs/QUORUM-QUEUES.md)
-            raise admin.BadRequest(
-                "a vhost's own default_queue_type is not supported in cluster mode yet; "
-                f"every vhost has the nodes' default_queue_type ({self.broker.default_queue_type})")
         store = self.cluster.store
         created = self.cluster.cache.vhost(name) is None
-        async with self._writing():
-            revision = await store.put_vhost(VHostRecord(name, description or "",
-                                                         tuple(tags or [])))
+        async with self._writing():  # none named: the server's, as RabbitMQ 4.x records it
+            revision = await store.put_vhost(VHostRecord(
+                name, description or "", tuple(tags or []),
+                default_queue_type or self.broker.default_queue_type))
             if created and acting_user is not None and acting_user in self.broker.users.users:
                 revision = await store.put_permission(
                     PermissionRecord(acting_user, name, ".*", ".*", ".*"))

@@ -68,7 +68,11 @@ class Node(Protocol):
     @property
     def cluster(self) -> ClusterRuntime | None: ...
 
-    def add_vhost(self, name: str, persist: bool = True) -> VHost: ...
+    @property
+    def default_queue_type(self) -> str: ...
+
+    def add_vhost(self, name: str, persist: bool = True,
+                  default_queue_type: str | None = None) -> VHost: ...
 
 
 def install(broker: Node) -> None:
@@ -96,8 +100,11 @@ class AccessSync:
     def put_vhost(self, record: Record) -> None:
         assert isinstance(record, VHostRecord)
         created = record.name not in self.broker.vhosts
-        vhost = self.broker.add_vhost(record.name, persist=False)
+        vhost = self.broker.add_vhost(record.name, persist=False,
+                                      default_queue_type=record.default_queue_type or None)
         if not created:
+            vhost.default_queue_type = (record.default_queue_type
+                                        or self.broker.default_queue_type)
             return
         for policy in self.cache.all("policies"):
             if isinstance(policy, PolicyRecord) and policy.vhost == record.name:

@@ -31,6 +31,7 @@ class VHostRecord:
     name: str
     description: str = ""
     tags: tuple[str, ...] = ()
+    default_queue_type: str = ""  # "": the nodes' setting (a record written before it existed)
     mod_revision: int = field(default=0, compare=False)
     lease: int = field(default=0, compare=False)
 
