@@ -267,7 +267,7 @@ ALL_TYPED_ARGS = frozenset(k for keys in QUEUE_TYPE_ARGS.values() for k in keys)
 
 CONSUME_TYPE_ARGS: dict[str, tuple[str, ...]] = {
     "classic": ("x-priority", "x-cancel-on-ha-failover"),
-    "quorum": ("x-priority", "x-cancel-on-ha-failover"),
+    "quorum": ("x-priority", "x-cancel-on-ha-failover", "x-consumer-timeout"),
     "stream": (
         "x-stream-offset",
         "x-stream-filter",

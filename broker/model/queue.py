@@ -154,6 +154,11 @@ class Queue:
         without a second consume-ok (a queue of this node simply takes it)."""
         self.add_consumer(consumer)
 
+    def consumer_timeout(self, arguments: dict[str, Any] | None) -> int | None:
+        """How long (ms) a consumer with these arguments (None: a basic.get) may hold a
+        delivery unacked; None: no limit (classic queues and streams, as in RabbitMQ 4.3)."""
+        return None
+
     def consumer_lost(self, consumer: Consumer) -> bool:
         """The node that served this queue's consumer for it is gone: True if the queue
         keeps the consumer to resume it elsewhere (a quorum queue), False to cancel it."""

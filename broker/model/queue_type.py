@@ -152,6 +152,19 @@ class QueueType(Protocol):
         """A basic.get or a redeclare: the queue is in use (x-expires)."""
         ...
 
+    def consumer_timeout(self, arguments: dict[str, Any] | None) -> int | None:
+        """How long (ms) a consumer with these arguments (None: a basic.get) may hold a
+        delivery unacked, or None."""
+        ...
+
+    def resume(self, consumer: Consumer) -> None:
+        """A consumer that lost its subscription with a leader subscribes here again."""
+        ...
+
+    def consumer_lost(self, consumer: Consumer) -> bool:
+        """Keep a consumer whose serving node went (True), or let it be cancelled."""
+        ...
+
     # settling
 
     def ack(self, entry: Any, consumer: Consumer | None = None) -> None: ...

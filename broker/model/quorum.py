@@ -71,6 +71,7 @@ DEAD_LETTERS = 19  # chunk type: messages dead-lettered at least once, until the
 _DEAD = struct.Struct(">QB")  # offset, reason
 REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
 DEAD_LETTER_RETRY_MS = 1000
+DEFAULT_CONSUMER_TIMEOUT_MS = 1_800_000  # RabbitMQ's consumer_timeout
 FOLLOW_MS = 1000  # how often a replica applies the leader's settlements to its log's head
 COUNT_HEADERS = ("x-delivery-count", "x-acquired-count")
 
@@ -85,6 +86,13 @@ def delivery_limit(argument: object, policy: object) -> int | None:
         return DEFAULT_DELIVERY_LIMIT
     limit = max(values) if any(v < 0 for v in values) else min(values)
     return None if limit < 0 else limit
+
+
+def _ms(value: object) -> int | None:
+    """A timeout in milliseconds: a non-negative integer, or None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
 
 
 class QuorumQueue(DurableClassicQueue):
@@ -103,6 +111,7 @@ class QuorumQueue(DurableClassicQueue):
         self.waiting: list[Consumer] = []
         self._resume_timer: Timer | None = None
         self.rejecting = False  # reject-publish: over the limit, until back under 80% of it
+        self._policy_consumer_timeout: object = None
         self.dead_letter_strategy = "at-most-once"
         # at-least-once: dead letters held until their targets confirm them, by reason
         self.dead_letters: dict[QueuedMessage, str] = {}
@@ -150,6 +159,17 @@ class QuorumQueue(DurableClassicQueue):
                 "at-least-once, set overflow strategy to reject-publish.")
             strategy = "at-most-once"
         self.dead_letter_strategy = str(strategy)
+        self._policy_consumer_timeout = definition.get("consumer-timeout")
+
+    def consumer_timeout(self, arguments: dict[str, Any] | None) -> int | None:
+        """RabbitMQ 4.3's: the consumer's `x-consumer-timeout`, else the lower of the queue's
+        argument and the policy's `consumer-timeout`, else 30 minutes."""
+        own = _ms(arguments.get("x-consumer-timeout")) if arguments is not None else None
+        if own is not None:
+            return own
+        values = [v for v in (_ms(self.arguments.get("x-consumer-timeout")),
+                              _ms(self._policy_consumer_timeout)) if v is not None]
+        return min(values) if values else DEFAULT_CONSUMER_TIMEOUT_MS
 
     @property
     def at_least_once(self) -> bool:

@@ -41,6 +41,7 @@ FLUSH_EARLY_BYTES = 64 * 1024  # see TunnelSession
 
 
 class TunnelChannel(Channel):
+    enforces_timeouts = False  # the consumer's own node's channel times it out
     """A channel of a tunnel session: publishes go to the channel's declared queue."""
 
     def publish(self, exchange_name: str, routing_key: str, mandatory: bool, immediate: bool,

@@ -41,6 +41,7 @@ from leveret.broker.model.message import Confirm, QueuedMessage
 from leveret.broker.model.vhost import server_generated_name
 from leveret.broker.session import backlog, queries, topology
 from leveret.broker.session.confirms import Confirms
+from leveret.broker.session.consumer_timeouts import TIMED_OUT, ConsumerTimeouts
 from leveret.broker.session.errors import to_amqp
 from leveret.broker.session.unacked import Unacked
 
@@ -108,6 +109,8 @@ class Channel:
     stats_redeliver = 0
     stats_return_unroutable = 0
     stats_unroutable_dropped = 0
+    enforces_timeouts = True  # a queue's consumer timeout (a tunnel's channel leaves it to
+    # the node of the consumer's client)
 
     def __init__(self, session: Session, number: int) -> None:
         self.session = session
@@ -124,6 +127,8 @@ class Channel:
         self.get_unacked = 0  # basic.get deliveries in `unacked`: global QoS ignores them
         self.tx_held = 0  # consumer deliveries settled in the open transaction, not yet committed
         self.closed = False
+        self.timeouts: ConsumerTimeouts | None = None  # made when a queue sets one
+        self.released: set[int] = set()  # tags a consumer timeout gave back: acks are dropped
         self.backlog: Backlog | None = None  # a step this channel waits for, in cluster mode
         # its channels on the nodes that hold queues it used (broker/remote/forwarding.py)
         self.remote: Closeable | None = None
@@ -213,11 +218,39 @@ class Channel:
         except BrokerError:
             self.consumers.pop(tag, None)
             raise
+        timeout = queue.consumer_timeout(arguments)
+        if timeout is not None and not method.no_ack and self.enforces_timeouts:
+            self._timeouts().track_consumer(consumer, timeout)
+
+    def _timeouts(self) -> ConsumerTimeouts:
+        if self.timeouts is None:
+            self.timeouts = ConsumerTimeouts(self)
+        return self.timeouts
+
+    def expire(self, consumer: Consumer | None, tags: list[int]) -> None:
+        """A consumer timeout fired for these deliveries (consumer_timeouts.py): they go back
+        to their queue and the consumer is cancelled, if the client understands basic.cancel;
+        otherwise, or for a basic.get, the channel is closed (RabbitMQ 4.3)."""
+        if (consumer is None or self.consumers.get(consumer.tag) is not consumer
+                or not self.session.capabilities.get("consumer_cancel_notify")):
+            self.session.wire.close_channel(self.number, to_amqp(
+                PreconditionFailed(TIMED_OUT.format(self.number))))
+            return
+        del self.consumers[consumer.tag]
+        consumer.queue.remove_consumer(consumer)  # first: what goes back is not for it
+        if self.timeouts is not None:
+            self.timeouts.forget_consumer(consumer)
+        items = [self.unacked.pop(tag) for tag in tags if tag in self.unacked]
+        self.released.update(tags)
+        self._reject(items, requeue=True, delivery_failed=False)
+        self.notify_cancel(consumer)
 
     def _cancel(self, method: m.Basic.Cancel) -> None:
         consumer = self.consumers.pop(method.consumer_tag or "", None)
         if consumer is not None:
             consumer.queue.remove_consumer(consumer)
+            if self.timeouts is not None:
+                self.timeouts.forget_consumer(consumer)
         if not method.nowait:
             self.reply(m.Basic.CancelOk(consumer_tag=method.consumer_tag))
 
@@ -256,6 +289,9 @@ class Channel:
             self.unacked[tag] = Unacked(entry, queue, None)
             self.get_unacked += 1
             self.stats_get += 1
+            timeout = queue.consumer_timeout(None)
+            if timeout is not None and self.enforces_timeouts:
+                self._timeouts().track_get(tag, timeout)
         else:
             self.stats_get_no_ack += 1
         if entry.redelivered:
@@ -364,6 +400,9 @@ class Channel:
             taken = list(unacked.items())
             unacked.clear()
         elif tag not in unacked:
+            if tag in self.released:  # a consumer timeout gave it back already
+                self.released.discard(tag)
+                return []
             raise PreconditionFailed(f"unknown delivery tag {tag}")
         elif multiple:
             # Tags are held in ascending order, so those up to `tag` lead; when none of them was
@@ -693,6 +732,8 @@ class Channel:
         if self.closed:
             return
         self.closed = True
+        if self.timeouts is not None:
+            self.timeouts.close()
         backlog.cancel(self)
         for consumer in list(self.consumers.values()):
             consumer.queue.remove_consumer(consumer)

@@ -471,3 +471,62 @@ def test_at_least_once_needs_reject_publish(lev: Amqp) -> None:
     ch.queue_bind(target, dlx)
     time.sleep(1.5)
     assert lev.ready(target) == 0 and lev.ready(queue) == 0
+
+
+# -- consumer timeout (RabbitMQ 4.3: the queue's; 3.10.8 has only the channel's global one) ------
+
+
+def test_a_consumer_past_its_timeout_is_cancelled_and_its_message_returns(lev: Amqp) -> None:
+    """x-consumer-timeout on the queue: the consumer that holds a delivery too long gets
+    basic.cancel (pika announces consumer_cancel_notify), the delivery goes back (counted
+    as an acquisition, not a failure), and the channel stays open."""
+    queue = declare(lev, **{"x-consumer-timeout": 1000})
+    ch = lev.channel(confirm=True)
+    ch.basic_publish("", queue, b"slow")
+    conn = lev.connection()
+    slow = conn.channel()
+    cancelled: list[Any] = []
+    held: list[int] = []
+    slow.add_on_cancel_callback(cancelled.append)
+    slow.basic_consume(queue, lambda c, m, p, b: held.append(m.delivery_tag))
+    lev.wait(lambda: (conn.process_data_events(0.05), cancelled)[1], timeout=5)
+    assert held and slow.is_open
+    method, props, body = get(ch, queue)
+    assert body == b"slow" and method.redelivered
+    assert props.headers["x-acquired-count"] == 1 and "x-delivery-count" not in props.headers
+    slow.basic_ack(held[0])  # a late ack of a delivery given back: dropped, no error
+    conn.process_data_events(0.2)
+    assert slow.is_open
+
+
+def test_the_consumers_own_timeout_wins(lev: Amqp) -> None:
+    queue = declare(lev, **{"x-consumer-timeout": 100})
+    ch = lev.channel(confirm=True)
+    ch.basic_publish("", queue, b"patient")
+    conn = lev.connection()
+    patient = conn.channel()
+    cancelled: list[Any] = []
+    patient.add_on_cancel_callback(cancelled.append)
+    patient.basic_consume(queue, lambda *a: None, arguments={"x-consumer-timeout": 60_000})
+    end = time.monotonic() + 2.5
+    while time.monotonic() < end:
+        conn.process_data_events(0.1)
+    assert not cancelled and lev.counts(queue) == (0, 1)
+
+
+def test_a_basic_get_past_the_timeout_closes_the_channel(lev: Amqp) -> None:
+    queue = declare(lev, **{"x-consumer-timeout": 500})
+    ch = lev.channel(confirm=True)
+    ch.basic_publish("", queue, b"got")
+    conn = lev.connection()
+    getter = conn.channel()
+    assert get(getter, queue)[2] == b"got"
+    lev.wait(lambda: (conn.process_data_events(0.05), getter.is_closed)[1], timeout=5)
+    reason = getter._closing_reason  # pika keeps the broker's channel.close here
+    assert isinstance(reason, pika.exceptions.ChannelClosedByBroker)
+    assert reason.reply_code == 406
+    assert reason.reply_text == (
+        f"PRECONDITION_FAILED - delivery acknowledgement on channel {getter.channel_number} "
+        "timed out. Timeout value used: -1 ms. This timeout value can be configured, see "
+        "consumers doc guide to learn more")
+    assert get(ch, queue)[2] == b"got"
