@@ -388,3 +388,49 @@ def test_every_member_deletes_what_is_settled(abc: Three, etcd: EtcdServer,
     wait_until(lambda: all(first_segment(node) != "00000000000000000000.segment"
                            and folder_bytes(node) < 16_000_000 for node in abc), timeout=30)
     assert drain_all(b, "q.disk") == [b"last"]
+
+
+def test_held_dead_letters_survive_a_failover(abc: Three, etcd: EtcdServer,
+                                              cluster: str) -> None:
+    """At-least-once dead lettering across a leader change: dead letters no queue took yet
+    stay held (recorded in the log), and the new leader sends them once a route exists."""
+    a, b, c = abc
+    nodes = {"a": a, "b": b, "c": c}
+    conn = connect(a)
+    ch = conn.channel()
+    ch.exchange_declare("q.dlx", "fanout", durable=True)
+    conn.close()
+    declare(a, "q.held", **{"x-dead-letter-exchange": "q.dlx", "x-overflow": "reject-publish",
+                            "x-dead-letter-strategy": "at-least-once"})
+    publish_confirmed(b, "q.held", [b"d1", b"d2"])
+    conn = connect(b)
+    ch = conn.channel()
+    for _ in range(2):
+        method, _props, _body = ch.basic_get("q.held")
+        ch.basic_reject(method.delivery_tag, requeue=False)
+    assert ch.basic_get("q.held")[0] is None  # held, not ready
+    conn.close()
+    old = leader_of(etcd, cluster, "q.held")
+    record, _ = in_etcd(etcd, cluster, "q.held")
+    assert record is not None and record.storage_id is not None
+    # a reject is confirmed to no one: wait until the replicas hold what it wrote
+    wait_until(lambda: same_logs((a, b, c), record.storage_id or ""), timeout=20)
+    nodes[old].kill()
+    wait_until(lambda: leader_of(etcd, cluster, "q.held") != old, timeout=60)
+    alive = next(node for name, node in nodes.items() if name != old)
+    publish_until_confirmed(alive, "q.held", b"probe")
+    conn = connect(alive)
+    ch = conn.channel()
+    ch.queue_declare("q.target", durable=True, arguments=QUORUM)
+    ch.queue_bind("q.target", "q.dlx")
+    conn.close()
+
+    def arrived() -> bool:
+        try:
+            return ready(alive, "q.target") == 2
+        except pika.exceptions.AMQPError:
+            return False
+
+    wait_until(arrived, timeout=20)
+    assert sorted(drain_all(alive, "q.target")) == [b"d1", b"d2"]
+    assert drain_all(alive, "q.held") == [b"probe"]
