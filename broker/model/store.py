@@ -170,6 +170,10 @@ class LeveledStore:
         for level in self._order:
             yield from self._levels[level]
 
+    def levels(self) -> list[MessageStore]:
+        """Each level's store, highest first (the order messages leave in)."""
+        return [self._levels[level] for level in self._order]
+
     @property
     def bytes(self) -> int:
         return self.returns.bytes + sum(store.bytes for store in self._levels.values())
