@@ -251,8 +251,9 @@ def quorum_extras(queue: Any, node: str, members: Sequence[str] | None,
                   online: Sequence[str] | None) -> dict[str, Any]:
     """rabbit_quorum_queue:format/2's fields: `node` and `leader` the leader, `members`
     sorted, `online` the members whose node runs, `state` running, minority (no majority
-    online) or down (none, or not the leader); and the delivery limit. The at-least-once
-    dead-letter backlog (`messages_dlx`, `message_bytes_dlx`) is 0: Leveret keeps none."""
+    online) or down (none, or not the leader); and the delivery limit (RabbitMQ 4.x's). The
+    at-least-once dead-letter backlog (`messages_dlx`, `message_bytes_dlx`) is 0: Leveret
+    keeps none; `messages_ram` and `message_bytes_ram` are 0, as RabbitMQ 4.x reports them."""
     listed = sorted(members) if members else [node]
     up = sorted(m for m in (online if online is not None else listed) if m in listed)
     if len(up) < len(listed) // 2 + 1:
@@ -260,7 +261,8 @@ def quorum_extras(queue: Any, node: str, members: Sequence[str] | None,
     else:
         state = "running" if node in up else "down"
     extras: dict[str, Any] = {"leader": node, "members": listed, "online": up, "state": state,
-                              "messages_dlx": 0, "message_bytes_dlx": 0}
+                              "messages_dlx": 0, "message_bytes_dlx": 0,
+                              "messages_ram": 0, "message_bytes_ram": 0}
     if hasattr(queue, "arguments") and hasattr(queue, "vhost"):
         extras["delivery_limit"] = delivery_limit(queue)
     return extras
