@@ -208,6 +208,9 @@ def rebalance(
         "POST", f"/api/leveret/rebalance/{queue_type}",
         {"vhost_pattern": vhost_pattern, "queue_pattern": queue_pattern})))
     banner(REBALANCE_BANNERS[queue_type], formatter, quiet)
+    if formatter is Formatter.json:  # each node with the counts it has, as RabbitMQ's
+        typer.echo(json.dumps(rows, indent=2))
+        return
     columns = ["Node name"] + [c for c in ("Number of quorum queues", "Number of streams")
                                if any(c in row for row in rows)]
     emit_rows(rows, columns, formatter)

@@ -106,8 +106,14 @@ def _this(broker: Any) -> str:
 
 
 def _running(broker: Any) -> set[str]:
+    """This node and the running nodes it reaches: a node whose link is down (killed, cut
+    off) is not counted while its record waits for its lease to expire."""
     replication = replication_of(broker)
-    return replication.membership.running() if replication is not None else {_this(broker)}
+    if replication is None:
+        return {_this(broker)}
+    links = broker.cluster.links
+    return {n for n in replication.membership.running()
+            if n == _this(broker) or links.link_to(n) is not None}
 
 
 def _placement(broker: Any, queue: Any) -> tuple[str, tuple[str, ...]]:
