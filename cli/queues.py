@@ -81,6 +81,14 @@ def _node_name(api: Api) -> str:
     return str(overview.get("node", "")) if isinstance(overview, dict) else ""
 
 
+def _ok_json(api: Api, formatter: Formatter) -> None:
+    """A command that answers nothing but success: RabbitMQ's JSON names the node asked."""
+    if formatter is Formatter.json:
+        nodes: list[str] = []
+        run(lambda: nodes.append(_node_name(api)))
+        emit("", {"result": "ok", "node": nodes[0]}, formatter)
+
+
 def _missing(vhost: str, name: str) -> str:
     return f"queue '{name}' was not found in virtual host '{vhost}'"
 
@@ -106,8 +114,7 @@ def add_member(
                          {"node": node, "membership": membership},
                          missing=_missing(vhost, queue)))
     banner(f"Adding a member for queue {queue} on node {node}...", formatter, quiet)
-    if formatter is Formatter.json:
-        emit("", {"result": "ok", "queue": queue, "vhost": vhost, "node": node}, formatter)
+    _ok_json(api, formatter)
 
 
 @app.command("delete_member")
@@ -126,8 +133,7 @@ def delete_member(
     run(lambda: api.call("DELETE", f"/api/queues/quorum/{q(vhost)}/{q(queue)}/replicas/delete",
                          {"node": node}, missing=_missing(vhost, queue)))
     banner(f"Removing a replica of queue {queue} on node {node}...", formatter, quiet)
-    if formatter is Formatter.json:
-        emit("", {"result": "ok", "queue": queue, "vhost": vhost, "node": node}, formatter)
+    _ok_json(api, formatter)
 
 
 def _results(rows: list[dict[str, Any]], errors_only: bool, formatter: Formatter) -> None:
@@ -236,8 +242,12 @@ def transfer_leadership(
         {"node": node}, missing=_missing(vhost, queue))))
     banner(f"Transferring leadership of quorum queue {queue} to node {node}...", formatter,
            quiet)
-    emit(str(data.get("leader", "")), {"result": "ok", "node": node,
-                                       "value": data.get("leader")}, formatter)
+    if formatter is Formatter.json:  # RabbitMQ's: the node asked, and the new leader
+        nodes: list[str] = []
+        run(lambda: nodes.append(_node_name(api)))
+        emit("", {"result": "ok", "node": nodes[0], "value": data.get("leader")}, formatter)
+        return
+    typer.echo(str(data.get("leader", "")))
 
 
 # -- status, peek, health -------------------------------------------------------------------------

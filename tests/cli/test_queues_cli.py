@@ -260,7 +260,7 @@ def test_add_and_delete_member(cluster: Cluster) -> None:
     assert sorted(cluster.members("members-q")) == ["a", "b"]
     wait_until(lambda: in_sync(Cli(a), "members-q", 2))  # it copied the leader's log
     assert Cli(c).json("add_member", "members-q", "b") == {  # already one: nothing changes
-        "result": "ok", "queue": "members-q", "vhost": "/", "node": "b"}
+        "result": "ok", "node": "c"}
     assert Cli(a)("add_member", "members-q", "c", "--membership", "voter", "-q") == []
     assert sorted(cluster.members("members-q")) == ["a", "b", "c"]
     publish_confirmed(c, "members-q", [b"after"])  # committed at the new quorum
@@ -342,8 +342,8 @@ def test_transfer_leadership(cluster: Cluster) -> None:
     publish_confirmed(a, "move-q", [b"after"])  # the new leader confirms
     assert ready(c, "move-q") == 51
     assert api_get(a, f"/api/queues/{q('/')}/move-q")["leader"] == "b"
-    assert Cli(a).json("transfer_leadership", "move-q", "a") == {
-        "result": "ok", "node": "a", "value": "a"}
+    assert Cli(b).json("transfer_leadership", "move-q", "a") == {
+        "result": "ok", "node": "b", "value": "a"}
     assert cluster.leader("move-q") == "a"
     assert Cli(a).error("transfer_leadership", "move-q", "a") == \
         "The target node is already the leader of this queue"
