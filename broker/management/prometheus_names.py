@@ -99,11 +99,11 @@ RAFT_GAUGES = (("term", "Current term"), ("snapshot_index", "Current snapshot in
 
 
 def dead_letter_strategy(queue: Any) -> str:
-    """RabbitMQ's `dead_letter_strategy` label of a queue's dead-lettering."""
+    """RabbitMQ's `dead_letter_strategy` label of a queue's dead-lettering (the strategy the
+    queue applies: at-least-once falls back to at-most-once without reject-publish)."""
     if getattr(queue, "dlx", None) is None:
         return "disabled"
-    strategy = queue.arguments.get("x-dead-letter-strategy")
-    return "at_least_once" if strategy == "at-least-once" else "at_most_once"
+    return "at_least_once" if getattr(queue, "at_least_once", False) else "at_most_once"
 
 
 def raft_figures(queue: Any) -> dict[str, int]:

@@ -114,10 +114,11 @@ def _index(value: object) -> int | str:
 
 
 def ready(queue: Any) -> Iterator[Any]:
-    """The queue's ready messages in delivery order (strict priorities, FIFO in each), read
-    without taking them: a paged level's tail comes from the log."""
+    """The queue's ready messages in delivery order (the requeued ones, then strict
+    priorities, FIFO in each), read without taking them: a paged level's tail comes from the
+    log."""
     store = queue.messages
-    levels = store.levels() if isinstance(store, LeveledStore) else [store]
+    levels = store.stores() if isinstance(store, LeveledStore) else [store]
     for level in levels:
         yield from level
         if isinstance(level, PagedStore):
@@ -238,22 +239,19 @@ async def rebalance(queues: list[tuple[Any, str, str, tuple[str, ...], int]],
 
 
 def delivery_limit(queue: Any) -> int:
-    """The delivery limit as RabbitMQ shows it: the lower of the argument and the policy's
-    `delivery-limit`, 20 without either (a negative one: unlimited)."""
-    policy = queue.vhost.policy_for("queues", queue.name, queue.type)
-    values = [v for v in (queue.arguments.get("x-delivery-limit"),
-                          (policy.definition if policy is not None else {}).get("delivery-limit"))
-              if isinstance(v, int) and not isinstance(v, bool)]
-    return min(values) if values else DEFAULT_DELIVERY_LIMIT
+    """The delivery limit the queue applies (its argument and policy resolved as RabbitMQ 4.3
+    resolves them: broker/model/quorum.py); -1 when it is unlimited."""
+    limit = getattr(queue, "delivery_limit", DEFAULT_DELIVERY_LIMIT)
+    return limit if isinstance(limit, int) else -1
 
 
 def quorum_extras(queue: Any, node: str, members: Sequence[str] | None,
                   online: Sequence[str] | None) -> dict[str, Any]:
     """rabbit_quorum_queue:format/2's fields: `node` and `leader` the leader, `members`
     sorted, `online` the members whose node runs, `state` running, minority (no majority
-    online) or down (none, or not the leader); and the delivery limit (RabbitMQ 4.x's). The
-    at-least-once dead-letter backlog (`messages_dlx`, `message_bytes_dlx`) is 0: Leveret
-    keeps none; `messages_ram` and `message_bytes_ram` are 0, as RabbitMQ 4.x reports them."""
+    online) or down (none, or not the leader); the delivery limit (RabbitMQ 4.x's); the dead
+    letters held until their targets confirm them (at-least-once: `messages_dlx`,
+    `message_bytes_dlx`); `messages_ram` and `message_bytes_ram` 0, as RabbitMQ 4.x reports."""
     listed = sorted(members) if members else [node]
     up = sorted(m for m in (online if online is not None else listed) if m in listed)
     if len(up) < len(listed) // 2 + 1:
@@ -261,8 +259,9 @@ def quorum_extras(queue: Any, node: str, members: Sequence[str] | None,
     else:
         state = "running" if node in up else "down"
     extras: dict[str, Any] = {"leader": node, "members": listed, "online": up, "state": state,
-                              "messages_dlx": 0, "message_bytes_dlx": 0,
+                              "messages_dlx": len(getattr(queue, "dead_letters", ())),
+                              "message_bytes_dlx": int(getattr(queue, "dead_letters_bytes", 0)),
                               "messages_ram": 0, "message_bytes_ram": 0}
-    if hasattr(queue, "arguments") and hasattr(queue, "vhost"):
+    if hasattr(queue, "delivery_limit"):
         extras["delivery_limit"] = delivery_limit(queue)
     return extras

@@ -372,6 +372,7 @@ class DurableClassicQueue(ClassicQueue):
         self.writer.commit()
         reader = self.log.reader(OffsetSpec.offset(store.tail_from))
         settled, delivered, level = self.settled_offsets, self.delivered_offsets, store.level
+        held = self.held_offsets
         left = store.tail_count
         try:
             while left > 0:
@@ -381,7 +382,7 @@ class DurableClassicQueue(ClassicQueue):
                 for offset, record in chunk.items():
                     if left <= 0:
                         return
-                    if offset < store.tail_from or offset in settled or (
+                    if offset < store.tail_from or offset in settled or offset in held or (
                             level is not None and record[PRIORITY_AT] != level):
                         continue
                     left -= 1

@@ -170,9 +170,10 @@ class LeveledStore:
         for level in self._order:
             yield from self._levels[level]
 
-    def levels(self) -> list[MessageStore]:
-        """Each level's store, highest first (the order messages leave in)."""
-        return [self._levels[level] for level in self._order]
+    def stores(self) -> list[MessageStore]:
+        """Each store in the order messages leave: the requeued ones', then each level's,
+        highest first."""
+        return [self.returns, *(self._levels[level] for level in self._order)]
 
     @property
     def bytes(self) -> int:

@@ -72,6 +72,31 @@ def test_a_quorum_queue_shows_its_leader_members_and_limits(
     assert listed["qq"]["leader"] == node and listed["qq"]["members"] == [node]
 
 
+def test_held_dead_letters_are_messages_dlx(managed_broker: InProcessBroker, http: Http) -> None:
+    """At least once, a dead letter whose target has not confirmed it stays in the queue:
+    RabbitMQ's `messages_dlx` and `message_bytes_dlx` count it."""
+    port = managed_broker.port
+    conn = connect(port)
+    ch = conn.channel()
+    ch.exchange_declare("nowhere", "fanout")  # routes to no queue: never confirmed
+    conn.close()
+    declare(port, "held", **{"x-dead-letter-exchange": "nowhere",
+                             "x-dead-letter-strategy": "at-least-once",
+                             "x-overflow": "reject-publish"})
+    publish(port, "held", [b"poison"])
+    conn = connect(port)
+    ch = conn.channel()
+    method, _props, _body = ch.basic_get("held")
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    conn.close()
+    view = http.ok(f"/api/queues/{q('/')}/held")
+    assert (view["messages_dlx"], view["message_bytes_dlx"]) == (1, 6)
+    assert view["messages"] == 0
+    unlimited = {"x-delivery-limit": -1}
+    declare(port, "unlimited", **unlimited)
+    assert http.ok(f"/api/queues/{q('/')}/unlimited")["delivery_limit"] == -1
+
+
 # -- RabbitMQ's Prometheus names ----------------------------------------------------------------
 
 
@@ -128,6 +153,17 @@ def test_quorum_status_peek_and_health_on_one_node(
                                  ["exchange", ""], ["payload (max 64 bytes)", "first"],
                                  ["header.k", "v"], ["header.x-delivery-count", 0]]
     assert http.ok(f"/api/leveret/queues/{q('/')}/qq/peek/1")["message"][0] == ["priority", 9]
+    conn = connect(port)  # a requeued message goes before every priority (RabbitMQ 4.3)
+    ch = conn.channel()
+    assert ch.basic_get("qq", auto_ack=True)[2] == b"urgent"
+    method, _props, body = ch.basic_get("qq")
+    assert body == b"first"
+    ch.basic_nack(method.delivery_tag, requeue=True)
+    conn.close()
+    publish(port, "qq", [b"urgent"], priority=9)
+    payloads = [dict(map(tuple, http.ok(f"/api/leveret/queues/{q('/')}/qq/peek/{i}")["message"]))
+                ["payload (max 64 bytes)"] for i in (1, 2, 3)]
+    assert payloads == ["first", "urgent", "second"]
     assert http.get(f"/api/leveret/queues/{q('/')}/qq/peek/4").body["reason"] == \
         "Target queue does not have a message at that position"
     conn = connect(port)  # peek takes nothing
