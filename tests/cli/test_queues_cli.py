@@ -361,6 +361,31 @@ def test_transfer_leadership(cluster: Cluster) -> None:
     delete(a, "move-q", "pair-q", "classic-t")
 
 
+def test_a_consumer_keeps_consuming_across_a_transfer(cluster: Cluster) -> None:
+    """A consumer through a member that does not lead keeps its subscription when the
+    leadership moves, as across a failover; what it had unacked comes again."""
+    a, b, c = cluster.a, cluster.b, cluster.c
+    declare(a, "busy-q")
+    conn = connect(c)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=10)
+    got: list[bytes] = []
+    ch.basic_consume("busy-q", lambda chan, method, _p, body: (
+        got.append(body), chan.basic_ack(method.delivery_tag)))
+    publish_confirmed(b, "busy-q", [b"before-%d" % i for i in range(5)])
+    while len(got) < 5:
+        conn.process_data_events(0.2)
+    Cli(a)("transfer_leadership", "busy-q", "b")
+    publish_confirmed(a, "busy-q", [b"after-%d" % i for i in range(5)])
+    deadline = 100
+    while len(set(got)) < 10 and deadline:
+        conn.process_data_events(0.2)
+        deadline -= 1
+    conn.close()
+    assert set(got) == {b"before-%d" % i for i in range(5)} | {b"after-%d" % i for i in range(5)}
+    delete(a, "busy-q")
+
+
 def test_rebalance_spreads_the_leaders(cluster: Cluster) -> None:
     a = cluster.a
     names = [f"bal-{i}" for i in range(6)]
