@@ -44,9 +44,7 @@ EX_UNAVAILABLE = 69  # rabbitmq-queues' exit code for a failed health check
 STATUS_COLUMNS = ["Node Name", "Raft State", "Membership", "Last Log Index", "Last Written",
                   "Last Applied", "Commit Index", "Snapshot Index", "Term"]
 RESULT_COLUMNS = ["vhost", "name", "size", "result"]
-REBALANCE_BANNERS = {"all": "Re-balancing leaders of all replicated queues...",
-                     "quorum": "Re-balancing leaders of quorum queues...",
-                     "stream": "Re-balancing leaders of streams..."}
+REBALANCE_TYPES = ("all", "quorum", "stream")
 
 app = typer.Typer(
     help="Manage Leveret's quorum queues (the rabbitmq-queues commands): members, leaders, "
@@ -206,14 +204,15 @@ def rebalance(
 
     Example: leveret-queues rebalance quorum
     """
-    if queue_type not in REBALANCE_BANNERS:
+    if queue_type not in REBALANCE_TYPES:
         fail(f"type {queue_type} is not supported. Try one of all, quorum, stream.")
     api = Api(url, host, port, username, password)
     rows: list[dict[str, Any]] = []
     run(lambda: rows.extend(api.call(
         "POST", f"/api/leveret/rebalance/{queue_type}",
         {"vhost_pattern": vhost_pattern, "queue_pattern": queue_pattern})))
-    banner(REBALANCE_BANNERS[queue_type], formatter, quiet)
+    # (RabbitMQ's banner clause for a string: `... of all queues...`, `... of stream queues...`)
+    banner(f"Re-balancing leaders of {queue_type} queues...", formatter, quiet)
     if formatter is Formatter.json:  # each node with the counts it has, as RabbitMQ's
         typer.echo(json.dumps(rows, indent=2))
         return

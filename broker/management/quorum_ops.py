@@ -4,8 +4,9 @@ quorum-critical check, the rebalance of leaders, and a quorum queue's view field
 
 How RabbitMQ's Raft figures map onto Leveret's replication (docs/QUORUM-QUEUES.md, "Operating
 quorum queues"): a member's log is the replicated log, its offsets the Raft indexes (0-based:
--1 is "none"); `Raft State` is the member's role (leader, or follower for a replica; `unknown`
-for a member whose node is not running, as RabbitMQ shows a member it cannot reach); every
+-1 is "none"); `Raft State` is the member's role (leader, or follower for a replica;
+`noconnection` for a member whose node is not reached, `noproc` for one the leader does not
+know, as RabbitMQ shows a member it cannot ask); every
 member counts in the quorum, so `Membership` is `voter`; `Last Log Index` is the log's next
 offset - 1 (a replica's: what the leader has from its acknowledgements), `Last Written` what
 the log has written and synced by its fsync policy (a replica's: what it acknowledged), `Commit
@@ -85,8 +86,9 @@ def status_rows(rows: list[dict[str, Any]], members: Sequence[str],
     out: list[dict[str, Any]] = []
     for node in sorted(set(members) | set(by_node)):
         row = by_node.get(node)
-        if row is None or node not in running:
-            out.append({"Node Name": node, "Raft State": "unknown",
+        if row is None or node not in running:  # (RabbitMQ's erpc reasons)
+            out.append({"Node Name": node,
+                        "Raft State": "noconnection" if node not in running else "noproc",
                         **{c: "" for c in COLUMNS[2:]}})
             continue
         last = _index(row.get("offset"))

@@ -403,6 +403,8 @@ def test_rebalance_spreads_the_leaders(cluster: Cluster) -> None:
     leaders = [cluster.leader(n) for n in names]
     assert sorted(leaders) == ["a", "a", "b", "b", "c", "c"]
     assert cluster.leader("bal-stream") == "a"  # quorum only
+    assert Cli(cluster.c)("rebalance", "stream", "--queue-pattern", "^none$") == [
+        "Re-balancing leaders of stream queues..."]
     rows = Cli(cluster.c).json("rebalance", "all", "--queue-pattern", "^bal-")
     assert sum(r.get("Number of streams", 0) for r in rows) == 1
     assert sum(r.get("Number of quorum queues", 0) for r in rows) == 6
@@ -471,7 +473,7 @@ def test_the_console_script_exits_as_it_says(cluster: Cluster) -> None:
 
 
 def test_a_node_down(cluster: Cluster) -> None:
-    """Last: node c is killed. Its member shows as unknown, the queue stays running on a
+    """Last: node c is killed. Its member shows as noconnection, the queue stays running on a
     majority, and a and b become critical for it."""
     a, b, c = cluster.a, cluster.b, cluster.c
     declare(a, "down-q")
@@ -483,7 +485,7 @@ def test_a_node_down(cluster: Cluster) -> None:
     assert view["members"] == ["a", "b", "c"] and view["online"] == ["a", "b"]
     assert view["state"] == "running"
     rows = rows_by_node(Cli(b), "down-q")
-    assert rows["c"]["Raft State"] == "unknown" and rows["c"]["Last Log Index"] == ""
+    assert rows["c"]["Raft State"] == "noconnection" and rows["c"]["Last Log Index"] == ""
     assert rows["a"]["Raft State"] == "leader"
     result = Cli(a).run("check_if_node_is_quorum_critical", code=69)
     assert "queue 'down-q' in vhost '/' will become unavailable if node a stops" in \
