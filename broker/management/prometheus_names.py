@@ -13,7 +13,8 @@ counters; what an object counted
 is kept when it goes (sampled every few seconds and at each scrape), so they never go back.
 Only this node's queues and connections are counted (RabbitMQ's metrics are per node too). The
 per-object endpoint adds `rabbitmq_raft_*` for this node's member of each quorum queue, as
-Ra reports each member on its node.
+Ra reports each member on its node, and `rabbitmq_queue_info` (each queue here, its type and
+whether this node's member leads or follows).
 
 Knows the model's counters and prometheus-client; not AMQP. Runs on the event loop.
 """
@@ -358,6 +359,15 @@ class RabbitCollector:
         yield limit
         if not self.per_object:
             return
+        info = gauge("rabbitmq_queue_info", "A metric with a constant '1' value and labels that "
+                     "provide some queue details",
+                     labels=["vhost", "queue", "queue_type", "membership"])
+        for queue in queues:  # this node's member of each (a replica's: follower)
+            membership = "follower" if getattr(queue, "role", "") == "replica" else "leader"
+            info.add_metric([queue.vhost.name, queue.name,
+                             QUEUE_TYPES.get(queue.type, f"rabbit_{queue.type}_queue"),
+                             membership], 1)
+        yield info
         members = [q for q in queues if q.type == "quorum" and getattr(q, "log", None)]
         labels = ["vhost", "queue"]
         families = {key: gauge(f"rabbitmq_raft_{key}", doc, labels=labels)

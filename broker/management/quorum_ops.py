@@ -240,11 +240,11 @@ async def rebalance(queues: list[tuple[Any, str, str, tuple[str, ...], int]],
 # -- a quorum queue's fields in the management API ----------------------------------------------
 
 
-def delivery_limit(queue: Any) -> int:
+def delivery_limit(queue: Any) -> int | str:
     """The delivery limit the queue applies (its argument and policy resolved as RabbitMQ 4.3
-    resolves them: broker/model/quorum.py); -1 when it is unlimited."""
+    resolves them: broker/model/quorum.py); "unlimited" when it has none, as RabbitMQ 4.3."""
     limit = getattr(queue, "delivery_limit", DEFAULT_DELIVERY_LIMIT)
-    return limit if isinstance(limit, int) else -1
+    return limit if isinstance(limit, int) else "unlimited"
 
 
 def quorum_extras(queue: Any, node: str, members: Sequence[str] | None,

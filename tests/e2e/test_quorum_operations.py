@@ -94,7 +94,7 @@ def test_held_dead_letters_are_messages_dlx(managed_broker: InProcessBroker, htt
     assert view["messages"] == 0
     unlimited = {"x-delivery-limit": -1}
     declare(port, "unlimited", **unlimited)
-    assert http.ok(f"/api/queues/{q('/')}/unlimited")["delivery_limit"] == -1
+    assert http.ok(f"/api/queues/{q('/')}/unlimited")["delivery_limit"] == "unlimited"
 
 
 # -- RabbitMQ's Prometheus names ----------------------------------------------------------------
@@ -131,6 +131,9 @@ def test_delivery_limit_and_raft_figures_in_rabbitmq_names(
     assert per_object[("rabbitmq_raft_term", labels)] == status["Term"]
     assert per_object[("rabbitmq_raft_snapshot_index", labels)] == status["Snapshot Index"]
     assert ("rabbitmq_raft_term", labels) not in scrape(http, "/metrics")  # per object only
+    assert per_object[("rabbitmq_queue_info", (
+        ("membership", "leader"), ("queue", "poison"), ("queue_type", "rabbit_quorum_queue"),
+        ("vhost", "/")))] == 1
 
 
 # -- the paths leveret-queues calls ---------------------------------------------------------------

@@ -138,8 +138,8 @@ function Props({queue}) {
       ['Members', queue.members.map((m) => (online.has(m) ? m : `${m} (down)`)).join(', ')]);
   }
   if (queue.type === 'quorum') {
-    rows.push(['Delivery limit', queue.delivery_limit < 0 ? 'unlimited' :
-      fmtNum(queue.delivery_limit)]);
+    rows.push(['Delivery limit', typeof queue.delivery_limit === 'number' ?
+      fmtNum(queue.delivery_limit) : (queue.delivery_limit || '')]);
   }
   if (stream) {
     rows.push(['First offset', fmtNum(queue.first_offset)],
