@@ -5,6 +5,7 @@ and rendering (rich tables or JSON). Presentation only; stdlib urllib for HTTP.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from enum import StrEnum
 from typing import Annotated, Any, NoReturn
@@ -69,7 +70,10 @@ class Api:
     def base(self) -> str:
         return f"{self.scheme}://{self.host}:{self.port}"
 
-    def call(self, method: str, path: str, body: Any = None, missing: str | None = None) -> Any:
+    def call(self, method: str, path: str, body: Any = None, missing: str | None = None,
+             accept: tuple[int, ...] = ()) -> Any:
+        """The answer's JSON; CliError for a failure, but an error status in `accept` (a
+        health check's 503) is answered with its JSON body too."""
         data = json.dumps(body).encode() if body is not None else None
         request = Request(self.base + path, data=data, method=method)
         token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
@@ -80,6 +84,9 @@ class Api:
             with urlopen(request, timeout=30) as response:
                 raw = response.read()
         except HTTPError as error:
+            if error.code in accept:
+                with contextlib.suppress(json.JSONDecodeError, OSError):
+                    return json.loads(error.read() or b"{}")
             reason = error_reason(error)
             if error.code == 401:
                 raise CliError(f"the broker at {self.base} refused user '{self.username}': "

@@ -60,7 +60,8 @@ def test_wheel_holds_every_package_folder(tmp_path: Path) -> None:
     # the console scripts, the operator tools among them
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
-    for script in ("leveret =", "leveret-streams =", "leveretctl =", "leveret-diagnostics ="):
+    for script in ("leveret =", "leveret-streams =", "leveret-queues =", "leveretctl =",
+                   "leveret-diagnostics ="):
         assert script in scripts, scripts
 
 

@@ -5,9 +5,13 @@ policies, exchanges, queues and bindings; nothing transient: exclusive queues, t
 and `amq.*` exchanges and the default bindings are left out). `export_vhost` gives the
 per-vhost form, whose items carry no "vhost" key. `import_definitions` loads either form,
 including files exported from RabbitMQ: users with rabbit_password_hashing_sha256 (sha512 and
-md5 too) hashes or plain passwords, tags as "a,b" or a list. What Leveret does not support
-(limits, runtime parameters, topic permissions, operator policies, quorum queues) is skipped
-with a log line, never an error. The order is RabbitMQ's: users, vhosts, permissions,
+md5 too) hashes or plain passwords, tags as "a,b" or a list. Queues of every type Leveret has
+(classic, quorum, stream) are exported with their arguments, `x-queue-type` among them, as
+RabbitMQ exports them (a queue of another type than classic always names its type there), and
+imported by declaring them with those arguments (a quorum queue in a cluster is placed over
+its members as a client's declare would place it). What Leveret does not support (limits,
+runtime parameters, topic permissions, operator policies, other queue types) is skipped with a
+log line, never an error. The order is RabbitMQ's: users, vhosts, permissions,
 exchanges, policies, queues, bindings.
 
 Writes go through `access_store` (the model and SQLite on a single node, etcd in cluster
@@ -38,7 +42,7 @@ if TYPE_CHECKING:
 
 log = logs.get("leveret.definitions")
 RABBIT_VERSION = "3.13.7"  # the RabbitMQ definitions format this export follows
-SUPPORTED_QUEUE_TYPES = ("classic", "stream")
+SUPPORTED_QUEUE_TYPES = ("classic", "quorum", "stream")
 
 
 class DefinitionsError(Exception):
@@ -83,11 +87,21 @@ def _queues(vhost: VHost) -> list[dict[str, Any]]:
             "durable": q.durable,
             "auto_delete": q.auto_delete,
             "type": q.type,
-            "arguments": _json(q.arguments),
+            "arguments": _queue_arguments(q.type, q.arguments),
         }
         for q in vhost.queues.values()
         if not q.exclusive
     ]
+
+
+def _queue_arguments(queue_type: str, arguments: Any) -> Any:
+    """A queue's arguments as exported: a queue that is not classic names its type (declared
+    through a vhost's default queue type, it may not have), so that importing it declares the
+    same type, as RabbitMQ's stored arguments do."""
+    exported = _json(arguments)
+    if queue_type != "classic" and isinstance(exported, dict):
+        exported.setdefault("x-queue-type", queue_type)
+    return exported
 
 
 def _bindings(vhost: VHost) -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ from leveret.broker.management import (
     nodes,
     overview,
     policies,
+    quorum_queues,
     rates,
     stream_messages,
     streams,
@@ -147,7 +148,7 @@ def create_app(broker: Broker, amqp_port: int | None = None, amqp_host: str | No
     app[nodes.NODES] = (nodes.OneNodeView(config.node_name) if broker.cluster is None
                         else ClusterNodes(broker, broker.cluster))
     for module in (overview, access, policies, topology, live, defs, streams, stream_messages,
-                   metrics, ui, rates):
+                   quorum_queues, metrics, ui, rates):
         module.setup(app)
     return app
 

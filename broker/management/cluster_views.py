@@ -16,9 +16,10 @@ cluster mode `/api/queues` on any node lists every queue, and `/api/connections`
 - `mgmt.purge` and `mgmt.get` `{"vhost", "name", ...}`: the API's purge and get of a queue it
   holds (the asking node has checked the user's permissions), through `on_holder`.
 
-A replicated stream is shown on every node as its leader shows it: `node` and `leader` the
-leader, `members` as its queue record in etcd names them (the leader first, what
-`stream_status` lists), `online` those the leader has a link to; a replica's node holds a copy
+A replicated stream (or quorum queue) is shown on every node as its leader shows it: `node`
+and `leader` the leader, `members` as its queue record in etcd names them (the leader first,
+what `stream_status` lists; a quorum queue's sorted, as RabbitMQ's), `online` those the leader
+has a link to; a replica's node holds a copy
 but asks the leader, as a node without one does. An asking node waits at most `ASK_TIMEOUT_S`
 per node, all nodes at once. A queue whose node (a stream's leader) cannot answer (down, no
 link, too slow) shows `state: "down"` with its node, leader and members but without message
@@ -36,7 +37,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from leveret.broker.cluster.link import LinkError, RemoteError
-from leveret.broker.management import messages, stream_connections, views
+from leveret.broker.cluster.stream_membership import REPLICATED
+from leveret.broker.management import messages, quorum_queues, stream_connections, views
 from leveret.broker.management.http import ApiError
 from leveret.broker.management.nodes import ApiView
 from leveret.broker.model.errors import InternalError, NotFound
@@ -154,6 +156,7 @@ def install(broker: Broker, cluster: ClusterRuntime) -> None:
     handlers.on_request(CONNECTIONS, connections)
     handlers.on_request(CHANNELS, channels)
     stream_connections.install(broker, handlers)  # mgmt.stream_publishers, mgmt.stream_consumers
+    quorum_queues.install(broker, handlers)  # mgmt.quorum_peek: the leader's peek
 
 
 class ClusterNodes:
@@ -175,9 +178,10 @@ class ClusterNodes:
         return self.node_of(queue) != self.node
 
     def stream_placement(self, queue: Queue) -> tuple[str, tuple[str, ...]] | None:
-        """A replicated stream's leader and members as its queue record in etcd names them
-        (what `stream_status` answers on every node), or None for any other queue."""
-        if queue.type != "stream":
+        """A replicated stream's or quorum queue's leader and members as its queue record in
+        etcd names them (what `stream_status` and `quorum_status` answer on every node), or
+        None for any other queue."""
+        if queue.type not in REPLICATED:
             return None
         record = self.cluster.cache.queue(queue.vhost.name, queue.name)
         if record is None or not record.members:

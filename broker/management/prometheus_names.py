@@ -7,9 +7,14 @@ queue (RabbitMQ's per-object endpoint), without the `leveret_*` ones. The dashbo
 series with `rabbitmq_identity_info`, which names the node, the cluster and the endpoint.
 
 The global counters (`rabbitmq_global_messages_*_total`, labelled `protocol="amqp091"`, and
-`queue_type` for deliveries) add up the queues' and channels' counters; what an object counted
+`queue_type` for deliveries; `rabbitmq_global_messages_dead_lettered_delivery_limit_total` by
+`queue_type` and `dead_letter_strategy`, a quorum queue's) add up the queues' and channels'
+counters; what an object counted
 is kept when it goes (sampled every few seconds and at each scrape), so they never go back.
-Only this node's queues and connections are counted (RabbitMQ's metrics are per node too).
+Only this node's queues and connections are counted (RabbitMQ's metrics are per node too). The
+per-object endpoint adds `rabbitmq_raft_*` for this node's member of each quorum queue, as
+Ra reports each member on its node, and `rabbitmq_queue_info` (each queue here, its type and
+whether this node's member leads or follows).
 
 Knows the model's counters and prometheus-client; not AMQP. Runs on the event loop.
 """
@@ -87,6 +92,31 @@ QUEUE_COUNTERS = (
 )
 
 
+DEAD_LETTER_STRATEGIES = ("disabled", "at_most_once", "at_least_once")
+RAFT_GAUGES = (("term", "Current term"), ("snapshot_index", "Current snapshot index"),
+               ("last_applied", "Last applied index. Can go backwards if a ra server is "
+                "restarted"), ("commit_index", "Current commit index"),
+               ("last_written_index", "Last fully written and fsynced index of the log"))
+
+
+def dead_letter_strategy(queue: Any) -> str:
+    """RabbitMQ's `dead_letter_strategy` label of a queue's dead-lettering (the strategy the
+    queue applies: at-least-once falls back to at-most-once without reject-publish)."""
+    if getattr(queue, "dlx", None) is None:
+        return "disabled"
+    return "at_least_once" if getattr(queue, "at_least_once", False) else "at_most_once"
+
+
+def raft_figures(queue: Any) -> dict[str, int]:
+    """This node's member of a quorum queue in Raft's figures (quorum_status's mapping)."""
+    log = queue.log
+    bound = queue.commit_bound
+    commit = bound if bound is not None else log.committed_offset
+    return {"term": max(log.tail[0] if log.next_offset else log.epoch, log.epoch),
+            "snapshot_index": log.first_offset - 1, "last_applied": commit,
+            "commit_index": commit, "last_written_index": log.committed_offset}
+
+
 def queue_values(queue: Any) -> tuple[int, ...]:
     counts = views.queue_counts(queue)
     return (counts["deliver_get"], counts["deliver"], counts["deliver_no_ack"], counts["get"],
@@ -133,6 +163,8 @@ class RabbitTotals:
         self.broker = broker
         self.queues = Monotonic(len(DELIVERY_COUNTERS))
         self.channels = Monotonic(len(PUBLISH_COUNTERS))
+        self.dead_lettered = Monotonic(1)  # a quorum queue's, at its delivery limit
+        self.dead_lettered_counts: dict[str, list[int]] = {}  # by strategy, the last sample
 
     def local_queues(self) -> list[Any]:
         here = self.broker.config.node_name
@@ -146,6 +178,9 @@ class RabbitTotals:
                ) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
         queues = self.local_queues() if queues is None else queues
         channels = self.channels_of() if channels is None else channels
+        self.dead_lettered_counts = self.dead_lettered.update(
+            (q, dead_letter_strategy(q), (int(q.stats_delivery_limit),))
+            for q in queues if q.type == "quorum" and hasattr(q, "stats_delivery_limit"))
         return (self.queues.update((q, QUEUE_TYPES.get(q.type, f"rabbit_{q.type}_queue"),
                                     queue_values(q)) for q in queues),
                 self.channels.update((c, PROTOCOL, channel_values(c)) for c in channels))
@@ -244,6 +279,7 @@ class RabbitCollector:
         yield gauge("rabbitmq_consumers", "Consumers currently connected", consumers)
         yield gauge("rabbitmq_queues", "Queues available", len(queues))
         yield from self._queues(queues)
+        yield from self._quorum(queues)
 
         node = node_view(broker)
         yield gauge("rabbitmq_process_open_fds", "Open file descriptors", node["fd_used"])
@@ -307,6 +343,40 @@ class RabbitCollector:
                 counter.add_metric([queue.vhost.name, queue.name],
                                    views.queue_counts(queue)[kind])
             yield counter
+
+
+    def _quorum(self, queues: list[Any]) -> Iterator[Metric]:
+        """The delivery-limit dead-letter counter (rabbit_global_counters' labels), and, per
+        object, this node's member of each quorum queue in rabbitmq_raft_*'s names (the
+        mapping of quorum_status: docs/QUORUM-QUEUES.md)."""
+        counts = self.totals.dead_lettered_counts  # (sampled with the others, just before)
+        limit = CounterMetricFamily(
+            "rabbitmq_global_messages_dead_lettered_delivery_limit",
+            "Total number of messages dead-lettered due to delivery-limit exceeded",
+            labels=["queue_type", "dead_letter_strategy"])
+        for strategy in DEAD_LETTER_STRATEGIES:
+            limit.add_metric(["rabbit_quorum_queue", strategy], counts.get(strategy, [0])[0])
+        yield limit
+        if not self.per_object:
+            return
+        info = gauge("rabbitmq_queue_info", "A metric with a constant '1' value and labels that "
+                     "provide some queue details",
+                     labels=["vhost", "queue", "queue_type", "membership"])
+        for queue in queues:  # this node's member of each (a replica's: follower)
+            membership = "follower" if getattr(queue, "role", "") == "replica" else "leader"
+            info.add_metric([queue.vhost.name, queue.name,
+                             QUEUE_TYPES.get(queue.type, f"rabbit_{queue.type}_queue"),
+                             membership], 1)
+        yield info
+        members = [q for q in queues if q.type == "quorum" and getattr(q, "log", None)]
+        labels = ["vhost", "queue"]
+        families = {key: gauge(f"rabbitmq_raft_{key}", doc, labels=labels)
+                    for key, doc in RAFT_GAUGES}
+        for queue in members:
+            figures = raft_figures(queue)
+            for key, family in families.items():
+                family.add_metric([queue.vhost.name, queue.name], figures[key])
+        yield from families.values()
 
 
 TOTALS: web.AppKey[RabbitTotals] = web.AppKey("rabbit-metric-totals")

@@ -11,7 +11,9 @@ RabbitMQ also answers with success.) Refusals are RabbitMQ's texts (400), a miss
 
 `stream_status` of a stream held by another node (its leader, for a replicated stream) is
 asked of that node over the node link (broker/cluster/stream_membership.py): every node answers
-the same rows, one per member. If that node cannot be asked, a member answers its own row.
+the same rows, one per member. If that node cannot be asked, a member answers its own row. The
+same link request answers a quorum queue's member rows (`leveret-queues quorum_status`:
+quorum_queues.py); its member changes are quorum_queues.py's too.
 
 Runs on the event loop. It knows the management helpers, streamops and the cluster's
 membership seam; nothing of etcd or the links.
@@ -25,7 +27,7 @@ from aiohttp import web
 
 from leveret.broker.cluster.stream_membership import MembershipError
 from leveret.broker.cluster.stream_replication import replication_of
-from leveret.broker.management import streamops
+from leveret.broker.management import quorum_ops, streamops
 from leveret.broker.management.http import (
     BROKER,
     ApiError,
@@ -104,13 +106,18 @@ async def status(broker: Any, stream: Any) -> dict[str, Any]:
 
 
 def _local_status(broker: Any) -> Any:
+    """What this node answers another's `stream.status`: a stream's status, or a quorum
+    queue's member rows (quorum_ops.member_rows, which quorum_status maps to RabbitMQ's
+    columns), for a queue this node leads."""
     def read(vhost_name: str, name: str) -> dict[str, Any] | None:
         vhost = broker.vhosts.get(vhost_name)
         queue = vhost.queues.get(name) if vhost is not None else None
-        if queue is None or queue.type != "stream" or not hasattr(queue, "log"):
+        if queue is None or queue.type not in ("stream", "quorum") or not hasattr(queue, "log"):
             return None
         if getattr(queue, "role", "") == "replica":
             return None  # the leader answers for every member
+        if queue.type == "quorum":
+            return {"members": quorum_ops.member_rows(queue, broker.config.node_name)}
         return streamops.status(queue, broker.config.node_name)
     return read
 

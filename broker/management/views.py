@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote_plus
 
+from leveret.broker.management import quorum_ops
 from leveret.broker.model.superstream import SuperStreamExchange
 from leveret.broker.process import listen
 
@@ -238,7 +239,7 @@ def queue_view(queue: Queue, node: str, consumers: list[dict[str, Any]] | None =
                members: Sequence[str] | None = None,
                online: Sequence[str] | None = None) -> dict[str, Any]:
     """A queue held on `node` (this one, or a remote queue's holder); a replicated stream's
-    `node` is its leader, with its `members` and those `online`."""
+    or quorum queue's `node` is its leader, with its `members` and those `online`."""
     vhost = queue.vhost
     policy = vhost.policy_for("queues", queue.name)
     unacked = queue.unacked
@@ -274,6 +275,8 @@ def queue_view(queue: Queue, node: str, consumers: list[dict[str, Any]] | None =
     }
     if queue.type == "stream":
         view.update(stream_extras(queue, node, members, online))
+    elif queue.type == "quorum":
+        view.update(quorum_ops.quorum_extras(queue, node, members, online))
     if consumers is not None:
         view["consumer_details"] = consumers
     return view

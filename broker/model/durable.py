@@ -363,6 +363,33 @@ class DurableClassicQueue(ClassicQueue):
         finally:
             reader.close()
 
+    def tail_of(self, store: PagedStore) -> Iterator[QueuedMessage]:
+        """The ready messages of `store`'s tail in order, read from the log without taking
+        them (a peek): nothing changes, and a quorum queue's recovered counts stay unread."""
+        if not store.tail_count:
+            return
+        self.writer.flush()
+        self.writer.commit()
+        reader = self.log.reader(OffsetSpec.offset(store.tail_from))
+        settled, delivered, level = self.settled_offsets, self.delivered_offsets, store.level
+        held = self.held_offsets
+        left = store.tail_count
+        try:
+            while left > 0:
+                chunk = reader.read()
+                if chunk is None:
+                    return
+                for offset, record in chunk.items():
+                    if left <= 0:
+                        return
+                    if offset < store.tail_from or offset in settled or offset in held or (
+                            level is not None and record[PRIORITY_AT] != level):
+                        continue
+                    left -= 1
+                    yield DurableClassicQueue._unpack(self, offset, record, offset in delivered)
+        finally:
+            reader.close()
+
     def _recover(self) -> None:
         """Rebuild the queue from its log: which messages are still ready, in order."""
         if self.log.next_offset == self.log.first_offset:

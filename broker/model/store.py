@@ -170,6 +170,11 @@ class LeveledStore:
         for level in self._order:
             yield from self._levels[level]
 
+    def stores(self) -> list[MessageStore]:
+        """Each store in the order messages leave: the requeued ones', then each level's,
+        highest first."""
+        return [self.returns, *(self._levels[level] for level in self._order)]
+
     @property
     def bytes(self) -> int:
         return self.returns.bytes + sum(store.bytes for store in self._levels.values())

@@ -60,7 +60,9 @@ def test_a_rabbitmq_export_loads(managed_broker: InProcessBroker) -> None:
     assert root.exchanges["tmp.autodelete"].auto_delete is True
     assert root.queues["events.audit"].type == "stream"
     assert root.queues["orders.created"].arguments["x-overflow"] == "reject-publish"
-    assert "payments" not in root.queues  # a quorum queue: skipped with a log line
+    payments = root.queues["payments"]  # a quorum queue, declared with its arguments
+    assert payments.type == "quorum" and payments.arguments == {"x-delivery-limit": 5,
+                                                                "x-queue-type": "quorum"}
     assert billing.queues["invoices.pending"].arguments == {"x-single-active-consumer": True}
     assert set(root.policies) == {"events-retention", "dlx"}
     assert billing.policies["mirror"].definition == {"ha-mode": "all",
@@ -86,7 +88,7 @@ def test_a_rabbitmq_export_loads(managed_broker: InProcessBroker) -> None:
     # Loading the same file again changes nothing.
     load_fixture(managed_broker)
     assert len(root.queues) == len([x for x in rabbitmq_export()["queues"]
-                                    if x["vhost"] == "/" and x["name"] != "payments"])
+                                    if x["vhost"] == "/"])
 
 
 def test_export_round_trip(managed_broker: InProcessBroker, tmp_path: Path) -> None:
@@ -99,7 +101,12 @@ def test_export_round_trip(managed_broker: InProcessBroker, tmp_path: Path) -> N
     billing = next(v for v in exported["vhosts"] if v["name"] == "billing")
     assert billing["name"] == "billing"
     names = {(x["vhost"], x["name"]) for x in exported["queues"]}
-    assert ("/", "events.audit") in names and ("/", "payments") not in names
+    assert ("/", "events.audit") in names and ("/", "payments") in names
+    # a quorum queue as RabbitMQ exports it: its arguments, its type among them
+    payments = next(x for x in exported["queues"] if x["name"] == "payments")
+    assert payments == {"name": "payments", "vhost": "/", "durable": True, "auto_delete": False,
+                        "type": "quorum", "arguments": {"x-delivery-limit": 5,
+                                                        "x-queue-type": "quorum"}}
     assert not any(x["name"].startswith("amq.") or x["name"] == ""
                    for x in exported["exchanges"])
     # A second broker loads Leveret's own export into the same state.

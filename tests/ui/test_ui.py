@@ -140,6 +140,21 @@ def test_an_api_refusal_is_shown_in_plain_words(page: Any) -> None:
         "'ui-transient-stream' in vhost '/'")
 
 
+def test_a_quorum_queue_shows_its_type_leader_and_members(page: Any, ui_broker: UiBroker) -> None:
+    connection, channel = channel_of(ui_broker)
+    channel.queue_declare("ui-quorum", durable=True, arguments={
+        "x-queue-type": "quorum", "x-delivery-limit": 7})
+    connection.close()
+    node = ui_broker.http.get("/api/queues/%2F/ui-quorum").body["leader"]
+    log_in(page)
+    page.goto(page.url.split("#")[0] + "#/queues/%2F/ui-quorum")
+    properties = page.get_by_test_id("properties")
+    expect(properties).to_contain_text("Typequorum")
+    expect(properties).to_contain_text(f"Leader{node}")
+    expect(properties).to_contain_text(f"Members{node}")
+    expect(properties).to_contain_text("Delivery limit7")
+
+
 def test_read_a_stream_at_an_offset(page: Any, ui_broker: UiBroker) -> None:
     connection, channel = channel_of(ui_broker)
     channel.queue_declare("ui-events", durable=True, arguments={"x-queue-type": "stream"})

@@ -97,7 +97,8 @@ function DeclareQueue() {
     <label>Name <input name="name" required value=${name}
       onInput=${(e) => setName(e.target.value)} /></label>
     <label>Type <select name="type" value=${type} onChange=${(e) => setType(e.target.value)}>
-      <option value="classic">classic</option><option value="stream">stream</option>
+      <option value="classic">classic</option><option value="quorum">quorum</option>
+      <option value="stream">stream</option>
     </select></label>
     <label><input type="checkbox" checked=${durable}
       onChange=${(e) => setDurable(e.target.checked)} /> durable</label>

@@ -132,6 +132,15 @@ function Props({queue}) {
       queue.exclusive && 'exclusive'].filter(Boolean).join(', ')],
     ['Policy', queue.policy || ''], ['Arguments', jsonText(queue.arguments)],
   ];
+  if (queue.members) {  // a quorum queue or a stream: its leader and members (RabbitMQ's)
+    const online = new Set(queue.online || []);
+    rows.push(['Leader', queue.leader || ''],
+      ['Members', queue.members.map((m) => (online.has(m) ? m : `${m} (down)`)).join(', ')]);
+  }
+  if (queue.type === 'quorum') {
+    rows.push(['Delivery limit', typeof queue.delivery_limit === 'number' ?
+      fmtNum(queue.delivery_limit) : (queue.delivery_limit || '')]);
+  }
   if (stream) {
     rows.push(['First offset', fmtNum(queue.first_offset)],
       ['Committed offset', fmtNum(queue.committed_offset)],
