@@ -266,9 +266,10 @@ def test_declarations_through_the_api_are_refused_as_on_a_single_node(
         (("PUT", "/api/queues/%2F/bad-args", {"arguments": {"x-max-length": "ten"}}), "guest",
          (400, "invalid arg 'x-max-length' for queue 'bad-args' in vhost '/': "
                '"expected integer, got longstr"')),
-        (("PUT", "/api/queues/%2F/bad-type", {"arguments": {"x-queue-type": "quorum"}}), "guest",
-         (400, "invalid arg 'x-queue-type' for queue 'bad-type' in vhost '/': "
-               "\"unsupported queue type 'quorum'\"")),
+        (("PUT", "/api/queues/%2F/bad-type", {"arguments": {"x-queue-type": "quorum",
+                                                             "x-max-priority": 5}}), "guest",
+         (400, "invalid arg 'x-max-priority' for queue 'bad-type' in vhost '/' of queue type "
+               "rabbit_quorum_queue")),
     ]
     for (method, path, body), user, expected in cases:
         status, answer = api(b, method, path, body, user=user,
