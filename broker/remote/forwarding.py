@@ -730,7 +730,7 @@ def get(queue: RemoteQueue, client: QueueClient, no_ack: bool) -> None:
         entry = entry_of(tag, redelivered, message_of(exchange, routing_key, header, body),
                          shadow)
         if no_ack:
-            shadow.taken(tag)
+            shadow.taken_without_ack(tag)
         client.get_ok(entry, queue, no_ack, count)
 
     client.wait_for(GET_INDEX, step())

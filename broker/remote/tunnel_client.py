@@ -92,6 +92,9 @@ class Shadow:
         self._acks: list[int] = []  # acked tags that were above `_low` when acked
         self._ack_due = False  # acks wait for the end of the turn
         self._acked_upto = 0
+        # settled on the peer already, above `_acked_upto` (acked or nacked one by one, or
+        # taken without ack): a multiple ack must not name one of them (406 unknown tag)
+        self._gone: set[int] = set()
         # a delivery whose content frames the tunnel copies to the client as they come
         self.raw_out: list[bytes] | None = None
         self.raw_channel = 0
@@ -131,6 +134,12 @@ class Shadow:
             self.tunnel.write(codec.encode_method(self.number, m.Basic.Reject(
                 delivery_tag=tag, requeue=requeue) if failed else m.Basic.Nack(
                 delivery_tag=tag, multiple=False, requeue=requeue)))
+            self._gone.add(tag)
+        self.taken(tag)
+
+    def taken_without_ack(self, tag: int) -> None:
+        """A delivery the peer settled itself (a basic.get with no_ack)."""
+        self._gone.add(tag)
         self.taken(tag)
 
     def taken(self, tag: int) -> None:
@@ -147,19 +156,30 @@ class Shadow:
 
     def send_acks(self) -> None:
         """The acks gathered: one multiple ack up to the highest tag below which all is
-        settled (a nacked tag it covers is already gone on the peer), the rest one by one."""
+        settled, the rest one by one. The multiple ack names the highest of those tags that
+        the peer still holds (one acked alone in an earlier turn, nacked, or taken without
+        ack is gone there, and naming it would be 406 `unknown delivery tag`); the tags it
+        covers that are gone already are left alone by the peer."""
         acks, self._acks = self._acks, []
         due, self._ack_due = self._ack_due, False
         if not due or self.closed:
             return
         write = self.tunnel.write
         upto = self._low - 1
+        gone = self._gone
         if upto > self._acked_upto:
-            write(codec.encode_ack(self.number, upto, True))
+            top = upto
+            while top > self._acked_upto and top in gone:
+                top -= 1
+            if top > self._acked_upto:
+                write(codec.encode_ack(self.number, top, True))
             self._acked_upto = upto
+            if gone:
+                self._gone = gone = {tag for tag in gone if tag > upto}
         for tag in acks:
             if tag > upto:
                 write(codec.encode_ack(self.number, tag, False))
+                gone.add(tag)
 
     def close(self) -> None:
         """Close the peer's channel (it requeues what it held)."""

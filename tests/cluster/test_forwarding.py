@@ -605,3 +605,33 @@ def test_publishers_on_b_wait_while_a_is_behind_and_b_holds_little(
     assert done.is_set()
     wait_until(lambda: counts(a, "q.slow")[0] == 1000, timeout=60)
     conn.close()
+
+
+def test_acks_out_of_order_on_b_settle_each_delivery_once(
+        ab: tuple[ClusterNode, ClusterNode]) -> None:
+    """A consumer on b acks tag 2, then (in a later turn) tag 1, then 4 after a nack of 3:
+    the holder is asked to settle only what it still holds, so the consumer is not cancelled
+    and exactly the acked messages leave (celery acks out of order)."""
+    a, b = ab
+    on_a(ab, "q.order")
+    publisher = connect(a)
+    for i in range(5):
+        publisher.channel().basic_publish("", "q.order", b"m%d" % i)
+    publisher.close()
+    conn = connect(b)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=4)
+    cancelled: list[Any] = []
+    ch.add_on_cancel_callback(cancelled.append)
+    got: list[Any] = []
+    ch.basic_consume("q.order", lambda c, m, p, body: got.append(m.delivery_tag))
+    drain(conn, got, 4)
+    for settle in (lambda: ch.basic_ack(2), lambda: ch.basic_ack(1),
+                   lambda: ch.basic_nack(3, requeue=False), lambda: ch.basic_ack(4)):
+        settle()
+        conn.process_data_events(0.2)
+    ch.basic_cancel(ch.consumer_tags[0])
+    conn.process_data_events(0.3)
+    assert not cancelled and ch.is_open
+    conn.close()
+    assert counts(a, "q.order") == (1, 0)
