@@ -154,6 +154,10 @@ class Queue:
         without a second consume-ok (a queue of this node simply takes it)."""
         self.add_consumer(consumer)
 
+    def reachable(self) -> bool:
+        """Whether the queue can be served now (a queue of this node always can)."""
+        return True
+
     def consumer_timeout(self, arguments: dict[str, Any] | None) -> int | None:
         """How long (ms) a consumer with these arguments (None: a basic.get) may hold a
         delivery unacked; None: no limit (classic queues and streams, as in RabbitMQ 4.3)."""

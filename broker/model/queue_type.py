@@ -157,6 +157,11 @@ class QueueType(Protocol):
         delivery unacked, or None."""
         ...
 
+    def reachable(self) -> bool:
+        """Whether the queue can be served now (a queue held by another node: a link to it
+        is open)."""
+        ...
+
     def resume(self, consumer: Consumer) -> None:
         """A consumer that lost its subscription with a leader subscribes here again."""
         ...

@@ -67,6 +67,7 @@ DEFAULT_PRIORITY = 4  # a message without a priority (RabbitMQ 4.x)
 TOP_PRIORITY = 31
 DEFAULT_DELIVERY_LIMIT = 20
 RESUME_RETRY_MS = 250  # how soon a consumer that lost its leader tries the next one
+HOLD_MS = 30_000  # how long a publish waits for a leader before it is nack'ed
 DEAD_LETTERS = 19  # chunk type: messages dead-lettered at least once, until their targets have them
 _DEAD = struct.Struct(">QB")  # offset, reason
 REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
@@ -109,6 +110,8 @@ class QuorumQueue(DurableClassicQueue):
         # those whose leader was lost, waiting to subscribe on the next one
         self.elsewhere: dict[Consumer, Queue] = {}
         self.waiting: list[Consumer] = []
+        # publishes that reached this node while its leader was lost: (message, confirm, since)
+        self.held: list[tuple[InboundMessage, Confirm | None, int]] = []
         self._resume_timer: Timer | None = None
         self.rejecting = False  # reject-publish: over the limit, until back under 80% of it
         self._policy_consumer_timeout: object = None
@@ -205,7 +208,7 @@ class QuorumQueue(DurableClassicQueue):
             self.dispatch()
         elif role == "replica":
             self._drop_state()
-        if self.waiting and role:
+        if (self.waiting or self.held) and role:
             self._resume_later(0)
 
     # -- a replica's log ----------------------------------------------------------------------
@@ -266,9 +269,39 @@ class QuorumQueue(DurableClassicQueue):
 
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
         leader = self.replication.forward_to
+        if self.held or (leader is not None and not leader.reachable()):
+            # the leader is lost and the next one not known yet (an election): the publish
+            # waits for it, as RabbitMQ's does, rather than be nack'ed
+            if confirm is not None:
+                confirm.defer()
+            self.held.append((message, confirm, self.vhost.scheduler.now_ms()))
+            self._resume_later(RESUME_RETRY_MS)
+            return True
         if leader is not None:  # a replica: the leader writes, and confirms
             return bool(leader.publish(message, confirm))
         return super().publish(message, confirm)
+
+    def _release_held(self) -> None:
+        """Publishes that waited for a leader go to it, in order (or are nack'ed once they
+        have waited HOLD_MS)."""
+        held, self.held = self.held, []
+        now = self.vhost.scheduler.now_ms()
+        for index, (message, confirm, since) in enumerate(held):
+            leader = self.replication.forward_to
+            if leader is not None and not leader.reachable():
+                if now - since < HOLD_MS:
+                    self.held = held[index:]
+                    self._resume_later(RESUME_RETRY_MS)
+                    return
+                if confirm is not None:
+                    confirm.settle(False)
+                continue
+            if leader is not None:
+                leader.publish(message, confirm)
+            else:
+                super().publish(message, confirm)
+            if confirm is not None:
+                confirm.settle()  # this queue's own hold on it
 
     # -- consumers served by the leader, across a failover ------------------------------------
 
@@ -276,6 +309,10 @@ class QuorumQueue(DurableClassicQueue):
         leader = self.replication.forward_to
         if leader is None:
             super().consume(consumer, client, nowait)
+            return
+        if not leader.reachable():  # an election: it waits for the next leader
+            client.consume_started(consumer, nowait)
+            self.consumer_lost(consumer)
             return
         self.elsewhere[consumer] = leader
         leader.consume(consumer, client, nowait)
@@ -309,13 +346,15 @@ class QuorumQueue(DurableClassicQueue):
         """Subscribe the waiting consumers where the queue is led now: here, or through the
         leader's queue (which calls consumer_lost again if it cannot take them yet)."""
         self._resume_timer = None
-        if self.deleted or not self.waiting:
+        if self.deleted or not (self.waiting or self.held):
             return
         role = self.replication.role
         leader = self.replication.forward_to
         if (role == "replica" and leader is None) or (role == "" and self.replication.members):
             self._resume_later(RESUME_RETRY_MS)  # between two roles
             return
+        if self.held:
+            self._release_held()
         waiting, self.waiting = self.waiting, []
         for consumer in waiting:
             consumer.state = None
@@ -575,6 +614,13 @@ class QuorumQueue(DurableClassicQueue):
         return super().purge()
 
     # -- deleting -----------------------------------------------------------------------------
+
+    def on_delete(self) -> None:
+        held, self.held = self.held, []
+        for _message, confirm, _since in held:
+            if confirm is not None:
+                confirm.settle(False)  # the queue went before a leader took them
+        super().on_delete()
 
     def check_delete(self, if_unused: bool, if_empty: bool) -> None:
         for flag, wanted in (("if-unused", if_unused), ("if-empty", if_empty)):

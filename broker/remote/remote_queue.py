@@ -117,6 +117,10 @@ class RemoteQueue(Queue):
     def holder(self) -> str | None:
         return self.node
 
+    def reachable(self) -> bool:
+        """Whether the holding node can be asked now (a link to it is open)."""
+        return self.forwarder is not None and self.forwarder.reachable(self)
+
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
         self.stats_published += 1
         publisher = self.publisher
