@@ -23,9 +23,7 @@ duplicates are counted in the assertion messages.
 The same flows against RabbitMQ 3.10.8's three-node cluster (tests/support/reference_cluster.py,
 run by hand: they are not part of this module): every task ran, none twice, the worker kept its
 consumer across the failover; a publisher on a surviving node had its 20 tasks confirmed within
-0.3 s of the kill. Both tests are strict xfails for the Leveret defects named in their reasons:
-once a defect is fixed, its test passes and the strict marker turns that into a failure, to be
-removed.
+0.3 s of the kill; Leveret the same (the publishes wait for the new leader).
 """
 
 from __future__ import annotations
@@ -78,34 +76,17 @@ def record(number):
     return number
 '''
 
-# The Leveret defects these tests found, each reproduced with pika against Leveret and RabbitMQ
-# 3.10.8 (three nodes each) in the commit that added this module:
-# 1. A consumer on a node that does not hold the queue acks, one by one, tags above its lowest
-#    unacked one (celery does), then that one: the tunnel's coalesced multiple ack names a tag
-#    it already acked one by one; the holder closes the tunnel channel with 406 "unknown
-#    delivery tag", the client gets basic.cancel and the acks it covered are lost (the tasks
-#    run again). broker/remote/tunnel_client.py, Shadow.send_acks. RabbitMQ: no error.
-# 2. A confirmed publish to a quorum queue, on a channel of a surviving member opened before
-#    the leader's node died, is nacked until the new leader is elected (about 1.5 s).
-#    broker/remote/forwarding.py, Forwarder.publish. RabbitMQ 3.10.8 holds it and acks it when
-#    the new leader is up (0.3-0.7 s); on a channel opened after the kill it nacks too.
-# 3. Consumers of a quorum queue on the surviving nodes get basic.cancel when the leader's node
-#    dies; RabbitMQ keeps their subscriptions (issue 28 asks for that too). celery restarts its
-#    consumer then, or, when the cancel is read while its heartbeat publish waits for a
-#    confirm, swallows it (its event dispatcher buffers the error) and never consumes again.
-# 4. Until the new leader is elected, basic.consume and a passive queue.declare of a quorum
-#    queue through a surviving member answer 404 "home node 'a' of durable queue ... is down or
-#    inaccessible" (the classic queue's answer); RabbitMQ 3.10.8 waits (0.2 s) and succeeds.
-#    celery takes a 404 on basic.consume for an "Unrecoverable error" and stops consuming.
-# The first test needs 1 fixed, and 3 and 4 for it not to fail now and then (races with the
-# election); the second needs 2 fixed.
-ACK_DEFECT = ("Leveret defects 1, 3 and 4 above: a multiple ack through the tunnel that names "
-              "a tag already acked (406, basic.cancel, tasks run again); basic.cancel at the "
-              "failover; 404 on basic.consume before the new leader is elected")
-NACK_DEFECT = ("Leveret defect 2 above: a publish on a surviving member's channel is nacked "
-               "until the new leader is elected, where RabbitMQ 3.10.8 holds it and acks it; "
-               "celery's default publish retry policy gives up: send_task raises "
-               "OperationalError")
+# What these tests found in Leveret, each reproduced with pika against Leveret and RabbitMQ
+# 3.10.8 and fixed since (each fix has its own test too):
+# 1. a multiple ack through the tunnel named a tag already acked alone (406, basic.cancel, ack
+#    lost; celery acks out of order): tests/cluster/test_forwarding.py,
+#    test_acks_out_of_order_on_b_settle_each_delivery_once;
+# 2. a publish through a surviving member was nack'ed until the new leader was elected
+#    (RabbitMQ holds it; kombu gave up with OperationalError): it now waits for the leader;
+# 3. consumers on surviving members were cancelled at the failover: they are kept
+#    (test_quorum_cluster.py, test_consumers_on_other_nodes_keep_their_subscriptions_...);
+# 4. basic.consume through a surviving member answered 404 before the new leader was elected
+#    (celery stops consuming on it): it is taken and subscribed once the leader is known.
 
 
 def broker_url(nodes: list[ClusterNode]) -> str:
@@ -213,7 +194,6 @@ def start_worker(tmp_path: Path, worker_env: dict[str, str]) -> Iterator[Any]:
                 worker.proc.wait(5)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=ACK_DEFECT)
 def test_celery_tasks_all_complete_when_the_quorum_leader_is_killed(
         abc: Three, etcd: EtcdServer, cluster: str, tmp_path: Path, start_worker: Any,
         publisher_app: Any) -> None:
@@ -296,7 +276,6 @@ def test_celery_tasks_all_complete_when_the_quorum_leader_is_killed(
     print(story)
 
 
-@pytest.mark.xfail(strict=True, raises=OperationalError, reason=NACK_DEFECT)
 def test_celery_publishes_through_a_surviving_node_across_the_failover(
         abc: Three, etcd: EtcdServer, cluster: str, publisher_app: Any) -> None:
     """The publishing side alone, with celery's default publish retry policy: a publisher
