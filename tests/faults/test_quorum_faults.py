@@ -11,6 +11,8 @@ nothing never sent appears, duplicates are counted and reported.
   then SIGCONT): every confirmed message delivered at least once, none lost, and each
   publisher's order kept in first deliveries; LEVERET_FAULT_PAUSE_ROUNDS rounds (default 1),
   LEVERET_FAULT_PAUSE_SLOW_ROUNDS (default 20) in the slow variant;
+- `test_a_quorum_queue_delivers_only_what_a_majority_holds`: the leader cut from its peers
+  must not give a consumer what it cannot commit (xfail: today it does);
 - `test_a_quorum_queue_keeps_its_promises_over_a_hundred_rounds` (slow):
   LEVERET_FAULT_SLOW_ROUNDS rounds (default 100), each with a nemesis drawn from its seed:
 
@@ -22,16 +24,23 @@ LEVERET_FAULT_REPORT and LEVERET_FAULT_KEEP work as for streams.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from functools import partial
+from typing import Any
 
+import pika
+import pika.exceptions
 import pytest
-from faults.cluster import FaultCluster
+from faults.cluster import AMQP_PORT, FaultCluster, wait_for
 from faults.nemesis import NEMESES, Nemesis
 from faults.queue_rounds import QueueWorkloadFactory, run_queue_round, totals_table
 from faults.queue_workload import QuorumWorkload
 from faults.rounds import RoundResult, nemesis_of, seeds
+from faults.workload import parameters
 
 # CI's short variant: the faults that move a quorum queue's leader in the three ways a leader
 # can go (killed, paused past its lease, cut from its peers and etcd), and the one that cuts a
@@ -92,6 +101,61 @@ def test_a_paused_quorum_leader_loses_no_confirmed_message(
     test = test_a_paused_quorum_leader_loses_no_confirmed_message.__name__
     run_rounds(fault_cluster, plan, f"pytest '{__file__}::{test}' -s", round_results,
                single_path)
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "broker bug: a quorum queue's leader gives a message to a waiting consumer in the turn it "
+    "arrives, before it is written or committed (DurableClassicQueue.accept/deliver, as for a "
+    "classic queue); cut from its peers, the leader delivers what no peer holds, and a new "
+    "leader never has it (the publisher is nack'ed, the consumer processed it: the rounds "
+    "count these as delivered_never_stored)"))
+def test_a_quorum_queue_delivers_only_what_a_majority_holds(fault_cluster: FaultCluster) -> None:
+    """The leader's packets to its peers dropped: a message published through it cannot be
+    committed, so a consumer on the leader's node must not be given it (RabbitMQ's quorum
+    queues deliver only what the Raft log has committed). A message published before the cut
+    is given, which shows the consumer works."""
+    cluster = fault_cluster
+    cluster.restore()
+    queue = f"qfaults-dirty-read-{uuid.uuid4().hex[:8]}"
+    endpoints = {name: (node.ns.ip, AMQP_PORT) for name, node in cluster.nodes.items()}
+    workload = QuorumWorkload(endpoints, queue)
+    leader = cluster.names[0]
+    workload.declare(leader)  # client-local: its leader
+    wait_for(lambda: cluster.leader_of(queue) == leader, 10, f"{leader} leads {queue}")
+    consumer = pika.BlockingConnection(parameters(*endpoints[leader]))
+    publisher = pika.BlockingConnection(parameters(*endpoints[leader]))
+    got: list[bytes] = []
+    try:
+        def take(channel: Any, method: Any, _props: Any, body: bytes) -> None:
+            got.append(body)
+            channel.basic_ack(method.delivery_tag)
+
+        consumer.channel().basic_consume(queue, take)
+        publisher.channel().basic_publish("", queue, b"committed")
+        pump(consumer, lambda: bool(got), 10)
+        assert got == [b"committed"]
+        peers = [cluster.nodes[n].ns.ip for n in cluster.names if n != leader]
+        cluster.nodes[leader].ns.cut(drop_out=peers)
+        try:
+            publisher.channel().basic_publish("", queue, b"uncommitted")
+            pump(consumer, lambda: False, 2)
+        finally:
+            cluster.net.heal_all()
+    finally:
+        for conn in (consumer, publisher):
+            with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+                conn.close()
+        cluster.restore()
+        with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+            workload.delete(cluster.leader_of(queue) or leader)
+    assert got == [b"committed"], (
+        f"{leader}, cut from its peers, gave its consumer {got[1:]}, which no peer could hold")
+
+
+def pump(conn: pika.BlockingConnection, done: Callable[[], bool], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.05)
 
 
 @pytest.mark.slow
