@@ -199,19 +199,24 @@ def _duplicates(log_ids: list[tuple[int, str | None]]) -> list[Violation]:
             for id_, where in offsets.items() if len(where) > 1]
 
 
-def _order(publishes: Iterable[Publish], position: dict[str, int]) -> list[Violation]:
+def _order(publishes: Iterable[Publish], position: dict[str, int],
+           place: str = "offset", stored: str = "stored") -> list[Violation]:
+    """Each publisher's ids placed in the order AMQP promises; `position` ranks them (a
+    stream's offsets; a queue's order of first deliveries, queue_checker.py), `place` and
+    `stored` name that rank in the report."""
     by_publisher: dict[str, list[Publish]] = defaultdict(list)
     for p in publishes:
         by_publisher[p.publisher].append(p)
     out: list[Violation] = []
     for sends in by_publisher.values():
         sends.sort(key=lambda p: p.seq)
-        out += _channel_order(sends, position)
-        out += _causal_order(sends, position)
+        out += _channel_order(sends, position, place)
+        out += _causal_order(sends, position, place, stored)
     return out
 
 
-def _channel_order(sends: list[Publish], position: dict[str, int]) -> list[Violation]:
+def _channel_order(sends: list[Publish], position: dict[str, int],
+                   place: str = "offset") -> list[Violation]:
     """On one channel, ids are stored in the order they were sent."""
     out = []
     last: dict[int, Publish] = {}
@@ -221,13 +226,14 @@ def _channel_order(sends: list[Publish], position: dict[str, int]) -> list[Viola
         before = last.get(p.channel)
         if before is not None and position[before.id] > position[p.id]:
             out.append(Violation("order", (
-                f"{before.id} (offset {position[before.id]}) was sent before {p.id} (offset "
+                f"{before.id} ({place} {position[before.id]}) was sent before {p.id} ({place} "
                 f"{position[p.id]}) on the same channel")))
         last[p.channel] = p
     return out
 
 
-def _causal_order(sends: list[Publish], position: dict[str, int]) -> list[Violation]:
+def _causal_order(sends: list[Publish], position: dict[str, int], place: str = "offset",
+                  stored: str = "stored") -> list[Violation]:
     """An id sent after another was confirmed is stored after it, whatever the channels."""
     confirmed = sorted((p.settled_at, position[p.id], p.id) for p in sends
                        if p.outcome == CONFIRMED and p.id in position and p.settled_at is not None)
@@ -243,8 +249,8 @@ def _causal_order(sends: list[Publish], position: dict[str, int]) -> list[Violat
         if n and highest[n - 1][0] > position[p.id]:
             offset, earlier = highest[n - 1]
             out.append(Violation("order", (
-                f"{p.id} (offset {position[p.id]}) was sent after {earlier} (offset {offset}) "
-                "was confirmed, but is stored before it")))
+                f"{p.id} ({place} {position[p.id]}) was sent after {earlier} ({place} {offset}) "
+                f"was confirmed, but is {stored} before it")))
     return out
 
 

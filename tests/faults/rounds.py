@@ -37,11 +37,26 @@ from typing import Any
 
 from faults.checker import CONFIRMED, History, Verdict, Violation, check
 from faults.cluster import AMQP_PORT, FaultCluster, wait_for
-from faults.nemesis import Fault, Nemesis
+from faults.nemesis import NEMESES, Fault, Nemesis
 from faults.storedlog import StoredLog, read_log
 from faults.workload import StreamWorkload, Workload
 
 SETTLE_S = 30.0  # a member not caught up this long after healing is stuck
+
+
+def seeds(count: int) -> list[int]:
+    """`count` fresh seeds, or the one LEVERET_FAULT_SEED replays."""
+    replay = os.environ.get("LEVERET_FAULT_SEED")
+    if replay:
+        return [int(replay)]
+    fresh = random.SystemRandom()
+    return [fresh.randrange(2**32) for _ in range(count)]
+
+
+def nemesis_of(seed: int) -> Nemesis:
+    """The slow variant's nemesis for a seed (the round's own rng starts afresh from it)."""
+    names = sorted(NEMESES)
+    return NEMESES[names[random.Random(seed ^ 0x5EED).randrange(len(names))]]
 
 
 class LeaderMonitor(threading.Thread):

@@ -16,7 +16,6 @@ LEVERET_FAULT_NODE_PYTHONPATH runs the nodes on another tree's code (faults/clus
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 
@@ -24,24 +23,10 @@ import pytest
 from faults.cluster import AMQP_PORT, LINK_PORT, FaultCluster
 from faults.nemesis import NEMESES, Nemesis
 from faults.net import Namespace
-from faults.rounds import RoundResult, run_round
+from faults.rounds import RoundResult, nemesis_of, run_round, seeds
 
 SHORT_ROUNDS = int(os.environ.get("LEVERET_FAULT_ROUNDS", "2"))
 SLOW_ROUNDS = int(os.environ.get("LEVERET_FAULT_SLOW_ROUNDS", "100"))
-
-
-def seeds(count: int) -> list[int]:
-    replay = os.environ.get("LEVERET_FAULT_SEED")
-    if replay:
-        return [int(replay)]
-    fresh = random.SystemRandom()
-    return [fresh.randrange(2**32) for _ in range(count)]
-
-
-def nemesis_of(seed: int) -> Nemesis:
-    """The slow variant's nemesis for a seed (the round's own rng starts afresh from it)."""
-    names = sorted(NEMESES)
-    return NEMESES[names[random.Random(seed ^ 0x5EED).randrange(len(names))]]
 
 
 def run_rounds(cluster: FaultCluster, plan: list[tuple[Nemesis, int]], replay: str,

@@ -15,8 +15,8 @@ a thread of its own:
 
 `StreamWorkload.stop()` stops sending, waits a bounded time for confirms still in flight, and
 closes everything. `decode` turns a stored record back into the id it carries (the checker's
-view of the log). A quorum-queue or classic-queue workload would offer the same three calls
-(`declare`, `start`, `stop` giving a History) and its own `decode`.
+view of the log). The quorum-queue workload (queue_workload.py) reuses the Publisher and
+`_Client`, with its own consumer, `decode` and final drain.
 
 Must not know: namespaces, nemeses, how the cluster is started; it gets `{node: (host, port)}`.
 Threading: each client runs its own pika ioloop in its own thread and appends to the shared
@@ -256,7 +256,7 @@ class Consumer(_Client):
 
 class Workload(Protocol):
     """What a round needs of a workload: a queue kind whose members each keep a log under the
-    queue's storage folder (a replicated stream today; a quorum queue would be another)."""
+    queue's storage folder (a replicated stream; quorum queues have queue_rounds.py's own)."""
 
     kind: str
 
