@@ -122,7 +122,7 @@ class Shadow:
         """Ack or nack (with requeue) one delivery the peer made on this channel. Acks are
         sent at the end of the turn, coalesced; a nack at once, after the acks before it (a
         reject when the delivery failed: a quorum queue counts it, RabbitMQ 4.3)."""
-        if self.closed:
+        if self.closed or self.closing:
             return  # the peer requeues what a closed channel held
         if ok:
             if not self._ack_due:
@@ -162,8 +162,8 @@ class Shadow:
         covers that are gone already are left alone by the peer."""
         acks, self._acks = self._acks, []
         due, self._ack_due = self._ack_due, False
-        if not due or self.closed:
-            return
+        if not due or self.closed or self.closing:
+            return  # (after channel.close the peer takes no frame for the channel)
         write = self.tunnel.write
         upto = self._low - 1
         gone = self._gone

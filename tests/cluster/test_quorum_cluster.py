@@ -3,7 +3,7 @@ members placed over the nodes, every member's log the same, publishing and consu
 any node with the leader serving, and `kill -9` of the leader's node: every confirmed message
 is delivered afterwards, through another node, none lost, each publisher's order kept for
 first deliveries; and a consumer forwarded through a replica that closes mid-stream leaves the
-node-to-node tunnel open (xfail: a broker bug)."""
+node-to-node tunnel open."""
 
 from __future__ import annotations
 
@@ -437,12 +437,6 @@ def test_held_dead_letters_survive_a_failover(abc: Three, etcd: EtcdServer,
     assert drain_all(alive, "q.held") == [b"probe"]
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "broker bug (found by tests/faults/test_quorum_faults.py, 13 times in 40 rounds): a "
-    "consumer forwarded through another node that closes its connection while its acks are "
-    "in flight sometimes makes the leader's node close the whole node-to-node tunnel with 504 "
-    "CHANNEL_ERROR - expected 'channel.open' (a frame on the tunnel channel after its "
-    "channel.close), which takes down every client forwarded over that tunnel"))
 def test_a_forwarded_consumer_closing_mid_stream_leaves_the_tunnel_open(abc: Three) -> None:
     """Through c (a replica; a leads), a consumer acks as fast as it is given messages and
     closes its connection mid-stream, forty times: the tunnel from c to a never breaks."""
