@@ -113,6 +113,13 @@ class PagedStore:
         return len(self.head) >= PAGE_MESSAGES or self.head.bytes >= PAGE_BYTES
 
     def push(self, entry: QueuedMessage) -> None:
+        if (self.tail_count or self.full()) and isinstance(entry.store_ref, int):
+            # written already (a quorum queue's, once committed): it joins the tail as it is
+            if not self.tail_count:
+                self.tail_from = entry.store_ref
+            self.tail_count += 1
+            self.tail_bytes += len(entry.message.body)
+            return
         if self.tail_count or self.full():
             if not self.tail_count:
                 # Head entries of this turn are still waiting to be written: write them now,
@@ -197,7 +204,7 @@ class DurableClassicQueue(ClassicQueue):
         self.floor = self.log.first_offset
         self.writer = Writer(vhost.scheduler, env.fsync_policy, lambda: self.log, batch=_Batch,
                              append=self._write, failed=self._write_failed, name=name,
-                             replication=replication)
+                             replication=replication, on_commit=self.committed_moved)
         self.messages = self.make_store()
         self._recover()
 
@@ -205,6 +212,14 @@ class DurableClassicQueue(ClassicQueue):
         """Where the ready messages wait: a page in memory for a FIFO queue, all in memory
         for a priority queue."""
         return PagedStore(self) if not self.max_priority else self.messages
+
+    def readable_up_to(self) -> int:
+        """How far the tail may be read back: the commit point (a quorum queue's may be a
+        majority's, behind what this node wrote)."""
+        return self.writer.committer.committed
+
+    def committed_moved(self) -> None:
+        """The commit point moved (a quorum queue releases what it covers to consumers)."""
 
     def persists(self, message: InboundMessage) -> bool:
         """Whether a message is written to the log: persistent ones (RabbitMQ keeps transient
@@ -334,7 +349,7 @@ class DurableClassicQueue(ClassicQueue):
         The hot path of consuming a long queue: the settled and delivered ranges are looked
         up once per chunk (they rarely touch the tail), not once per record."""
         self.writer.commit()  # readers stop at the committed offset (fsync every N ms)
-        reader = self.log.reader(OffsetSpec.offset(start))
+        reader = self.log.reader(OffsetSpec.offset(start), limit=self.readable_up_to)
         settled, delivered = self.settled_offsets, self.delivered_offsets
         held = self.held_offsets
         unpack = self._unpack

@@ -32,6 +32,7 @@ Single-threaded: runs on the event loop.
 from __future__ import annotations
 
 import struct
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -112,6 +113,7 @@ class QuorumQueue(DurableClassicQueue):
         self.waiting: list[Consumer] = []
         # publishes that reached this node while its leader was lost: (message, confirm, since)
         self.held: list[tuple[InboundMessage, Confirm | None, int]] = []
+        self.uncommitted: deque[QueuedMessage] = deque()  # written, not yet committed
         self._resume_timer: Timer | None = None
         self.rejecting = False  # reject-publish: over the limit, until back under 80% of it
         self._policy_consumer_timeout: object = None
@@ -260,6 +262,7 @@ class QuorumQueue(DurableClassicQueue):
         self.settled_offsets = IntervalSet()
         self.delivered_offsets = IntervalSet()
         self.recovered_counts = {}
+        self.uncommitted.clear()  # (a deposed leader's: their publishes were nack'ed)
         self.held_offsets = IntervalSet()
         self.dead_letters.clear()
         self._dead_letters_sent.clear()
@@ -279,7 +282,48 @@ class QuorumQueue(DurableClassicQueue):
             return True
         if leader is not None:  # a replica: the leader writes, and confirms
             return bool(leader.publish(message, confirm))
-        return super().publish(message, confirm)
+        return self._enqueue(message, confirm)
+
+    def _enqueue(self, message: InboundMessage, confirm: Confirm | None) -> bool:
+        """The leader takes a message: written now, ready for consumers once committed
+        (`committed_moved`), as RabbitMQ's quorum queue applies only what a quorum holds."""
+        if self.dedup is not None and self.dedup.seen(message.headers):
+            return False
+        if self.overflow != "drop-head" and self._would_overflow(message):
+            if confirm is not None:
+                confirm.reject()
+            return True  # routed all the same: no basic.return, the nack tells
+        self._seq += 1
+        entry = QueuedMessage(message, self._seq,
+                              self._expires_at(message, self.vhost.scheduler.now_ms()),
+                              self.priority_of(message))
+        self.stats_published += 1
+        self.uncommitted.append(entry)
+        self.accept(entry, confirm)
+        return True
+
+    def committed_moved(self) -> None:
+        """What the commit point now covers becomes ready, in order, and is delivered."""
+        uncommitted = self.uncommitted
+        if not uncommitted:
+            return
+        committed = self.writer.committer.committed
+        push = self.messages.push
+        moved = False
+        while uncommitted:
+            ref = uncommitted[0].store_ref
+            if ref is None:  # its write failed: nack'ed, never stored
+                uncommitted.popleft()
+                continue
+            if not isinstance(ref, int) or ref > committed:
+                break
+            push(uncommitted.popleft())
+            moved = True
+        if moved:
+            now = self.vhost.scheduler.now_ms()
+            self.dispatch(now)
+            self._drop_over_limit()
+            self._expire_head(now)
 
     def _release_held(self) -> None:
         """Publishes that waited for a leader go to it, in order (or are nack'ed once they
@@ -299,7 +343,7 @@ class QuorumQueue(DurableClassicQueue):
             if leader is not None:
                 leader.publish(message, confirm)
             else:
-                super().publish(message, confirm)
+                self._enqueue(message, confirm)
             if confirm is not None:
                 confirm.settle()  # this queue's own hold on it
 
@@ -400,7 +444,7 @@ class QuorumQueue(DurableClassicQueue):
     def _held_length(self) -> tuple[int, int]:
         """What the length limits count: the ready messages and the dead letters held."""
         messages = self.messages
-        return (len(messages) + len(self.dead_letters),
+        return (len(messages) + len(self.uncommitted) + len(self.dead_letters),
                 messages.bytes + self.dead_letters_bytes)
 
     # -- consuming ----------------------------------------------------------------------------
@@ -611,7 +655,11 @@ class QuorumQueue(DurableClassicQueue):
         self.dead_letters_bytes = 0
         for entry in held:
             self.settled(entry)
-        return super().purge()
+        coming = list(self.uncommitted)  # enqueued before the purge, not yet committed
+        self.uncommitted.clear()
+        for entry in coming:
+            self.settled(entry)
+        return super().purge() + len(coming)
 
     # -- deleting -----------------------------------------------------------------------------
 

@@ -226,12 +226,6 @@ def test_counts_survive_a_restart(lev: Amqp, broker_process: BrokerProcess) -> N
     amqp.close()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "broker bug (found by tests/faults/test_quorum_faults.py: unflagged redeliveries after "
-    "every failover): a message given to a waiting consumer in the turn it arrives is "
-    "delivered before it is written (store_ref PENDING), so DurableClassicQueue."
-    "_mark_delivered records no DELIVERED range for it; after a restart, or on a new leader, "
-    "it comes back without the redelivered flag"))
 def test_a_message_given_as_it_arrives_comes_back_redelivered_after_a_restart(
         lev: Amqp, broker_process: BrokerProcess) -> None:
     """A consumer is waiting when the message arrives, takes it and dies with it unacked

@@ -58,10 +58,10 @@ from faults.storedlog import StoredLog, read_log
 from leveret.storage.chunk import ChunkType
 
 # A delivery of a message that was never committed (the leader gave it to a consumer, then lost
-# it with its uncommitted tail) is counted as `delivered_never_stored`, and fails the round only
-# when this is set: today's quorum queue delivers a message before it is committed (see
-# test_a_quorum_queue_delivers_only_what_a_majority_holds, marked xfail until that is fixed).
-DIRTY_READS_FAIL = False
+# it with its uncommitted tail) is counted as `delivered_never_stored`, and fails the round: a
+# quorum queue delivers only what a majority holds
+# (test_a_quorum_queue_delivers_only_what_a_majority_holds).
+DIRTY_READS_FAIL = True
 
 
 class QueueWorkload(Protocol):

@@ -12,7 +12,7 @@ nothing never sent appears, duplicates are counted and reported.
   publisher's order kept in first deliveries; LEVERET_FAULT_PAUSE_ROUNDS rounds (default 1),
   LEVERET_FAULT_PAUSE_SLOW_ROUNDS (default 20) in the slow variant;
 - `test_a_quorum_queue_delivers_only_what_a_majority_holds`: the leader cut from its peers
-  must not give a consumer what it cannot commit (xfail: today it does);
+  must not give a consumer what it cannot commit;
 - `test_a_quorum_queue_keeps_its_promises_over_a_hundred_rounds` (slow):
   LEVERET_FAULT_SLOW_ROUNDS rounds (default 100), each with a nemesis drawn from its seed:
 
@@ -103,12 +103,6 @@ def test_a_paused_quorum_leader_loses_no_confirmed_message(
                single_path)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "broker bug: a quorum queue's leader gives a message to a waiting consumer in the turn it "
-    "arrives, before it is written or committed (DurableClassicQueue.accept/deliver, as for a "
-    "classic queue); cut from its peers, the leader delivers what no peer holds, and a new "
-    "leader never has it (the publisher is nack'ed, the consumer processed it: the rounds "
-    "count these as delivered_never_stored)"))
 def test_a_quorum_queue_delivers_only_what_a_majority_holds(fault_cluster: FaultCluster) -> None:
     """The leader's packets to its peers dropped: a message published through it cannot be
     committed, so a consumer on the leader's node must not be given it (RabbitMQ's quorum
