@@ -15,6 +15,10 @@ when asked for: `--scenarios m`. Scenarios (h), (i) and (j) are issue 17's (four
 into one stream, into four streams, and 1,000 connections each publishing into and consuming
 from its own classic queue); `--leveret-arg=--workers --leveret-arg=2` passes arguments to
 `leveret serve` one by one (recorded in the results file and the table's header).
+Scenario (q), issue 28's, puts one quorum queue through a publisher with confirms and a
+consumer with acks at once; it too runs only when asked for (`--scenarios q`). Durable and
+quorum queues confirm after an fsync in Leveret here (LEVERET_QUEUE_FSYNC=always), as both
+RabbitMQ's message store and its quorum queues' write-ahead log do.
 
 Leveret runs from a copy of this checkout's sources taken at the start (`--no-snapshot` runs
 the installed package instead), so edits made during a long run do not change what is measured.
@@ -62,6 +66,7 @@ FULL = {
     "h": ["--duration", "15"],
     "i": ["--duration", "15"],
     "j": ["--duration", "15"],
+    "q": ["--messages", "300000"],
 }
 QUICK = {
     "a": ["--duration", "3"],
@@ -75,6 +80,7 @@ QUICK = {
     "h": ["--duration", "3"],
     "i": ["--duration", "3"],
     "j": ["--duration", "5"],
+    "q": ["--messages", "50000"],
 }
 QUICK_SCENARIOS = "a,b,c,d,e,g,h,i"  # not j: opening 1,000 connections twice a round
 FULL_SCENARIOS = "a,b,c,d,e,f,g,h,i,j"

@@ -14,7 +14,9 @@ reporting the broker's peak RSS. Issue 17 (both cores) adds: h four publishers w
 into one stream; i four publishers with confirms, each into a stream of its own; j 1,000
 connections, each publishing with confirms (window 10) into its own classic queue and
 consuming from it, multiplexed over four load processes (publish-to-deliver latency, broker
-CPU and RSS).
+CPU and RSS). Issue 28 adds q: one publisher with confirms and one consumer with acks through
+one quorum queue at once (--messages, default 200,000; --stream-arg adds declare arguments,
+e.g. x-quorum-initial-group-size=3).
 
 Every line carries msgs_per_s, mb_per_s (bodies, 10^6 bytes), p50_ms/p99_ms where the scenario
 measures latency, broker_cpu_pct (percent of one core, summed over --broker-pid and its
@@ -59,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--processes", type=int, default=1, help="publisher processes for (a)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds, for a, d, f, h, i, j")
     p.add_argument(
-        "--messages", type=int, help="messages for b, c, e, g, m (d: overrides rate x duration)"
+        "--messages", type=int, help="messages for b, c, e, g, m, q (d: overrides rate x duration)"
     )
     p.add_argument("--window", type=int, default=1000, help="publisher confirm window")
     p.add_argument("--prefetch", type=int, default=2000)
@@ -100,7 +102,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an extra argument for each stream's declare (integers as numbers), repeatable",
+        help="an extra argument for each stream's declare, and for scenario q's quorum "
+        "queue's (integers as numbers), repeatable",
     )
     p.add_argument(
         "--idle-timeout",

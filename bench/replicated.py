@@ -29,7 +29,18 @@ part 1 a three-node RabbitMQ cluster (tests/support/reference_cluster.py: three 
   boot and its wait for its old lease to expire), the bytes c's log grew by (the chunks shipped:
   the code exposes no counter of them) and MB/s.
 
-It prints a Markdown table and writes every run to bench/results/replicated-<timestamp>.json.
+With --queue-type quorum (issue 28) the same tool measures a quorum queue instead of a stream
+(x-quorum-initial-group-size 3 on both brokers; parts publish and failover):
+
+- publish: scenario (q) of bench/load.py (one publisher with confirms and one consumer with acks
+  through the queue at once, --messages messages) for each of --bodies, connected to the
+  leader's node on both brokers, Leveret and RabbitMQ interleaved; msgs/s and confirm p50/p99.
+- failover: as above, plus a consumer with acks on c; the figures are, from the kill of the
+  leader a, the first basic.ack of a message published through b after it, and the first
+  delivery on c of a message published after it (and the first delivery of any message).
+
+It prints a Markdown table and writes every run to bench/results/replicated-<timestamp>.json
+(replicated-quorum-<timestamp>.json for quorum queues).
 """
 
 from __future__ import annotations
@@ -64,7 +75,9 @@ from loadgen.common import STREAM, Options, prefill  # noqa: E402
 from loadgen.report import machine, median  # noqa: E402
 
 PARTS = ("publish", "failover", "catchup")
+QUORUM_PARTS = ("publish", "failover")
 MEMBERS = {"x-initial-cluster-size": 3}
+QUORUM = {"x-queue-type": "quorum", "x-quorum-initial-group-size": 3}
 LEASE_ENV = "LEVERET_CLUSTER_LEASE_TTL_S"
 TUNING = ("After kill -9 every link to the dead leader breaks at once; once a quorum of the "
           "members has been without its link for LEVERET_STREAM_FAILOVER_AFTER_S "
@@ -83,6 +96,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parts", default=",".join(PARTS), help="comma-separated: " + ",".join(PARTS))
     p.add_argument("--duration", type=float, help="seconds per publish run (default 10; quick 3)")
     p.add_argument("--body", type=int, default=100, help="publish body bytes")
+    p.add_argument("--bodies", help="comma-separated body sizes for the publish part "
+                                    "(default: --body)")
+    p.add_argument("--queue-type", choices=("stream", "quorum"), default="stream",
+                   help="what is replicated: a stream (issue 15) or a quorum queue (issue 28)")
+    p.add_argument("--messages", type=int, default=200_000,
+                   help="quorum publish part: messages per run (bench/load.py scenario q)")
     p.add_argument("--window", type=int, default=1000, help="publisher confirm window")
     p.add_argument("--catchup-bytes", type=int,
                    help="bytes of bodies written while the replica is down "
@@ -96,6 +115,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds after the kill before a failover run without a confirm fails")
     p.add_argument("--lease-ttl", type=int,
                    help=f"{LEASE_ENV} for every Leveret node (default: Leveret's own, 10 s)")
+    p.add_argument("--leveret-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an environment variable for every Leveret node (quorum queues: "
+                        "LEVERET_QUEUE_FSYNC=always unless given, as compare.py does: RabbitMQ's "
+                        "quorum queues fsync their write-ahead log before confirming)")
     p.add_argument("--no-rabbitmq", action="store_true", help="publish part: Leveret alone")
     p.add_argument("--no-snapshot", action="store_true",
                    help="run the installed Leveret instead of a copy of this checkout's sources")
@@ -103,10 +126,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.duration = args.duration or (3.0 if args.quick else 10.0)
     args.catchup_bytes = args.catchup_bytes or ((64 if args.quick else 1024) << 20)
+    args.bodies = [int(b) for b in (args.bodies or str(args.body)).split(",")]
+    if args.queue_type == "quorum" and args.parts == ",".join(PARTS):
+        args.parts = ",".join(QUORUM_PARTS)
     args.parts = [x for x in args.parts.split(",") if x]
-    unknown = [x for x in args.parts if x not in PARTS]
+    allowed = QUORUM_PARTS if args.queue_type == "quorum" else PARTS
+    unknown = [x for x in args.parts if x not in allowed]
     if unknown:
-        p.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
+        p.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(allowed)}")
     return args
 
 
@@ -124,14 +151,17 @@ def wait(check: Any, timeout: float, what: str, interval: float = 0.1) -> None:
 class LeveretCluster:
     """etcd and nodes a, b, c (with management), from tests/support."""
 
-    def __init__(self, tmp: Path, snapshot: Path | None, lease_ttl: int | None) -> None:
+    def __init__(self, tmp: Path, snapshot: Path | None, lease_ttl: int | None,
+                 extra_env: dict[str, str] | None = None) -> None:
         from support.cluster import make_node
         from support.etcd import EtcdServer
 
         self.etcd = EtcdServer(tmp / "etcd").start()
         env = {"PYTHONPATH": os.pathsep.join([str(snapshot), os.environ.get("PYTHONPATH", "")])
                } if snapshot is not None else {}
+        env.update(extra_env or {})
         cluster = f"benchrep{os.getpid()}"
+        self.cluster = cluster
         self.nodes = {name: make_node(tmp, self.etcd.url, cluster, name, env=env,
                                       management=True) for name in "abc"}
         for node in self.nodes.values():
@@ -180,6 +210,34 @@ class LeveretCluster:
         conn.declare_queue(stream, arguments={**STREAM, **MEMBERS})
         conn.close()
         wait(lambda: self.in_sync(on, stream), 60, f"{stream}'s replicas to sync")
+
+    def declare_quorum(self, queue: str, on: str = "a") -> None:
+        """A 3-member quorum queue declared on `on` (its leader: client-local), once etcd names
+        the three members with `on` leading and each node holds the queue's log folder."""
+        from support.cluster import in_etcd
+
+        conn = connect("127.0.0.1", self.port(on))
+        conn.declare_queue(queue, durable=True, arguments=QUORUM)
+        conn.close()
+
+        def placed() -> bool:
+            record, leadership = in_etcd(self.etcd, self.cluster, queue)
+            return (record is not None and leadership is not None
+                    and leadership.leader == on and len(leadership.members) == 3
+                    and all((n.data_dir / "queues" / str(record.storage_id)).is_dir()
+                            for n in self.nodes.values()))
+
+        wait(placed, 60, f"{queue}'s three members")
+
+    def quorum_leader(self, queue: str) -> str | None:
+        """The leader etcd names for a quorum queue (or a stream)."""
+        from support.cluster import in_etcd
+
+        try:
+            _record, leadership = in_etcd(self.etcd, self.cluster, queue)
+        except Exception:  # noqa: BLE001 - etcd busy: the caller asks again
+            return None
+        return None if leadership is None else leadership.leader
 
     def delete(self, stream: str, on: str = "a") -> None:
         try:
@@ -234,11 +292,33 @@ def load_a(port: int, queue: str, pids: list[int], label: str,
     return result
 
 
-def rabbit_declare(rabbit: Any, stream: str) -> None:
-    """A stream with 3 members on rabbit1 (its leader), once all three are online."""
+def load_q(port: int, queue: str, pids: list[int], label: str, body: int,
+           args: argparse.Namespace) -> dict[str, Any]:
+    """bench/load.py scenario (q) through `queue` (declared beforehand with 3 members)."""
+    cmd = [sys.executable, str(HERE / "load.py"), "--scenario", "q", "--body", str(body),
+           "--port", str(port), "--queue", queue, "--messages", str(args.messages),
+           "--window", str(args.window), "--label", label,
+           "--broker-pid", ",".join(map(str, pids)),
+           "--stream-arg", f"x-quorum-initial-group-size={QUORUM['x-quorum-initial-group-size']}"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                             timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"broker": label, "ok": False, "errors": ["load.py did not finish (a hang?)"]}
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        return {"broker": label, "ok": False,
+                "errors": [f"load.py exited {out.returncode}: {out.stderr[-800:]}"]}
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def rabbit_declare(rabbit: Any, stream: str, arguments: dict[str, Any] | None = None) -> None:
+    """A stream (or a quorum queue) with 3 members on rabbit1 (its leader), once all three
+    are online."""
     first = rabbit.nodes[0]
     conn = connect("127.0.0.1", first.port)
-    conn.declare_queue(stream, arguments={**STREAM, **MEMBERS})
+    conn.declare_queue(stream, arguments=arguments or {**STREAM, **MEMBERS})
     conn.close()
 
     def online() -> bool:
@@ -253,6 +333,8 @@ def rabbit_declare(rabbit: Any, stream: str) -> None:
 
 
 def publish_part(leveret: LeveretCluster, rabbit: Any, args: argparse.Namespace) -> list[dict]:
+    if args.queue_type == "quorum":
+        return quorum_publish_part(leveret, rabbit, args)
     runs = []
     for run in range(args.runs):
         targets = [("leveret", None)] + ([] if rabbit is None else [("rabbitmq", rabbit)])
@@ -271,6 +353,35 @@ def publish_part(leveret: LeveretCluster, rabbit: Any, args: argparse.Namespace)
             print(f"publish run {run} {label}: {result.get('msgs_per_s', 0):,.0f} msgs/s, "
                   f"p50 {result.get('p50_ms')} ms, p99 {result.get('p99_ms')} ms, "
                   f"ok={result.get('ok')} {result.get('errors', '')}", flush=True)
+    return runs
+
+
+def quorum_publish_part(leveret: LeveretCluster, rabbit: Any,
+                        args: argparse.Namespace) -> list[dict]:
+    """Scenario q through a fresh 3-member quorum queue led by the first node, per body size,
+    Leveret and RabbitMQ interleaved (A B, then B A)."""
+    runs = []
+    for run in range(args.runs):
+        for body in args.bodies:
+            targets = [("leveret", None)] + ([] if rabbit is None else [("rabbitmq", rabbit)])
+            if run % 2:
+                targets.reverse()
+            for label, ref in targets:
+                queue = f"bench.rep.q.{label}.{body}.{run}.{os.getpid()}"
+                background = round(os.getloadavg()[0], 2)
+                if ref is None:
+                    leveret.declare_quorum(queue)
+                    result = load_q(leveret.port("a"), queue, leveret.pids, label, body, args)
+                else:
+                    rabbit_declare(ref, queue, QUORUM)
+                    result = load_q(ref.nodes[0].port, queue, ref.pids, label, body, args)
+                result.update(part="publish", broker=label, run=run, body=body,
+                              loadavg_1m_before=background)
+                runs.append(result)
+                print(f"publish run {run} {label} {body} B: {result.get('msgs_per_s', 0):,.0f} "
+                      f"msgs/s, confirm p50 {result.get('p50_ms')} ms, p99 "
+                      f"{result.get('p99_ms')} ms, CPU {result.get('broker_cpu_pct')}%, "
+                      f"ok={result.get('ok')} {result.get('errors', '')}", flush=True)
     return runs
 
 
@@ -363,6 +474,72 @@ class OneAtATime:
         return waiting in tags
 
 
+class Consumer:
+    """A consumer with acks (prefetch 100, each delivery acked) in a thread: when it first
+    received a delivery after `killed_at`, and the first one of a message published after it
+    (the body's send time, bench/loadgen/wire.py). Reconnects and subscribes again if the
+    broker cancels it or drops its connection (counted)."""
+
+    def __init__(self, port: int, queue: str) -> None:
+        self.port, self.queue = port, queue
+        self.killed_at: float | None = None
+        self.first_any: float | None = None  # first delivery of any message after the kill
+        self.first_new: float | None = None  # first delivery of a message published after it
+        self.received = self.redelivered = self.cancels = self.reconnects = 0
+        self.errors: list[str] = []
+        self.subscribed = threading.Event()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self._session()
+            except (OSError, BrokerError) as exc:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                self.reconnects += 1
+                time.sleep(0.2)
+
+    def _session(self) -> None:
+        conn = connect("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.qos(100)
+            conn.consume(self.queue)
+            self.subscribed.set()
+            tag = 0
+            while not self.stop.is_set():
+                conn.sock.settimeout(0.5)
+                try:
+                    ftype, _channel, payload = conn.read_frame()
+                except TimeoutError:
+                    continue
+                if ftype == wire.FRAME_METHOD:
+                    index = struct.unpack_from(">I", payload)[0]
+                    if index == wire.BASIC_DELIVER:
+                        tag = wire.deliver_tag(0, payload)
+                        self.redelivered += payload[13 + payload[4]] & 1
+                        continue
+                    method = decode_method(payload)
+                    if method.name == "Basic.Cancel":
+                        self.cancels += 1
+                        raise BrokerError("basic.cancel from the broker")
+                    if method.name in ("Connection.Close", "Channel.Close"):
+                        raise BrokerError(f"{method.name} {method.reply_code} "
+                                          f"{method.reply_text}")
+                elif ftype == wire.FRAME_BODY and len(payload) >= wire.BODY_PREFIX:
+                    now = time.monotonic()
+                    _pid, _seq, sent_ns, _kind = wire.BODY.unpack_from(payload, 0)
+                    self.received += 1
+                    killed = self.killed_at
+                    if killed is not None and now > killed:
+                        if self.first_any is None:
+                            self.first_any = now
+                        if self.first_new is None and sent_ns / 1e9 > killed:
+                            self.first_new = now
+                    conn.ack(tag, multiple=False)
+        finally:
+            conn.close(timeout=1)
+
+
 def elected_at(node: Any, stream: str) -> float | None:
     """When `node` logged that it was elected the leader of `stream` (its JSON log's UTC
     timestamp, as time.time()), or None."""
@@ -380,6 +557,8 @@ def elected_at(node: Any, stream: str) -> float | None:
 
 
 def failover_part(leveret: LeveretCluster, args: argparse.Namespace) -> list[dict]:
+    if args.queue_type == "quorum":
+        return quorum_failover_part(leveret, args)
     runs = []
     for run in range(args.runs):
         stream = f"bench.rep.fo.{run}.{os.getpid()}"
@@ -430,6 +609,88 @@ def failover_part(leveret: LeveretCluster, args: argparse.Namespace) -> list[dic
         if a.proc is None or a.proc.poll() is not None:
             leveret.restart("a")
         leveret.delete(stream, on="b")
+    return runs
+
+
+def quorum_failover_part(leveret: LeveretCluster, args: argparse.Namespace) -> list[dict]:
+    """kill -9 of a quorum queue's leader (a): the first confirm through b and the first
+    delivery on c of what is published after the kill."""
+    runs = []
+    for run in range(args.runs):
+        queue = f"bench.rep.qfo.{run}.{os.getpid()}"
+        result: dict[str, Any] = {"part": "failover", "run": run, "ok": False}
+        pub: OneAtATime | None = None
+        sub: Consumer | None = None
+        threads: list[threading.Thread] = []
+        try:
+            leveret.declare_quorum(queue, on="a")
+            sub = Consumer(leveret.port("c"), queue)
+            pub = OneAtATime(leveret.port("b"), queue, args.body, args.confirm_timeout,
+                             args.retry_pause)
+            threads = [threading.Thread(target=sub.run, daemon=True),
+                       threading.Thread(target=pub.run, daemon=True)]
+            threads[0].start()
+            wait(sub.subscribed.is_set, 30, "the consumer on c")
+            threads[1].start()
+            wait(lambda p=pub, s=sub: p.acks >= 50 and s.received >= 50, 60,
+                 "50 confirms and deliveries before the kill")
+            acks_before, received_before = pub.acks, sub.received
+            killed_wall = time.time()
+            killed = time.monotonic()
+            pub.killed_at = sub.killed_at = killed
+            leveret.nodes["a"].kill()  # SIGKILL
+            deadline = killed + args.failover_timeout
+            while ((pub.first_after is None or sub.first_new is None)
+                   and time.monotonic() < deadline):
+                time.sleep(0.05)
+            elected = None
+            deadline = time.monotonic() + 5
+            while elected is None and time.monotonic() < deadline:
+                elected = next(((name, at) for name in "bc" if (at := elected_at(
+                    leveret.nodes[name], queue)) is not None), None)
+                time.sleep(0.1)
+
+            def since(at: float | None, killed: float = killed) -> float | None:
+                return None if at is None else round(at - killed, 3)
+
+            ok = pub.first_after is not None and sub.first_new is not None
+            result.update(
+                failover_s=since(pub.first_after), delivery_s=since(sub.first_new),
+                any_delivery_s=since(sub.first_any),
+                elected_s=None if elected is None else round(elected[1] - killed_wall, 3),
+                new_leader=(None if elected is None else elected[0])
+                or leveret.quorum_leader(queue),
+                acks_before_kill=acks_before, received_before_kill=received_before,
+                nacks=pub.nacks, timeouts=pub.timeouts, reconnects=pub.reconnects,
+                consumer_cancels=sub.cancels, consumer_reconnects=sub.reconnects,
+                redelivered=sub.redelivered, client_errors=(pub.errors + sub.errors)[:5], ok=ok)
+            if not ok:
+                result["errors"] = [f"no confirm or no delivery {args.failover_timeout:.0f} s "
+                                    "after the kill"]
+        except RuntimeError as exc:
+            result["errors"] = [str(exc)]
+        finally:
+            for client in (pub, sub):
+                if client is not None:
+                    client.stop.set()
+            for thread in threads:
+                thread.join(args.confirm_timeout + 10)
+        runs.append(result)
+        print(f"failover run {run}: first confirm through b after the kill in "
+              f"{result.get('failover_s')} s, first delivery on c of a new message in "
+              f"{result.get('delivery_s')} s (any: {result.get('any_delivery_s')} s; new leader "
+              f"{result.get('new_leader')} elected at {result.get('elected_s')} s; "
+              f"{result.get('nacks')} nacks, {result.get('timeouts')} timeouts, "
+              f"{result.get('consumer_cancels')} cancels) ok={result['ok']} "
+              f"{result.get('errors', '')}", flush=True)
+        leveret.delete(queue, on="b")
+        a = leveret.nodes["a"]
+        if run + 1 < args.runs and (a.proc is None or a.proc.poll() is not None):
+            try:
+                leveret.restart("a")
+            except RuntimeError as exc:  # e.g. its cluster port taken meanwhile: keep the runs
+                result["errors"] = [*result.get("errors", []), f"restarting a: {exc}"]
+                break
     return runs
 
 
@@ -540,7 +801,60 @@ def _fmt(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def _spread(runs: list[dict], part: str, key: str, broker: str | None = None,
+            body: int | None = None) -> str:
+    values = sorted(r[key] for r in runs if r.get("part") == part and r.get("ok")
+                    and r.get(key) is not None and (broker is None or r.get("broker") == broker)
+                    and (body is None or r.get("body") == body))
+    return f"{values[0]:,.1f}-{values[-1]:,.1f}" if values else "-"
+
+
+def quorum_report(runs: list[dict], args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """Medians (min-max of the ok runs) for quorum queues."""
+    figures: dict[str, Any] = {}
+    lines = ["| figure | Leveret | RabbitMQ 3.10.8 | Leveret / RabbitMQ | target | ok runs |",
+             "|---|---|---|---|---|---|"]
+    n = args.runs
+    if "publish" in args.parts:
+        for body in args.bodies:
+            pub = [r for r in runs if r.get("part") == "publish" and r.get("body") == body]
+            for key, label, digits, target in (
+                    ("msgs_per_s", f"quorum queue, 3 members, {body} B, publish with confirms + "
+                                   "consume with acks: msgs/s", 0, ">= 2.0x"),
+                    ("p50_ms", f"{body} B confirm latency p50 (ms)", 1, ""),
+                    ("p99_ms", f"{body} B confirm latency p99 (ms)", 1, "<= 1.0x"),
+                    ("broker_cpu_pct", f"{body} B broker CPU, 3 nodes (% of one core)", 0, "")):
+                mine, ref = (_med(pub, "publish", key, b) for b in ("leveret", "rabbitmq"))
+                ratio = mine / ref if mine and ref else None
+                figures[f"{key}_{body}"] = {"leveret": mine, "rabbitmq": ref, "ratio": ratio}
+                oks = [sum(1 for r in pub if r.get("broker") == b and r.get("ok"))
+                       for b in ("leveret", "rabbitmq")]
+                spreads = [_spread(pub, "publish", key, b) for b in ("leveret", "rabbitmq")]
+                lines.append(f"| {label} | {_fmt(mine, digits)} ({spreads[0]}) | "
+                             f"{_fmt(ref, digits)} ({spreads[1]}) | {_fmt(ratio, 2)} | {target} | "
+                             f"{oks[0]}/{n}, {oks[1]}/{n} |")
+    if "failover" in args.parts:
+        ok = sum(1 for r in runs if r.get("part") == "failover" and r.get("ok"))
+        lease = f"lease {args.lease_ttl} s" if args.lease_ttl else "default lease (10 s)"
+        for key, label, target in (
+                ("failover_s", f"kill -9 of the leader to the first confirm through b (s, "
+                               f"{lease})", "< 5 s"),
+                ("delivery_s", "kill -9 of the leader to the first delivery on c of a message "
+                               "published after it (s)", "< 5 s"),
+                ("elected_s", "kill -9 to the new leader's election (its log) (s)", "")):
+            values = sorted(r[key] for r in runs if r.get("part") == "failover"
+                            and r.get(key) is not None)
+            med = median(values)
+            figures[key] = {"median": med, "min": values[0] if values else None,
+                            "max": values[-1] if values else None}
+            spread = f" ({values[0]:.2f}-{values[-1]:.2f})" if values else ""
+            lines.append(f"| {label} | {_fmt(med, 2)}{spread} | | | {target} | {ok}/{n} |")
+    return "\n".join(lines), figures
+
+
 def report(runs: list[dict], args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    if args.queue_type == "quorum":
+        return quorum_report(runs, args)
     figures: dict[str, Any] = {}
     lines = ["| figure | Leveret | RabbitMQ 3.10.8 | Leveret / RabbitMQ | target | ok runs |",
              "|---|---|---|---|---|---|"]
@@ -601,12 +915,15 @@ def main(argv: list[str] | None = None) -> int:
         "args": {k: v for k, v in vars(args).items()},
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "leveret_source": snapshot_leveret(snapshot) if snapshot else "work tree",
+        "leveret_env": dict(kv.split("=", 1) for kv in (
+            (["LEVERET_QUEUE_FSYNC=always"] if args.queue_type == "quorum" else [])
+            + args.leveret_env)),
     }
     leveret: LeveretCluster | None = None
     rabbit: Any = None
     runs: list[dict] = []
     try:
-        leveret = LeveretCluster(tmp, snapshot, args.lease_ttl)
+        leveret = LeveretCluster(tmp, snapshot, args.lease_ttl, info["leveret_env"])
         print(f"# leveret: nodes a, b, c on ports {[leveret.port(n) for n in 'abc']}",
               file=sys.stderr, flush=True)
         if "publish" in args.parts and not args.no_rabbitmq:
@@ -639,12 +956,14 @@ def main(argv: list[str] | None = None) -> int:
     m = info["machine"]
     header = (f"{m['cpu']}, {m['cores']} cores, Linux {m['kernel']}, Python {m['python']}; "
               f"three nodes of each on this one machine; medians of {args.runs} runs"
+              f"{' (min-max)' if args.queue_type == 'quorum' else ''}"
               f"{' (--quick)' if args.quick else ''}")
     print(f"\n{header}\n\n{text}\n")
-    if "failover" in args.parts:
+    if "failover" in args.parts and args.queue_type == "stream":
         print(TUNING)
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / (f"replicated-{time.strftime('%Y%m%d-%H%M%S')}"
+    kind = "-quorum" if args.queue_type == "quorum" else ""
+    out = RESULTS / (f"replicated{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
                      f"{'-quick' if args.quick else ''}.json")
     info["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     out.write_text(json.dumps({**info, "header": header, "markdown": text, "figures": figures,

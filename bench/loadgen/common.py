@@ -23,6 +23,7 @@ from loadgen.measure import SelfCpu, percentiles
 from loadgen.publish import PublishStats, publish_confirmed
 
 STREAM = {"x-queue-type": "stream"}
+QUORUM = {"x-queue-type": "quorum"}
 
 
 @dataclass
@@ -51,12 +52,18 @@ class Options:
     user: str = "guest"
     password: str = "guest"
     vhost: str = "/"
-    stream_args: dict[str, Any] = field(default_factory=dict)  # added to each stream's declare
+    # added to each stream's declare, and to scenario q's quorum queue's
+    stream_args: dict[str, Any] = field(default_factory=dict)
 
     @property
     def stream(self) -> dict[str, Any]:
         """The arguments every stream of a run is declared with."""
         return {**STREAM, **self.stream_args}
+
+    @property
+    def quorum(self) -> dict[str, Any]:
+        """The arguments a quorum queue of a run (scenario q) is declared with."""
+        return {**QUORUM, **self.stream_args}
 
     def connect(self) -> Connection:
         return connect(
@@ -72,7 +79,8 @@ class Options:
         return self.queue or f"bench.{scenario}.{self.body}.{secrets.token_hex(4)}"
 
 
-DEFAULT_MESSAGES = {"b": 500_000, "c": 200_000, "e": 100_000, "g": 1_000_000, "m": 10_000_000}
+DEFAULT_MESSAGES = {"b": 500_000, "c": 200_000, "e": 100_000, "g": 1_000_000, "m": 10_000_000,
+                    "q": 200_000}
 
 
 def result(

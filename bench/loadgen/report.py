@@ -44,6 +44,11 @@ METRICS = [
     ("j", "p99_ms", "deliver p99 ms", "lower", ""),
     ("j", "broker_cpu_pct", "broker CPU %", "lower", ""),
     ("j", "broker_rss_mb", "broker RSS MB", "lower", ""),
+    # issue 28: a quorum queue, one publisher with confirms and one consumer with acks at once
+    ("q", "msgs_per_s", "quorum queue, publish + consume msgs/s", "higher", ">= 2.0x"),
+    ("q", "p50_ms", "confirm p50 ms", "lower", ""),
+    ("q", "p99_ms", "confirm p99 ms", "lower", "<= 1.0x"),
+    ("q", "broker_cpu_pct", "broker CPU %", "lower", ""),
 ]
 
 

@@ -1,6 +1,6 @@
 """The benchmark scenarios of issue 8 by letter, and the one entry point that runs one.
 
-(a) to (e), (h) and (i) live in throughput.py; (f), (g) and (m) in capacity.py; (j) in
+(a) to (e), (h), (i) and (q) live in throughput.py; (f), (g) and (m) in capacity.py; (j) in
 connections.py; what they share in common.py. A scenario that raises becomes one result line
 with ok: false and the error.
 
@@ -24,6 +24,7 @@ from loadgen.throughput import (
     scenario_e,
     scenario_h,
     scenario_i,
+    scenario_q,
 )
 
 __all__ = ["SCENARIOS", "Options", "run"]
@@ -40,6 +41,7 @@ SCENARIOS: dict[str, Callable[[Options, BrokerProbe], list[dict]]] = {
     "i": scenario_i,
     "j": scenario_j,
     "m": scenario_m,
+    "q": scenario_q,
 }
 
 

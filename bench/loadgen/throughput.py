@@ -1,6 +1,7 @@
 """Throughput and latency scenarios: (a) stream publish, (h)/(i) four publishers into one
 stream or four, (b)/(c) stream consumers from `first`, (d) publish-to-deliver latency at a
-fixed rate, (e) a durable classic queue.
+fixed rate, (e) a durable classic queue, (q) a quorum queue published into and consumed from
+at once.
 
 Role: declare a fresh queue or stream, set up connections, run the hot paths of publish.py and
 consume.py (in several processes where the scenario says so), check correctness (every confirm
@@ -261,3 +262,72 @@ def scenario_e(opts: Options, probe: BrokerProbe) -> list[dict]:
     admin.close()
     cleanup(opts, queue)
     return out
+
+
+# ---- (q) a quorum queue: one publisher with confirms and one consumer with acks, at once
+
+
+def scenario_q(opts: Options, probe: BrokerProbe) -> list[dict]:
+    """(q) Issue 28's figure: a fresh quorum queue (`x-queue-type: quorum` plus --stream-arg,
+    e.g. x-quorum-initial-group-size=3), one publisher with confirms (persistent messages,
+    window --window) and one consumer with acks (prefetch --prefetch, a multiple ack every
+    --ack-every) on connections of their own, started together. msgs_per_s is messages over
+    the whole run (first publish to last delivery); p50/p99 are publish-to-confirm, the
+    publish-to-deliver ones are deliver_p50_ms/deliver_p99_ms."""
+    count = opts.messages or DEFAULT_MESSAGES["q"]
+    queue = opts.queue_name("q")
+    admin = opts.connect()
+    admin.declare_queue(queue, durable=True, arguments=opts.quorum)
+    pub = opts.connect()
+    pub.confirm_select()
+    template = template_for(opts, pub, queue, persistent=True)
+
+    def consumer(_: int, ready: workers.Ready) -> dict:
+        conn = opts.connect()
+        conn.qos(opts.prefetch)
+        conn.consume(queue)
+        ready()
+        cpu = SelfCpu()
+        cpu.start()
+        stats = consume(conn, count, ack_every=opts.ack_every, body_size=opts.body,
+                        latency=True, idle_timeout=opts.idle_timeout)
+        conn.close()
+        return con_dict(stats, cpu, latency=True)
+
+    def publisher() -> dict:
+        cpu = SelfCpu()
+        cpu.start()
+        stats = publish_confirmed(pub, template, count=count, window=opts.window)
+        return pub_dict(stats, cpu)
+
+    res, pres = workers.run(consumer, [0], probe.start, parent=publisher)
+    cpu = probe.cpu_pct()
+    machine = probe.machine_pct()
+    rss = probe.rss_kb()
+    pub.close()
+    admin.close()
+    cleanup(opts, queue)
+    c = res[0]
+    pres = pres or {"errors": ["publisher did not run"]}
+    p50, p99 = weighted_percentiles(pres.get("lat", []), pres.get("lat_w", []), (50, 99))
+    pub_seconds = max(pres.get("finished_ns", 0) - pres.get("started_ns", 0), 1) / 1e9
+    return [
+        result(
+            opts,
+            "q",
+            messages=c.get("received", 0),
+            seconds=span([c, pres]),
+            errors=errors_of([pres, c]),
+            cpu=cpu,
+            machine=machine,
+            loadgen_cpu=c.get("cpu", 0) + pres.get("cpu", 0),
+            p50=p50,
+            p99=p99,
+            latency="publish-to-confirm",
+            publish_msgs_per_s=round(pres.get("confirmed", 0) / pub_seconds, 1),
+            deliver_p50_ms=c.get("p50"),
+            deliver_p99_ms=c.get("p99"),
+            queue_arguments=opts.quorum,
+            broker_rss_mb=round(rss / 1024, 1) if rss else None,
+        )
+    ]

@@ -158,6 +158,20 @@ def test_issue_17_scenarios_against_leveret(broker) -> None:  # type: ignore[no-
     assert j["latency"] == "publish-to-deliver" and j["p99_ms"] is not None
 
 
+def test_scenario_q_against_leveret(broker) -> None:  # type: ignore[no-untyped-def]
+    """(q) a quorum queue, one publisher with confirms and one consumer with acks at once:
+    every message confirmed and delivered once, in order; both latencies reported."""
+    (result,) = _load(
+        "--scenario", "q", "--messages", "3000", "--body", "1024", "--port", str(broker.port),
+        "--stream-arg", "x-delivery-limit=5",
+    )  # fmt: skip
+    assert result["ok"], result
+    assert result["scenario"] == "q" and result["messages"] == 3000
+    assert result["queue_arguments"] == {"x-queue-type": "quorum", "x-delivery-limit": 5}
+    assert result["latency"] == "publish-to-confirm" and result["p99_ms"] is not None
+    assert result["deliver_p99_ms"] is not None and result["publish_msgs_per_s"] > 0
+
+
 def test_a_bad_scenario_j_configuration_is_one_failed_line() -> None:
     (result,) = _load("--scenario", "j", "--connections", "0", "--port", "1")
     assert not result["ok"]
@@ -174,4 +188,4 @@ def test_compare_refuses_an_unknown_scenario_in_one_line() -> None:
         timeout=60,
     )
     assert out.returncode == 1
-    assert out.stderr.strip() == "unknown scenario x: choose from a,b,c,d,e,f,g,m,h,i,j"
+    assert out.stderr.strip() == "unknown scenario x: choose from a,b,c,d,e,f,g,m,h,i,j,q"

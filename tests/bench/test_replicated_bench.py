@@ -1,6 +1,7 @@
 """The replicated-stream bench (bench/replicated.py): its failover client (one message at a time
 with confirms, publishing again after a nack) against a real Leveret, what it counts as the
-first confirm after a kill, its table, and its refusal of an unknown part. No timing is
+first confirm after a kill, the quorum-queue consumer's first delivery after a kill, its
+tables, and its refusal of an unknown part. No timing is
 asserted: this proves the instrument is correct, not fast. The three-node runs themselves are
 not run here (they take minutes): `python bench/replicated.py --quick`."""
 
@@ -108,3 +109,55 @@ def test_an_unknown_part_is_one_clear_line(capsys: pytest.CaptureFixture[str]) -
         rb.parse_args(["--parts", "publish,speed"])
     assert exited.value.code == 2
     assert "unknown part(s) speed" in capsys.readouterr().err
+
+
+def test_the_quorum_consumer_counts_the_first_delivery_of_a_message_sent_after_the_kill(
+        broker: InProcessBroker) -> None:
+    conn = rb.connect("127.0.0.1", broker.port)
+    conn.declare_queue("qq.bench", arguments={"x-queue-type": "quorum"})
+    conn.close()
+    sub = rb.Consumer(broker.port, "qq.bench")
+    thread = threading.Thread(target=sub.run, daemon=True)
+    thread.start()
+    assert sub.subscribed.wait(10)
+    pub = rb.OneAtATime(broker.port, "qq.bench", 100, timeout=5.0)
+    _run(pub, lambda: pub.acks >= 10 and sub.received >= 10)
+    assert sub.first_new is None and sub.first_any is None  # nothing was killed
+    pub = rb.OneAtATime(broker.port, "qq.bench", 100, timeout=5.0)
+    sub.killed_at = pub.killed_at = time.monotonic()
+    _run(pub, lambda: sub.first_new is not None)
+    sub.stop.set()
+    thread.join(10)
+    assert sub.first_new is not None and sub.first_new >= sub.killed_at
+    assert (sub.cancels, sub.reconnects, sub.errors, sub.redelivered) == (0, 0, [], 0)
+
+
+def test_the_quorum_table_has_each_body_and_the_failover_spread() -> None:
+    args = rb.parse_args(["--queue-type", "quorum", "--runs", "2", "--bodies", "100,1024"])
+    assert args.parts == ["publish", "failover"] and args.bodies == [100, 1024]
+    runs = [
+        {"part": "publish", "broker": "leveret", "body": 100, "ok": True,
+         "msgs_per_s": 300.0, "p50_ms": 1.0, "p99_ms": 2.0, "broker_cpu_pct": 50.0},
+        {"part": "publish", "broker": "leveret", "body": 100, "ok": True,
+         "msgs_per_s": 500.0, "p50_ms": 1.0, "p99_ms": 4.0, "broker_cpu_pct": 50.0},
+        {"part": "publish", "broker": "rabbitmq", "body": 100, "ok": True,
+         "msgs_per_s": 200.0, "p50_ms": 2.0, "p99_ms": 6.0, "broker_cpu_pct": 90.0},
+        {"part": "publish", "broker": "leveret", "body": 1024, "ok": True,
+         "msgs_per_s": 100.0, "p50_ms": 1.0, "p99_ms": 2.0, "broker_cpu_pct": 50.0},
+        {"part": "failover", "ok": True, "failover_s": 1.5, "delivery_s": 1.6,
+         "elected_s": 1.4},
+        {"part": "failover", "ok": True, "failover_s": 2.5, "delivery_s": 2.4,
+         "elected_s": 2.2},
+    ]
+    text, figures = rb.report(runs, args)
+    assert figures["msgs_per_s_100"] == {"leveret": 400.0, "rabbitmq": 200.0, "ratio": 2.0}
+    assert figures["msgs_per_s_1024"]["rabbitmq"] is None
+    assert figures["failover_s"] == {"median": 2.0, "min": 1.5, "max": 2.5}
+    assert "| 400 (300.0-500.0) | 200 (200.0-200.0) | 2.00 | >= 2.0x | 2/2, 1/2 |" in text
+    assert "first delivery on c of a message published after it (s) | 2.00 (1.60-2.40)" in text
+
+
+def test_the_quorum_queue_type_has_no_catchup_part(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        rb.parse_args(["--queue-type", "quorum", "--parts", "catchup"])
+    assert "unknown part(s) catchup: choose from publish, failover" in capsys.readouterr().err
