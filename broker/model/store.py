@@ -163,6 +163,8 @@ class LeveledStore:
         return store
 
     def __len__(self) -> int:
+        if len(self._order) == 1:  # the usual case: no message with a priority of its own
+            return len(self.returns) + len(self.default)
         return len(self.returns) + sum(len(store) for store in self._levels.values())
 
     def __iter__(self) -> Iterator[QueuedMessage]:
