@@ -47,7 +47,7 @@ async def test_a_rabbitmq_export_loads(local_broker: Broker) -> None:
     assert users.users["app"].permissions["billing"].write == "^invoices"
     root = local_broker.vhosts["/"]
     assert root.queues["events.audit"].type == "stream"
-    assert "payments" not in root.queues  # a quorum queue: skipped
+    assert root.queues["payments"].type == "quorum"  # RabbitMQ's quorum queue loads as one
     assert root.exchanges["internal.audit"].internal
     assert {b.destination.name for b in root.exchanges["orders"].bindings.values()} == {
         "orders.created", "internal.audit"}
@@ -191,7 +191,8 @@ async def test_what_leveret_does_not_hold_is_skipped_not_refused(local_broker: B
     })
     vhost = local_broker.vhosts["/"]
     assert "fed" not in vhost.exchanges
-    assert "amq.q" not in vhost.queues and "qq" not in vhost.queues
+    assert "amq.q" not in vhost.queues  # a reserved name: skipped
+    assert vhost.queues["qq"].type == "quorum"  # quorum queues are held now
 
 
 async def test_a_file_that_cannot_load_names_itself(local_broker: Broker,
