@@ -3,6 +3,7 @@ free port (one per module: starting brokers is slow on a shared machine), and a 
 
 from __future__ import annotations
 
+import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,9 +12,20 @@ from pathlib import Path
 import pytest
 from support.brokers import BrokerProcess
 from support.ports import free_port, wait_for_port
-from support.reference import Reference, start_stream_reference
+from support.reference import Reference, start_stream_management_reference
 
 from .raw import RawStream
+
+
+def resolves(name: str) -> set[str]:
+    return {str(i[4][0]) for i in socket.getaddrinfo(name, 5552, type=socket.SOCK_STREAM)}
+
+
+# What the test brokers (listening on 127.0.0.1) announce to a client over loopback
+# (broker/streamproto/advertise.py), and so the host their rstream clients dial, as rstream's
+# own tests dial `localhost`: a client that dials another name than Metadata announces opens
+# other connections for its streams (and closes its first one).
+LOOPBACK_NAME = "localhost" if resolves("localhost") == {"127.0.0.1"} else "127.0.0.1"
 
 
 @dataclass
@@ -53,8 +65,10 @@ def name() -> str:
 
 @pytest.fixture(scope="session")
 def stream_reference() -> Iterator[Reference]:
-    """RabbitMQ 3.10.8 with its stream plugin, once for the whole session (or a skip)."""
-    reference = start_stream_reference()
+    """RabbitMQ 3.10.8 with its stream and management plugins, once for the whole session (or
+    a skip). Its node is `...@localhost`, and no advertised host is set: it announces
+    `localhost`, as RabbitMQ announces the host of its node name."""
+    reference = start_stream_management_reference()
     if isinstance(reference, str):
         pytest.skip(reference)
     try:
