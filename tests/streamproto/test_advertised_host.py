@@ -13,6 +13,8 @@ import socket
 import struct
 import uuid
 from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from support.brokers import BrokerProcess
@@ -20,6 +22,9 @@ from support.ports import free_port, wait_for_port
 from support.reference import Reference
 
 from leveret.broker.streamproto import advertise
+from leveret.broker.streamproto.peers import ClusterPeers, OneNode
+from leveret.broker.streamproto.server import StreamServer
+from leveret.broker.streamproto.settings import Settings
 
 from .conftest import LOOPBACK_NAME, StreamBroker, resolves
 from .raw import RawStream, s
@@ -145,3 +150,30 @@ def test_localhost_is_announced_only_where_it_reaches_the_listener() -> None:
             any6.bind(("::", 0))
             assert advertise.localhost_reaches([any6], ["::1"])
             assert advertise.localhost_reaches([any6], ["127.0.0.1", "::1"]) is both
+
+
+class _Transport:
+    def __init__(self, sockname: tuple[str, int]) -> None:
+        self.sockname = sockname
+
+    def get_extra_info(self, name: str) -> object:
+        return self.sockname if name == "sockname" else None
+
+
+@pytest.mark.parametrize("peers, local, reaches, setting, expected", [
+    (OneNode("n"), "::ffff:127.0.0.1", True, "", ("localhost", 5552)),
+    (OneNode("n"), "127.0.0.1", False, "", ("127.0.0.1", 5552)),
+    (OneNode("n"), "10.1.2.3", True, "", ("10.1.2.3", 5552)),
+    (OneNode("n"), "127.0.0.1", True, "streams.example", ("streams.example", 5552)),
+    # in a cluster every node announces this one at its advertise_host, itself included
+    (ClusterPeers(cast(Any, None), "node-a.example"), "127.0.0.1", True, "",
+     ("node-a.example", 5552)),
+    (ClusterPeers(cast(Any, None), "node-a.example"), "10.1.2.3", True, "streams.example",
+     ("streams.example", 5552)),
+])
+def test_what_open_and_metadata_announce(peers: Any, local: str, reaches: bool, setting: str,
+                                         expected: tuple[str, int]) -> None:
+    server = StreamServer(cast(Any, None), Settings(advertised_host=setting), peers)
+    server.localhost_reaches[5552] = reaches
+    session = SimpleNamespace(transport=_Transport((local, 5552)))
+    assert server.advertised(cast(Any, session)) == expected
