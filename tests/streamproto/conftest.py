@@ -3,7 +3,9 @@ free port (one per module: starting brokers is slow on a shared machine), and a 
 
 from __future__ import annotations
 
+import shutil
 import socket
+import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -86,3 +88,21 @@ def stream_reference() -> Iterator[Reference]:
     yield reference
     if reference.stop is not None:
         reference.stop()
+
+
+NODE_DIR = Path(__file__).parent / "node"
+
+
+@pytest.fixture(scope="session")
+def node_client() -> Path:
+    """The Node stream client, installed from npm into node/ on first use (or a skip): the
+    path of its scenario script."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("Node.js and npm are not installed (apt-get install nodejs npm)")
+    if not (NODE_DIR / "node_modules" / "rabbitmq-stream-js-client").is_dir():
+        result = subprocess.run(
+            ["npm", "install", "--no-audit", "--no-fund", "--no-package-lock"],
+            cwd=NODE_DIR, capture_output=True, text=True, timeout=300, check=False)
+        if result.returncode != 0:
+            pytest.skip(f"npm install failed: {result.stderr[-500:]}")
+    return NODE_DIR / "scenario.js"

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import shutil
 import struct
 import subprocess
 import time
@@ -35,6 +34,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -59,9 +59,8 @@ from rstream.recovery import BackOffRecoveryStrategy
 from support.ports import free_port, wait_for_port
 from support.reference import Reference
 
-from .conftest import LOOPBACK_NAME, StreamBroker, start_stream_broker
+from .conftest import LOOPBACK_NAME, NODE_DIR, StreamBroker, start_stream_broker
 from .raw import RawStream, s, strmap
-from .test_node_client import NODE_DIR
 
 
 @dataclass
@@ -399,14 +398,12 @@ async def test_consume_with_sac_update_listener_should_be_called_after_kill(
             await admin.delete_stream(stream)
 
 
-def test_node_client_close_listeners_and_restart(lev_http: Target) -> None:
+def test_node_client_close_listeners_and_restart(lev_http: Target, node_client: Path) -> None:
     """The Node client's "closed_connection listener is invoked by the server if it closes the
     connection", then its README's recovery (node/closed.js): the client's, the publisher's
     and the consumer's listeners each run once; restart() reopens the three connections and
     the consumer gets what is published then (and, resuming at its last offset, that one
     message again, as the client does)."""
-    if shutil.which("node") is None or not (NODE_DIR / "node_modules").exists():
-        pytest.skip("the Node client is not installed (test_node_client.py installs it)")
     result = subprocess.run(["node", str(NODE_DIR / "closed.js"), str(lev_http.stream_port),
                              str(lev_http.management_port), unique("node-closed"),
                              lev_http.host],
