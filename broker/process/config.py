@@ -62,7 +62,7 @@ class Config:
     # opens only when tls_certfile and tls_keyfile are set
     stream_port: int = 5552
     stream_tls_port: int = 5551
-    stream_advertised_host: str = ""  # "" = the address the client connected to
+    stream_advertised_host: str = ""  # "": localhost over loopback, else the address used
     stream_advertised_port: int = 0  # 0 = the port the client connected to
     # processes serving AMQP clients (docs/WORKERS.md): 0 (the default) = one per core; 1 = this
     # one only; N > 1 adds N - 1 wire worker processes that read the client sockets

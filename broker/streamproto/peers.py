@@ -35,6 +35,10 @@ class Peers(Protocol):
     def endpoint(self, node: str) -> Endpoint | None:
         """The stream endpoint another running node announces; None when it is down."""
 
+    def own_host(self) -> str:
+        """The host this node is announced at whoever asks ("" on one node: each connection
+        is told the host that suits it, advertise.py)."""
+
     def link_to(self, node: str) -> Link | None:
         """The link that asks another node; None when there is none (or it is this one)."""
 
@@ -64,6 +68,9 @@ class OneNode:
     def endpoint(self, node: str) -> Endpoint | None:
         return None
 
+    def own_host(self) -> str:
+        return ""
+
     def link_to(self, node: str) -> Link | None:
         return None
 
@@ -78,10 +85,13 @@ class OneNode:
 class ClusterPeers:
     """A cluster's nodes: a stream's record names its leader (`node`) and, for a replicated
     stream, its members; each node's record in etcd carries its stream endpoint
-    (`stream_host`, `stream_port`; records of older nodes: `advertise_host` and 5552)."""
+    (`stream_host`, `stream_port`; records of older nodes: `advertise_host` and 5552). This
+    node announces itself as the others announce it: its `advertise_host` (its
+    `stream_advertised_host`, when set, is announced before this is asked)."""
 
-    def __init__(self, cluster: ClusterRuntime) -> None:
+    def __init__(self, cluster: ClusterRuntime, advertise_host: str = "") -> None:
         self.cluster = cluster
+        self.advertise_host = advertise_host
 
     @property
     def node(self) -> str:
@@ -103,6 +113,9 @@ class ClusterPeers:
             port = DEFAULT_STREAM_PORT
         return (str(host), port) if host else None
 
+    def own_host(self) -> str:
+        return self.advertise_host
+
     def link_to(self, node: str) -> Link | None:
         return self.cluster.links.link_to(node) if node != self.cluster.node else None
 
@@ -123,4 +136,6 @@ class ClusterPeers:
 def peers_of(broker: Broker) -> Peers:
     """The broker's peers, for its stream listeners."""
     cluster = broker.cluster
-    return OneNode(broker.topology.node) if cluster is None else ClusterPeers(cluster)
+    if cluster is None:
+        return OneNode(broker.topology.node)
+    return ClusterPeers(cluster, broker.config.advertise_host)

@@ -5,7 +5,8 @@ table, and the registry of stream connections.
 AMQP ones (their sockets join `server.listeners`, so they stop accepting with them) and stops
 the connections before the broker closes its queues. The advertised host and port are what
 Open and Metadata announce (settings stream_advertised_host and stream_advertised_port; by
-default the host the client connected to and the port it used).
+default the port the client used, and the host `advertise.py` chooses: `localhost` for a
+client over loopback, else the address it connected to; in a cluster, the node's record's).
 Must not know: AMQP 0.9.1. Single-threaded, on the event loop.
 """
 
@@ -13,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import socket
 import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from leveret.broker.process import listen, logs
 from leveret.broker.streamproto import (
+    advertise,
     amqp10,  # noqa: F401 - registers the record converter
     cluster,
     consuming,
@@ -92,15 +95,20 @@ class StreamServer:
         self.listeners: list[asyncio.Server] = []
         self.port = 0  # as bound (0: no plain listener)
         self.tls_port = 0
+        # bound port -> whether `localhost` reaches that listener at every address it names
+        self.localhost_reaches: dict[int, bool] = {}
         self._sweep: asyncio.TimerHandle | None = None
 
     def advertised(self, session: StreamSession) -> tuple[str, int]:
-        host = self.settings.advertised_host
+        """The endpoint Open and Metadata announce to this session (advertise.py)."""
+        host = self.settings.advertised_host or self.peers.own_host()
         port = self.settings.advertised_port
         if not host or not port:
             sock = session.transport.get_extra_info("sockname") if session.transport else None
             if not host:
-                host = listen.unmapped(sock[0]) if sock else "localhost"
+                host = (advertise.default_host(str(sock[0]),
+                                               self.localhost_reaches.get(sock[1], False))
+                        if sock else advertise.LOCALHOST)
             if not port:
                 port = sock[1] if sock else 0
         return host, port
@@ -156,6 +164,7 @@ class StreamServer:
                                                 backlog=1024, ssl=context)
         self.listeners.append(listener)
         bound: int = listener.sockets[0].getsockname()[1]
+        self.localhost_reaches[bound] = await _localhost_reaches(listener, bound)
         log.info("listening for the stream protocol", host=host, port=bound, tls=tls)
         return bound
 
@@ -173,6 +182,15 @@ class StreamServer:
         for session in list(self.sessions):
             if session.transport is not None:
                 session.transport.abort()
+
+
+async def _localhost_reaches(listener: asyncio.Server, port: int) -> bool:
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(advertise.LOCALHOST, port,
+                                                             type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return advertise.localhost_reaches(listener.sockets, [str(i[4][0]) for i in infos])
 
 
 class Host(Protocol):

@@ -272,10 +272,22 @@ class StreamSession(asyncio.Protocol):
         self.flush()
 
     def abort(self) -> None:
+        """Close the socket without a Close frame, as RabbitMQ's stream reader closes it
+        (after a failed login, and when the management API or leveret-streams closes the
+        connection: no frame, FIN after what was already written). What is still to be
+        written gets CLOSE_TIMEOUT_S; a client that does not read it by then does not keep
+        the connection (and its listing) alive: the rest is dropped."""
         self.flush()
         self._release()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+            self._timers.append(self.loop.call_later(CLOSE_TIMEOUT_S, self._drop))
+
+    def _drop(self) -> None:
+        if not self.closed and self.transport is not None:
+            log.info("stream connection dropped: its client did not read what was left",
+                     connection=self.name, buffered=self.transport.get_write_buffer_size())
+            self.transport.abort()
 
     def _release(self) -> None:
         """Consumers and publishers go with the connection."""

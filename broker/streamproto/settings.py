@@ -1,5 +1,6 @@
 """The stream listeners' settings: the frame_max and heartbeat they offer in Tune, and the host
-and port advertised to clients in Metadata and Open's answer (empty: the socket's own).
+and port advertised to clients in Metadata and Open's answer (empty: chosen per connection,
+advertise.py, and the socket's port).
 
 A leaf, so that the session and the handlers read the settings without importing the server
 that composes them. Must not know: sockets, sessions. Immutable.

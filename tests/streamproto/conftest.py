@@ -3,6 +3,9 @@ free port (one per module: starting brokers is slow on a shared machine), and a 
 
 from __future__ import annotations
 
+import shutil
+import socket
+import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,9 +14,20 @@ from pathlib import Path
 import pytest
 from support.brokers import BrokerProcess
 from support.ports import free_port, wait_for_port
-from support.reference import Reference, start_stream_reference
+from support.reference import Reference, start_stream_management_reference
 
 from .raw import RawStream
+
+
+def resolves(name: str) -> set[str]:
+    return {str(i[4][0]) for i in socket.getaddrinfo(name, 5552, type=socket.SOCK_STREAM)}
+
+
+# What the test brokers (listening on 127.0.0.1) announce to a client over loopback
+# (broker/streamproto/advertise.py), and so the host their rstream clients dial, as rstream's
+# own tests dial `localhost`: a client that dials another name than Metadata announces opens
+# other connections for its streams (and closes its first one).
+LOOPBACK_NAME = "localhost" if resolves("localhost") == {"127.0.0.1"} else "127.0.0.1"
 
 
 @dataclass
@@ -53,16 +67,42 @@ def name() -> str:
 
 @pytest.fixture(scope="session")
 def stream_reference() -> Iterator[Reference]:
-    """RabbitMQ 3.10.8 with its stream plugin, once for the whole session (or a skip)."""
-    reference = start_stream_reference()
+    """RabbitMQ 3.10.8 with its stream and management plugins, once for the whole session (or
+    a skip). Its node is `...@localhost`, and no advertised host is set: it announces
+    `localhost`, as RabbitMQ announces the host of its node name. Its management API lists a
+    new connection within a second (its collectors sample every second, not every 5 s)."""
+    reference = start_stream_management_reference(
+        "collect_statistics_interval = 500\n"
+        "management.sample_retention_policies.global.minute = 1\n"
+        "management.sample_retention_policies.basic.minute = 1\n"
+        "management.sample_retention_policies.detailed.10 = 1\n")
     if isinstance(reference, str):
         pytest.skip(reference)
     try:
         wait_for_port(reference.stream_port, 60)
+        wait_for_port(reference.management_port, 60)
     except TimeoutError:
         if reference.stop is not None:
             reference.stop()
-        pytest.skip("the reference RabbitMQ's stream listener did not start")
+        pytest.skip("the reference RabbitMQ's stream or management listener did not start")
     yield reference
     if reference.stop is not None:
         reference.stop()
+
+
+NODE_DIR = Path(__file__).parent / "node"
+
+
+@pytest.fixture(scope="session")
+def node_client() -> Path:
+    """The Node stream client, installed from npm into node/ on first use (or a skip): the
+    path of its scenario script."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("Node.js and npm are not installed (apt-get install nodejs npm)")
+    if not (NODE_DIR / "node_modules" / "rabbitmq-stream-js-client").is_dir():
+        result = subprocess.run(
+            ["npm", "install", "--no-audit", "--no-fund", "--no-package-lock"],
+            cwd=NODE_DIR, capture_output=True, text=True, timeout=300, check=False)
+        if result.returncode != 0:
+            pytest.skip(f"npm install failed: {result.stderr[-500:]}")
+    return NODE_DIR / "scenario.js"

@@ -23,7 +23,7 @@ from rstream import (
 )
 from rstream._pyamqp.message import Header, Properties
 
-from .conftest import StreamBroker
+from .conftest import LOOPBACK_NAME, StreamBroker
 
 pytestmark = pytest.mark.asyncio
 STREAM = {"x-queue-type": "stream"}
@@ -41,7 +41,7 @@ async def stream_read(lev: StreamBroker, stream: str, count: int,
     async def on(message: AMQPMessage, context: MessageContext) -> None:
         got.append((context.offset, message))
 
-    async with Consumer("127.0.0.1", port=lev.stream_port, username="guest",
+    async with Consumer(LOOPBACK_NAME, port=lev.stream_port, username="guest",
                         password="guest") as c:
         await c.subscribe(stream, on, decoder=amqp_decoder, offset_specification=spec)
         deadline = time.monotonic() + 10
@@ -96,7 +96,7 @@ async def test_091_in_stream_out(lev: StreamBroker, name: str) -> None:
 
 
 async def test_stream_in_091_out(lev: StreamBroker, name: str) -> None:
-    async with Producer("127.0.0.1", port=lev.stream_port, username="guest",
+    async with Producer(LOOPBACK_NAME, port=lev.stream_port, username="guest",
                         password="guest") as p:
         await p.create_stream(name)
         await p.send_wait(name, AMQPMessage(
@@ -128,7 +128,7 @@ async def test_offsets_are_shared(lev: StreamBroker, name: str) -> None:
     for i in range(6):
         ch.basic_publish("", name, b"%d" % i)
     # stored over the stream protocol, resumed over 0.9.1 (a named consumer tracks its offset)
-    async with Consumer("127.0.0.1", port=lev.stream_port, username="guest",
+    async with Consumer(LOOPBACK_NAME, port=lev.stream_port, username="guest",
                         password="guest") as c:
         await c.store_offset(name, "reader-a", 2)
         await asyncio.sleep(0.2)
@@ -148,7 +148,7 @@ async def test_offsets_are_shared(lev: StreamBroker, name: str) -> None:
     assert bodies == [b"3", b"4", b"5"]
     ch.basic_cancel(tag)  # stores 5 as reader-a's offset
     ch.connection.process_data_events(0.3)
-    async with Consumer("127.0.0.1", port=lev.stream_port, username="guest",
+    async with Consumer(LOOPBACK_NAME, port=lev.stream_port, username="guest",
                         password="guest") as c:
         assert await c.query_offset(name, "reader-a") == 5
     ch.connection.close()
@@ -160,7 +160,7 @@ async def test_publisher_sequence_is_shared(lev: StreamBroker, name: str) -> Non
     ch.confirm_delivery()
     ch.basic_publish("", name, b"a", pika.BasicProperties(
         headers={"x-stream-publisher-name": "pub-x", "x-stream-publishing-id": 41}))
-    async with Producer("127.0.0.1", port=lev.stream_port, username="guest",
+    async with Producer(LOOPBACK_NAME, port=lev.stream_port, username="guest",
                         password="guest") as p:
         client = await p.default_client
         assert await client.query_publisher_sequence(name, "pub-x") == 41
@@ -206,7 +206,7 @@ async def test_single_active_consumer_spans_the_protocols(lev: StreamBroker, nam
     async def handle(message: AMQPMessage, context: MessageContext) -> None:
         got.append(bytes(message.body))
 
-    async with Consumer("127.0.0.1", port=lev.stream_port, username="guest",
+    async with Consumer(LOOPBACK_NAME, port=lev.stream_port, username="guest",
                         password="guest") as c:
         await c.subscribe(name, handle, decoder=amqp_decoder, subscriber_name="group-x",
                           properties={"single-active-consumer": "true", "name": "group-x"},

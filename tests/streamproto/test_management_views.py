@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from leveret.cli import usage
 from leveret.cli.streams import app
 
-from .conftest import StreamBroker, start_stream_broker
+from .conftest import LOOPBACK_NAME, StreamBroker, start_stream_broker
 from .raw import RawStream, s, strmap
 
 
@@ -251,11 +251,11 @@ async def test_rstream_clients_are_listed(managed: tuple[StreamBroker, Http], na
     broker, http = managed
     from rstream import AMQPMessage, Consumer, Producer
 
-    async with Producer("127.0.0.1", port=broker.stream_port, username="guest",
+    async with Producer(LOOPBACK_NAME, port=broker.stream_port, username="guest",
                         password="guest") as producer:
         await producer.create_stream(name)
         await producer.send_wait(name, AMQPMessage(body=b"one"))
-        consumer = Consumer("127.0.0.1", port=broker.stream_port, username="guest",
+        consumer = Consumer(LOOPBACK_NAME, port=broker.stream_port, username="guest",
                             password="guest")
         await consumer.start()
         await consumer.subscribe(name, lambda message, context: None)

@@ -6,28 +6,10 @@ offset. Installed from the npm registry on first use; skipped without Node.js an
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from .conftest import StreamBroker
-
-NODE_DIR = Path(__file__).parent / "node"
-
-
-@pytest.fixture(scope="session")
-def node_client() -> Path:
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("Node.js and npm are not installed (apt-get install nodejs npm)")
-    if not (NODE_DIR / "node_modules" / "rabbitmq-stream-js-client").is_dir():
-        result = subprocess.run(
-            ["npm", "install", "--no-audit", "--no-fund", "--no-package-lock"],
-            cwd=NODE_DIR, capture_output=True, text=True, timeout=300, check=False)
-        if result.returncode != 0:
-            pytest.skip(f"npm install failed: {result.stderr[-500:]}")
-    return NODE_DIR / "scenario.js"
 
 
 def test_node_client(lev: StreamBroker, name: str, node_client: Path) -> None:

@@ -27,18 +27,18 @@ from rstream import (
 )
 from rstream.exceptions import OffsetNotFound, StreamAlreadyExists, StreamDoesNotExist
 
-from .conftest import StreamBroker
+from .conftest import LOOPBACK_NAME, StreamBroker
 
 pytestmark = pytest.mark.asyncio
 
 
 def producer(lev: StreamBroker, **kwargs: Any) -> Producer:
-    return Producer("127.0.0.1", port=lev.stream_port, username="guest", password="guest",
+    return Producer(LOOPBACK_NAME, port=lev.stream_port, username="guest", password="guest",
                     **kwargs)
 
 
 def consumer(lev: StreamBroker) -> Consumer:
-    return Consumer("127.0.0.1", port=lev.stream_port, username="guest", password="guest")
+    return Consumer(LOOPBACK_NAME, port=lev.stream_port, username="guest", password="guest")
 
 
 async def wait_for(check: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -244,7 +244,7 @@ async def test_super_stream_routing_and_partitions(lev: StreamBroker, name: str)
         return str(message.application_properties["id"])
 
     async with SuperStreamProducer(
-        "127.0.0.1", port=lev.stream_port, username="guest", password="guest",
+        LOOPBACK_NAME, port=lev.stream_port, username="guest", password="guest",
         super_stream=name, routing=RouteType.Hash,
         routing_extractor=key_of, super_stream_creation_option=SuperStreamCreationOption(3),
     ) as p:
@@ -256,7 +256,7 @@ async def test_super_stream_routing_and_partitions(lev: StreamBroker, name: str)
     async def on(message: AMQPMessage, context: MessageContext) -> None:
         got.append((context.stream, bytes(message.body)))
 
-    async with SuperStreamConsumer("127.0.0.1", port=lev.stream_port, username="guest",
+    async with SuperStreamConsumer(LOOPBACK_NAME, port=lev.stream_port, username="guest",
                                    password="guest", super_stream=name) as c:
         await c.subscribe(on, decoder=amqp_decoder)
         await wait_for(lambda: len(got) >= 30)
@@ -271,7 +271,8 @@ async def test_metadata_and_stats(lev: StreamBroker, name: str) -> None:
         client = await p.default_client
         metadata = await client.query_leader_and_replicas(name)
         leader = metadata[0]
-        assert (leader.host, leader.port) == ("127.0.0.1", lev.stream_port)
+        # a client over loopback is told `localhost` (test_advertised_host.py)
+        assert (leader.host, leader.port) == (LOOPBACK_NAME, lev.stream_port)
         stats = await client.stream_stats(name) if hasattr(client, "stream_stats") else None
         if stats is not None:
             assert stats["first_chunk_id"] == 0
@@ -336,7 +337,7 @@ async def test_super_stream_consumer_group(lev: StreamBroker, name: str) -> None
         return str(message.application_properties["id"])
 
     producer_ = SuperStreamProducer(
-        "127.0.0.1", port=lev.stream_port, username="guest", password="guest",
+        LOOPBACK_NAME, port=lev.stream_port, username="guest", password="guest",
         super_stream=name, routing=RouteType.Hash, routing_extractor=key_of,
         super_stream_creation_option=SuperStreamCreationOption(2))
     await producer_.start()
@@ -352,7 +353,7 @@ async def test_super_stream_consumer_group(lev: StreamBroker, name: str) -> None
     properties = {"single-active-consumer": "true", "name": "group-g", "super-stream": name}
     members = []
     for member in ("a", "b"):
-        c = SuperStreamConsumer("127.0.0.1", port=lev.stream_port, username="guest",
+        c = SuperStreamConsumer(LOOPBACK_NAME, port=lev.stream_port, username="guest",
                                 password="guest", super_stream=name)
         await c.start()
         await c.subscribe(on(member), decoder=amqp_decoder, properties=properties,
@@ -378,7 +379,7 @@ async def test_a_stepping_down_member_answers_before_the_next_one_starts(
     from rstream import OffsetSpecification
 
     producer_ = SuperStreamProducer(
-        "127.0.0.1", port=lev.stream_port, username="guest", password="guest",
+        LOOPBACK_NAME, port=lev.stream_port, username="guest", password="guest",
         super_stream=name, routing=RouteType.Hash,
         routing_extractor=lambda m: str(m.application_properties["id"]),
         super_stream_creation_option=SuperStreamCreationOption(2))
@@ -400,7 +401,7 @@ async def test_a_stepping_down_member_answers_before_the_next_one_starts(
     properties = {"single-active-consumer": "true", "name": "group-s", "super-stream": name}
     members = []
     for member in ("a", "b"):
-        c = SuperStreamConsumer("127.0.0.1", port=lev.stream_port, username="guest",
+        c = SuperStreamConsumer(LOOPBACK_NAME, port=lev.stream_port, username="guest",
                                 password="guest", super_stream=name)
         await c.start()
         await c.subscribe(ignore, decoder=amqp_decoder, properties=properties,

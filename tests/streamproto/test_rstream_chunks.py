@@ -19,7 +19,7 @@ from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, Producer,
 from rstream.client import Client
 from support.reference import Reference
 
-from .conftest import start_stream_broker
+from .conftest import LOOPBACK_NAME, start_stream_broker
 from .raw import RawStream, s, strmap
 
 pytestmark = pytest.mark.asyncio
@@ -108,11 +108,11 @@ async def test_offset_type_last_after_one_batch(port: int, stream: str) -> None:
     """rstream's test_offset_type_last: `last` after one send_batch of 4,999 messages is the
     last chunk the writer made of them, not the whole batch."""
     messages = [str(i).encode() for i in range(1, 5_000)]
-    async with Producer("127.0.0.1", port=port, username="guest", password="guest") as p:
+    async with Producer(LOOPBACK_NAME, port=port, username="guest", password="guest") as p:
         await p.create_stream(stream)
         await p.send_batch(stream, messages)  # type: ignore[arg-type]
     captured: list[bytes] = []
-    async with Consumer("127.0.0.1", port=port, username="guest", password="guest") as c:
+    async with Consumer(LOOPBACK_NAME, port=port, username="guest", password="guest") as c:
         await c.subscribe(
             stream, callback=lambda message, context: captured.append(bytes(message)),
             offset_specification=ConsumerOffsetSpecification(OffsetType.LAST, None),
@@ -145,7 +145,7 @@ async def test_a_batch_makes_chunks_of_growing_size(port: int, stream: str,
                                                     request: pytest.FixtureRequest) -> None:
     """One send_batch of 5,000: chunks that start at 32 records and double, up to a last part
     (RabbitMQ's first chunk may be cut shorter, when its writer ran dry before the rest came)."""
-    async with Producer("127.0.0.1", port=port, username="guest", password="guest") as p:
+    async with Producer(LOOPBACK_NAME, port=port, username="guest", password="guest") as p:
         await p.create_stream(stream)
         await p.send_batch(stream, [str(i).encode() for i in range(5_000)])  # type: ignore[arg-type]
     sizes = chunk_sizes(port, stream, 5_000)
