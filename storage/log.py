@@ -17,7 +17,7 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,7 @@ class Log:
         self._fence = fence.read(directory)
         self._last_sync_ms = config.clock()
         self._unsynced = False
+        self._one_sync = False  # inside one_sync(): `always` fsyncs once, at its end
         self._snapshot_due = False
         self._broken: LogIOError | None = None
         self._closed = False
@@ -357,7 +358,7 @@ class Log:
         position, in_index = active.size, False
         try:
             seg.write_all(self._fd, chunk)
-            if self._config.fsync == "always":
+            if self._config.fsync == "always" and not self._one_sync:
                 os.fdatasync(self._fd)
             in_index = True
             seg.write_all(self._ifd, seg.index_entry(header, position))
@@ -378,7 +379,9 @@ class Log:
             self._broken = error
 
     def _after_write(self) -> None:
-        if self._config.fsync_interval_ms is None:
+        if self._one_sync:
+            self._unsynced = True  # committed at the end of one_sync(), after its fsync
+        elif self._config.fsync_interval_ms is None:
             self._committed = self._next - 1
         else:
             self._unsynced = True
@@ -414,6 +417,24 @@ class Log:
     @property
     def _durable(self) -> bool:
         return self._config.fsync != "never"
+
+    @contextlib.contextmanager
+    def one_sync(self) -> Iterator[None]:
+        """Under fsync `always`, the chunks appended inside are fsynced once, at the end, and
+        committed then (not one by one): a writer that appends several chunks in one go (a
+        queue's messages, then its settled ranges) pays one fsync. Under the other policies
+        nothing changes. A failed fsync at the end raises LogIOError, and nothing of the group
+        is committed."""
+        if self._config.fsync != "always" or self._one_sync:
+            yield
+            return
+        self._one_sync = True
+        try:
+            yield
+        finally:
+            self._one_sync = False
+            if self._unsynced and self._broken is None and not self._closed:
+                self._sync()
 
     def sync_due(self) -> bool:
         """With fsync every N ms: fsync if N ms have passed since the last one. True if the

@@ -3,7 +3,8 @@
 Streams and durable classic queues alike gather what arrives during one turn of the event loop
 into a batch, and the writer owns it: it is scheduled once per turn on the model's Scheduler,
 then appended (one chunk for a stream; a durable queue's messages, then its settled and delivered
-ranges), then committed as the fsync policy says, and then every confirm of the batch is settled
+ranges; under fsync `always` the batch's chunks share one fsync), then committed as the fsync
+policy says, and then every confirm of the batch is settled
 at once. What the batch holds and how it becomes chunks is the queue type's: the writer is given
 a factory of empty batches, an `append` that writes one (raising StorageError), and a `failed`
 that cleans up after a failed append and says whether the batch's writes still count (True: ack).
@@ -46,6 +47,7 @@ class Writer(Generic[B]):
                  on_commit: Callable[[], None] | None = None, name: str = "",
                  replication: Appends = ONE_NODE) -> None:
         self._scheduler = scheduler
+        self._log_of = log_of
         self._new_batch = batch
         self._append = append
         self._failed = failed
@@ -93,7 +95,8 @@ class Writer(Generic[B]):
                 confirm.settle(False)
             return
         try:
-            self._append(batch)
+            with self._log_of().one_sync():  # the batch's chunks share one fsync (`always`)
+                self._append(batch)
         except StorageError as error:
             self.committer.appended(confirms, ok=self._failed(batch, error))
             return

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +102,25 @@ def test_a_turn_is_one_chunk_and_one_round_of_confirms(make: Callable[..., Setup
     assert s.chunks() == [[b"m1", b"m2", b"m3"], [b"m4", b"m5"]]
     assert s.settled[3:] == [(4, True), (5, True)]
     assert s.commits == 2
+
+
+def test_a_batch_of_several_chunks_costs_one_fsync_under_always(
+        make: Callable[..., Setup], monkeypatch: pytest.MonkeyPatch) -> None:
+    s = make("always")
+    synced: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real(fd))[1])
+
+    def as_three_chunks(batch: list[bytes]) -> None:  # as a durable queue writes a turn
+        for record in batch:
+            s.log.append([record])
+
+    s.writer._append = as_three_chunks
+    s.publish(1, 2, 3)
+    s.loop.turn()
+    assert s.chunks() == [[b"m1"], [b"m2"], [b"m3"]]
+    assert len(synced) == 1
+    assert s.settled == [(1, True), (2, True), (3, True)] and s.commits == 1
 
 
 def test_a_failed_append_nacks_exactly_that_batch_in_order(make: Callable[..., Setup]) -> None:

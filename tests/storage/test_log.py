@@ -198,6 +198,41 @@ def test_fsync_never_and_always_commit_at_once(open_log: OpenLog, tmp_path: Path
         assert log.sync_due() is False
 
 
+def test_one_sync_fsyncs_a_group_of_chunks_once_and_commits_at_its_end(
+        open_log: OpenLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = open_log(fsync="always")
+    synced: list[int] = []
+    real = os.fdatasync
+
+    def counted(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counted)
+    log.append([b"alone"])
+    assert len(synced) == 1 and log.committed_offset == 0
+    reader = log.reader(OffsetSpec.next())
+    with log.one_sync():
+        log.append([b"a", b"b"])
+        log.append([b"c"])
+        assert log.committed_offset == 0 and reader.read() is None  # not before its fsync
+        assert len(synced) == 1
+    assert len(synced) == 2 and log.committed_offset == 3
+    assert [v.first_offset for v in reader] == [1, 3]
+
+
+def test_one_sync_changes_nothing_under_the_other_policies(open_log: OpenLog,
+                                                           tmp_path: Path) -> None:
+    never = open_log(tmp_path / "never", fsync="never")
+    with never.one_sync():
+        never.append([b"a"])
+        assert never.committed_offset == 0
+    timed = open_log(tmp_path / "timed", fsync=100)
+    with timed.one_sync():
+        timed.append([b"a"])
+    assert timed.committed_offset == -1  # the timer's fsync commits it, as without a group
+
+
 def test_fsync_every_n_ms_commits_when_synced(open_log: OpenLog, clock: FakeClock) -> None:
     log = open_log(fsync=100)
     log.append([b"a"])
