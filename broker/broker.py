@@ -29,6 +29,7 @@ from leveret.broker.model.replication import ONE_NODE, Replication
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.model.stream_kind import StreamKind
+from leveret.broker.model.syncer import ThreadSyncer
 from leveret.broker.model.vhost import Observer, VHost
 from leveret.broker.process import logs
 from leveret.broker.process.alarms import Alarms
@@ -105,8 +106,10 @@ class Broker:
                                      config.stream_chunk_min_records,
                                      config.stream_chunk_max_records,
                                      config.stream_chunk_max_bytes)
+        # fsyncs the queues' logs (under "always") on threads, off the event loop
+        self.syncer = ThreadSyncer()
         self.queue_env = StorageEnv(queues_dir, encode, decode_record,
-                                    _fsync(config.queue_fsync))
+                                    _fsync(config.queue_fsync), syncer=self.syncer)
         # the queue types every vhost may hold: adding one is one more registration here
         self.queue_kinds = QueueKinds([
             ClassicKind(self.queue_env),
@@ -257,6 +260,7 @@ class Broker:
                     queue.close()
                 except Exception:
                     log.exception("closing a queue failed", queue=queue.name, vhost=vhost.name)
+        self.syncer.close()
         self.metastore.close()
 
 

@@ -33,6 +33,9 @@ class LogConfig:
     max_segment_chunks: int = DEFAULT_MAX_SEGMENT_CHUNKS
     filter_size_bytes: int = bloom.MIN_SIZE_BYTES
     fsync: FsyncPolicy = "never"  # "never" | "always" | every N ms (an int > 0)
+    # under "always": fsync each chunk as it is written (True), or leave the written chunks
+    # uncommitted until the owner has them fsynced on any thread (Log.sync_ticket, Log.synced)
+    fsync_on_write: bool = True
     max_length_bytes: int | None = None
     max_age_ms: int | None = None
     clock: Clock = system_clock_ms

@@ -17,7 +17,7 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,30 @@ from leveret.storage.tracking import Tracking
 
 log = logging.getLogger("leveret.storage.log")
 _UNCHANGED: Any = object()
+
+
+class SyncTicket:
+    """An fsync of a log's active segment that may run on any thread: it holds its own
+    duplicate of the file's descriptor, so a roll or a close of the log meanwhile cannot
+    close it under the fsync. `run` once, then hand it to the log's `synced`."""
+
+    __slots__ = ("_fd", "error", "generation", "offset", "path")
+
+    def __init__(self, fd: int, offset: int, generation: int, path: Path) -> None:
+        self._fd = fd
+        self.offset = offset  # the last offset written when it was taken
+        self.generation = generation
+        self.path = path
+        self.error: OSError | None = None
+
+    def run(self) -> None:
+        """fdatasync the segment (on any thread); an error is kept for `synced`."""
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            self.error = exc
+        finally:
+            os.close(self._fd)
 
 
 class Log:
@@ -71,7 +95,7 @@ class Log:
         self._fence = fence.read(directory)
         self._last_sync_ms = config.clock()
         self._unsynced = False
-        self._one_sync = False  # inside one_sync(): `always` fsyncs once, at its end
+        self._generation = getattr(self, "_generation", 0) + 1  # a SyncTicket's log state
         self._snapshot_due = False
         self._broken: LogIOError | None = None
         self._closed = False
@@ -358,7 +382,7 @@ class Log:
         position, in_index = active.size, False
         try:
             seg.write_all(self._fd, chunk)
-            if self._config.fsync == "always" and not self._one_sync:
+            if self._sync_each_write:
                 os.fdatasync(self._fd)
             in_index = True
             seg.write_all(self._ifd, seg.index_entry(header, position))
@@ -378,9 +402,13 @@ class Log:
         except OSError:
             self._broken = error
 
+    @property
+    def _sync_each_write(self) -> bool:
+        return self._config.fsync == "always" and self._config.fsync_on_write
+
     def _after_write(self) -> None:
-        if self._one_sync:
-            self._unsynced = True  # committed at the end of one_sync(), after its fsync
+        if self._config.fsync == "always" and not self._config.fsync_on_write:
+            self._unsynced = True  # committed by synced(), once its owner had it fsynced
         elif self._config.fsync_interval_ms is None:
             self._committed = self._next - 1
         else:
@@ -418,23 +446,44 @@ class Log:
     def _durable(self) -> bool:
         return self._config.fsync != "never"
 
-    @contextlib.contextmanager
-    def one_sync(self) -> Iterator[None]:
-        """Under fsync `always`, the chunks appended inside are fsynced once, at the end, and
-        committed then (not one by one): a writer that appends several chunks in one go (a
-        queue's messages, then its settled ranges) pays one fsync. Under the other policies
-        nothing changes. A failed fsync at the end raises LogIOError, and nothing of the group
-        is committed."""
-        if self._config.fsync != "always" or self._one_sync:
-            yield
-            return
-        self._one_sync = True
-        try:
-            yield
-        finally:
-            self._one_sync = False
-            if self._unsynced and self._broken is None and not self._closed:
-                self._sync()
+    @property
+    def awaits_sync(self) -> bool:
+        """Something written waits for its owner to have it fsynced (sync_ticket)."""
+        return self._unsynced and self._config.fsync == "always" and not self._config.fsync_on_write
+
+    @property
+    def kept_next(self) -> int:
+        """The offset after what this log keeps as its fsync policy promises: under "always",
+        what is fsynced; under the others, what is written (a replica's acknowledgement)."""
+        return self._committed + 1 if self._config.fsync == "always" else self._next
+
+    def sync_ticket(self) -> SyncTicket | None:
+        """Under "always" with fsync_on_write False: a ticket to fsync what is written so far
+        (on any thread: SyncTicket.run), to hand back to synced() on this log's thread, which
+        commits it. None when nothing written waits for an fsync, or under other settings."""
+        if (self._config.fsync != "always" or self._config.fsync_on_write
+                or not self._unsynced or self._broken is not None or self._closed):
+            return None
+        return SyncTicket(os.dup(self._fd), self._next - 1, self._generation,
+                          layout.segment_path(self._dir, self._segments[-1].base))
+
+    def synced(self, ticket: SyncTicket) -> bool:
+        """The fsync of `ticket` ended: commit what it covered. True if the committed offset
+        moved. Its failure breaks the log (LogIOError, now and on every write). A ticket of
+        this log before it was closed, truncated or reset commits nothing."""
+        if ticket.generation != self._generation or self._closed:
+            return False
+        if ticket.error is not None:
+            if self._broken is None:
+                self._broken = io_error(ticket.path, ticket.error)
+            raise self._broken from ticket.error
+        moved = ticket.offset > self._committed
+        if moved:
+            self._committed = ticket.offset
+            self._last_sync_ms = self._config.clock()
+        if self._committed >= self._next - 1:
+            self._unsynced = False
+        return moved
 
     def sync_due(self) -> bool:
         """With fsync every N ms: fsync if N ms have passed since the last one. True if the

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from leveret.broker.cluster.link import Chunk, Handlers, Link, LinkError
+from leveret.broker.model.syncer import INLINE, Syncer
 from leveret.broker.process import logs
 from leveret.storage import Log, shipping
 from leveret.storage.errors import BadChunk, StorageError
@@ -210,7 +211,7 @@ class Shipper:
             self.on_fenced(fence)
 
     def _advance(self) -> None:
-        current = [self.log.next_offset] if self.log.tail[0] == self.epoch else []
+        current = [self.log.kept_next] if self.log.tail[0] == self.epoch else []
         current += [s.next_offset for s in self.replicas.values()
                     if s.synced and s.last_epoch == self.epoch]
         committed = committed_offset(current, self.members)
@@ -329,7 +330,7 @@ class ReplicaLog:
         """The commit point here: the leader's, as far as this log holds it, once verified."""
         if not self.verified:
             return
-        committed = min(self.announced, self.log.next_offset - 1)
+        committed = min(self.announced, self.log.kept_next - 1)
         if committed > self.committed:
             self.committed = committed
             self.on_commit(committed)
@@ -338,7 +339,8 @@ class ReplicaLog:
 class Replicas:
     """The stream logs this node holds as a replica, answering their leaders over the links."""
 
-    def __init__(self, handlers: Handlers) -> None:
+    def __init__(self, handlers: Handlers, syncer: Syncer = INLINE) -> None:
+        self.syncer = syncer  # a chunk is acknowledged once kept as the log's policy says
         self.logs: dict[str, ReplicaLog] = {}
         self.shippers: dict[str, Shipper] = {}  # streams this node leads, for their acks
         handlers.on_request(SYNC, self._sync)
@@ -442,12 +444,17 @@ class Replicas:
             replica.verified = False  # nothing more until the leader syncs again, as asked
             self._post_ack(link, chunk, replica, resync=True)
             return
-        self._post_ack(link, chunk, replica)
-        replica.advance()
+
+        def kept(ok: bool) -> None:  # fsynced, if the log's policy says so (a quorum queue's)
+            if ok:
+                self._post_ack(link, chunk, replica)
+                replica.advance()
+
+        self.syncer.sync(replica.log, kept)
 
     @staticmethod
     def _post_ack(link: Link, chunk: Chunk, replica: ReplicaLog, **extra: int | bool) -> None:
-        last_epoch, next_offset = replica.log.tail
+        last_epoch, next_offset = replica.log.tail[0], replica.log.kept_next
         with contextlib.suppress(LinkError):
             link.post(ACK, {"stream": chunk.stream, "epoch": chunk.epoch,
                             "next_offset": next_offset, "last_epoch": last_epoch, **extra})

@@ -50,6 +50,7 @@ from leveret.broker.cluster.stream_membership import StreamMembership
 from leveret.broker.cluster.topology_records import QueueRecord
 from leveret.broker.model.log_queue import LogQueue
 from leveret.broker.model.stream import StreamQueue
+from leveret.broker.model.syncer import Syncer
 from leveret.broker.process import logs
 from leveret.broker.process.config import Config
 from leveret.broker.remote.remote_queue import RemoteQueue
@@ -73,17 +74,21 @@ def _log_queue(queue: object) -> LogQueue | None:
 
 class Host(stream_sac.Vhosts, Protocol):
     """What of the broker the replication and its parts read: the vhosts (where the SAC
-    groups' streams are) and the settings (the failover delay)."""
+    groups' streams are), the settings (the failover delay) and the syncer (a replica's
+    fsyncs before it acknowledges)."""
 
     @property
     def config(self) -> Config: ...
+
+    @property
+    def syncer(self) -> Syncer: ...
 
 
 class StreamReplication:
     def __init__(self, broker: Host, cluster: ClusterRuntime) -> None:
         self.broker = broker
         self.cluster = cluster
-        self.replicas = Replicas(cluster.links.handlers)
+        self.replicas = Replicas(cluster.links.handlers, broker.syncer)
         self.leaderships = StreamLeaderships(cluster.client, cluster.cluster)
         cluster.store.streams = self.leaderships
         cluster.links.handlers.on_message(OFFSETS, self._store_offsets)

@@ -10,7 +10,11 @@ it called when a majority holds the chunk (broker/cluster/stream_replication.py)
 engine commits according to the fsync policy:
 
 - `never`: at the write, with no fsync; the confirms go at once.
-- `always`: at the write, after the fsync of every chunk; the confirms go at once.
+- `always`: at the write, after the fsync of every chunk; the confirms go at once. A queue's log
+  (`LogConfig.fsync_on_write` False) is fsynced after the append instead, once for the batch,
+  by the syncer (`syncer.py`: a thread, off the event loop); the commit point moves, and the
+  confirms go, when that fsync ends. A replicated leader's own copy counts towards the
+  majority from then on (`Log.kept_next`), so the replication is told again (`appended`).
 - every N ms: at an fsync. The engine fsyncs inline on an append once N ms have passed since
   its last fsync; otherwise the committer's timer, armed by the first append left unsynced,
   fires N ms later, fsyncs and settles what that covered. So a lone publish is confirmed at
@@ -32,6 +36,7 @@ from collections.abc import Callable
 from leveret.broker.model.message import Confirm
 from leveret.broker.model.replication import ONE_NODE, Appends
 from leveret.broker.model.scheduler import Scheduler, Timer
+from leveret.broker.model.syncer import INLINE, Syncer
 from leveret.broker.process import logs
 from leveret.storage import Log, StorageError
 from leveret.storage.config import FsyncPolicy
@@ -49,8 +54,10 @@ class Committer:
 
     def __init__(self, scheduler: Scheduler, policy: FsyncPolicy, log_of: Callable[[], Log],
                  on_commit: Callable[[], None] | None = None, name: str = "",
-                 replication: Appends = ONE_NODE) -> None:
+                 replication: Appends = ONE_NODE, syncer: Syncer = INLINE) -> None:
         self._scheduler = scheduler
+        self._syncer = syncer
+        self._closed = False
         self._interval = interval_ms(policy)
         self._log_of = log_of  # the log now (a stream's restart reopens it)
         self._on_commit = on_commit  # what newly committed data wakes (a stream's consumers)
@@ -78,6 +85,21 @@ class Committer:
                              else self.committed)
         if self._interval is not None and self._timer is None and self._uncommitted(current):
             self._timer = self._scheduler.call_later(self._interval, self._due)
+        if current.awaits_sync:
+            self._syncer.sync(current, self._synced)
+
+    def _synced(self, ok: bool) -> None:
+        """The syncer's fsync of what was appended ended (ok False: it failed, the log is
+        broken, and every waiting confirm is nacked)."""
+        if self._closed:
+            return
+        if not ok:
+            self._fail()
+            return
+        if self._replication.local:
+            self.committed_up_to(self._log_of().committed_offset)
+        else:
+            self._replication.appended()  # the leader's own copy is kept now: it counts
 
     def commit(self) -> bool:
         """fsync now if something written is not committed yet, and settle what is committed.
@@ -112,6 +134,7 @@ class Committer:
     def close(self) -> None:
         """Shutdown, a restart of the log or the queue's deletion (before the log closes):
         cancel the timer, fsync what is pending and settle its confirms."""
+        self._closed = True  # a syncer's fsync that ends later changes nothing here
         self._cancel()
         self.commit()
         self._fail()  # nothing should be left; if it is, its data cannot be committed now

@@ -190,8 +190,9 @@ class DurableClassicQueue(ClassicQueue):
         self.storage_id = storage_id or uuid.uuid4().hex
         self.directory = env.directory(self.storage_id)
         try:
-            self.log = Log.open(self.directory, LogConfig(
-                max_segment_size_bytes=SEGMENT_BYTES, fsync=env.fsync_policy))
+            self.log = Log.open(self.directory, LogConfig(  # fsynced by env.syncer
+                max_segment_size_bytes=SEGMENT_BYTES, fsync=env.fsync_policy,
+                fsync_on_write=False))
         except StorageError:
             if storage_id is None:  # a new queue (a full disk): leave no empty folder behind
                 shutil.rmtree(self.directory, ignore_errors=True)
@@ -204,7 +205,8 @@ class DurableClassicQueue(ClassicQueue):
         self.floor = self.log.first_offset
         self.writer = Writer(vhost.scheduler, env.fsync_policy, lambda: self.log, batch=_Batch,
                              append=self._write, failed=self._write_failed, name=name,
-                             replication=replication, on_commit=self.committed_moved)
+                             replication=replication, on_commit=self.committed_moved,
+                             syncer=env.syncer)
         self.messages = self.make_store()
         self._recover()
 

@@ -379,6 +379,9 @@ class ClassicQueue(Queue):
             first = consumers[0]
             return first if first.sink.can_send(first) else None
         count = len(consumers)
+        if count == 1:  # the common case, without the priorities' max
+            only = consumers[0]
+            return only if only.sink.can_send(only) else None
         top = max(c.priority for c in consumers)
         for step in range(count):
             index = (self._rr + step) % count

@@ -2,7 +2,8 @@
 
 Streams and durable classic queues each get one `StorageEnv` from the broker: the folder their
 logs go under, how a message becomes a record and back (the broker's encoding: the encoded
-content header and the body), and the fsync policy of their writes. The queue types know
+content header and the body), the fsync policy of their writes, and the syncer that fsyncs
+queue logs off the event loop (`syncer.py`). The queue types know
 nothing of the encoding, and the folder of a queue is named by its storage id, never by its
 name (names are user input).
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leveret.broker.model.message import InboundMessage
+from leveret.broker.model.syncer import INLINE, Syncer
 from leveret.storage.chunk import ChunkType
 from leveret.storage.config import FsyncPolicy
 
@@ -44,6 +46,8 @@ class StorageEnv:
     chunk_min_records: int = 32
     chunk_max_records: int = 8192
     chunk_max_bytes: int = 8 * 1024 * 1024
+    # who fsyncs a durable or quorum queue's log under "always" (the broker's: a thread pool)
+    syncer: Syncer = INLINE
 
     @property
     def fsync_policy(self) -> FsyncPolicy:

@@ -3,8 +3,8 @@
 Streams and durable classic queues alike gather what arrives during one turn of the event loop
 into a batch, and the writer owns it: it is scheduled once per turn on the model's Scheduler,
 then appended (one chunk for a stream; a durable queue's messages, then its settled and delivered
-ranges; under fsync `always` the batch's chunks share one fsync), then committed as the fsync
-policy says, and then every confirm of the batch is settled
+ranges; a queue's log under fsync `always` is fsynced once per batch, off the event loop, by
+the syncer), then committed as the fsync policy says, and then every confirm of the batch is settled
 at once. What the batch holds and how it becomes chunks is the queue type's: the writer is given
 a factory of empty batches, an `append` that writes one (raising StorageError), and a `failed`
 that cleans up after a failed append and says whether the batch's writes still count (True: ack).
@@ -32,6 +32,7 @@ from leveret.broker.model.committer import Committer
 from leveret.broker.model.message import Confirm
 from leveret.broker.model.replication import ONE_NODE, Appends
 from leveret.broker.model.scheduler import Scheduler
+from leveret.broker.model.syncer import INLINE, Syncer
 from leveret.storage import Log, StorageError
 from leveret.storage.config import FsyncPolicy
 
@@ -45,9 +46,8 @@ class Writer(Generic[B]):
                  batch: Callable[[], B], append: Callable[[B], None],
                  failed: Callable[[B, StorageError], bool],
                  on_commit: Callable[[], None] | None = None, name: str = "",
-                 replication: Appends = ONE_NODE) -> None:
+                 replication: Appends = ONE_NODE, syncer: Syncer = INLINE) -> None:
         self._scheduler = scheduler
-        self._log_of = log_of
         self._new_batch = batch
         self._append = append
         self._failed = failed
@@ -56,7 +56,8 @@ class Writer(Generic[B]):
         self.confirms: list[Confirm] = []  # the confirms of this turn's batch, in order
         self.scheduled = False
         self.deleted = False
-        self.committer = Committer(scheduler, policy, log_of, on_commit, name, replication)
+        self.committer = Committer(scheduler, policy, log_of, on_commit, name, replication,
+                                   syncer)
         # a replicated stream's new leader before it knows its epoch: it gathers, appends nothing
         self.held = False
         # the replication says the writer may not append now (a leader out of contact with a
@@ -95,8 +96,7 @@ class Writer(Generic[B]):
                 confirm.settle(False)
             return
         try:
-            with self._log_of().one_sync():  # the batch's chunks share one fsync (`always`)
-                self._append(batch)
+            self._append(batch)
         except StorageError as error:
             self.committer.appended(confirms, ok=self._failed(batch, error))
             return

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,18 +31,41 @@ class Replicated:
         self.appends += 1
 
 
+class LaterSyncer:
+    """The syncer's thread, as a test runs it: the fsyncs asked for wait for `run`."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[Log, Callable[[bool], None]]] = []
+
+    def sync(self, log: Log, done: Callable[[bool], None]) -> None:
+        self.asked.append((log, done))
+
+    def run(self) -> None:
+        asked, self.asked = self.asked, []
+        for log, done in asked:
+            ticket = log.sync_ticket()
+            if ticket is not None:
+                ticket.run()
+                log.synced(ticket)
+            done(True)
+
+
 class Setup:
-    def __init__(self, directory: Path, policy: FsyncPolicy, local: bool) -> None:
-        self.log = Log.open(directory, LogConfig(fsync=policy, clock=FakeClock(1_000)))
+    def __init__(self, directory: Path, policy: FsyncPolicy, local: bool,
+                 on_write: bool = True) -> None:
+        self.log = Log.open(directory, LogConfig(fsync=policy, clock=FakeClock(1_000),
+                                                 fsync_on_write=on_write))
         self.loop = ManualScheduler()
         self.settled: list[tuple[int, bool]] = []
         self.commits = 0
         self.broken = False
         self.failed: list[list[bytes]] = []
         self.replication = Replicated(local=local)
+        self.syncer = LaterSyncer()
         self.writer: Writer[list[bytes]] = Writer(
             self.loop, policy, lambda: self.log, batch=list, append=self.append,
-            failed=self.on_failure, on_commit=self.on_commit, replication=self.replication)
+            failed=self.on_failure, on_commit=self.on_commit, replication=self.replication,
+            syncer=self.syncer)
 
     def append(self, batch: list[bytes]) -> None:
         if self.broken:
@@ -79,8 +101,8 @@ class Setup:
 def make(tmp_path: Path) -> Iterator[Callable[..., Setup]]:
     made: list[Setup] = []
 
-    def build(policy: FsyncPolicy = "never", local: bool = True) -> Setup:
-        made.append(Setup(tmp_path / str(len(made)), policy, local))
+    def build(policy: FsyncPolicy = "never", local: bool = True, on_write: bool = True) -> Setup:
+        made.append(Setup(tmp_path / str(len(made)), policy, local, on_write))
         return made[-1]
 
     yield build
@@ -104,9 +126,9 @@ def test_a_turn_is_one_chunk_and_one_round_of_confirms(make: Callable[..., Setup
     assert s.commits == 2
 
 
-def test_a_batch_of_several_chunks_costs_one_fsync_under_always(
+def test_a_queue_logs_batch_of_several_chunks_costs_one_fsync_under_always(
         make: Callable[..., Setup], monkeypatch: pytest.MonkeyPatch) -> None:
-    s = make("always")
+    s = make("always", on_write=False)  # a queue's log: its syncer fsyncs (here inline)
     synced: list[int] = []
     real = os.fdatasync
     monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real(fd))[1])
@@ -118,9 +140,28 @@ def test_a_batch_of_several_chunks_costs_one_fsync_under_always(
     s.writer._append = as_three_chunks
     s.publish(1, 2, 3)
     s.loop.turn()
+    assert s.settled == [] and synced == []  # the syncer's fsync has not run yet
+    s.syncer.run()
     assert s.chunks() == [[b"m1"], [b"m2"], [b"m3"]]
     assert len(synced) == 1
     assert s.settled == [(1, True), (2, True), (3, True)] and s.commits == 1
+
+
+def test_a_replicated_leaders_queue_log_counts_its_own_copy_once_fsynced(
+        make: Callable[..., Setup]) -> None:
+    """The replication hears of the append at once (it ships), and again once the syncer's
+    fsync ended: from then on the leader's kept offset counts towards the majority."""
+    s = make("always", local=False, on_write=False)
+    kept_when_told: list[int] = []
+    s.replication.appended = lambda: kept_when_told.append(s.log.kept_next)  # type: ignore[method-assign]
+    s.publish(1, 2)
+    s.loop.turn()
+    assert kept_when_told == [0]  # shipped, not fsynced yet
+    s.syncer.run()
+    assert kept_when_told == [0, 2]  # told again: kept
+    assert s.settled == []  # the majority decides, through committed_up_to
+    s.writer.committed_up_to(1)
+    assert s.settled == [(1, True), (2, True)]
 
 
 def test_a_failed_append_nacks_exactly_that_batch_in_order(make: Callable[..., Setup]) -> None:

@@ -74,10 +74,16 @@ def nodes() -> Iterator[list[BrokerProcess]]:
 
 
 @pytest.fixture
-def abc(tmp_path: Path, etcd: EtcdServer, cluster: str,
-        nodes: list[BrokerProcess]) -> Iterator[tuple[ClusterNode, ClusterNode, ClusterNode]]:
+def node_env() -> dict[str, str]:
+    """Settings every node of `abc` gets (a module overrides it: quorum queues fsync)."""
+    return {}
+
+
+@pytest.fixture
+def abc(tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+        node_env: dict[str, str]) -> Iterator[tuple[ClusterNode, ClusterNode, ClusterNode]]:
     """Nodes a, b and c (with management), each linked to the other two."""
-    three = [make_node(tmp_path, etcd.url, cluster, name, management=True)
+    three = [make_node(tmp_path, etcd.url, cluster, name, management=True, env=node_env)
              for name in ("a", "b", "c")]
     for node in three:
         nodes.append(node.start())

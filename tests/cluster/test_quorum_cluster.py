@@ -3,7 +3,9 @@ members placed over the nodes, every member's log the same, publishing and consu
 any node with the leader serving, and `kill -9` of the leader's node: every confirmed message
 is delivered afterwards, through another node, none lost, each publisher's order kept for
 first deliveries; and a consumer forwarded through a replica that closes mid-stream leaves the
-node-to-node tunnel open."""
+node-to-node tunnel open. The nodes fsync their queue logs before confirming
+(LEVERET_QUEUE_FSYNC=always, as RabbitMQ's quorum queues do): the leader's and the replicas'
+fsyncs run on the syncer's threads, and a confirm waits for a majority's."""
 
 from __future__ import annotations
 
@@ -28,6 +30,11 @@ from support.etcd import EtcdServer
 
 Three = tuple[ClusterNode, ClusterNode, ClusterNode]
 QUORUM = {"x-queue-type": "quorum"}
+
+
+@pytest.fixture
+def node_env() -> dict[str, str]:
+    return {"LEVERET_QUEUE_FSYNC": "always"}
 
 
 def declare(node: ClusterNode, name: str, **arguments: Any) -> None:

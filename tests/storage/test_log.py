@@ -14,6 +14,7 @@ from leveret.storage import (
     Log,
     LogClosedError,
     LogConfig,
+    LogIOError,
     LogLockedError,
     OffsetSpec,
     inspect,
@@ -198,9 +199,9 @@ def test_fsync_never_and_always_commit_at_once(open_log: OpenLog, tmp_path: Path
         assert log.sync_due() is False
 
 
-def test_one_sync_fsyncs_a_group_of_chunks_once_and_commits_at_its_end(
+def test_fsync_always_left_to_the_owner_commits_at_the_tickets_end(
         open_log: OpenLog, monkeypatch: pytest.MonkeyPatch) -> None:
-    log = open_log(fsync="always")
+    log = open_log(fsync="always", fsync_on_write=False)
     synced: list[int] = []
     real = os.fdatasync
 
@@ -209,28 +210,54 @@ def test_one_sync_fsyncs_a_group_of_chunks_once_and_commits_at_its_end(
         real(fd)
 
     monkeypatch.setattr(os, "fdatasync", counted)
-    log.append([b"alone"])
-    assert len(synced) == 1 and log.committed_offset == 0
-    reader = log.reader(OffsetSpec.next())
-    with log.one_sync():
-        log.append([b"a", b"b"])
+    assert log.sync_ticket() is None  # nothing written
+    reader = log.reader(OffsetSpec.first())
+    log.append([b"a", b"b"])
+    log.append([b"c"])
+    assert synced == [] and log.committed_offset == -1 and reader.read() is None
+    assert log.kept_next == 0 and log.next_offset == 3
+    ticket = log.sync_ticket()
+    assert ticket is not None and ticket.offset == 2
+    log.append([b"d"])  # written after the ticket was taken: not covered by it
+    ticket.run()
+    assert len(synced) == 1
+    assert log.synced(ticket) is True
+    assert log.committed_offset == 2 and log.kept_next == 3
+    assert [v.first_offset for v in reader] == [0, 2]
+    again = log.sync_ticket()
+    assert again is not None and again.offset == 3
+    again.run()
+    assert log.synced(again) is True and log.committed_offset == 3
+    assert log.sync_ticket() is None
+
+
+def test_a_ticket_that_failed_breaks_the_log_and_one_from_before_a_truncation_commits_nothing(
+        open_log: OpenLog) -> None:
+    log = open_log(fsync="always", fsync_on_write=False)
+    log.append([b"a"])
+    stale = log.sync_ticket()
+    assert stale is not None
+    log.truncate_from(0)
+    stale.run()
+    assert log.synced(stale) is False and log.committed_offset == -1
+    log.append([b"b"])
+    failing = log.sync_ticket()
+    assert failing is not None
+    failing.error = OSError(5, "Input/output error")
+    with pytest.raises(LogIOError):
+        log.synced(failing)
+    with pytest.raises(LogIOError):
         log.append([b"c"])
-        assert log.committed_offset == 0 and reader.read() is None  # not before its fsync
-        assert len(synced) == 1
-    assert len(synced) == 2 and log.committed_offset == 3
-    assert [v.first_offset for v in reader] == [1, 3]
 
 
-def test_one_sync_changes_nothing_under_the_other_policies(open_log: OpenLog,
-                                                           tmp_path: Path) -> None:
-    never = open_log(tmp_path / "never", fsync="never")
-    with never.one_sync():
-        never.append([b"a"])
-        assert never.committed_offset == 0
-    timed = open_log(tmp_path / "timed", fsync=100)
-    with timed.one_sync():
-        timed.append([b"a"])
-    assert timed.committed_offset == -1  # the timer's fsync commits it, as without a group
+def test_a_ticket_is_only_for_always_left_to_the_owner(open_log: OpenLog,
+                                                       tmp_path: Path) -> None:
+    for name, settings in (("never", {"fsync": "never"}), ("timed", {"fsync": 100}),
+                           ("inline", {"fsync": "always"})):
+        log = open_log(tmp_path / name, **settings)
+        log.append([b"a"])
+        assert log.sync_ticket() is None
+        assert log.kept_next == 1  # written (inline: fsynced as it was written)
 
 
 def test_fsync_every_n_ms_commits_when_synced(open_log: OpenLog, clock: FakeClock) -> None:
