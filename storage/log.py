@@ -270,6 +270,9 @@ class Log:
         """Whole chunks as they are on disk from `cursor`, for a replica (see
         shipping.read_chunks); returns them and the cursor after them."""
         self._check_open()
+        active = self._segments[-1]
+        if cursor.base == active.base and cursor.position >= active.size:
+            return b"", cursor  # nothing written since: no file to open (a leader's idle ship)
         return shipping.read_chunks(self._dir, cursor, max_bytes, self._next)
 
     def append_chunks(self, data: bytes | bytearray | memoryview) -> int:

@@ -51,6 +51,20 @@ class _Segment(SegmentIndex):
         return header.epoch
 
 
+class _SegmentFile:
+    """One segment file opened to read its chunks (not its index: shipping reads in order)."""
+
+    def __init__(self, directory: Path, base: int) -> None:
+        self.path = layout.segment_path(directory, base)
+        self.fd = os.open(self.path, os.O_RDONLY)
+
+    def __enter__(self) -> _SegmentFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+
+
 @dataclass(frozen=True)
 class Cursor:
     """Where shipping to one replica stands: the next chunk to send (its segment and file
@@ -86,7 +100,7 @@ def read_chunks(directory: Path, cursor: Cursor, max_bytes: int,
     whole chunk), none whose records reach `end_offset` (the writer's next offset), from one
     segment. Returns them and the cursor after them; b"" when there is nothing new yet."""
     try:
-        segment = _Segment(directory, cursor.base)
+        segment = _SegmentFile(directory, cursor.base)
     except FileNotFoundError:  # retention removed it: start again where the offset now is
         return b"", cursor_at(directory, cursor.offset)
     with segment:
@@ -103,7 +117,7 @@ def read_chunks(directory: Path, cursor: Cursor, max_bytes: int,
         return data[:length], Cursor(cursor.base, start + length, offset)
 
 
-def _whole_chunks(segment: _Segment, data: bytes, start: int, end_offset: int,
+def _whole_chunks(segment: _SegmentFile, data: bytes, start: int, end_offset: int,
                   offset: int) -> tuple[bytes, int, int]:
     """The longest run of whole, checked chunks at the start of `data` (reading the first one
     in full if `data` holds only part of it)."""
