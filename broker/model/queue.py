@@ -221,6 +221,12 @@ class Queue:
         """Deliveries given back, in delivery order."""
         raise NotImplementedError
 
+    def awaiting_leader(self) -> bool:
+        """A replicated queue between two leaders (its leader lost, the next not known yet):
+        what only a leader answers (a passive declare, a purge, a delete) waits for the next
+        one. A queue of this node never is."""
+        return False
+
     def forward(self, client: QueueClient, method: QueueMethod,
                 answer: Callable[[QueueMethod], None]) -> bool:
         """A queue of this node serves queue.declare and queue.purge itself: nothing to hand

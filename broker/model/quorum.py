@@ -408,6 +408,13 @@ class QuorumQueue(DurableClassicQueue):
                 self.elsewhere[consumer] = leader
                 leader.resume(consumer)
 
+    def awaiting_leader(self) -> bool:
+        leader = self.replication.forward_to
+        if leader is not None:
+            return not leader.reachable()
+        role = self.replication.role
+        return role == "replica" or (role == "" and bool(self.replication.members))
+
     def forward(self, client: QueueClient, method: QueueMethod,
                 answer: Callable[[QueueMethod], None]) -> bool:
         leader = self.replication.forward_to

@@ -328,7 +328,37 @@ def queue_declare(channel: Channel, method: m.Queue.Declare) -> None:
     backlog.start_step(channel, method.index, _declare_queue(channel, method, spec))
 
 
+ELECTION_WAIT_S = 30.0  # as long as a quorum queue holds a publish for its next leader
+ELECTION_POLL_S = 0.1
+
+
+def _after_election(channel: Channel, method: m.Queue.Declare | m.Queue.Purge | m.Queue.Delete,
+                    queue: Queue,
+                    again: Callable[[], None]) -> bool:
+    """A replicated queue between two leaders: `method` waits (the channel's later methods
+    behind it) until the next leader is known, then is handled `again` from the start; after
+    ELECTION_WAIT_S without one, 404 (the publishes held meanwhile are nack'ed then too). False
+    if the queue has a leader: handle it now."""
+    if not queue.awaiting_leader():
+        return False
+
+    async def step() -> None:
+        deadline = asyncio.get_running_loop().time() + ELECTION_WAIT_S
+        while queue.awaiting_leader():
+            if asyncio.get_running_loop().time() >= deadline:
+                raise NotFound(f"{queue.resource} has no leader: too few of its members are "
+                               "running to elect one")
+            await asyncio.sleep(ELECTION_POLL_S)
+        if not channel.closed:
+            again()
+    backlog.start_step(channel, method.index, step())
+    return True
+
+
 def _passive_queue(channel: Channel, method: m.Queue.Declare, queue: Queue) -> None:
+    if _after_election(channel, method, queue,
+                       lambda: _passive_queue(channel, method, channel.vhost.queue(queue.name))):
+        return
     channel.vhost.check_exclusive(queue, channel.session)
     channel.last_queue = queue.name
     if queue.forward(channel, method, _holder_answers(channel, queue)):
@@ -377,6 +407,8 @@ def queue_purge(channel: Channel, method: m.Queue.Purge) -> None:
     name = queue_name(channel, strip_cr_lf(method.queue))
     channel.check("read", "queue", name)
     queue = channel.vhost.queue(name)
+    if _after_election(channel, method, queue, lambda: queue_purge(channel, method)):
+        return
     channel.vhost.check_exclusive(queue, channel.session)
     if queue.forward(channel, method, _holder_answers(channel, queue)):
         return
@@ -390,6 +422,9 @@ def queue_delete(channel: Channel, method: m.Queue.Delete) -> None:
     name = queue_name(channel, strip_cr_lf(method.queue))
     channel.check("configure", "queue", name)
     queue = vhost.queues.get(name)
+    if queue is not None and _after_election(channel, method, queue,
+                                             lambda: queue_delete(channel, method)):
+        return
     if queue is not None:
         vhost.check_exclusive(queue, channel.session)
         if queue.forward_delete(channel, method, _holder_answers(channel, queue)):

@@ -474,3 +474,49 @@ def tunnel_broken(*nodes: ClusterNode) -> list[str]:
     """The nodes' log lines that say a tunnel was closed for a frame on a closed channel."""
     return [line for node in nodes for line in node.log().splitlines()
             if "expected 'channel.open'" in line]
+
+
+def test_passive_declare_and_purge_through_a_member_wait_for_the_new_leader(
+        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+    """Right after `kill -9` of the leader, before a new one is elected, a passive declare and
+    a purge through a surviving member wait for the new leader and answer with its counts, as
+    RabbitMQ's do: never 404, never counts of a member that holds no state."""
+    a, b, c = abc
+    nodes = {"a": a, "b": b, "c": c}
+    declare(a, "q.elect")
+    publish_confirmed(b, "q.elect", [b"m%d" % i for i in range(7)])
+    old = leader_of(etcd, cluster, "q.elect")
+    survivor = next(node for name, node in nodes.items() if name != old)
+    conn = connect(survivor)
+    ch = conn.channel()
+    nodes[old].kill()
+    declared = ch.queue_declare("q.elect", passive=True)
+    assert leader_of(etcd, cluster, "q.elect") not in (old, None)
+    assert declared.method.message_count == 7
+    assert ch.queue_purge("q.elect").method.message_count == 7
+    assert ch.queue_declare("q.elect", passive=True).method.message_count == 0
+    conn.close()
+
+
+@pytest.mark.slow
+def test_a_passive_declare_with_no_leader_to_elect_gives_up_with_404(
+        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+    """Two of three members down: no leader can be elected, and a passive declare through the
+    one left waits ELECTION_WAIT_S (30 s) for one, then answers 404; the connection stays."""
+    a, b, c = abc
+    declare(a, "q.none", **{"x-queue-leader-locator": "client-local"})
+    nodes = {"a": a, "b": b, "c": c}
+    leader = leader_of(etcd, cluster, "q.none")
+    others = [node for name, node in nodes.items() if name != leader]
+    nodes[leader].kill()
+    others[0].kill()
+    conn = connect(others[1])
+    ch = conn.channel()
+    started = time.monotonic()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        ch.queue_declare("q.none", passive=True)
+    assert refused.value.reply_code == 404
+    assert "has no leader" in refused.value.reply_text
+    assert time.monotonic() - started >= 29
+    assert conn.is_open
+    conn.close()
