@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.model import superstream
+from leveret.broker.model.args import LEADER_LOCATORS
 from leveret.broker.model.errors import BrokerError, NotFound, PreconditionFailed
 from leveret.broker.model.storage_env import STREAM_CHUNK_TYPES
 from leveret.broker.model.stream import StreamQueue
@@ -48,7 +49,6 @@ _LONG_ARGS = {
     "stream-filter-size-bytes": "x-stream-filter-size-bytes",
 }
 _TEXT_ARGS = {"max-age": "x-max-age", "queue-leader-locator": "x-queue-leader-locator"}
-LEADER_LOCATORS = ("client-local", "balanced")
 
 
 def queue_arguments(arguments: dict[str, str]) -> dict[str, Any]:
@@ -65,7 +65,7 @@ def queue_arguments(arguments: dict[str, str]) -> dict[str, Any]:
             out[_TEXT_ARGS[key]] = value
     if out.get("x-initial-cluster-size", 1) <= 0:
         raise PreconditionFailed("initial-cluster-size must be positive")
-    locator = out.get("x-queue-leader-locator")
+    locator = out.get("x-queue-leader-locator")  # rabbit_queue_location:queue_leader_locators()
     if locator is not None and locator not in LEADER_LOCATORS:
         raise PreconditionFailed("invalid queue-leader-locator")
     size = out.get("x-stream-filter-size-bytes")

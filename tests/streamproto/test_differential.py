@@ -87,6 +87,30 @@ def test_create_with_bad_arguments(ports: Ports, arguments: dict[str, str]) -> N
     assert code_of(client, 0x0D, s(unique()) + strmap(arguments)) == 17
 
 
+# The Node client's own test (test/unit/create_stream.test.ts) creates streams and super
+# streams with the first; `random` and `least-leaders` are the deprecated locators that
+# RabbitMQ still takes (rabbit_queue_location:queue_leader_locators(), placed as `balanced`).
+NODE_SUITE_ARGUMENTS = {"queue-leader-locator": "random", "max-age": "120s",
+                        "stream-max-segment-size-bytes": "1000", "initial-cluster-size": "5",
+                        "max-length-bytes": "20000"}
+
+
+@pytest.mark.parametrize("arguments", [NODE_SUITE_ARGUMENTS,
+                                       {"queue-leader-locator": "least-leaders"},
+                                       {"queue-leader-locator": "balanced"}])
+def test_create_with_every_leader_locator_rabbitmq_takes(ports: Ports,
+                                                        arguments: dict[str, str]) -> None:
+    client = opened(ports)
+    name = unique()
+    assert code_of(client, 0x0D, s(name) + strmap(arguments)) == 1
+    assert code_of(client, 0x0E, s(name)) == 1
+
+
+def test_create_with_an_unknown_leader_locator(ports: Ports) -> None:
+    client = opened(ports)
+    assert code_of(client, 0x0D, s(unique()) + strmap({"queue-leader-locator": "nearest"})) == 17
+
+
 @pytest.mark.parametrize("arguments", [{"max-age": "1A"}, {"max-length-bytes": "-1"}])
 def test_create_with_arguments_queue_declare_refuses(ports: Ports,
                                                      arguments: dict[str, str]) -> None:
