@@ -221,18 +221,30 @@ def stream_stats(s: StreamSession, d: f.Decoder, _version: int) -> None:
 
 
 def stats_of(queue: StreamQueue) -> dict[str, int]:
-    """StreamStats of this node's copy: osiris's first and committed chunk ids."""
+    """StreamStats of this node's copy, as osiris:get_stats names them (RabbitMQ 3.11 and
+    later): the first chunk, the last committed chunk (of a replicated stream, up to what a
+    majority holds) and the last chunk this copy has written. A chunk's id is its first
+    offset; -1 when there is none."""
     log = queue.log
-    empty = log.committed_offset < log.first_offset
-    last_chunk = -1
-    if not empty:  # the first offset of the last committed chunk, as osiris names chunks
-        reader = log.reader(OffsetSpec.last(), chunk_types=STREAM_CHUNK_TYPES)
-        last_chunk = reader.position
-        reader.close()
+    if log.committed_offset < log.first_offset:
+        return {"first_chunk_id": -1, "committed_chunk_id": -1, "last_chunk_id": -1}
     return {
-        "first_chunk_id": -1 if empty else log.first_offset,
-        "committed_chunk_id": last_chunk,
+        "first_chunk_id": log.first_offset,
+        "committed_chunk_id": _last_chunk(queue, queue.commit_bound),
+        "last_chunk_id": _last_chunk(queue, None),
     }
+
+
+def _last_chunk(queue: StreamQueue, bound: int | None) -> int:
+    """The first offset of the last chunk of records up to `bound` (None: all of the log)."""
+    if bound is not None and bound < queue.log.first_offset:
+        return -1
+    reader = queue.log.reader(OffsetSpec.last(), chunk_types=STREAM_CHUNK_TYPES,
+                              limit=None if bound is None else lambda: bound)
+    try:
+        return reader.position
+    finally:
+        reader.close()
 
 
 def create_super_stream(s: StreamSession, d: f.Decoder, _version: int) -> None:
