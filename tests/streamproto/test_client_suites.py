@@ -467,3 +467,37 @@ def test_a_client_that_stops_reading_does_not_keep_its_closed_connection(
         publisher.request(0x0E, s(stream))
         publisher.response(0x0E)
         publisher.close()
+
+
+def test_listings_with_a_trailing_slash(target: Target) -> None:
+    """The Node client's own suite asks for `/api/stream/consumers/%2F/` ("declaring a consumer
+    on an existing stream with identifiers") and `/api/consumers/%2F/`: RabbitMQ's router
+    ignores one trailing slash, so they answer as without it."""
+    stream, identifier = unique("slash"), unique("id")
+    client = RawStream(target.stream_port, timeout=10)
+    assert client.handshake() == 1
+    try:
+        client.request(0x0D, s(stream) + struct.pack(">i", 0))
+        assert client.response(0x0D)[1] == 1
+        client.request(0x07, struct.pack(">B", 1) + s(stream) + struct.pack(">HH", 1, 10)
+                       + strmap({"identifier": identifier}))
+        assert client.response(0x07)[1] == 1
+
+        def ours(path: str) -> list[dict[str, Any]]:
+            return [c for c in target.get(path)
+                    if (c.get("properties") or {}).get("identifier") == identifier
+                    or (c.get("queue") or {}).get("name") == stream]
+
+        deadline = time.monotonic() + 10
+        while not ours("/api/stream/consumers/%2F"):  # RabbitMQ lists it within a second
+            assert time.monotonic() < deadline, "the consumer is never listed"
+            time.sleep(0.1)
+        assert ours("/api/stream/consumers/%2F/") == ours("/api/stream/consumers/%2F")
+        assert ours("/api/stream/consumers/%2F/")[0]["properties"]["identifier"] == identifier
+        # (RabbitMQ 3.10.8 lists stream consumers in /api/stream/consumers only)
+        assert ours("/api/consumers/%2F/") == ours("/api/consumers/%2F")
+        assert target.get(f"/api/queues/%2F/{stream}/")["name"] == stream
+    finally:
+        client.request(0x0E, s(stream))
+        client.response(0x0E)
+        client.close()
