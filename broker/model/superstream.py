@@ -30,6 +30,7 @@ from leveret.broker.model.superstream_exchange import (
     check_exchange_arguments,
     is_super_stream,
     partition_for,
+    partitions_of,
 )
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ __all__ = [
     "is_super_stream",
     "partition_for",
     "partition_index",
+    "partitions_of",
     "plan",
 ]
 
@@ -124,9 +126,7 @@ def add(vhost: VHost, name: str, *, partitions: int | None = None,
 def delete(vhost: VHost, name: str) -> list[str]:
     """Delete the exchange, then every stream it was bound to; returns the deleted streams."""
     exchange = vhost.exchange(name)
-    partitions: list[Queue] = exchange.partitions() if isinstance(
-        exchange, SuperStreamExchange) else [
-        b.destination for b in exchange.bindings.values() if b.destination.kind == "queue"]
+    partitions: list[Queue] = partitions_of(exchange)
     vhost.delete_exchange(name)
     deleted = []
     for queue in partitions:

@@ -13,7 +13,9 @@ cluster it answers once every running node has applied the change. The store unr
 CreateSuperStream answers as rabbit_stream_manager:create_super_stream does: partitions named
 and bound with the keys the client sent, as they are (a blank key is a key); a partition name
 given twice is STREAM_ALREADY_EXISTS and nothing is made; a failure on the way removes what was
-made (docs/STREAM-PROTOCOL.md, "Super streams").
+made (docs/STREAM-PROTOCOL.md, "Super streams"). Route and Partitions take any exchange of the
+name, as rabbit_stream_manager does (one made through the management API with no super-stream
+marker too), and list its streams only.
 Must not know: frames beyond the Decoder and the encoders, which mode the broker runs in.
 Single-threaded, on the event loop.
 """
@@ -178,13 +180,13 @@ def route(s: StreamSession, d: f.Decoder, _version: int) -> None:
     name = d.string()
     d.done()
     exchange = s.vhost.exchanges.get(name)
-    if exchange is None or not isinstance(exchange, superstream.SuperStreamExchange):
+    if exchange is None:
         s.send(f.response(k.ROUTE, corr, k.STREAM_DOES_NOT_EXIST, f.i32(0)))
         return
     if not s.allowed("read", name):
         s.send(f.response(k.ROUTE, corr, k.ACCESS_REFUSED, f.i32(0)))
         return
-    queues = [q.name for q in exchange.route([routing_key], {})]
+    queues = [q.name for q in exchange.route([routing_key], {}) if _is_stream(q)]
     s.send(f.response(k.ROUTE, corr, k.OK, f.enc_strings(queues)))
 
 
@@ -193,14 +195,20 @@ def partitions(s: StreamSession, d: f.Decoder, _version: int) -> None:
     name = d.string()
     d.done()
     exchange = s.vhost.exchanges.get(name)
-    if exchange is None or not isinstance(exchange, superstream.SuperStreamExchange):
+    if exchange is None:
         s.send(f.response(k.PARTITIONS, corr, k.STREAM_DOES_NOT_EXIST, f.i32(0)))
         return
     if not s.allowed("read", name):
         s.send(f.response(k.PARTITIONS, corr, k.ACCESS_REFUSED, f.i32(0)))
         return
-    names = [q.name for q in exchange.partitions()]
+    names = [q.name for q in superstream.partitions_of(exchange) if _is_stream(q)]
     s.send(f.response(k.PARTITIONS, corr, k.OK, f.enc_strings(names)))
+
+
+def _is_stream(destination: Any) -> bool:
+    """Route and Partitions list streams only: rabbit_stream_manager's
+    is_resource_stream_queue."""
+    return bool(destination.kind == "queue" and destination.type == "stream")
 
 
 def stream_stats(s: StreamSession, d: f.Decoder, _version: int) -> None:
