@@ -27,6 +27,7 @@ from leveret.broker.model.superstream_exchange import (
     MAX_PARTITIONS,
     STREAM_OPTION_ARGS,
     SuperStreamExchange,
+    binding_index,
     check_exchange_arguments,
     is_super_stream,
     partition_for,
@@ -53,8 +54,13 @@ __all__ = [
 ]
 
 
-def partition_index(vhost: QueueOwner, queue: Queue) -> int:
-    """The queue's position in the super stream it belongs to, or -1."""
+def partition_index(vhost: QueueOwner, queue: Queue, super_stream: str | None = None) -> int:
+    """The queue's position in a super stream, or -1: in the exchange `super_stream` when
+    named (a stream-protocol subscription's `super-stream` property, any exchange of that
+    name, as RabbitMQ reads it), else in the super stream it belongs to."""
+    if super_stream is not None:
+        exchange = vhost.exchanges.get(super_stream)
+        return -1 if exchange is None else binding_index(exchange, queue)
     for exchange in vhost.exchanges.values():
         if isinstance(exchange, SuperStreamExchange):
             index = exchange.index_of(queue)

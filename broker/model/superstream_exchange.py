@@ -74,6 +74,18 @@ def partitions_of(exchange: Exchange) -> list[Any]:
     return list(dict.fromkeys(b.destination for b in bindings))
 
 
+def binding_index(exchange: Exchange, queue: object) -> int:
+    """The partition index rabbit_stream_manager:partition_index gives `queue` in `exchange`:
+    its binding's `x-stream-partition-order`, else the number after the last `-` of its
+    name; -1 when neither, or when the exchange does not bind it."""
+    bindings = sorted((b for b in exchange.bindings.values() if b.destination is queue),
+                      key=_order)
+    if not bindings:
+        return -1
+    rank, index, _ = _order(bindings[0])
+    return index if rank < 2 else -1
+
+
 class SuperStreamExchange(DirectExchange):
     """A direct exchange that knows its partitions, and can hash-route unmatched keys."""
 

@@ -78,6 +78,13 @@ class Target:
         with urllib.request.urlopen(self._request("DELETE", path), timeout=10) as response:
             return int(response.status)
 
+    def send(self, method: str, path: str, body: Any) -> int:
+        request = self._request(method, path)
+        request.data = json.dumps(body).encode()
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+
     def _request(self, method: str, path: str) -> urllib.request.Request:
         request = urllib.request.Request(f"http://127.0.0.1:{self.management_port}{path}",
                                          method=method)
@@ -177,6 +184,26 @@ async def super_stream(lev_http: Target) -> Any:
         await client.close()
 
 
+@pytest.fixture
+def managed_super_stream(lev_http: Target) -> Iterator[str]:
+    """The Node client's suite's super stream (its test/support/rabbit.ts createSuperStream),
+    made through the management API: an exchange without the `x-super-stream` marker, three
+    streams, bound with their index as key and as `x-stream-partition-order` (strings)."""
+    name = unique("mss")
+    lev_http.send("PUT", f"/api/exchanges/%2F/{name}", {
+        "type": "direct", "durable": True, "auto_delete": False,
+        "arguments": {"x-super-stream-enabled": "true"}})
+    for i in range(3):
+        lev_http.send("PUT", f"/api/queues/%2F/{name}-{i}", {
+            "durable": True, "auto_delete": False, "arguments": {"x-queue-type": "stream"}})
+        lev_http.send("POST", f"/api/bindings/%2F/e/{name}/q/{name}-{i}", {
+            "routing_key": str(i), "arguments": {"x-stream-partition-order": str(i)}})
+    yield name
+    lev_http.delete(f"/api/exchanges/%2F/{name}")
+    for i in range(3):
+        lev_http.delete(f"/api/queues/%2F/{name}-{i}")
+
+
 async def routing_extractor(message: AMQPMessage) -> str:
     return "0"
 
@@ -209,6 +236,20 @@ async def test_consume_superstream_with_sac(lev_http: Target, super_stream: str,
     """rstream's test_consume_superstream_with_sac_all_active, _one_non_active and
     _with_callback_first: each partition reaches exactly one member of the group, the three
     partitions three members; the fourth member receives nothing."""
+    await consume_with_sac(lev_http, super_stream, members, listener)
+
+
+async def test_consume_superstream_made_through_the_management_api_with_sac(
+        lev_http: Target, managed_super_stream: str) -> None:
+    """The Node client's "multiple composite consumers with same consumerRef": its super
+    stream has no marker, so the members' `super-stream` property names the exchange whose
+    bindings give each partition's index (rabbit_stream_manager:partition_index); before,
+    one member got every partition."""
+    await consume_with_sac(lev_http, managed_super_stream, 3, None)
+
+
+async def consume_with_sac(lev_http: Target, super_stream: str, members: int,
+                           listener: Any) -> None:
     tag = unique("sac")
     consumers = [clients(lev_http, SuperStreamConsumer, frame_max=1024 * 1024, heartbeat=60,
                          super_stream=super_stream, connection_name=f"{tag}-c{i}")
