@@ -16,6 +16,9 @@ management API, and against RabbitMQ 3.10.8 where it has the feature.
   key, 0x0019, which rstream cannot decode) and single active consumer (3.11+).
 - The Node client (Leveret only: it cannot talk to 3.10, which lacks ExchangeCommandVersions):
   every listener is told once, and `client.restart()` recovers.
+- Two scenarios of the Node client's own suite (docs/STREAM-PROTOCOL.md, "The Node client's
+  own suite"): single active consumers over a super stream made through the management API,
+  as its helpers make them (Leveret only); listings asked for with a trailing slash.
 - A client that stops reading does not keep a closed connection alive (RabbitMQ 3.10.8's DELETE
   itself does not return while its reader is blocked sending to such a client)."""
 
