@@ -3,10 +3,11 @@ router) ignores it: `/api/stream/consumers/%2F/` answers as `/api/stream/consume
 
 cowboy splits a path into segments and drops the empty one after a final `/` (only that one),
 so every route matches with or without it; the Node stream client's own tests ask for
-`/api/stream/consumers/%2F/` and `/api/consumers/%2F/`. Here `retry` is the innermost middleware: a request that no route took (404) and whose path
-ends with `/` is resolved again without it, and that route's handler answers; the middlewares
-around it (authentication, errors, rates) have run on the request as it came. Paths that a route
-takes with the slash (the web UI's `/ui/`) are answered by that route, as before.
+`/api/stream/consumers/%2F/` and `/api/consumers/%2F/`. Here `retry` is the innermost
+middleware: a request that no route took (404) and whose path ends with `/` is resolved again
+without it, and that route's handler answers; the middlewares around it (authentication,
+errors, rates) have run on the request as it came. Paths that a route takes with the slash
+(the web UI's `/ui/`) are answered by that route, as before.
 
 Knows aiohttp's routing only. Runs on the broker's event loop thread.
 """
