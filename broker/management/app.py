@@ -4,7 +4,8 @@
 administrator, monitoring, policymaker or management may log in, as in RabbitMQ; the loopback
 users only from localhost), RabbitMQ's error bodies, and the routes of every resource module.
 `/metrics` (Prometheus) and the web UI's static pages (`ui`, at `/` and `/ui/`) need no
-login; `csrf` refuses the state changes a cross-site page could send. `ManagementServer`
+login; `csrf` refuses the state changes a cross-site page could send; one trailing slash in a
+path is ignored, as RabbitMQ ignores it (`trailing_slash`). `ManagementServer`
 starts and stops the listener: on the default host `::`, one socket for IPv4 and IPv6, as the
 AMQP listener (see `listen`).
 
@@ -40,6 +41,7 @@ from leveret.broker.management import (
     stream_messages,
     streams,
     topology,
+    trailing_slash,
     ui,
 )
 from leveret.broker.management.cluster_views import ClusterNodes
@@ -135,7 +137,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 def create_app(broker: Broker, amqp_port: int | None = None, amqp_host: str | None = None,
                http_host: str | None = None, cli_token: str | None = None) -> web.Application:
     app = web.Application(middlewares=[ui.quiet_401, errors_middleware, csrf.guard,
-                                       auth_middleware, rates.fill],
+                                       auth_middleware, rates.fill, trailing_slash.retry],
                           client_max_size=64 * 1024 * 1024)
     config = broker.config
     app[BROKER] = broker

@@ -26,6 +26,8 @@ from typing import Any
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.replication import Replication
 
+SUPER_STREAM_ARG = "x-super-stream"  # a member's super stream, by name
+
 
 class SacGroups:
     def __init__(self, stream: Any, replication: Replication) -> None:
@@ -62,7 +64,9 @@ class SacGroups:
         members = self.groups.get(tag)
         if not members:
             return
-        index = self.stream.partition_index()
+        # the super stream its first member named (a stream-protocol subscription's), as
+        # RabbitMQ's coordinator takes the index its group was made with
+        index = self.stream.partition_index(members[0].arguments.get(SUPER_STREAM_ARG))
         wanted = members[0] if index < 0 else members[index % len(members)]
         for member in members:
             if member is not wanted and member.state.active:

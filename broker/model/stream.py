@@ -759,9 +759,9 @@ class StreamQueue(Queue):
             except StorageError as error:
                 log.error("storing consumer offsets failed", stream=self.name, error=str(error))
 
-    def partition_index(self) -> int:
-        """This stream's position in a super stream, or -1."""
-        return superstream.partition_index(self.vhost, self)
+    def partition_index(self, super_stream: str | None = None) -> int:
+        """This stream's position in a super stream (the one named, if any), or -1."""
+        return superstream.partition_index(self.vhost, self, super_stream)
 
     def stored_offset(self, name: bytes) -> int | None:
         return self.log.consumer_offset(name)

@@ -27,9 +27,11 @@ from leveret.broker.model.superstream_exchange import (
     MAX_PARTITIONS,
     STREAM_OPTION_ARGS,
     SuperStreamExchange,
+    binding_index,
     check_exchange_arguments,
     is_super_stream,
     partition_for,
+    partitions_of,
 )
 
 if TYPE_CHECKING:
@@ -47,12 +49,18 @@ __all__ = [
     "is_super_stream",
     "partition_for",
     "partition_index",
+    "partitions_of",
     "plan",
 ]
 
 
-def partition_index(vhost: QueueOwner, queue: Queue) -> int:
-    """The queue's position in the super stream it belongs to, or -1."""
+def partition_index(vhost: QueueOwner, queue: Queue, super_stream: str | None = None) -> int:
+    """The queue's position in a super stream, or -1: in the exchange `super_stream` when
+    named (a stream-protocol subscription's `super-stream` property, any exchange of that
+    name, as RabbitMQ reads it), else in the super stream it belongs to."""
+    if super_stream is not None:
+        exchange = vhost.exchanges.get(super_stream)
+        return -1 if exchange is None else binding_index(exchange, queue)
     for exchange in vhost.exchanges.values():
         if isinstance(exchange, SuperStreamExchange):
             index = exchange.index_of(queue)
@@ -124,9 +132,7 @@ def add(vhost: VHost, name: str, *, partitions: int | None = None,
 def delete(vhost: VHost, name: str) -> list[str]:
     """Delete the exchange, then every stream it was bound to; returns the deleted streams."""
     exchange = vhost.exchange(name)
-    partitions: list[Queue] = exchange.partitions() if isinstance(
-        exchange, SuperStreamExchange) else [
-        b.destination for b in exchange.bindings.values() if b.destination.kind == "queue"]
+    partitions: list[Queue] = partitions_of(exchange)
     vhost.delete_exchange(name)
     deleted = []
     for queue in partitions:

@@ -15,7 +15,7 @@ import mmh3
 
 from leveret.broker.model.binding import Binding, amqp_type_name
 from leveret.broker.model.errors import PreconditionFailed
-from leveret.broker.model.exchange import DirectExchange
+from leveret.broker.model.exchange import DirectExchange, Exchange
 
 HASH_SEED = 104729
 MAX_PARTITIONS = 1000
@@ -52,6 +52,11 @@ def partition_for(key: str, count: int) -> int:
 
 def _order(binding: Binding) -> tuple[int, int, str]:
     order = binding.arguments.get("x-stream-partition-order")
+    if isinstance(order, bytes | str):  # rabbit_data_coercion:to_integer reads "2" as 2
+        try:
+            order = int(order)
+        except ValueError:
+            order = None
     if isinstance(order, int) and not isinstance(order, bool):
         return (0, order, binding.destination.name)
     suffix = binding.destination.name.rsplit("-", 1)[-1]
@@ -60,14 +65,33 @@ def _order(binding: Binding) -> tuple[int, int, str]:
     return (2, 0, binding.destination.name)
 
 
+def partitions_of(exchange: Exchange) -> list[Any]:
+    """The queues bound to `exchange`, in partition order (each once): a super stream's
+    partitions, and what the stream protocol's Partitions lists for any exchange, which
+    rabbit_stream_manager takes whether or not it was made as a super stream."""
+    bindings = sorted((b for b in exchange.bindings.values()
+                       if b.destination.kind == "queue"), key=_order)
+    return list(dict.fromkeys(b.destination for b in bindings))
+
+
+def binding_index(exchange: Exchange, queue: object) -> int:
+    """The partition index rabbit_stream_manager:partition_index gives `queue` in `exchange`:
+    its binding's `x-stream-partition-order`, else the number after the last `-` of its
+    name; -1 when neither, or when the exchange does not bind it."""
+    bindings = sorted((b for b in exchange.bindings.values() if b.destination is queue),
+                      key=_order)
+    if not bindings:
+        return -1
+    rank, index, _ = _order(bindings[0])
+    return index if rank < 2 else -1
+
+
 class SuperStreamExchange(DirectExchange):
     """A direct exchange that knows its partitions, and can hash-route unmatched keys."""
 
     def partitions(self) -> list[Any]:
         """The partition streams, in partition order (each once)."""
-        bindings = sorted((b for b in self.bindings.values()
-                           if b.destination.kind == "queue"), key=_order)
-        return list(dict.fromkeys(b.destination for b in bindings))
+        return partitions_of(self)
 
     def partition_keys(self) -> list[tuple[str, Any]]:
         bindings = sorted((b for b in self.bindings.values()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from leveret.broker.model import stream_args as sargs
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.errors import BrokerError
+from leveret.broker.model.sac import SUPER_STREAM_ARG
 from leveret.broker.model.storage_env import STREAM_CHUNK_TYPES
 from leveret.broker.streamproto import constants as k
 from leveret.broker.streamproto import frames as f
@@ -84,6 +85,8 @@ def consumer_arguments(kind: int, value: int, properties: dict[str, str]) -> dic
         arguments["x-stream-match-unfiltered"] = properties.get("match-unfiltered") == "true"
     if properties.get("single-active-consumer") == "true":
         arguments["x-single-active-consumer"] = True
+        if "super-stream" in properties:  # its partition index comes from that exchange
+            arguments[SUPER_STREAM_ARG] = properties["super-stream"]
     return arguments
 
 

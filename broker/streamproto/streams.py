@@ -13,7 +13,9 @@ cluster it answers once every running node has applied the change. The store unr
 CreateSuperStream answers as rabbit_stream_manager:create_super_stream does: partitions named
 and bound with the keys the client sent, as they are (a blank key is a key); a partition name
 given twice is STREAM_ALREADY_EXISTS and nothing is made; a failure on the way removes what was
-made (docs/STREAM-PROTOCOL.md, "Super streams").
+made (docs/STREAM-PROTOCOL.md, "Super streams"). Route and Partitions take any exchange of the
+name, as rabbit_stream_manager does (one made through the management API with no super-stream
+marker too), and list its streams only.
 Must not know: frames beyond the Decoder and the encoders, which mode the broker runs in.
 Single-threaded, on the event loop.
 """
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.model import superstream
+from leveret.broker.model.args import LEADER_LOCATORS
 from leveret.broker.model.errors import BrokerError, NotFound, PreconditionFailed
 from leveret.broker.model.storage_env import STREAM_CHUNK_TYPES
 from leveret.broker.model.stream import StreamQueue
@@ -48,7 +51,6 @@ _LONG_ARGS = {
     "stream-filter-size-bytes": "x-stream-filter-size-bytes",
 }
 _TEXT_ARGS = {"max-age": "x-max-age", "queue-leader-locator": "x-queue-leader-locator"}
-LEADER_LOCATORS = ("client-local", "balanced")
 
 
 def queue_arguments(arguments: dict[str, str]) -> dict[str, Any]:
@@ -65,7 +67,7 @@ def queue_arguments(arguments: dict[str, str]) -> dict[str, Any]:
             out[_TEXT_ARGS[key]] = value
     if out.get("x-initial-cluster-size", 1) <= 0:
         raise PreconditionFailed("initial-cluster-size must be positive")
-    locator = out.get("x-queue-leader-locator")
+    locator = out.get("x-queue-leader-locator")  # rabbit_queue_location:queue_leader_locators()
     if locator is not None and locator not in LEADER_LOCATORS:
         raise PreconditionFailed("invalid queue-leader-locator")
     size = out.get("x-stream-filter-size-bytes")
@@ -178,13 +180,13 @@ def route(s: StreamSession, d: f.Decoder, _version: int) -> None:
     name = d.string()
     d.done()
     exchange = s.vhost.exchanges.get(name)
-    if exchange is None or not isinstance(exchange, superstream.SuperStreamExchange):
+    if exchange is None:
         s.send(f.response(k.ROUTE, corr, k.STREAM_DOES_NOT_EXIST, f.i32(0)))
         return
     if not s.allowed("read", name):
         s.send(f.response(k.ROUTE, corr, k.ACCESS_REFUSED, f.i32(0)))
         return
-    queues = [q.name for q in exchange.route([routing_key], {})]
+    queues = [q.name for q in exchange.route([routing_key], {}) if _is_stream(q)]
     s.send(f.response(k.ROUTE, corr, k.OK, f.enc_strings(queues)))
 
 
@@ -193,14 +195,20 @@ def partitions(s: StreamSession, d: f.Decoder, _version: int) -> None:
     name = d.string()
     d.done()
     exchange = s.vhost.exchanges.get(name)
-    if exchange is None or not isinstance(exchange, superstream.SuperStreamExchange):
+    if exchange is None:
         s.send(f.response(k.PARTITIONS, corr, k.STREAM_DOES_NOT_EXIST, f.i32(0)))
         return
     if not s.allowed("read", name):
         s.send(f.response(k.PARTITIONS, corr, k.ACCESS_REFUSED, f.i32(0)))
         return
-    names = [q.name for q in exchange.partitions()]
+    names = [q.name for q in superstream.partitions_of(exchange) if _is_stream(q)]
     s.send(f.response(k.PARTITIONS, corr, k.OK, f.enc_strings(names)))
+
+
+def _is_stream(destination: Any) -> bool:
+    """Route and Partitions list streams only: rabbit_stream_manager's
+    is_resource_stream_queue."""
+    return bool(destination.kind == "queue" and destination.type == "stream")
 
 
 def stream_stats(s: StreamSession, d: f.Decoder, _version: int) -> None:
@@ -221,18 +229,30 @@ def stream_stats(s: StreamSession, d: f.Decoder, _version: int) -> None:
 
 
 def stats_of(queue: StreamQueue) -> dict[str, int]:
-    """StreamStats of this node's copy: osiris's first and committed chunk ids."""
+    """StreamStats of this node's copy, as osiris:get_stats names them (RabbitMQ 3.11 and
+    later): the first chunk, the last committed chunk (of a replicated stream, up to what a
+    majority holds) and the last chunk this copy has written. A chunk's id is its first
+    offset; -1 when there is none."""
     log = queue.log
-    empty = log.committed_offset < log.first_offset
-    last_chunk = -1
-    if not empty:  # the first offset of the last committed chunk, as osiris names chunks
-        reader = log.reader(OffsetSpec.last(), chunk_types=STREAM_CHUNK_TYPES)
-        last_chunk = reader.position
-        reader.close()
+    if log.committed_offset < log.first_offset:
+        return {"first_chunk_id": -1, "committed_chunk_id": -1, "last_chunk_id": -1}
     return {
-        "first_chunk_id": -1 if empty else log.first_offset,
-        "committed_chunk_id": last_chunk,
+        "first_chunk_id": log.first_offset,
+        "committed_chunk_id": _last_chunk(queue, queue.commit_bound),
+        "last_chunk_id": _last_chunk(queue, None),
     }
+
+
+def _last_chunk(queue: StreamQueue, bound: int | None) -> int:
+    """The first offset of the last chunk of records up to `bound` (None: all of the log)."""
+    if bound is not None and bound < queue.log.first_offset:
+        return -1
+    reader = queue.log.reader(OffsetSpec.last(), chunk_types=STREAM_CHUNK_TYPES,
+                              limit=None if bound is None else lambda: bound)
+    try:
+        return reader.position
+    finally:
+        reader.close()
 
 
 def create_super_stream(s: StreamSession, d: f.Decoder, _version: int) -> None:

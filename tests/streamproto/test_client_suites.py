@@ -16,6 +16,9 @@ management API, and against RabbitMQ 3.10.8 where it has the feature.
   key, 0x0019, which rstream cannot decode) and single active consumer (3.11+).
 - The Node client (Leveret only: it cannot talk to 3.10, which lacks ExchangeCommandVersions):
   every listener is told once, and `client.restart()` recovers.
+- Two scenarios of the Node client's own suite (docs/STREAM-PROTOCOL.md, "The Node client's
+  own suite"): single active consumers over a super stream made through the management API,
+  as its helpers make them (Leveret only); listings asked for with a trailing slash.
 - A client that stops reading does not keep a closed connection alive (RabbitMQ 3.10.8's DELETE
   itself does not return while its reader is blocked sending to such a client)."""
 
@@ -76,6 +79,13 @@ class Target:
 
     def delete(self, path: str) -> int:
         with urllib.request.urlopen(self._request("DELETE", path), timeout=10) as response:
+            return int(response.status)
+
+    def send(self, method: str, path: str, body: Any) -> int:
+        request = self._request(method, path)
+        request.data = json.dumps(body).encode()
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=10) as response:
             return int(response.status)
 
     def _request(self, method: str, path: str) -> urllib.request.Request:
@@ -177,6 +187,26 @@ async def super_stream(lev_http: Target) -> Any:
         await client.close()
 
 
+@pytest.fixture
+def managed_super_stream(lev_http: Target) -> Iterator[str]:
+    """The Node client's suite's super stream (its test/support/rabbit.ts createSuperStream),
+    made through the management API: an exchange without the `x-super-stream` marker, three
+    streams, bound with their index as key and as `x-stream-partition-order` (strings)."""
+    name = unique("mss")
+    lev_http.send("PUT", f"/api/exchanges/%2F/{name}", {
+        "type": "direct", "durable": True, "auto_delete": False,
+        "arguments": {"x-super-stream-enabled": "true"}})
+    for i in range(3):
+        lev_http.send("PUT", f"/api/queues/%2F/{name}-{i}", {
+            "durable": True, "auto_delete": False, "arguments": {"x-queue-type": "stream"}})
+        lev_http.send("POST", f"/api/bindings/%2F/e/{name}/q/{name}-{i}", {
+            "routing_key": str(i), "arguments": {"x-stream-partition-order": str(i)}})
+    yield name
+    lev_http.delete(f"/api/exchanges/%2F/{name}")
+    for i in range(3):
+        lev_http.delete(f"/api/queues/%2F/{name}-{i}")
+
+
 async def routing_extractor(message: AMQPMessage) -> str:
     return "0"
 
@@ -209,6 +239,20 @@ async def test_consume_superstream_with_sac(lev_http: Target, super_stream: str,
     """rstream's test_consume_superstream_with_sac_all_active, _one_non_active and
     _with_callback_first: each partition reaches exactly one member of the group, the three
     partitions three members; the fourth member receives nothing."""
+    await consume_with_sac(lev_http, super_stream, members, listener)
+
+
+async def test_consume_superstream_made_through_the_management_api_with_sac(
+        lev_http: Target, managed_super_stream: str) -> None:
+    """The Node client's "multiple composite consumers with same consumerRef": its super
+    stream has no marker, so the members' `super-stream` property names the exchange whose
+    bindings give each partition's index (rabbit_stream_manager:partition_index); before,
+    one member got every partition."""
+    await consume_with_sac(lev_http, managed_super_stream, 3, None)
+
+
+async def consume_with_sac(lev_http: Target, super_stream: str, members: int,
+                           listener: Any) -> None:
     tag = unique("sac")
     consumers = [clients(lev_http, SuperStreamConsumer, frame_max=1024 * 1024, heartbeat=60,
                          super_stream=super_stream, connection_name=f"{tag}-c{i}")
@@ -467,3 +511,37 @@ def test_a_client_that_stops_reading_does_not_keep_its_closed_connection(
         publisher.request(0x0E, s(stream))
         publisher.response(0x0E)
         publisher.close()
+
+
+def test_listings_with_a_trailing_slash(target: Target) -> None:
+    """The Node client's own suite asks for `/api/stream/consumers/%2F/` ("declaring a consumer
+    on an existing stream with identifiers") and `/api/consumers/%2F/`: RabbitMQ's router
+    ignores one trailing slash, so they answer as without it."""
+    stream, identifier = unique("slash"), unique("id")
+    client = RawStream(target.stream_port, timeout=10)
+    assert client.handshake() == 1
+    try:
+        client.request(0x0D, s(stream) + struct.pack(">i", 0))
+        assert client.response(0x0D)[1] == 1
+        client.request(0x07, struct.pack(">B", 1) + s(stream) + struct.pack(">HH", 1, 10)
+                       + strmap({"identifier": identifier}))
+        assert client.response(0x07)[1] == 1
+
+        def ours(path: str) -> list[dict[str, Any]]:
+            return [c for c in target.get(path)
+                    if (c.get("properties") or {}).get("identifier") == identifier
+                    or (c.get("queue") or {}).get("name") == stream]
+
+        deadline = time.monotonic() + 10
+        while not ours("/api/stream/consumers/%2F"):  # RabbitMQ lists it within a second
+            assert time.monotonic() < deadline, "the consumer is never listed"
+            time.sleep(0.1)
+        assert ours("/api/stream/consumers/%2F/") == ours("/api/stream/consumers/%2F")
+        assert ours("/api/stream/consumers/%2F/")[0]["properties"]["identifier"] == identifier
+        # (RabbitMQ 3.10.8 lists stream consumers in /api/stream/consumers only)
+        assert ours("/api/consumers/%2F/") == ours("/api/consumers/%2F")
+        assert target.get(f"/api/queues/%2F/{stream}/")["name"] == stream
+    finally:
+        client.request(0x0E, s(stream))
+        client.response(0x0E)
+        client.close()

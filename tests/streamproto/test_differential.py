@@ -87,6 +87,30 @@ def test_create_with_bad_arguments(ports: Ports, arguments: dict[str, str]) -> N
     assert code_of(client, 0x0D, s(unique()) + strmap(arguments)) == 17
 
 
+# The Node client's own test (test/unit/create_stream.test.ts) creates streams and super
+# streams with the first; `random` and `least-leaders` are the deprecated locators that
+# RabbitMQ still takes (rabbit_queue_location:queue_leader_locators(), placed as `balanced`).
+NODE_SUITE_ARGUMENTS = {"queue-leader-locator": "random", "max-age": "120s",
+                        "stream-max-segment-size-bytes": "1000", "initial-cluster-size": "5",
+                        "max-length-bytes": "20000"}
+
+
+@pytest.mark.parametrize("arguments", [NODE_SUITE_ARGUMENTS,
+                                       {"queue-leader-locator": "least-leaders"},
+                                       {"queue-leader-locator": "balanced"}])
+def test_create_with_every_leader_locator_rabbitmq_takes(ports: Ports,
+                                                        arguments: dict[str, str]) -> None:
+    client = opened(ports)
+    name = unique()
+    assert code_of(client, 0x0D, s(name) + strmap(arguments)) == 1
+    assert code_of(client, 0x0E, s(name)) == 1
+
+
+def test_create_with_an_unknown_leader_locator(ports: Ports) -> None:
+    client = opened(ports)
+    assert code_of(client, 0x0D, s(unique()) + strmap({"queue-leader-locator": "nearest"})) == 17
+
+
 @pytest.mark.parametrize("arguments", [{"max-age": "1A"}, {"max-length-bytes": "-1"}])
 def test_create_with_arguments_queue_declare_refuses(ports: Ports,
                                                      arguments: dict[str, str]) -> None:
@@ -288,3 +312,31 @@ def test_super_stream_partitions_and_a_partition_named_twice(request: pytest.Fix
     assert make_super_stream(request, ports, twice, ["a", "a"]) == 5
     assert _listed(client, 0x19, s(twice))[0] == 2
     assert code_of(client, 0x0E, s(f"{twice}-a")) == 2  # the partition made first is gone
+
+
+def test_partitions_and_route_of_any_exchange(ports: Ports) -> None:
+    """Partitions and Route take whatever exchange has the name, as rabbit_stream_manager
+    does: its bindings to streams (a classic queue is left out), in `x-stream-partition-order`
+    (a string is read as a number), routed by the exchange's own type. The Node client's own
+    suite makes its super streams so, through the management API: an exchange with no
+    `x-super-stream` marker, partitions bound with orders "0", "1", "2"."""
+    name = unique()
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", ports[1]))
+    channel = connection.channel()
+    channel.exchange_declare(name, "direct", durable=True)
+    for i in range(3):
+        channel.queue_declare(f"{name}-{i}", durable=True, arguments={"x-queue-type": "stream"})
+        channel.queue_bind(f"{name}-{i}", name, str(i), {"x-stream-partition-order": str(2 - i)})
+    channel.queue_declare(f"{name}-classic")
+    channel.queue_bind(f"{name}-classic", name, "1")
+    try:
+        client = opened(ports)
+        assert _listed(client, 0x19, s(name)) == (1, [f"{name}-2", f"{name}-1", f"{name}-0"])
+        assert _listed(client, 0x18, s("1") + s(name)) == (1, [f"{name}-1"])
+        assert _listed(client, 0x18, s("none") + s(name)) == (1, [])
+        assert _listed(client, 0x19, s("no-" + name)) == (2, [])
+    finally:
+        channel.exchange_delete(name)
+        for queue in [f"{name}-{i}" for i in range(3)] + [f"{name}-classic"]:
+            channel.queue_delete(queue)
+        connection.close()

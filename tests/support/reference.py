@@ -182,13 +182,14 @@ def start_stream_reference() -> Reference | str:
 
 
 def start_stream_management_reference(conf: str = "") -> Reference | str:
-    """A local rabbitmq-server with its stream and management plugins on free ports
-    (stream_port, management_port), or the reason there is none; `conf`: more rabbitmq.conf
-    lines."""
+    """A local rabbitmq-server with its stream, management and stream management plugins
+    (`/api/stream/...`) on free ports (stream_port, management_port), or the reason there is
+    none; `conf`: more rabbitmq.conf lines."""
     if not RABBITMQ_SERVER.exists():
         return "no local rabbitmq-server (apt-get install rabbitmq-server)"
     stream_port, management_port = free_port(), free_port()
-    reference = _start_local(("rabbitmq_stream", "rabbitmq_management"),
+    reference = _start_local(("rabbitmq_stream", "rabbitmq_management",
+                              "rabbitmq_stream_management"),
                              f"stream.listeners.tcp.1 = {stream_port}\n"
                              f"management.tcp.port = {management_port}\n"
                              "management.tcp.ip = 127.0.0.1\n" + conf)
