@@ -49,7 +49,7 @@ from leveret.broker.cluster.stream_leadership import (
 from leveret.broker.cluster.stream_leadership import _encode as encode_leadership
 from leveret.broker.cluster.topology_records import QueueRecord, encode
 from leveret.broker.process import logs
-from leveret.storage import Log
+from leveret.storage import Log, LogClosedError
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.runtime import ClusterRuntime
@@ -187,6 +187,8 @@ class Failover:
             await self._take_over(record, current)
         except EtcdException as exc:
             log.warning("cannot elect a stream's leader yet", stream=record.name, error=str(exc))
+        except LogClosedError:
+            return  # this member's log closed meanwhile: the node is stopping, or left
 
     async def _ask(self, node: str, key: str) -> tuple[Tail, bool] | None:
         """A member's tail, and whether it lost the leader too."""
