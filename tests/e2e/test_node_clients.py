@@ -7,14 +7,12 @@ folder on first use (pinned in its package.json); without Node.js and npm the te
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import scenarios
+from support import npm, scenarios
 from support.brokers import BrokerProcess
 
 NODE_DIR = Path(__file__).parent / "clients" / "node"
@@ -23,13 +21,7 @@ NODE_DIR = Path(__file__).parent / "clients" / "node"
 @pytest.fixture(scope="session")
 def amqplib() -> Path:
     """The scenarios script, with amqplib installed beside it."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("Node.js and npm are not installed (apt-get install nodejs npm)")
-    if not (NODE_DIR / "node_modules" / "amqplib").is_dir():
-        result = subprocess.run(
-            ["npm", "install", "--no-audit", "--no-fund", "--no-package-lock"],
-            cwd=NODE_DIR, capture_output=True, text=True, timeout=300, check=False)
-        assert result.returncode == 0, f"npm install failed:\n{result.stderr}"
+    npm.installed(NODE_DIR, "amqplib")
     return NODE_DIR / "scenarios.js"
 
 

@@ -3,15 +3,14 @@ free port (one per module: starting brokers is slow on a shared machine), and a 
 
 from __future__ import annotations
 
-import shutil
 import socket
-import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support import npm
 from support.brokers import BrokerProcess
 from support.ports import free_port, wait_for_port
 from support.reference import Reference, start_stream_management_reference
@@ -97,12 +96,5 @@ NODE_DIR = Path(__file__).parent / "node"
 def node_client() -> Path:
     """The Node stream client, installed from npm into node/ on first use (or a skip): the
     path of its scenario script."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("Node.js and npm are not installed (apt-get install nodejs npm)")
-    if not (NODE_DIR / "node_modules" / "rabbitmq-stream-js-client").is_dir():
-        result = subprocess.run(
-            ["npm", "install", "--no-audit", "--no-fund", "--no-package-lock"],
-            cwd=NODE_DIR, capture_output=True, text=True, timeout=300, check=False)
-        if result.returncode != 0:
-            pytest.skip(f"npm install failed: {result.stderr[-500:]}")
+    npm.installed(NODE_DIR, "rabbitmq-stream-js-client")
     return NODE_DIR / "scenario.js"
