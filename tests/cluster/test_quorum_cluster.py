@@ -23,6 +23,7 @@ from support.cluster import (
     leader_of,
     linked,
     publish_confirmed,
+    publish_until_confirmed,
     same_logs,
     wait_until,
 )
@@ -112,15 +113,8 @@ def test_kill_the_leader_loses_no_confirmed_message(
     wait_until(lambda: leader_of(etcd, cluster, "orders") != old, timeout=60)
     alive = [node for name, node in nodes.items() if name != old]
     publisher, consumer = alive[0], alive[-1]
-    deadline = time.monotonic() + 30
-    while True:  # the first confirm through another node, once the new leader serves
-        try:
-            publish_confirmed(publisher, "orders", [b"after-0"])
-            break
-        except (pika.exceptions.AMQPError, OSError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    # the first confirm through another node, once the new leader serves
+    publish_until_confirmed(publisher, "orders", b"after-0", timeout=30)
     publish_confirmed(publisher, "orders", [b"after-%d" % i for i in range(1, 50)])
     if holder.is_open:
         try:
@@ -208,21 +202,6 @@ def test_consumers_on_other_nodes_keep_their_subscriptions_across_a_failover(
     assert all(rows for rows in got.values())  # both consumers still take messages
     for conn in conns:
         conn.close()
-
-
-def publish_until_confirmed(node: ClusterNode, name: str, body: bytes,
-                            timeout: float = 60) -> None:
-    """Publish `body` until one copy is confirmed (a nack, or a connection the failover
-    broke, means: not confirmed, send it again)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            publish_confirmed(node, name, [body])
-            return
-        except (pika.exceptions.AMQPError, OSError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def drain_all(node: ClusterNode, name: str, timeout: float = 30) -> list[bytes]:

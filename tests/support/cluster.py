@@ -184,18 +184,19 @@ def publish_confirmed(node: BrokerProcess, name: str, bodies: list[bytes]) -> No
 
 def publish_until_confirmed(node: BrokerProcess, name: str, body: bytes,
                             timeout: float = 60) -> int:
-    """Publish `body` until one copy is confirmed (basic.ack); the number of nacks before."""
-    nacks = 0
+    """Publish `body` until one copy is confirmed (basic.ack); the number of tries before that
+    were not: a nack, or a connection or channel a failover broke (send it again)."""
+    refused = 0
     deadline = time.monotonic() + timeout
     while True:
         try:
             publish_confirmed(node, name, [body])
-            return nacks
-        except pika.exceptions.NackError:
-            nacks += 1
+            return refused
+        except (pika.exceptions.AMQPError, OSError):
+            refused += 1
             if time.monotonic() > deadline:
                 raise
-            time.sleep(0.5)
+            time.sleep(0.2)
 
 
 def leader_of(etcd: EtcdServer, cluster: str, name: str) -> str:
