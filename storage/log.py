@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import logging
 import os
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,11 @@ from leveret.storage.tracking import Tracking
 
 log = logging.getLogger("leveret.storage.log")
 _UNCHANGED: Any = object()
+# A shipping log keeps its newest chunks in memory too, so that a leader ships what it just
+# wrote without opening and reading the segment again: at most this many, of at most this
+# many bytes in all (a chunk bigger than that is read back from the file).
+RECENT_CHUNKS = 16
+RECENT_BYTES = 256 * 1024
 
 
 class SyncTicket:
@@ -96,6 +103,11 @@ class Log:
         self._last_sync_ms = config.clock()
         self._unsynced = False
         self._generation = getattr(self, "_generation", 0) + 1  # a SyncTicket's log state
+        # (segment base, position, the chunk's bytes, its next offset), oldest first; kept
+        # only once the log ships (read_chunks), so a replica or a lone log pays nothing
+        self._recent: deque[tuple[int, int, bytes | bytearray, int]] = deque()
+        self._recent_bytes = 0
+        self._ships = getattr(self, "_ships", False)
         self._snapshot_due = False
         self._broken: LogIOError | None = None
         self._closed = False
@@ -270,9 +282,14 @@ class Log:
         """Whole chunks as they are on disk from `cursor`, for a replica (see
         shipping.read_chunks); returns them and the cursor after them."""
         self._check_open()
+        self._ships = True
         active = self._segments[-1]
-        if cursor.base == active.base and cursor.position >= active.size:
-            return b"", cursor  # nothing written since: no file to open (a leader's idle ship)
+        if cursor.base == active.base:
+            if cursor.position >= active.size:
+                return b"", cursor  # nothing written since: no file to open (an idle ship)
+            kept = self._recent_from(cursor, max_bytes)
+            if kept is not None:
+                return kept
         return shipping.read_chunks(self._dir, cursor, max_bytes, self._next)
 
     def append_chunks(self, data: bytes | bytearray | memoryview) -> int:
@@ -397,6 +414,37 @@ class Log:
         active.add(header)
         self._next = header.next_offset
         self._last_epoch = header.epoch
+        if self._ships:
+            self._remember(active.base, position, chunk, header.next_offset)
+
+    def _remember(self, base: int, position: int, chunk: bytes | bytearray,
+                  next_offset: int) -> None:
+        recent = self._recent
+        recent.append((base, position, chunk, next_offset))
+        self._recent_bytes += len(chunk)
+        while recent and (len(recent) > RECENT_CHUNKS or self._recent_bytes > RECENT_BYTES):
+            self._recent_bytes -= len(recent.popleft()[2])
+
+    def _recent_from(self, cursor: shipping.Cursor,
+                     max_bytes: int) -> tuple[bytes, shipping.Cursor] | None:
+        """The chunks kept in memory from `cursor` on (up to `max_bytes`, at least one), as
+        shipping.read_chunks would read them; None if the first is not kept."""
+        recent = self._recent
+        start = len(recent) - 1
+        while start >= 0 and (recent[start][0], recent[start][1]) > (cursor.base,
+                                                                       cursor.position):
+            start -= 1
+        if start < 0 or recent[start][:2] != (cursor.base, cursor.position):
+            return None
+        parts: list[bytes | bytearray] = []
+        size, next_offset = 0, cursor.offset
+        for base, _position, chunk, chunk_next in itertools.islice(recent, start, None):
+            if base != cursor.base or (parts and size + len(chunk) > max_bytes):
+                break
+            parts.append(chunk)
+            size += len(chunk)
+            next_offset = chunk_next
+        return b"".join(parts), shipping.Cursor(cursor.base, cursor.position + size, next_offset)
 
     def _undo(self, position: int, index_size: int, error: LogIOError) -> None:
         try:

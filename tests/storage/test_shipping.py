@@ -278,3 +278,45 @@ def test_a_damaged_fence_is_reported_not_ignored(open_log: Callable[..., Log],
     (tmp_path / "log" / "fence").write_bytes(b"XXXX" + bytes(12))
     with pytest.raises(CorruptLogError, match="bad magic"):
         open_log()
+
+
+def test_a_shipping_log_ships_its_newest_chunks_from_memory_as_the_file_has_them(
+        open_log: Callable[..., Log], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from leveret.storage import log as log_module
+    from leveret.storage import shipping
+    leader = open_log(tmp_path / "leader")
+    leader.append([b"before-shipping"])
+    cursor = leader.ship_from(0)
+    data, cursor = leader.read_chunks(cursor, 1 << 20)  # from the file: it ships from now on
+    assert data
+    sizes = [1, 3, 2, 40, 1] + [1] * (log_module.RECENT_CHUNKS + 2)
+    for i, count in enumerate(sizes):
+        leader.append([b"r%d-%d" % (i, j) * 20 for j in range(count)])
+    end = leader.next_offset
+    # every chunk as the file has it, in pieces of at most 300 bytes (at least one chunk)
+    from_file = []
+    at = cursor
+    while True:
+        piece, at = shipping.read_chunks(tmp_path / "leader", at, 300, end)
+        if not piece:
+            break
+        from_file.append((piece, at))
+    reads = []
+    real = shipping.read_chunks
+    monkeypatch.setattr(shipping, "read_chunks",
+                        lambda *a, **k: (reads.append(a[1]), real(*a, **k))[1])
+    shipped = []
+    at = cursor
+    while True:
+        piece, at = leader.read_chunks(at, 300)
+        if not piece:
+            break
+        shipped.append((piece, at))
+    assert shipped == from_file
+    # only what fell out of memory (the oldest of more than RECENT_CHUNKS) came from the file
+    fell_out = 1 + sum(sizes[:len(sizes) - log_module.RECENT_CHUNKS])
+    assert reads and all(r.offset < fell_out for r in reads)
+    assert len(reads) < len(shipped) - log_module.RECENT_CHUNKS // 2
+    replica = open_log(tmp_path / "replica")
+    _ship(leader, replica, 300)
+    assert _records(replica) == _records(leader)
