@@ -44,6 +44,7 @@ log = logs.get("leveret.connection")
 _ids = itertools.count(1)
 FLUSH_EARLY_BYTES = 1 << 20  # unwritten output that is written at once, mid-turn
 DRAIN_TIMEOUT_S = 5.0  # how long a closing socket may take to send what is buffered
+CLOSING_TIMEOUT_S = 30  # the longest a client that closed may keep its socket (rabbit_reader's)
 
 
 def _discard(_data: bytes) -> None:
@@ -133,6 +134,8 @@ class Session(asyncio.Protocol):
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._close_timer: asyncio.TimerHandle | None = None
         self._drain_timer: asyncio.TimerHandle | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._peer_closed = False  # the client sent connection.close, once open
         self.blocked = False
         self.closed = False
         self.bytes_received = 0
@@ -188,6 +191,9 @@ class Session(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
         if self.closed:
             return
         self.closed = True
@@ -463,11 +469,38 @@ class Session(asyncio.Protocol):
             raise to_amqp(error) from None
 
     def on_close(self, code: int, text: str) -> None:
-        pass
+        # an open connection's: during the handshake there is nothing in flight behind it
+        self._peer_closed = self.wire.state is State.OPEN
 
     def on_closed(self) -> None:
-        """The close handshake is complete (either side): flush and drop the socket."""
-        self.abort()
+        """The close handshake is complete. After our connection.close, the client's close-ok
+        ends it: flush and drop the socket. After the client's connection.close, release the
+        connection now, and leave the socket to the client (`_linger`)."""
+        if not self._peer_closed or self.transport is None or self.transport.is_closing():
+            self.abort()
+            return
+        self._flush()
+        self.connection_lost(None)  # channels, exclusive queues, the broker's record, the log
+        self._linger()
+
+    def _linger(self) -> None:
+        """A client that sent connection.close may still be writing what it wrote before it:
+        amqplib sends its close ahead of a channel's buffered publishes. Closing the socket
+        under those writes resets it, and the client gets EPIPE or ECONNRESET instead of the
+        close-ok it waits for. RabbitMQ (rabbit_reader:close_connection) reads on and discards
+        until the client closes, for at most the heartbeat timeout or 30 s: so does this."""
+        transport = self.transport
+        assert transport is not None
+        if self.blocked:
+            transport.resume_reading()  # what it still sends is read and dropped (wire CLOSED)
+        timeout = self.heartbeat if 0 < self.heartbeat < CLOSING_TIMEOUT_S else CLOSING_TIMEOUT_S
+        self._linger_timer = self.loop.call_later(timeout, self._end_linger)
+
+    def _end_linger(self) -> None:
+        self._linger_timer = None
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+            self.loop.call_later(DRAIN_TIMEOUT_S, self.transport.abort)
 
     # -- permissions --------------------------------------------------------------------------
 

@@ -51,6 +51,15 @@ def test_ipv6_loopback_on_the_default_listener(amqplib: Path, tmp_path: Path) ->
         broker.kill()
 
 
+def test_close_with_publishes_still_buffered(amqplib: Path, target: tuple[str, int]) -> None:
+    """amqplib writes connection.close ahead of a channel's buffered publishes. RabbitMQ
+    reads on (and drops them) after its close-ok until the client closes the socket; a broker
+    that closes at once resets the client's writes: EPIPE, and close() never resolves
+    (amqplib's own callback_api suite hung on 'find high watermark')."""
+    seen = run_scenario(amqplib, target[1], "close_behind_publishes")
+    assert seen == {"filled": True, "close": "closed", "errors": []}
+
+
 def test_update_secret_keeps_the_consumer(amqplib: Path, target: tuple[str, int]) -> None:
     seen = run_scenario(amqplib, target[1], "update_secret")
     assert seen == {"received": ["before", "after"]}

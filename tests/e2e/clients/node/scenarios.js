@@ -113,6 +113,24 @@ const scenarios = {
     await wait(300);
     return { events, message_count: reply.messageCount };
   },
+
+  // connection.close with a channel's publishes still buffered: amqplib sends the close ahead
+  // of them (amqplib's own suite, 'find high watermark'). The broker must read on after its
+  // close-ok until the client closes, or the client's writes fail and close never resolves.
+  async close_behind_publishes(conn) {
+    const ch = await conn.createChannel();
+    const q = `${prefix}-behind`;
+    await ch.assertQueue(q, { exclusive: true });
+    let sent = 0;
+    while (ch.sendToQueue(q, Buffer.from('0123456789'))) sent++;
+    const errors = [];
+    conn.on('error', (err) => errors.push(err.code || err.message));
+    const close = await Promise.race([
+      conn.close().then(() => 'closed', (err) => `rejected: ${err.code || err.message}`),
+      wait(10000).then(() => 'no close-ok within 10 s'),
+    ]);
+    return { filled: sent > 100, close, errors };
+  },
 };
 
 (async () => {
