@@ -209,3 +209,11 @@ def start_management_reference() -> Reference | str:
                              "management.tcp.ip = 127.0.0.1\n")
     reference.management_port = management_port
     return reference
+
+
+def start_consistent_hash_reference() -> Reference | str:
+    """A local rabbitmq-server with its rabbitmq_consistent_hash_exchange plugin (the
+    `x-consistent-hash` type), or the reason there is none."""
+    if not RABBITMQ_SERVER.exists():
+        return "no local rabbitmq-server (apt-get install rabbitmq-server)"
+    return _start_local(("rabbitmq_consistent_hash_exchange",))
