@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pika
 import pytest
 from support.brokers import InProcessBroker
-from support.reference import Reference, start_consistent_hash_reference
+from support.reference import Reference, running, start_consistent_hash_reference
 
 from .conftest import Amqp
 
@@ -19,12 +19,7 @@ WEIGHTS = {"q1": "1", "q2": "3", "q3": "7", "q4": "20"}
 
 @pytest.fixture(scope="module")
 def chx_reference() -> Iterator[Reference]:
-    ref = start_consistent_hash_reference()
-    if isinstance(ref, str):
-        pytest.skip(ref)
-    yield ref
-    if ref.stop is not None:
-        ref.stop()
+    yield from running(start_consistent_hash_reference)
 
 
 @pytest.fixture(params=["leveret", "rabbitmq"])

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,3 +218,15 @@ def start_consistent_hash_reference() -> Reference | str:
     if not RABBITMQ_SERVER.exists():
         return "no local rabbitmq-server (apt-get install rabbitmq-server)"
     return _start_local(("rabbitmq_consistent_hash_exchange",))
+
+
+def running(start: Callable[[], Reference | str]) -> Iterator[Reference]:
+    """A fixture's body: the reference `start` gives, stopped afterwards; skip without one."""
+    import pytest
+
+    ref = start()
+    if isinstance(ref, str):
+        pytest.skip(ref)
+    yield ref
+    if ref.stop is not None:
+        ref.stop()
