@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from support.brokers import BrokerProcess, InProcessBroker
 from support.ports import free_port
-from support.reference import Reference, start_reference
+from support.reference import Reference, running, start_reference
 
 from leveret.broker.process import logs
 
@@ -42,12 +42,7 @@ def broker_process(tmp_path: Path) -> Iterator[BrokerProcess]:
 @pytest.fixture(scope="session")
 def reference() -> Iterator[Reference]:
     """The reference RabbitMQ, started once per test session."""
-    ref = start_reference()
-    if isinstance(ref, str):
-        pytest.skip(ref)
-    yield ref
-    if ref.stop is not None:
-        ref.stop()
+    yield from running(start_reference)
 
 
 @pytest.fixture(params=["leveret", "rabbitmq"])

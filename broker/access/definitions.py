@@ -33,7 +33,7 @@ from leveret.broker.access.access_store import AccessStore, TopologyUnavailable,
 from leveret.broker.management.views import jsonable as _json
 from leveret.broker.model import default_type
 from leveret.broker.model.errors import BrokerError
-from leveret.broker.model.exchange import exchange_class
+from leveret.broker.model.exchange_types import exchange_class
 from leveret.broker.process import logs
 
 if TYPE_CHECKING:

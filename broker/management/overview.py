@@ -40,7 +40,7 @@ from leveret.broker.management.http import (
     visible_vhosts,
 )
 from leveret.broker.management.nodes import nodes_of
-from leveret.broker.model.exchange import EXCHANGE_TYPES
+from leveret.broker.model.exchange_types import EXCHANGE_TYPES
 from leveret.broker.process import logs
 from leveret.broker.process.alarms import resident_memory_bytes, total_memory_bytes
 from leveret.broker.streamproto import registry
@@ -54,6 +54,7 @@ EXCHANGE_DESCRIPTIONS = {
     "direct": "AMQP direct exchange, as per the AMQP specification",
     "fanout": "AMQP fanout exchange, as per the AMQP specification",
     "headers": "AMQP headers exchange, as per the AMQP specification",
+    "x-consistent-hash": "Consistent Hashing Exchange",
     "topic": "AMQP topic exchange, as per the AMQP specification",
 }
 

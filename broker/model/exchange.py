@@ -17,7 +17,6 @@ from leveret.broker.model.errors import PreconditionFailed
 if TYPE_CHECKING:
     from leveret.broker.model.dedup import DedupCache
 
-EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 X_MATCH_VALUES = ("all", "any", "all-with-x", "any-with-x")
 
 
@@ -58,6 +57,10 @@ class Exchange:
             value = value.decode("utf-8", "replace")
         return value if isinstance(value, str) else None
 
+    @classmethod
+    def validate(cls, arguments: Mapping[str, Any]) -> None:
+        """Raise a domain error if a new exchange's arguments are invalid for this type."""
+
     def check_binding(self, routing_key: str, arguments: dict[str, Any]) -> None:
         """Raise a domain error if a binding's arguments are invalid for this type."""
 
@@ -89,6 +92,11 @@ class Exchange:
 
     def route(self, routing_keys: Iterable[str], headers: Mapping[str, Any]) -> list[Any]:
         raise NotImplementedError
+
+    def route_message(self, routing_keys: Iterable[str], headers: Mapping[str, Any],
+                      message: Any) -> list[Any]:
+        """Route with the whole message at hand (a type that reads its properties)."""
+        return self.route(routing_keys, headers)
 
 
 class DirectExchange(Exchange):
@@ -259,15 +267,3 @@ def _same_value(a: object, b: object) -> bool:
 
 def _raw(value: str | bytes | bytearray) -> bytes:
     return value.encode("utf-8") if isinstance(value, str) else bytes(value)
-
-
-_TYPES: dict[str, type[Exchange]] = {
-    "direct": DirectExchange,
-    "fanout": FanoutExchange,
-    "topic": TopicExchange,
-    "headers": HeadersExchange,
-}
-
-
-def exchange_class(type_name: str) -> type[Exchange] | None:
-    return _TYPES.get(type_name)

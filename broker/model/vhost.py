@@ -34,7 +34,8 @@ from leveret.broker.model.errors import (
     PreconditionFailed,
     resource,
 )
-from leveret.broker.model.exchange import Exchange, exchange_class
+from leveret.broker.model.exchange import Exchange
+from leveret.broker.model.exchange_types import exchange_class
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.policy import Policy, effective
 from leveret.broker.model.queue import Queue
@@ -203,6 +204,7 @@ class VHost:
             check("write", "exchange", qargs.text(ae))
         dedup.from_arguments(arguments, self.rs("exchange", name), self.scheduler.now_ms)
         check_exchange_arguments(arguments, self.rs("exchange", name))
+        cls.validate(arguments)
         return None
 
     def create_exchange(self, name: str, type_: str, *, durable: bool, auto_delete: bool,
@@ -569,7 +571,7 @@ class VHost:
             if id(x) in seen:
                 continue
             seen.add(id(x))
-            destinations = x.route(keys, headers)
+            destinations = x.route_message(keys, headers, message)
             if not destinations:
                 ae = x.alternate_exchange
                 if ae is not None and ae in self.exchanges:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,3 +210,23 @@ def start_management_reference() -> Reference | str:
                              "management.tcp.ip = 127.0.0.1\n")
     reference.management_port = management_port
     return reference
+
+
+def start_consistent_hash_reference() -> Reference | str:
+    """A local rabbitmq-server with its rabbitmq_consistent_hash_exchange plugin (the
+    `x-consistent-hash` type), or the reason there is none."""
+    if not RABBITMQ_SERVER.exists():
+        return "no local rabbitmq-server (apt-get install rabbitmq-server)"
+    return _start_local(("rabbitmq_consistent_hash_exchange",))
+
+
+def running(start: Callable[[], Reference | str]) -> Iterator[Reference]:
+    """A fixture's body: the reference `start` gives, stopped afterwards; skip without one."""
+    import pytest
+
+    ref = start()
+    if isinstance(ref, str):
+        pytest.skip(ref)
+    yield ref
+    if ref.stop is not None:
+        ref.stop()

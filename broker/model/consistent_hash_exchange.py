@@ -1,0 +1,173 @@
+"""The `x-consistent-hash` exchange, as RabbitMQ's rabbitmq_consistent_hash_exchange plugin.
+
+A binding's key is its weight: the number of buckets its destination owns on the ring. The
+ring is the buckets 0..N-1, given out in the order the bindings were added (a destination's
+buckets are contiguous; a second binding to the same destination adds none; removing one
+binding of a destination removes all of its buckets and shifts the later ones down, as the
+plugin does). A message's routing key, or the header named by `hash-header`, or the property
+named by `hash-property`, is spelt as the Erlang term RabbitMQ would hash, hashed with
+phash2, and a jump consistent hash seeded with that hash picks the bucket: so the same
+bindings and the same message reach the same queue as with RabbitMQ (erlang_hash has the
+arithmetic). It must not know the vhost, the wire or any I/O. Single-threaded.
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime
+import decimal
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from leveret.broker.model.binding import Binding, erlang_term
+from leveret.broker.model.erlang_hash import Atom, jump_consistent_hash, phash2
+from leveret.broker.model.errors import PreconditionFailed
+from leveret.broker.model.exchange import Exchange
+
+PROPERTIES = ("correlation_id", "message_id", "timestamp")
+UNDEFINED = Atom("undefined")
+_INTEGER = re.compile(r"[+-]?[0-9]+")  # what list_to_integer/1 accepts
+
+
+def validate_arguments(arguments: Mapping[str, Any]) -> None:
+    """The plugin's validate/1: a supported property, and not both ways of choosing."""
+    header = _string_arg(arguments, "hash-header")
+    prop = _string_arg(arguments, "hash-property")
+    if prop is not None and header is None and prop not in PROPERTIES:
+        raise PreconditionFailed(f"Unsupported property: {prop}")
+    if prop is not None and header is not None:
+        raise PreconditionFailed("hash-header and hash-property are mutually exclusive")
+
+
+def _string_arg(arguments: Mapping[str, Any], name: str) -> str | None:
+    """A longstr argument's text; the plugin ignores an argument of any other type."""
+    value = arguments.get(name)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value if isinstance(value, str) else None
+
+
+def check_weight(routing_key: str) -> None:
+    """The plugin's validate_binding/2: the key is a positive integer (list_to_integer)."""
+    if _INTEGER.fullmatch(routing_key) is None:
+        raise PreconditionFailed(
+            "The binding key must be an integer: "
+            + (erlang_term(routing_key) if routing_key else "<<>>"))
+    if int(routing_key) < 1:
+        raise PreconditionFailed("The binding key must be greater than 0")
+
+
+class ConsistentHashExchange(Exchange):
+    type = "x-consistent-hash"
+
+    @classmethod
+    def validate(cls, arguments: Mapping[str, Any]) -> None:
+        validate_arguments(arguments)
+
+    def check_binding(self, routing_key: str, arguments: dict[str, Any]) -> None:
+        check_weight(routing_key)
+
+    def _index_init(self) -> None:
+        # the ring as runs: the destination owning buckets [ends[i-1], ends[i])
+        self._owners: list[Any] = []
+        self._ends: list[int] = []
+
+    def _index_add(self, binding: Binding) -> None:
+        if any(owner is binding.destination for owner in self._owners):
+            return  # the plugin adds no buckets for a destination already on the ring
+        total = self._ends[-1] if self._ends else 0
+        self._owners.append(binding.destination)
+        self._ends.append(total + int(binding.routing_key))
+
+    def _index_remove(self, binding: Binding) -> None:
+        for i, owner in enumerate(self._owners):
+            if owner is binding.destination:
+                size = self._ends[i] - (self._ends[i - 1] if i else 0)
+                del self._owners[i], self._ends[i]
+                for j in range(i, len(self._ends)):
+                    self._ends[j] -= size
+                return
+
+    def rebuild(self, bindings: Iterable[Binding]) -> None:
+        """Rebuild the ring from bindings in the given order (recovery)."""
+        self._index_init()
+        for binding in bindings:
+            self._index_add(binding)
+
+    def ring(self) -> list[tuple[Any, int]]:
+        """Each destination on the ring and its bucket count, in ring order."""
+        starts = [0, *self._ends[:-1]]
+        return [(o, e - s) for o, s, e in zip(self._owners, starts, self._ends, strict=True)]
+
+    def route(self, routing_keys: Iterable[str], headers: Mapping[str, Any]) -> list[Any]:
+        key = routing_keys if isinstance(routing_keys, str) else next(iter(routing_keys), "")
+        return self._pick(key.encode("utf-8"))
+
+    def route_message(self, routing_keys: Iterable[str], headers: Mapping[str, Any],
+                      message: Any) -> list[Any]:
+        header = _string_arg(self.arguments, "hash-header")
+        if header is not None:
+            return self._pick(field_term(headers[header]) if header in headers else UNDEFINED)
+        prop = _string_arg(self.arguments, "hash-property")
+        if prop is not None:
+            return self._pick(property_term(message.properties, prop))
+        return self.route(routing_keys, headers)
+
+    def _pick(self, term: object) -> list[Any]:
+        if not self._ends:
+            return []
+        bucket = jump_consistent_hash(phash2(term), self._ends[-1])
+        return [self._owners[bisect.bisect_right(self._ends, bucket)]]
+
+
+def property_term(properties: Any, name: str) -> object:
+    """The property as the plugin reads it: a binary, or `undefined` when it is absent;
+    the timestamp as the decimal text of its seconds."""
+    value = getattr(properties, name, None)
+    if value is None:
+        return UNDEFINED
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.UTC)
+        return str(int(value.timestamp())).encode()
+    if isinstance(value, int):
+        return str(value).encode()
+    return value.encode("utf-8") if isinstance(value, str) else bytes(value)
+
+
+def field_term(value: object) -> object:
+    """A header value as rabbit_misc:table_lookup returns it: `{Type, Value}`. The wire
+    type is inferred from the decoded value (an int is `signedint` when it fits 32 bits, as
+    pika and most clients send it, else `long`)."""
+    kind, inner = _typed(value)
+    return (Atom(kind), inner)
+
+
+def _typed(value: object) -> tuple[str, object]:
+    if isinstance(value, bool):
+        return "bool", Atom("true" if value else "false")
+    if isinstance(value, int):
+        return ("signedint" if -(2**31) <= value < 2**31 else "long"), value
+    if isinstance(value, str):
+        return "longstr", value.encode("utf-8")
+    if isinstance(value, bytearray):
+        return "binary", bytes(value)
+    if isinstance(value, bytes):
+        return "longstr", value
+    if isinstance(value, float):
+        return "double", value
+    if isinstance(value, decimal.Decimal):
+        sign, digits, exponent = value.as_tuple()
+        unscaled = int("".join(map(str, digits)) or "0") * (-1 if sign else 1)
+        return "decimal", (-int(exponent), unscaled)
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.UTC)
+        return "timestamp", int(value.timestamp())
+    if isinstance(value, dict):
+        return "table", [(k.encode("utf-8"), Atom(t), v2)
+                         for k, (t, v2) in ((k, _typed(v)) for k, v in value.items())]
+    if isinstance(value, list):
+        return "array", [field_term(v) for v in value]
+    return "void", UNDEFINED
