@@ -99,8 +99,8 @@ def test_overview_and_nodes(managed_broker: InProcessBroker, http: Http) -> None
     assert overview["queue_totals"]["messages"] == 2
     assert overview["object_totals"]["queues"] == 1
     assert overview["object_totals"]["connections"] == 1
-    assert {t["name"] for t in overview["exchange_types"]} == {"direct", "fanout", "topic",
-                                                                "headers"}
+    assert {t["name"] for t in overview["exchange_types"]} == {
+        "direct", "fanout", "topic", "headers", "x-consistent-hash"}  # as RabbitMQ with its plugin
     assert overview["listeners"][0]["port"] == managed_broker.port
     nodes = http.ok("/api/nodes")
     assert len(nodes) == 1 and nodes[0]["running"] is True
