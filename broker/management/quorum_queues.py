@@ -165,23 +165,22 @@ async def change_member(broker: Any, queue: Any, node: str, add: bool) -> bool:
 
 
 async def add_member(request: web.Request) -> web.Response:
-    queue = _quorum(request, "members", write=True)
-    node = await _node_of(request)
-    try:
-        await change_member(broker_of(request), queue, node, True)
-    except (MembershipError, Refused) as exc:
-        raise _refused(exc) from None
-    return web.Response(status=204)
+    return await _member_change(request, add=True, status=204)
 
 
 async def delete_member(request: web.Request) -> web.Response:
+    return await _member_change(request, add=False, status=202)
+
+
+async def _member_change(request: web.Request, *, add: bool, status: int) -> web.Response:
+    """A member added on, or removed from, the node the request names (RabbitMQ's 204, 202)."""
     queue = _quorum(request, "members", write=True)
     node = await _node_of(request)
     try:
-        await change_member(broker_of(request), queue, node, False)
+        await change_member(broker_of(request), queue, node, add)
     except (MembershipError, Refused) as exc:
         raise _refused(exc) from None
-    return web.Response(status=202)
+    return web.Response(status=status)
 
 
 def _matching(broker: Any, vhost_pattern: str, queue_pattern: str,
