@@ -81,6 +81,9 @@ class Exchange:
     def bindings_to(self, destination: object) -> list[Binding]:
         return [b for b in self.bindings.values() if b.destination is destination]
 
+    def restored(self) -> None:
+        """Called once a restart has restored the exchange and all its bindings."""
+
     def _index_init(self) -> None:
         """Set up the type's routing index (the constructor's last step)."""
 
