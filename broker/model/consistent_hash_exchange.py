@@ -77,6 +77,10 @@ class ConsistentHashExchange(Exchange):
     def check_binding(self, routing_key: str, arguments: dict[str, Any]) -> None:
         check_weight(routing_key)
 
+    @property
+    def routes_by_properties(self) -> bool:
+        return _string_arg(self.arguments, "hash-property") is not None
+
     def _index_init(self) -> None:
         # the ring as runs: the destination owning buckets [ends[i-1], ends[i])
         self._owners: list[Any] = []

@@ -81,6 +81,12 @@ class Exchange:
     def bindings_to(self, destination: object) -> list[Binding]:
         return [b for b in self.bindings.values() if b.destination is destination]
 
+    @property
+    def routes_by_properties(self) -> bool:
+        """True when routing reads a property other than the headers (so two messages with
+        the same routing key and no headers can go to different places)."""
+        return False
+
     def restored(self) -> None:
         """Called once a restart has restored the exchange and all its bindings."""
 

@@ -556,7 +556,7 @@ class Channel:
         at = 0
         try:
             exchange = self._publish_target(exchange_name, immediate)
-            if (self.tx is None and exchange.dedup is None
+            if (self.tx is None and exchange.dedup is None and not exchange.routes_by_properties
                     and self._publish_plain_run(exchange, exchange_name, routing_key, run)):
                 return
             publish_one = self._publish_one

@@ -10,6 +10,7 @@ from typing import Any
 import pika
 import pytest
 from pamqp import commands, frame
+from support.brokers import InProcessBroker
 from support.rawamqp import FRAME_BODY, FRAME_HEADER, RawClient, raw_frame
 
 from .conftest import Amqp, HashBroker
@@ -236,3 +237,35 @@ def test_ring_after_restart_matches_rabbitmq(hash_broker: HashBroker) -> None:
     if len(seen) == 2:
         assert seen["leveret"]["before"] == seen["rabbitmq"]["before"]
         assert seen["leveret"]["after"] == seen["rabbitmq"]["after"]
+
+
+def test_hash_property_to_streams_routes_each_message(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Publishes pipelined with one routing key and no headers reach the broker as one run,
+    which a single stream may take in one go; with `hash-property` each message still picks
+    its own stream, as the same exchange with classic queues does."""
+    server = InProcessBroker(tmp_path / "data").start()
+    amqp = Amqp("leveret", server.port)
+    try:
+        ch = amqp.channel()
+        counts = {}
+        for kind in ("stream", "classic"):
+            ch.exchange_declare(kind, CHX, arguments={"hash-property": "message_id"})
+            for label, weight in WEIGHTS.items():
+                ch.queue_declare(f"{kind}-{label}", durable=True,
+                                 arguments={"x-queue-type": kind})
+                ch.queue_bind(f"{kind}-{label}", kind, weight)
+        publisher = amqp.channel()
+        for kind in ("stream", "classic"):
+            for i in range(2000):
+                publisher.basic_publish(kind, "same", b"m",
+                                        pika.BasicProperties(message_id=f"m{i}"))
+        amqp.wait(lambda: sum(amqp.ready(f"classic-{label}") for label in WEIGHTS) == 2000)
+        for kind in ("stream", "classic"):
+            counts[kind] = amqp.wait(lambda kind=kind: (
+                lambda c: c if sum(c.values()) == 2000 else None)(
+                    {label: amqp.ready(f"{kind}-{label}") for label in WEIGHTS}))
+        assert counts["stream"] == counts["classic"]
+        assert len([n for n in counts["classic"].values() if n]) >= 3
+    finally:
+        amqp.close()
+        server.stop()
