@@ -61,9 +61,14 @@ class _Batch:
     settled: IntervalSet = field(default_factory=IntervalSet)
     delivered: IntervalSet = field(default_factory=IntervalSet)
     tail: list[QueuedMessage] = field(default_factory=list)  # entries kept in the log only
-    returned: list[QueuedMessage] = field(default_factory=list)  # counts to record (quorum)
+    # (quorum) returned messages with their counts then, in order; and those of them
+    # delivered again in the same batch (recorded again after the counts)
+    returned: list[tuple[QueuedMessage, int, int]] = field(default_factory=list)
+    out_again: list[QueuedMessage] = field(default_factory=list)
+    returned_ids: set[int] = field(default_factory=set)  # id() of the returned entries
     delivered_early: list[QueuedMessage] = field(default_factory=list)  # before their write
     dead_lettered: list[QueuedMessage] = field(default_factory=list)  # held (quorum)
+    sends: list[tuple[Consumer, QueuedMessage]] = field(default_factory=list)  # (quorum)
 
 
 def _ranges(intervals: IntervalSet) -> bytes:
@@ -296,8 +301,11 @@ class DurableClassicQueue(ClassicQueue):
         for start, end in batch.delivered.ranges():
             following.delivered.add_range(start, end)
         following.returned += batch.returned
+        following.out_again += batch.out_again
+        following.returned_ids |= batch.returned_ids
         following.delivered_early += batch.delivered_early
         following.dead_lettered += batch.dead_lettered
+        following.sends += batch.sends
         return written
 
     def _write(self, batch: _Batch) -> None:

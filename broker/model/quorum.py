@@ -21,6 +21,9 @@ new leader knows how often each message was tried. What differs from a classic q
   (the active one keeps its place until what it holds is settled), and refuses basic.get;
 - global QoS and queue.delete's if-unused and if-empty are refused as RabbitMQ 3.10 refuses
   them (docs/QUORUM-QUEUES.md says where 4.3 differs);
+- every delivery is recorded (a DELIVERED record, a redelivery too) and sent once the record
+  is where a confirmed message is, so that a restart or a new leader knows what any consumer
+  was sent: it comes back flagged `redelivered` and counted, never as new;
 - at-least-once dead lettering (`x-dead-letter-strategy`, with reject-publish): a dead letter
   stays in the queue (a `DEAD_LETTERS` record says so, for a restart or a new leader) until
   every queue its copy was routed to has confirmed it, and is tried again until then.
@@ -50,7 +53,7 @@ from leveret.broker.model.durable import (
 from leveret.broker.model.errors import NotImplementedFeature, ResourceLocked
 from leveret.broker.model.intervals import IntervalSet
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
-from leveret.broker.model.queue import Queue, QueueOwner
+from leveret.broker.model.queue import ClassicQueue, Queue, QueueOwner
 from leveret.broker.model.replication import ONE_NODE, Replication
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.store import LeveledStore, MessageStore
@@ -75,6 +78,7 @@ REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
 DEAD_LETTER_RETRY_MS = 1000
 DEFAULT_CONSUMER_TIMEOUT_MS = 1_800_000  # RabbitMQ's consumer_timeout
 FOLLOW_MS = 1000  # how often a replica applies the leader's settlements to its log's head
+UNSENT_MAX = 4096  # deliveries waiting for their DELIVERED record, at most, per queue
 COUNT_HEADERS = ("x-delivery-count", "x-acquired-count")
 
 
@@ -125,6 +129,15 @@ class QuorumQueue(DurableClassicQueue):
         self._dead_letter_timer: Timer | None = None
         self._followed = 0  # a replica: where its log's settlements were read up to
         self._follow_timer: Timer | None = None
+        # deliveries waiting for their DELIVERED record (see deliver_to): (the last offset
+        # of the write that holds it, its sends), in order; and the consumers that went
+        # before theirs were sent
+        self._unsent: deque[tuple[int, list[tuple[Consumer, QueuedMessage]]]] = deque()
+        self._unsent_count = 0
+        self._unsent_gone: set[Consumer] = set()
+        # a restart's or a new leader's: messages delivered again after their last return,
+        # so checked out when the log ended (their acquired count is one more than recorded)
+        self._checked_out_again: set[int] = set()
         super().__init__(vhost, name, env=env, storage_id=storage_id, replication=replication,
                          **kwargs)
         if self.overflow == "reject-publish-dlx":
@@ -258,6 +271,12 @@ class QuorumQueue(DurableClassicQueue):
         if self._resume_timer is not None:
             self._resume_timer.cancel()
             self._resume_timer = None
+        for _last, sends in self._unsent:
+            self._unsend_all(sends)
+        self._unsent.clear()
+        self._unsent_gone.clear()
+        self._unsend_all(self.writer.batch.sends)
+        self.writer.batch.sends = []
         self.messages = self.make_store()
         self.settled_offsets = IntervalSet()
         self.delivered_offsets = IntervalSet()
@@ -303,7 +322,9 @@ class QuorumQueue(DurableClassicQueue):
         return True
 
     def committed_moved(self) -> None:
-        """What the commit point now covers becomes ready, in order, and is delivered."""
+        """What the commit point now covers becomes ready, in order, and is delivered; the
+        deliveries whose records it covers are sent."""
+        self._send_recorded(self.writer.committer.committed)
         uncommitted = self.uncommitted
         if not uncommitted:
             return
@@ -369,6 +390,8 @@ class QuorumQueue(DurableClassicQueue):
         if leader is not None:
             leader.remove_consumer(consumer)
             return
+        if self._unsent_count:
+            self._unsent_gone.add(consumer)  # what waits for it is not sent (_send_recorded)
         super().remove_consumer(consumer)
 
     def consumer_lost(self, consumer: Consumer) -> bool:
@@ -464,6 +487,8 @@ class QuorumQueue(DurableClassicQueue):
         first of them to attach) is active; one of a lower priority keeps its place until it
         has settled what it holds, and takes nothing new meanwhile (RabbitMQ 4.3)."""
         consumers = self.consumers
+        if self._unsent_count >= UNSENT_MAX:
+            return None  # until the records of those waiting are written
         if not self.single_active or not consumers:
             return super()._next_consumer()
         active = consumers[0]
@@ -494,8 +519,49 @@ class QuorumQueue(DurableClassicQueue):
             raise NotImplementedFeature(f"{self.resource} does not support global qos")
 
     def deliver_to(self, consumer: Any, entry: QueuedMessage) -> None:
+        """Every delivery is recorded first (a DELIVERED record), and sent once the record is
+        where a confirmed message is: written on one node, committed by a majority of the
+        members in a cluster. So a restart or a new leader knows each message that any
+        consumer was sent, and how often: what comes back is flagged `redelivered` and counted,
+        never delivered again as new. Meanwhile the consumer's prefetch counts the delivery."""
         entry.acquired += 1
-        super().deliver_to(consumer, entry)
+        self._mark_delivered(entry)
+        consumer.unacked += 1  # until sent; then the channel counts it
+        self.writer.batch.sends.append((consumer, entry))
+        self._unsent_count += 1
+
+    def _send_recorded(self, up_to: int) -> None:
+        """Send the deliveries whose records the log holds up to `up_to` (see deliver_to);
+        one whose consumer went meanwhile was never sent: it is ready again, at its place."""
+        unsent = self._unsent
+        if not unsent or unsent[0][0] > up_to:
+            return
+        was_full = self._unsent_count >= UNSENT_MAX
+        gone = self._unsent_gone
+        send = ClassicQueue.deliver_to
+        back = False
+        while unsent and unsent[0][0] <= up_to:
+            _last, sends = unsent.popleft()
+            self._unsent_count -= len(sends)
+            for consumer, entry in sends:
+                consumer.unacked -= 1
+                if gone and consumer in gone:
+                    entry.acquired -= 1
+                    self.messages.requeue(entry)
+                    back = True
+                else:
+                    send(self, consumer, entry)
+        if not self._unsent_count:
+            gone.clear()
+        if back or was_full:
+            self.vhost.scheduler.call_soon(self.dispatch)
+
+    def _unsend_all(self, sends: list[tuple[Consumer, QueuedMessage]]) -> None:
+        """A deposed leader's or a deleted queue's deliveries not sent: forgotten (the log,
+        read again by whoever leads, has their messages)."""
+        for consumer, _entry in sends:
+            consumer.unacked -= 1
+        self._unsent_count -= len(sends)
 
     def get(self, no_ack: bool) -> QueuedMessage | None:
         if self.replication.role == "replica":
@@ -523,24 +589,33 @@ class QuorumQueue(DurableClassicQueue):
                 self.discard(entry, "delivery_limit")
                 continue
             stamp(entry)
-            self.writer.batch.returned.append(entry)
+            batch = self.writer.batch
+            batch.returned.append((entry, entry.delivery_count, entry.acquired))
+            batch.returned_ids.add(id(entry))
             back.append(entry)
         self.writer.schedule()
         super().requeue(back)
 
     def _mark_delivered(self, entry: QueuedMessage) -> None:
-        """Delivered before its write (this turn's publish): recorded once it has an offset,
-        so that a new leader redelivers it with the flag set."""
-        if entry.store_ref is PENDING and not entry.redelivered:
-            self.writer.batch.delivered_early.append(entry)
-        else:
-            super()._mark_delivered(entry)
+        """Every delivery (and basic.get) is recorded, a redelivery too, so that a new
+        leader or a restart knows what was checked out (redelivered with the flag set and
+        counted); one before its write (this turn's publish) once it has an offset."""
+        ref = entry.store_ref
+        batch = self.writer.batch
+        if ref is PENDING:
+            batch.delivered_early.append(entry)
+        elif isinstance(ref, int):
+            batch.delivered.add(ref)
+            if id(entry) in batch.returned_ids:
+                batch.out_again.append(entry)  # its record must follow the return's
+        self.writer.schedule()
 
     def _write(self, batch: _Batch) -> None:
         """The durable queue's write, then this turn's records of the quorum queue's own:
         deliveries made before their write, the counts of returned messages, and the dead
         letters held (each needs its message's offset, known once it is written)."""
         if self.replication.role == "replica":
+            self._unsend_all(batch.sends)
             return  # a deposed leader's late settlements: the log is the leader's now
         super()._write(batch)
         early = IntervalSet()
@@ -549,10 +624,17 @@ class QuorumQueue(DurableClassicQueue):
                 early.add(entry.store_ref)
         if early.range_count:
             self._append_settled([_ranges(early)], DELIVERED)
-        records = [_COUNTS.pack(e.store_ref, e.delivery_count, e.acquired)
-                   for e in batch.returned if isinstance(e.store_ref, int)]
+        records = [_COUNTS.pack(e.store_ref, delivery_count, acquired)
+                   for e, delivery_count, acquired in batch.returned
+                   if isinstance(e.store_ref, int)]
         if records:
             self._append_settled(records, RETURNS)
+        again = IntervalSet()  # returned, then delivered again in this batch: out, after all
+        for entry in batch.out_again:
+            if isinstance(entry.store_ref, int):
+                again.add(entry.store_ref)
+        if again.range_count:
+            self._append_settled([_ranges(again)], DELIVERED)
         dead = []
         for entry in batch.dead_lettered:
             if isinstance(entry.store_ref, int) and entry in self.dead_letters:
@@ -561,6 +643,11 @@ class QuorumQueue(DurableClassicQueue):
                                        REASONS.index(self.dead_letters[entry])))
         if dead:
             self._append_settled(dead, DEAD_LETTERS)
+        if batch.sends:
+            last = self.log.next_offset - 1
+            self._unsent.append((last, batch.sends))
+            if self.replication.local:  # written is enough on one node: a crash keeps it
+                self._send_recorded(last)
 
     def _append_settled(self, records: list[bytes], chunk_type: int) -> None:
         """A chunk of the queue's own records: its offsets are settled at once (they hold no
@@ -569,15 +656,27 @@ class QuorumQueue(DurableClassicQueue):
         self.settled_offsets.add_range(first, first + len(records))
 
     def _recover(self) -> None:
+        """The durable queue's recovery, with the counts of returned messages and the dead
+        letters held. Read in log order with the deliveries, to tell which returned messages
+        were delivered again after their last return (checked out when the log ended)."""
         self._recovered_reasons: dict[int, str] = {}
+        counts = self.recovered_counts
+        again = self._checked_out_again = set()
         if self.log.next_offset != self.log.first_offset:
-            reader = self.log.reader(OffsetSpec.first(), chunk_types=(RETURNS, DEAD_LETTERS))
+            reader = self.log.reader(OffsetSpec.first(),
+                                     chunk_types=(DELIVERED, RETURNS, DEAD_LETTERS))
             for chunk in reader:
+                if chunk.chunk_type == DELIVERED:  # (settled by the durable queue's pass)
+                    for record in chunk.records if counts else ():
+                        for start, end in _parse_ranges(record):
+                            again.update(_returned_in(counts, start, end))
+                    continue
                 self.settled_offsets.add_range(chunk.first_offset, chunk.next_offset)
                 for record in chunk.records:
                     if chunk.chunk_type == RETURNS:
                         offset, delivered, acquired = _COUNTS.unpack(bytes(record))
-                        self.recovered_counts[offset] = (delivered, acquired)
+                        counts[offset] = (delivered, acquired)
+                        again.discard(offset)
                     else:
                         offset, reason = _DEAD.unpack(bytes(record))
                         self.held_offsets.add(offset)
@@ -589,12 +688,31 @@ class QuorumQueue(DurableClassicQueue):
                                  in self.recovered_counts.items() if offset not in settled}
 
     def _unpack(self, offset: int, record: bytes, redelivered: bool) -> QueuedMessage:
+        """A message read back from the log, with its counts: a message that was checked
+        out when the log ended (its node or its leader went) was acquired once more than its
+        last return says, or once if it never came back; its delivery count stays, as
+        RabbitMQ counts a consumer lost with its node (not a failed delivery)."""
         entry = super()._unpack(offset, record, redelivered)
         counts = self.recovered_counts.pop(offset, None)
         if counts is not None:
             entry.delivery_count, entry.acquired = counts
+            if offset in self._checked_out_again:
+                self._checked_out_again.discard(offset)
+                self._returned_by_recovery(entry)
+            stamp(entry)
+        elif redelivered:
+            self._returned_by_recovery(entry)
             stamp(entry)
         return entry
+
+    def _returned_by_recovery(self, entry: QueuedMessage) -> None:
+        """A message checked out when the log ended is returned: one more acquisition; on one
+        node (a restart: its consumers' channels are gone) a failed delivery too, as RabbitMQ
+        4.3 counts a consumer that is down; after a failover not (its consumer's node was
+        lost, or it lives on: RabbitMQ counts neither)."""
+        entry.acquired += 1
+        if self.replication.local:
+            entry.delivery_count += 1
 
     # -- dead lettering ----------------------------------------------------------------------
 
@@ -671,6 +789,9 @@ class QuorumQueue(DurableClassicQueue):
     # -- deleting -----------------------------------------------------------------------------
 
     def on_delete(self) -> None:
+        for _last, sends in self._unsent:
+            self._unsend_all(sends)
+        self._unsent.clear()
         held, self.held = self.held, []
         for _message, confirm, _since in held:
             if confirm is not None:
@@ -684,6 +805,13 @@ class QuorumQueue(DurableClassicQueue):
                     f"cannot delete {self.resource}. queue.delete operations with {flag} flag "
                     "set are not supported by quorum queues")
         super().check_delete(if_unused, if_empty)
+
+
+def _returned_in(counts: dict[int, tuple[int, int]], start: int, end: int) -> list[int]:
+    """The offsets in [start, end) that have counts (were returned), the cheaper way round."""
+    if end - start <= len(counts):
+        return [offset for offset in range(start, end) if offset in counts]
+    return [offset for offset in counts if start <= offset < end]
 
 
 def stamp(entry: QueuedMessage) -> None:
