@@ -61,9 +61,10 @@ class _Batch:
     settled: IntervalSet = field(default_factory=IntervalSet)
     delivered: IntervalSet = field(default_factory=IntervalSet)
     tail: list[QueuedMessage] = field(default_factory=list)  # entries kept in the log only
-    # (quorum) returned messages with their counts then, in order; and those of them
+    # (quorum) returned messages with their counts then and when a delayed retry makes them
+    # ready (0: at once), in order; and those of them
     # delivered again in the same batch (recorded again after the counts)
-    returned: list[tuple[QueuedMessage, int, int]] = field(default_factory=list)
+    returned: list[tuple[QueuedMessage, int, int, int]] = field(default_factory=list)
     out_again: list[QueuedMessage] = field(default_factory=list)
     returned_ids: set[int] = field(default_factory=set)  # id() of the returned entries
     delivered_early: list[QueuedMessage] = field(default_factory=list)  # before their write

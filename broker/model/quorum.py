@@ -34,12 +34,14 @@ Single-threaded: runs on the event loop.
 
 from __future__ import annotations
 
+import heapq
 import struct
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker.model.consumer import Consumer
+from leveret.broker.model.delayed_retry import DelayedRetry, resolve
 from leveret.broker.model.durable import (
     ACKS,
     DELIVERED,
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
 log = logs.get("leveret.quorum")
 RETURNS = 18  # chunk type: the counts of returned messages
 _COUNTS = struct.Struct(">QII")  # offset, delivery count, acquired count
+_COUNTS_AT = struct.Struct(">QIIq")  # the same, and when a delayed retry makes it ready (ms)
 DEFAULT_PRIORITY = 4  # a message without a priority (RabbitMQ 4.x)
 TOP_PRIORITY = 31
 DEFAULT_DELIVERY_LIMIT = 20
@@ -138,6 +141,13 @@ class QuorumQueue(DurableClassicQueue):
         # a restart's or a new leader's: messages delivered again after their last return,
         # so checked out when the log ended (their acquired count is one more than recorded)
         self._checked_out_again: set[int] = set()
+        # delayed retry (delayed_retry.py): returned messages waiting to be ready again, as
+        # (ready at, seq, entry); and a restart's or a new leader's, by offset
+        self.delayed_retry: DelayedRetry | None = None
+        self.retrying: list[tuple[int, int, QueuedMessage]] = []
+        self.retrying_bytes = 0
+        self._retry_timer: Timer | None = None
+        self._recovered_retry: dict[int, int] = {}
         super().__init__(vhost, name, env=env, storage_id=storage_id, replication=replication,
                          **kwargs)
         if self.overflow == "reject-publish-dlx":
@@ -178,6 +188,7 @@ class QuorumQueue(DurableClassicQueue):
             strategy = "at-most-once"
         self.dead_letter_strategy = str(strategy)
         self._policy_consumer_timeout = definition.get("consumer-timeout")
+        self.delayed_retry = resolve(self.arguments, definition)
 
     def consumer_timeout(self, arguments: dict[str, Any] | None) -> int | None:
         """RabbitMQ 4.3's: the consumer's `x-consumer-timeout`, else the lower of the queue's
@@ -283,6 +294,7 @@ class QuorumQueue(DurableClassicQueue):
         self.recovered_counts = {}
         self.uncommitted.clear()  # (a deposed leader's: their publishes were nack'ed)
         self.held_offsets = IntervalSet()
+        self._drop_retrying()
         self.dead_letters.clear()
         self._dead_letters_sent.clear()
         self.dead_letters_bytes = 0
@@ -474,8 +486,9 @@ class QuorumQueue(DurableClassicQueue):
     def _held_length(self) -> tuple[int, int]:
         """What the length limits count: the ready messages and the dead letters held."""
         messages = self.messages
-        return (len(messages) + len(self.uncommitted) + len(self.dead_letters),
-                messages.bytes + self.dead_letters_bytes)
+        return (len(messages) + len(self.uncommitted) + len(self.dead_letters)
+                + len(self.retrying),
+                messages.bytes + self.dead_letters_bytes + self.retrying_bytes)
 
     # -- consuming ----------------------------------------------------------------------------
 
@@ -579,6 +592,9 @@ class QuorumQueue(DurableClassicQueue):
         if self.deleted:
             return
         back: list[QueuedMessage] = []
+        retry = self.delayed_retry
+        delays = retry is not None and retry.delays(delivery_failed)
+        now = self.vhost.scheduler.now_ms()
         for entry in entries:
             if delivery_failed:
                 entry.delivery_count += 1
@@ -589,12 +605,61 @@ class QuorumQueue(DurableClassicQueue):
                 self.discard(entry, "delivery_limit")
                 continue
             stamp(entry)
+            ready_at = (retry.ready_at(now, entry.delivery_count)
+                        if delays and retry is not None else 0)
             batch = self.writer.batch
-            batch.returned.append((entry, entry.delivery_count, entry.acquired))
+            batch.returned.append((entry, entry.delivery_count, entry.acquired, ready_at))
             batch.returned_ids.add(id(entry))
-            back.append(entry)
+            if ready_at:
+                self.unacked -= 1
+                entry.redelivered = True
+                self._retry_later(entry, ready_at)
+            else:
+                back.append(entry)
         self.writer.schedule()
         super().requeue(back)
+
+    # -- delayed retry ------------------------------------------------------------------------
+
+    def _retry_later(self, entry: QueuedMessage, ready_at: int) -> None:
+        """A returned message waits until `ready_at` (delayed retry) before it is ready."""
+        heapq.heappush(self.retrying, (ready_at, entry.seq, entry))
+        self.retrying_bytes += len(entry.message.body)
+        if self.retrying[0][2] is entry:
+            self._arm_retry()
+
+    def _arm_retry(self) -> None:
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
+        if self.retrying and not self.deleted:
+            wait = max(0, self.retrying[0][0] - self.vhost.scheduler.now_ms())
+            self._retry_timer = self.vhost.scheduler.call_later(wait, self._retry_due)
+
+    def _retry_due(self) -> None:
+        """What is due is ready again, first in the queue, as returned messages are."""
+        self._retry_timer = None
+        now = self.vhost.scheduler.now_ms()
+        retrying = self.retrying
+        moved = False
+        while retrying and retrying[0][0] <= now:
+            _at, _seq, entry = heapq.heappop(retrying)
+            self.retrying_bytes -= len(entry.message.body)
+            self.messages.requeue(entry)
+            moved = True
+        self._arm_retry()
+        if moved:
+            self._drop_over_limit()
+            self.dispatch(now)
+
+    def _drop_retrying(self) -> list[QueuedMessage]:
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
+        entries = [entry for _at, _seq, entry in self.retrying]
+        self.retrying = []
+        self.retrying_bytes = 0
+        return entries
 
     def _mark_delivered(self, entry: QueuedMessage) -> None:
         """Every delivery (and basic.get) is recorded, a redelivery too, so that a new
@@ -624,8 +689,9 @@ class QuorumQueue(DurableClassicQueue):
                 early.add(entry.store_ref)
         if early.range_count:
             self._append_settled([_ranges(early)], DELIVERED)
-        records = [_COUNTS.pack(e.store_ref, delivery_count, acquired)
-                   for e, delivery_count, acquired in batch.returned
+        records = [_COUNTS_AT.pack(e.store_ref, delivery_count, acquired, ready_at)
+                   if ready_at else _COUNTS.pack(e.store_ref, delivery_count, acquired)
+                   for e, delivery_count, acquired, ready_at in batch.returned
                    if isinstance(e.store_ref, int)]
         if records:
             self._append_settled(records, RETURNS)
@@ -662,6 +728,7 @@ class QuorumQueue(DurableClassicQueue):
         self._recovered_reasons: dict[int, str] = {}
         counts = self.recovered_counts
         again = self._checked_out_again = set()
+        retry_at = self._recovered_retry = {}
         if self.log.next_offset != self.log.first_offset:
             reader = self.log.reader(OffsetSpec.first(),
                                      chunk_types=(DELIVERED, RETURNS, DEAD_LETTERS))
@@ -674,14 +741,19 @@ class QuorumQueue(DurableClassicQueue):
                 self.settled_offsets.add_range(chunk.first_offset, chunk.next_offset)
                 for record in chunk.records:
                     if chunk.chunk_type == RETURNS:
-                        offset, delivered, acquired = _COUNTS.unpack(bytes(record))
+                        offset, delivered, acquired, ready_at = _returned(bytes(record))
                         counts[offset] = (delivered, acquired)
                         again.discard(offset)
+                        retry_at[offset] = ready_at
                     else:
                         offset, reason = _DEAD.unpack(bytes(record))
                         self.held_offsets.add(offset)
                         self._recovered_reasons[offset] = REASONS[reason]
             reader.close()
+        now = self.vhost.scheduler.now_ms()
+        for offset, ready_at in retry_at.items():
+            if ready_at > now and offset not in again:  # still waiting: passed by, then held
+                self.held_offsets.add(offset)
         super()._recover()
         settled = self.settled_offsets
         self.recovered_counts = {offset: counts for offset, counts
@@ -733,6 +805,10 @@ class QuorumQueue(DurableClassicQueue):
         self._send_dead_letter(entry)
 
     def recovered_held(self, entry: QueuedMessage) -> None:
+        ready_at = self._recovered_retry.get(entry.store_ref, 0)
+        if entry.store_ref not in self._recovered_reasons and ready_at:
+            self._retry_later(entry, ready_at)  # a delayed retry, still waiting
+            return
         reason = self._recovered_reasons.get(entry.store_ref, "rejected")
         self.dead_letters[entry] = reason
         self.dead_letters_bytes += len(entry.message.body)
@@ -782,13 +858,15 @@ class QuorumQueue(DurableClassicQueue):
             self.settled(entry)
         coming = list(self.uncommitted)  # enqueued before the purge, not yet committed
         self.uncommitted.clear()
-        for entry in coming:
+        waiting = self._drop_retrying()  # delayed retries (RabbitMQ 4.3 purges those)
+        for entry in coming + waiting:
             self.settled(entry)
-        return super().purge() + len(coming)
+        return super().purge() + len(coming) + len(waiting)
 
     # -- deleting -----------------------------------------------------------------------------
 
     def on_delete(self) -> None:
+        self._drop_retrying()
         for _last, sends in self._unsent:
             self._unsend_all(sends)
         self._unsent.clear()
@@ -805,6 +883,13 @@ class QuorumQueue(DurableClassicQueue):
                     f"cannot delete {self.resource}. queue.delete operations with {flag} flag "
                     "set are not supported by quorum queues")
         super().check_delete(if_unused, if_empty)
+
+
+def _returned(record: bytes) -> tuple[int, int, int, int]:
+    """A RETURNS record: offset, delivery count, acquired count, ready at (0: at once)."""
+    if len(record) == _COUNTS_AT.size:
+        return _COUNTS_AT.unpack(record)
+    return (*_COUNTS.unpack(record), 0)
 
 
 def _returned_in(counts: dict[int, tuple[int, int]], start: int, end: int) -> list[int]:
