@@ -308,8 +308,7 @@ class QuorumQueue(DurableClassicQueue):
         if not uncommitted:
             return
         committed = self.writer.committer.committed
-        push = self.messages.push
-        moved = False
+        ready: list[QueuedMessage] = []
         while uncommitted:
             ref = uncommitted[0].store_ref
             if ref is None:  # its write failed: nack'ed, never stored
@@ -317,13 +316,50 @@ class QuorumQueue(DurableClassicQueue):
                 continue
             if not isinstance(ref, int) or ref > committed:
                 break
-            push(uncommitted.popleft())
-            moved = True
-        if moved:
-            now = self.vhost.scheduler.now_ms()
-            self.dispatch(now)
-            self._drop_over_limit()
-            self._expire_head(now)
+            ready.append(uncommitted.popleft())
+        if not ready:
+            return
+        now = self.vhost.scheduler.now_ms()
+        taken = self._deliver_ready(ready, now)
+        push = self.messages.push
+        for entry in ready[taken:]:
+            push(entry)
+        self.dispatch(now)
+        self._drop_over_limit()
+        self._expire_head(now)
+
+    def _deliver_ready(self, ready: list[QueuedMessage], now: int) -> int:
+        """Newly committed messages that nothing waits before (no ready message, and all of
+        them at one priority, so that they would leave the store in this order) go straight
+        to the consumers, as `dispatch` would hand them out after pushing them: one
+        consumer at a time, expired ones dead-lettered on the way. How many were taken."""
+        if (not self.consumers or self._dispatching or len(self.messages)
+                or self.replication.role == "replica"):
+            return 0
+        priority = ready[0].priority
+        for entry in ready:
+            if entry.priority != priority:
+                return 0
+        count = len(ready)
+        taken = 0
+        self._dispatching = True
+        try:
+            while taken < count:
+                consumer = self._next_consumer()
+                if consumer is None:
+                    break
+                entry = ready[taken]
+                taken += 1
+                while entry.expires_at is not None and entry.expires_at <= now:
+                    self.discard(entry, "expired")
+                    if taken == count:
+                        return taken
+                    entry = ready[taken]
+                    taken += 1
+                self.deliver_to(consumer, entry)
+        finally:
+            self._dispatching = False
+        return taken
 
     def _release_held(self) -> None:
         """Publishes that waited for a leader go to it, in order (or are nack'ed once they

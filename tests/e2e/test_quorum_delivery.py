@@ -1,0 +1,82 @@
+"""Quorum queues on one node: what a consumer that is already waiting receives of messages
+committed together (one transaction's publishes are written and committed in one batch).
+A batch that finds no ready message goes straight to the consumers (QuorumQueue's
+`_deliver_ready`); it must leave as the queue's store would hand it out: by priority, with
+expired messages dead-lettered, one consumer after another. `lev`: RabbitMQ 3.10.8 ignores
+priorities on quorum queues (docs/QUORUM-QUEUES.md).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pika
+
+if TYPE_CHECKING:
+    from e2e.conftest import Amqp
+
+QUORUM = {"x-queue-type": "quorum"}
+
+
+def consume(lev: Amqp, queue: str, prefetch: int = 100) -> tuple[Any, list[bytes]]:
+    """A consumer with acks waiting on `queue` on a connection of its own: its channel, and
+    the bodies it receives, in order."""
+    ch = lev.connection().channel()
+    ch.basic_qos(prefetch_count=prefetch)
+    got: list[bytes] = []
+
+    def on_message(channel: Any, method: Any, _props: Any, body: bytes) -> None:
+        got.append(body)
+        channel.basic_ack(method.delivery_tag)
+
+    ch.basic_consume(queue, on_message)
+    return ch, got
+
+
+def publish_together(lev: Amqp, queue: str, messages: list[tuple[bytes, Any]]) -> None:
+    """Publish in one transaction: routed in one turn, so written and committed in one batch."""
+    ch = lev.channel()
+    ch.tx_select()
+    for body, properties in messages:
+        ch.basic_publish("", queue, body, properties)
+    ch.tx_commit()
+
+
+def received(lev: Amqp, ch: Any, got: list[bytes], count: int) -> list[bytes]:
+    lev.wait(lambda: (ch.connection.process_data_events(0.05), len(got) >= count)[1])
+    ch.connection.process_data_events(0.2)  # and nothing more
+    return got
+
+
+def test_a_batch_committed_together_reaches_a_waiting_consumer_by_priority(lev: Amqp) -> None:
+    queue = lev.uid("qq")
+    lev.channel().queue_declare(queue, durable=True, arguments=QUORUM)
+    ch, got = consume(lev, queue)
+    publish_together(lev, queue, [
+        (b"p1", pika.BasicProperties(priority=1)), (b"none", None),
+        (b"p9", pika.BasicProperties(priority=9)), (b"p5", pika.BasicProperties(priority=5))])
+    assert received(lev, ch, got, 4) == [b"p9", b"p5", b"none", b"p1"]
+
+
+def test_a_batch_at_one_priority_reaches_a_waiting_consumer_in_order(lev: Amqp) -> None:
+    queue = lev.uid("qq")
+    lev.channel().queue_declare(queue, durable=True, arguments=QUORUM)
+    ch, got = consume(lev, queue, prefetch=3)  # three now, the rest as acks come
+    bodies = [f"m{i}".encode() for i in range(10)]
+    publish_together(lev, queue, [(body, None) for body in bodies])
+    assert received(lev, ch, got, 10) == bodies
+
+
+def test_an_expired_message_of_a_batch_is_dead_lettered_not_delivered(lev: Amqp) -> None:
+    queue, dead = lev.uid("qq"), lev.uid("dead")
+    setup = lev.channel()
+    setup.queue_declare(dead, durable=True)
+    setup.queue_declare(queue, durable=True, arguments={
+        **QUORUM, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+    ch, got = consume(lev, queue)
+    publish_together(lev, queue, [
+        (b"expired", pika.BasicProperties(expiration="0")), (b"live", None),
+        (b"expired too", pika.BasicProperties(expiration="0"))])
+    assert received(lev, ch, got, 1) == [b"live"]
+    assert lev.wait(lambda: lev.ready(dead) == 2)
+    assert lev.drain(setup, dead) == [b"expired", b"expired too"]
