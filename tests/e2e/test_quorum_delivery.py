@@ -1,16 +1,20 @@
-"""Quorum queues on one node: what a consumer that is already waiting receives of messages
-committed together (one transaction's publishes are written and committed in one batch).
-A batch that finds no ready message goes straight to the consumers (QuorumQueue's
-`_deliver_ready`); it must leave as the queue's store would hand it out: by priority, with
-expired messages dead-lettered, one consumer after another. `lev`: RabbitMQ 3.10.8 ignores
-priorities on quorum queues (docs/QUORUM-QUEUES.md).
+"""Quorum queues on one node: the order in which a waiting consumer receives messages.
+
+Messages committed together (one transaction's publishes are written and committed in one
+batch) that find no ready message go straight to the consumers (QuorumQueue's
+`_deliver_ready`): they must leave as the queue's store would hand them out, by priority, with
+expired messages dead-lettered. `lev`: RabbitMQ 3.10.8 ignores priorities on quorum queues
+(docs/QUORUM-QUEUES.md). And a long queue, read back from its log while it is published to.
 """
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pika
+from support.brokers import BrokerProcess
 
 if TYPE_CHECKING:
     from e2e.conftest import Amqp
@@ -80,3 +84,53 @@ def test_an_expired_message_of_a_batch_is_dead_lettered_not_delivered(lev: Amqp)
     assert received(lev, ch, got, 1) == [b"live"]
     assert lev.wait(lambda: lev.ready(dead) == 2)
     assert lev.drain(setup, dead) == [b"expired", b"expired too"]
+
+
+def test_a_long_queue_consumed_while_publishing_delivers_each_message_once_in_order(
+        tmp_path: Path) -> None:
+    """Past a page of ready messages the rest wait in the log and are read back as the head
+    drains, while new ones keep being written and committed (with `queue_fsync = always`,
+    reading back commits what is written first, which delivers it or adds it to what is read
+    back): each message arrives once, in order."""
+    broker = BrokerProcess(tmp_path / "data", env={"LEVERET_QUEUE_FSYNC": "always"})
+    broker.start()
+    try:
+        received = consume_while_publishing(broker.port, 20_000)
+    finally:
+        broker.kill()
+    assert received == list(range(20_000))
+
+
+def consume_while_publishing(port: int, count: int) -> list[int]:
+    """A quorum queue: `count` messages published (without confirms, as fast as they go) on
+    one connection while a consumer takes them on another (prefetch 100, a multiple ack
+    every 50). What the consumer received, in order."""
+    params = pika.ConnectionParameters("127.0.0.1", port)
+    consumer = pika.BlockingConnection(params)
+    ch = consumer.channel()
+    ch.queue_declare("long", durable=True, arguments=QUORUM)
+    ch.basic_qos(prefetch_count=100)
+
+    def publish() -> None:
+        publisher = pika.BlockingConnection(params)
+        out = publisher.channel()
+        for i in range(count):
+            out.basic_publish("", "long", b"%d" % i)
+        publisher.close()
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    got: list[int] = []
+    try:
+        for method, _props, body in ch.consume("long", inactivity_timeout=10):
+            if method is None:
+                break
+            got.append(int(body))
+            if len(got) % 50 == 0:
+                ch.basic_ack(method.delivery_tag, multiple=True)
+            if len(got) == count:
+                break
+    finally:
+        thread.join()
+        consumer.close()
+    return got
