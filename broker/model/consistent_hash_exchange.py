@@ -114,6 +114,11 @@ class ConsistentHashExchange(Exchange):
             return self._pick(property_term(message.properties, prop))
         return self.route(routing_keys, headers)
 
+    @property
+    def routes_by_properties(self) -> bool:
+        return (_string_arg(self.arguments, "hash-header") is None
+                and _string_arg(self.arguments, "hash-property") is not None)
+
     def _pick(self, term: object) -> list[Any]:
         if not self._ends:
             return []

@@ -98,6 +98,12 @@ class Exchange:
         """Route with the whole message at hand (a type that reads its properties)."""
         return self.route(routing_keys, headers)
 
+    @property
+    def routes_by_properties(self) -> bool:
+        """Whether `route_message` reads the message's properties: then two messages with the
+        same routing key and headers may go to different queues."""
+        return False
+
 
 class DirectExchange(Exchange):
     type = "direct"
