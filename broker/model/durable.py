@@ -259,6 +259,26 @@ class DurableClassicQueue(ClassicQueue):
         elif ref is PENDING:
             entry.store_ref = SETTLED_EARLY
 
+    def ack_many(self, entries: list[QueuedMessage], consumer: Consumer | None = None) -> None:
+        """Acks of one consumer's deliveries (a multiple ack), as `ack` one by one would
+        settle them, with the writer scheduled once."""
+        self.unacked -= len(entries)
+        self.settled_many(entries)
+
+    def settled_many(self, entries: list[QueuedMessage]) -> None:
+        """`settled` for each of `entries`."""
+        settled = self.writer.batch.settled
+        written = False
+        for entry in entries:
+            ref = entry.store_ref
+            if isinstance(ref, int):
+                settled.add(ref)
+                written = True
+            elif ref is PENDING:
+                entry.store_ref = SETTLED_EARLY
+        if written:
+            self.writer.schedule()
+
     def settle_range(self, start: int, end: int) -> None:
         self.writer.batch.settled.add_range(start, end)
         self.writer.schedule()

@@ -479,10 +479,21 @@ class QuorumQueue(DurableClassicQueue):
     def settled(self, entry: QueuedMessage) -> None:
         super().settled(entry)
         if self.rejecting:
-            count, size = self._held_length()
-            self.rejecting = not (
-                (self.max_length is None or count <= self.max_length * 0.8)
-                and (self.max_length_bytes is None or size <= self.max_length_bytes * 0.8))
+            self._check_rejecting()
+
+    def settled_many(self, entries: list[QueuedMessage]) -> None:
+        """Once for them all: settling an acked delivery leaves the lengths the limits count
+        as they were, so each one's check would find the same."""
+        super().settled_many(entries)
+        if self.rejecting:
+            self._check_rejecting()
+
+    def _check_rejecting(self) -> None:
+        """reject-publish: publishes are taken again once the queue is back at 80%."""
+        count, size = self._held_length()
+        self.rejecting = not (
+            (self.max_length is None or count <= self.max_length * 0.8)
+            and (self.max_length_bytes is None or size <= self.max_length_bytes * 0.8))
 
     def _held_length(self) -> tuple[int, int]:
         """What the length limits count: the ready messages and the dead letters held."""

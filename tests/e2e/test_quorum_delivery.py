@@ -4,7 +4,9 @@ Messages committed together (one transaction's publishes are written and committ
 batch) that find no ready message go straight to the consumers (QuorumQueue's
 `_deliver_ready`): they must leave as the queue's store would hand them out, by priority, with
 expired messages dead-lettered. `lev`: RabbitMQ 3.10.8 ignores priorities on quorum queues
-(docs/QUORUM-QUEUES.md). And a long queue, read back from its log while it is published to.
+(docs/QUORUM-QUEUES.md). A multiple ack, which settles its deliveries at once
+(`settled_many`), against both brokers (`mq`). And a long queue, read back from its log while
+it is published to.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pika
+import pika.exceptions
+import pytest
 from support.brokers import BrokerProcess
 
 if TYPE_CHECKING:
@@ -84,6 +88,23 @@ def test_an_expired_message_of_a_batch_is_dead_lettered_not_delivered(lev: Amqp)
     assert received(lev, ch, got, 1) == [b"live"]
     assert lev.wait(lambda: lev.ready(dead) == 2)
     assert lev.drain(setup, dead) == [b"expired", b"expired too"]
+
+
+def test_a_multiple_ack_lets_a_rejecting_queue_take_publishes_again(mq: Amqp) -> None:
+    """reject-publish refuses until the queue is back at 80% of its limit; deliveries settled
+    by one multiple ack count as each one's ack would."""
+    queue = mq.uid("qq")
+    mq.channel().queue_declare(queue, durable=True, arguments={
+        **QUORUM, "x-max-length": 5, "x-overflow": "reject-publish"})
+    ch = mq.channel(confirm=True)
+    for i in range(6):  # one more than the limit, then refused
+        ch.basic_publish("", queue, b"%d" % i)
+    with pytest.raises(pika.exceptions.NackError):
+        ch.basic_publish("", queue, b"refused")
+    tags = [ch.basic_get(queue)[0].delivery_tag for _ in range(2)]
+    ch.basic_ack(tags[-1], multiple=True)  # 4 left: 80%
+    ch.basic_publish("", queue, b"taken")
+    assert mq.drain(ch, queue) == [b"2", b"3", b"4", b"5", b"taken"]
 
 
 def test_a_long_queue_consumed_while_publishing_delivers_each_message_once_in_order(
