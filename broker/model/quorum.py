@@ -294,8 +294,7 @@ class QuorumQueue(DurableClassicQueue):
                 confirm.reject()
             return True  # routed all the same: no basic.return, the nack tells
         self._seq += 1
-        entry = QueuedMessage(message, self._seq,
-                              self._expires_at(message, self.vhost.scheduler.now_ms()),
+        entry = QueuedMessage(message, self._seq, self._expires_at(message),
                               self.priority_of(message))
         self.stats_published += 1
         self.uncommitted.append(entry)
