@@ -77,10 +77,6 @@ class ConsistentHashExchange(Exchange):
     def check_binding(self, routing_key: str, arguments: dict[str, Any]) -> None:
         check_weight(routing_key)
 
-    @property
-    def routes_by_properties(self) -> bool:
-        return _string_arg(self.arguments, "hash-property") is not None
-
     def _index_init(self) -> None:
         # the ring as runs: the destination owning buckets [ends[i-1], ends[i])
         self._owners: list[Any] = []
@@ -129,6 +125,11 @@ class ConsistentHashExchange(Exchange):
         if prop is not None:
             return self._pick(property_term(message.properties, prop))
         return self.route(routing_keys, headers)
+
+    @property
+    def routes_by_properties(self) -> bool:
+        return (_string_arg(self.arguments, "hash-header") is None
+                and _string_arg(self.arguments, "hash-property") is not None)
 
     def _pick(self, term: object) -> list[Any]:
         if not self._ends:

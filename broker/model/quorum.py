@@ -325,8 +325,7 @@ class QuorumQueue(DurableClassicQueue):
                 confirm.reject()
             return True  # routed all the same: no basic.return, the nack tells
         self._seq += 1
-        entry = QueuedMessage(message, self._seq,
-                              self._expires_at(message, self.vhost.scheduler.now_ms()),
+        entry = QueuedMessage(message, self._seq, self._expires_at(message),
                               self.priority_of(message))
         self.stats_published += 1
         self.uncommitted.append(entry)
@@ -341,8 +340,7 @@ class QuorumQueue(DurableClassicQueue):
         if not uncommitted:
             return
         committed = self.writer.committer.committed
-        push = self.messages.push
-        moved = False
+        ready: list[QueuedMessage] = []
         while uncommitted:
             ref = uncommitted[0].store_ref
             if ref is None:  # its write failed: nack'ed, never stored
@@ -350,13 +348,50 @@ class QuorumQueue(DurableClassicQueue):
                 continue
             if not isinstance(ref, int) or ref > committed:
                 break
-            push(uncommitted.popleft())
-            moved = True
-        if moved:
-            now = self.vhost.scheduler.now_ms()
-            self.dispatch(now)
-            self._drop_over_limit()
-            self._expire_head(now)
+            ready.append(uncommitted.popleft())
+        if not ready:
+            return
+        now = self.vhost.scheduler.now_ms()
+        taken = self._deliver_ready(ready, now)
+        push = self.messages.push
+        for entry in ready[taken:]:
+            push(entry)
+        self.dispatch(now)
+        self._drop_over_limit()
+        self._expire_head(now)
+
+    def _deliver_ready(self, ready: list[QueuedMessage], now: int) -> int:
+        """Newly committed messages that nothing waits before (no ready message, and all of
+        them at one priority, so that they would leave the store in this order) go straight
+        to the consumers, as `dispatch` would hand them out after pushing them: one
+        consumer at a time, expired ones dead-lettered on the way. How many were taken."""
+        if (not self.consumers or self._dispatching or len(self.messages)
+                or self.replication.role == "replica"):
+            return 0
+        priority = ready[0].priority
+        for entry in ready:
+            if entry.priority != priority:
+                return 0
+        count = len(ready)
+        taken = 0
+        self._dispatching = True
+        try:
+            while taken < count:
+                consumer = self._next_consumer()
+                if consumer is None:
+                    break
+                entry = ready[taken]
+                taken += 1
+                while entry.expires_at is not None and entry.expires_at <= now:
+                    self.discard(entry, "expired")
+                    if taken == count:
+                        return taken
+                    entry = ready[taken]
+                    taken += 1
+                self.deliver_to(consumer, entry)
+        finally:
+            self._dispatching = False
+        return taken
 
     def _release_held(self) -> None:
         """Publishes that waited for a leader go to it, in order (or are nack'ed once they
@@ -478,10 +513,21 @@ class QuorumQueue(DurableClassicQueue):
     def settled(self, entry: QueuedMessage) -> None:
         super().settled(entry)
         if self.rejecting:
-            count, size = self._held_length()
-            self.rejecting = not (
-                (self.max_length is None or count <= self.max_length * 0.8)
-                and (self.max_length_bytes is None or size <= self.max_length_bytes * 0.8))
+            self._check_rejecting()
+
+    def settled_many(self, entries: list[QueuedMessage]) -> None:
+        """Once for them all: settling an acked delivery leaves the lengths the limits count
+        as they were, so each one's check would find the same."""
+        super().settled_many(entries)
+        if self.rejecting:
+            self._check_rejecting()
+
+    def _check_rejecting(self) -> None:
+        """reject-publish: publishes are taken again once the queue is back at 80%."""
+        count, size = self._held_length()
+        self.rejecting = not (
+            (self.max_length is None or count <= self.max_length * 0.8)
+            and (self.max_length_bytes is None or size <= self.max_length_bytes * 0.8))
 
     def _held_length(self) -> tuple[int, int]:
         """What the length limits count: the ready messages and the dead letters held."""
