@@ -106,6 +106,7 @@ def test_a_policy_sets_it_and_the_api_shows_what_waits(managed_broker: InProcess
     ch.basic_nack(first.delivery_tag, requeue=True)  # returned: the policy's type
     second, *_ = take(ch, "by-policy")
     ch.basic_reject(second.delivery_tag, requeue=True)  # failed: not the policy's type
+    assert count(ch, "by-policy") == 1  # (a round trip: both returns are taken by now)
     before = int(time.time() * 1000)
     view = http.ok(f"/api/queues/{q('/')}/by-policy")
     assert view["messages_delayed"] == 1 and view["messages_ready"] == 1
