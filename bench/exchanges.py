@@ -159,6 +159,7 @@ def run_kind(
         stats = publish_confirmed(conn, cycle, count=args.messages, window=args.window,
                                   max_burst=MAX_BURST)
         cpu = probe.cpu_pct()
+        sent = max(stats.published, 1)  # none when the first send failed (an error, below)
         cpu_s = None if cpu is None else cpu / 100 * (time.monotonic() - t0)
         counts = [conn.rpc(commands.Queue.Declare(queue=q, passive=True),
                            "Queue.DeclareOk").message_count for q in queues]
@@ -166,7 +167,7 @@ def run_kind(
             messages=stats.published, confirmed=stats.confirmed, nacked=stats.nacked,
             msgs_per_s=round(stats.published / stats.seconds),
             broker_cpu_pct=cpu,
-            cpu_us_per_msg=None if cpu_s is None else round(cpu_s * 1e6 / stats.published, 2),
+            cpu_us_per_msg=None if cpu_s is None else round(cpu_s * 1e6 / sent, 2),
             machine_cpu_pct=probe.machine_pct(), keys=cycle.count, counts=counts,
         )
         result["errors"] = stats.errors + check(
