@@ -155,12 +155,14 @@ def start_leveret(
     return Target("leveret", node.port, [node.pid], _version(node.port), stop)
 
 
-def start_rabbitmq() -> Target:
+def start_rabbitmq(starter: str = "start_reference") -> Target:
+    """The reference RabbitMQ as tests/support/reference.py's `starter` starts it (e.g.
+    start_consistent_hash_reference, a local node with the hash exchanges' plugins)."""
     if str(ROOT / "tests") not in sys.path:
         sys.path.append(str(ROOT / "tests"))  # appended: tests/ must not shadow anything
-    from support.reference import start_reference
+    from support import reference
 
-    ref = start_reference()
+    ref = getattr(reference, starter)()
     if isinstance(ref, str):
         raise RuntimeError(ref)
     local = ref.host in ("127.0.0.1", "localhost")
