@@ -60,6 +60,7 @@ from loadgen.measure import BrokerProbe
 from loadgen.publish import publish_confirmed
 from loadgen.report import machine, median
 from pamqp import commands
+from startup import stop_on_sigterm
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -252,13 +253,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _stop_on_sigterm(*_: object) -> None:
-    raise SystemExit(143)  # unwinds through main's finally: both brokers are stopped
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)  # main's finally stops both brokers
     kinds = args.kinds.split(",")
     names = [args.only] if args.only else ["leveret", "rabbitmq"]
     workdir = Path(tempfile.mkdtemp(prefix="leveret-bench-src-"))

@@ -6,41 +6,19 @@ proves the instrument is correct, not fast. The comparison itself takes minutes:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from pamqp import commands
 from pamqp import frame as pframe
+from support.bench import BENCH, bench_modules
 from support.brokers import InProcessBroker
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _module(name: str, package: bool = False) -> ModuleType:
-    """Import bench/NAME (a module, or the package loadgen) without putting bench/ on
-    sys.path, where its modules could shadow others."""
-    if name in sys.modules:
-        return sys.modules[name]
-    path = BENCH / name / "__init__.py" if package else BENCH / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(
-        name, path, submodule_search_locations=[str(BENCH / name)] if package else None)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_module("loadgen", package=True)
-_module("load")
-_module("compare")
-xb = _module("exchanges")
+xb = bench_modules("exchanges")
 
 
 def test_a_burst_cycles_over_the_keys_and_wraps() -> None:
