@@ -99,6 +99,9 @@ def _ms(value: object) -> int | None:
 
 class QuorumQueue(DurableClassicQueue):
     type = "quorum"
+    CHUNK_TYPES = (*DurableClassicQueue.CHUNK_TYPES, RETURNS, DEAD_LETTERS)
+    STATE_TYPES = (*DurableClassicQueue.STATE_TYPES, RETURNS, DEAD_LETTERS)
+    paged_level = DEFAULT_PRIORITY
 
     def __init__(self, vhost: QueueOwner, name: str, *, env: StorageEnv,
                  storage_id: str | None = None, replication: Replication = ONE_NODE,
@@ -268,6 +271,7 @@ class QuorumQueue(DurableClassicQueue):
         self._dead_letters_sent.clear()
         self.dead_letters_bytes = 0
         self.unacked = 0
+        self.ledger = None  # a replica writes no snapshot; a leader's recovery makes it anew
         self.floor = self._followed = self.log.first_offset
 
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
@@ -556,7 +560,11 @@ class QuorumQueue(DurableClassicQueue):
         dead = []
         for entry in batch.dead_lettered:
             if isinstance(entry.store_ref, int) and entry in self.dead_letters:
-                self.held_offsets.add(entry.store_ref)
+                ref = entry.store_ref
+                if self.ledger is not None and ref not in self.held_offsets and (
+                        ref not in self.settled_offsets):
+                    self.ledger.gone(ref, *self._kind_of(entry))  # held: no longer ready
+                self.held_offsets.add(ref)
                 dead.append(_DEAD.pack(entry.store_ref,
                                        REASONS.index(self.dead_letters[entry])))
         if dead:
@@ -570,23 +578,26 @@ class QuorumQueue(DurableClassicQueue):
 
     def _recover(self) -> None:
         self._recovered_reasons: dict[int, str] = {}
-        if self.log.next_offset != self.log.first_offset:
-            reader = self.log.reader(OffsetSpec.first(), chunk_types=(RETURNS, DEAD_LETTERS))
-            for chunk in reader:
-                self.settled_offsets.add_range(chunk.first_offset, chunk.next_offset)
-                for record in chunk.records:
-                    if chunk.chunk_type == RETURNS:
-                        offset, delivered, acquired = _COUNTS.unpack(bytes(record))
-                        self.recovered_counts[offset] = (delivered, acquired)
-                    else:
-                        offset, reason = _DEAD.unpack(bytes(record))
-                        self.held_offsets.add(offset)
-                        self._recovered_reasons[offset] = REASONS[reason]
-            reader.close()
         super()._recover()
         settled = self.settled_offsets
         self.recovered_counts = {offset: counts for offset, counts
                                  in self.recovered_counts.items() if offset not in settled}
+
+    def recovered_record(self, chunk_type: int, record: bytes) -> int | None:
+        """The counts of a returned message (RETURNS), or a dead letter held (DEAD_LETTERS):
+        few records, read in full at every restart (a snapshot leaves them to their chunks)."""
+        if chunk_type == RETURNS:
+            offset, delivered, acquired = _COUNTS.unpack(bytes(record))
+            self.recovered_counts[offset] = (delivered, acquired)
+            return None
+        offset, reason = _DEAD.unpack(bytes(record))
+        self.held_offsets.add(offset)
+        self._recovered_reasons[offset] = REASONS[reason]
+        return offset
+
+    def snapshots_allowed(self) -> bool:
+        """One node, or the leader: a replica keeps no queue state (docs/QUORUM-QUEUES.md)."""
+        return self.replication.role in ("", "leader")
 
     def _unpack(self, offset: int, record: bytes, redelivered: bool) -> QueuedMessage:
         entry = super()._unpack(offset, record, redelivered)
