@@ -148,7 +148,7 @@ def operations(priorities: bool, transient: bool) -> st.SearchStrategy[list[tupl
         st.tuples(st.sampled_from(["ack", "ack", "ack", "reject", "requeue", "return"]), index),
         st.tuples(st.sampled_from(["snapshot", "snapshot", "kill", "stop", "purge"])),
     )
-    return st.lists(op, min_size=1, max_size=200)
+    return st.lists(op, min_size=30, max_size=200)
 
 
 # at-least-once dead lettering to an exchange that does not exist: a rejected message is held
@@ -171,23 +171,48 @@ def check(tmp_path: Path, kind: type[DurableClassicQueue], ops: list[tuple[Any, 
     assert with_snapshot == without
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=operations(priorities=True, transient=False))
+@examples(60)
+@QUORUM
 def test_a_quorum_queue_holding_dead_letters_recovers_from_its_snapshot_as_from_its_log(
         tmp_path: Path, ops: list[tuple[Any, ...]]) -> None:
     check(tmp_path, QuorumQueue, ops, HOLDING)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=operations(priorities=True, transient=False))
+def examples(count: int) -> Any:
+    return settings(max_examples=count, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+QUORUM = given(ops=operations(priorities=True, transient=False))
+CLASSIC = given(ops=operations(priorities=False, transient=True))
+
+
+@examples(60)
+@QUORUM
 def test_a_quorum_queue_recovers_from_its_snapshot_as_from_its_whole_log(
         tmp_path: Path, ops: list[tuple[Any, ...]]) -> None:
     check(tmp_path, QuorumQueue, ops)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=operations(priorities=False, transient=True))
+@examples(60)
+@CLASSIC
 def test_a_durable_classic_queue_recovers_from_its_snapshot_as_from_its_whole_log(
+        tmp_path: Path, ops: list[tuple[Any, ...]]) -> None:
+    check(tmp_path, DurableClassicQueue, ops)
+
+
+@pytest.mark.slow
+@examples(1000)
+@QUORUM
+def test_a_quorum_queue_recovers_from_its_snapshot_as_from_its_whole_log_slow(
+        tmp_path: Path, ops: list[tuple[Any, ...]]) -> None:
+    check(tmp_path, QuorumQueue, ops, HOLDING)
+
+
+@pytest.mark.slow
+@examples(1000)
+@CLASSIC
+def test_a_durable_classic_queue_recovers_from_its_snapshot_as_from_its_whole_log_slow(
         tmp_path: Path, ops: list[tuple[Any, ...]]) -> None:
     check(tmp_path, DurableClassicQueue, ops)
 
