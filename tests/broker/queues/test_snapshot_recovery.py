@@ -151,6 +151,15 @@ def operations(priorities: bool, transient: bool) -> st.SearchStrategy[list[tupl
     return st.lists(op, min_size=30, max_size=200)
 
 
+def examples(count: int) -> Any:
+    return settings(max_examples=count, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+QUORUM = given(ops=operations(priorities=True, transient=False))
+CLASSIC = given(ops=operations(priorities=False, transient=True))
+
+
 # at-least-once dead lettering to an exchange that does not exist: a rejected message is held
 # (a DEAD_LETTERS record) for as long as the test runs
 HOLDING = {"x-dead-letter-exchange": "nowhere", "x-dead-letter-strategy": "at-least-once",
@@ -176,15 +185,6 @@ def check(tmp_path: Path, kind: type[DurableClassicQueue], ops: list[tuple[Any, 
 def test_a_quorum_queue_holding_dead_letters_recovers_from_its_snapshot_as_from_its_log(
         tmp_path: Path, ops: list[tuple[Any, ...]]) -> None:
     check(tmp_path, QuorumQueue, ops, HOLDING)
-
-
-def examples(count: int) -> Any:
-    return settings(max_examples=count, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-QUORUM = given(ops=operations(priorities=True, transient=False))
-CLASSIC = given(ops=operations(priorities=False, transient=True))
 
 
 @examples(60)
