@@ -647,13 +647,17 @@ class DurableClassicQueue(ClassicQueue):
         (0, 0, 0) if the log no longer holds it, None if the log does not end a chunk there."""
         if covers <= self.log.first_offset:
             return 0, 0, 0
-        reader = self.log.reader(OffsetSpec.offset(covers - 1), chunk_types=self.CHUNK_TYPES)
-        try:
-            chunk = reader.read()
-        finally:
-            reader.close()
-        if chunk is None or chunk.next_offset != covers:
-            return None
+        chunk = None
+        for at in (covers - 1, None):  # the chunk holding S - 1, then all of it from its start
+            start = at if at is not None else chunk.first_offset  # type: ignore[union-attr]
+            reader = self.log.reader(OffsetSpec.offset(start), chunk_types=self.CHUNK_TYPES)
+            try:
+                chunk = reader.read()
+            finally:
+                reader.close()
+            if chunk is None or chunk.next_offset != covers:
+                return None
+        assert chunk is not None
         return chunk.first_offset, chunk.epoch, zlib.crc32(chunk.record_bytes())
 
     def _load_snapshot(self) -> Ledger | None:
