@@ -64,14 +64,19 @@ def scenario(broker: BrokerProcess, queue: str, kind: str, numbers: range, taken
 
 
 def read_all(broker: BrokerProcess, queue: str) -> Read:
+    """Every message, in order, by basic.get; the count queue.declare gave first, each
+    basic.get's message_count too, and an end row for the empty queue's answer."""
     connection = pika.BlockingConnection(pika.URLParameters(broker.url))
     try:
         ch = connection.channel()
+        count = ch.queue_declare(queue, passive=True).method.message_count
         out: Read = []
         while True:
             method, props, body = ch.basic_get(queue, auto_ack=True)
             if method is None:
+                assert count == len(out), "queue.declare's message_count is not what it held"
                 return out
+            assert method.message_count == count - len(out) - 1
             headers = props.headers or {}
             out.append((body, method.redelivered, headers.get("x-delivery-count"),
                         headers.get("x-acquired-count"), props.delivery_mode))
