@@ -219,6 +219,7 @@ class DurableClassicQueue(ClassicQueue):
         self.floor = self.log.first_offset
         # what a snapshot holds, kept up to date as the log is written (None: no snapshots)
         self.ledger: Ledger | None = None
+        self._snapshot_due = False
         self.writer = Writer(vhost.scheduler, env.fsync_policy, lambda: self.log, batch=_Batch,
                              append=self._write, failed=self._write_failed, name=name,
                              replication=replication, on_commit=self._commit_moved,
@@ -241,8 +242,21 @@ class DurableClassicQueue(ClassicQueue):
 
     def _commit_moved(self) -> None:
         self.committed_moved()
-        if self.ledger is not None and self.ledger.changes >= SNAPSHOT_EVERY:
-            self.write_snapshot()
+        if (self.ledger is not None and self.ledger.changes >= SNAPSHOT_EVERY
+                and not self._snapshot_due):
+            self._snapshot_due = True  # after this turn, outside the committer's callback
+            self.vhost.scheduler.call_soon(self._periodic_snapshot)
+
+    def _periodic_snapshot(self) -> None:
+        """Every SNAPSHOT_EVERY records written or settled: what the fsync policy left
+        pending is fsynced first (under a steady load the commit point is always a little
+        behind the log's end), then the snapshot is written."""
+        self._snapshot_due = False
+        if self.deleted or self.ledger is None or not self.snapshots_allowed():
+            return
+        if self.writer.committer.committed < self.log.next_offset - 1:
+            self.writer.commit()
+        self.write_snapshot()
 
     def persists(self, message: InboundMessage) -> bool:
         """Whether a message is written to the log: persistent ones (RabbitMQ keeps transient
