@@ -29,7 +29,7 @@ import sys
 import uuid
 import zlib
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -482,32 +482,7 @@ class DurableClassicQueue(ClassicQueue):
                                      seq=ledger.seq if ledger is not None else 0)
             return
         start = 0 if ledger is None else ledger.covers  # S: the snapshot describes below it
-        settled_before, held_before = IntervalSet(), IntervalSet()
-        settled_after, held_after = IntervalSet(), IntervalSet()  # since the snapshot, below S
-        reader = self.log.reader(OffsetSpec.first(), chunk_types=self.STATE_TYPES)
-        for chunk in reader:
-            before = chunk.first_offset < start
-            self.settled_offsets.add_range(chunk.first_offset, chunk.next_offset)
-            if before:
-                settled_before.add_range(chunk.first_offset, chunk.next_offset)
-            for record in chunk.records:
-                if chunk.chunk_type == ACKS:
-                    for low, high in _parse_ranges(record):
-                        self.settled_offsets.add_range(low, high)
-                        if before:
-                            settled_before.add_range(low, high)
-                        elif low < start:
-                            settled_after.add_range(low, min(high, start))
-                elif chunk.chunk_type == DELIVERED:
-                    for low, high in _parse_ranges(record):
-                        self.delivered_offsets.add_range(low, high)
-                else:
-                    held = self.recovered_record(chunk.chunk_type, record)
-                    if held is not None and before:
-                        held_before.add(held)
-                    elif held is not None and held < start:
-                        held_after.add(held)
-        reader.close()
+        settled_before, held_before, settled_after, held_after = self._read_state(start)
         store = self.messages
         paged_store = store.default if isinstance(store, LeveledStore) else store
         highest_seq = 0
@@ -557,6 +532,42 @@ class DurableClassicQueue(ClassicQueue):
             self.ledger = ledger
             if ledger.changes >= SNAPSHOT_EVERY:
                 self.write_snapshot()
+
+    def _read_state(self, start: int) -> tuple[IntervalSet, IntervalSet, IntervalSet,
+                                               IntervalSet]:
+        """The settled, delivered and queue type's own records (STATE_TYPES), a filtered pass
+        over the log. Returns what was settled and held as of `start` (S), and what below S
+        was settled and held since (by records at or past S)."""
+        settled_before, held_before = IntervalSet(), IntervalSet()
+        settled_after, held_after = IntervalSet(), IntervalSet()
+        settled = self.settled_offsets
+        reader = self.log.reader(OffsetSpec.first(), chunk_types=self.STATE_TYPES)
+        try:
+            for chunk in reader:
+                before = chunk.first_offset < start
+                settled.add_range(chunk.first_offset, chunk.next_offset)
+                if before:
+                    settled_before.add_range(chunk.first_offset, chunk.next_offset)
+                for record in chunk.records:
+                    if chunk.chunk_type == DELIVERED:
+                        for low, high in _parse_ranges(record):
+                            self.delivered_offsets.add_range(low, high)
+                    elif chunk.chunk_type == ACKS:
+                        for low, high in _parse_ranges(record):
+                            settled.add_range(low, high)
+                            if before:
+                                settled_before.add_range(low, high)
+                            elif low < start:
+                                settled_after.add_range(low, min(high, start))
+                    else:
+                        offset = self.recovered_record(chunk.chunk_type, record)
+                        if offset is not None and before:
+                            held_before.add(offset)
+                        elif offset is not None and offset < start:
+                            held_after.add(offset)
+        finally:
+            reader.close()
+        return settled_before, held_before, settled_after, held_after
 
     def _from_snapshot(self, ledger: Ledger, settled_before: IntervalSet,
                        held_before: IntervalSet, settled_after: IntervalSet,
@@ -637,7 +648,7 @@ class DurableClassicQueue(ClassicQueue):
             if reader is not None:
                 reader.close()
 
-    def _kinds(self, ranges: list[tuple[int, int]]) -> Iterator[tuple[int, int, int]]:
+    def _kinds(self, ranges: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int, int]]:
         """Each message record in `ranges`: (offset, kind, body size), for the ledger."""
         offsets = IntervalSet()
         for low, high in ranges:
@@ -661,9 +672,9 @@ class DurableClassicQueue(ClassicQueue):
         (0, 0, 0) if the log no longer holds it, None if the log does not end a chunk there."""
         if covers <= self.log.first_offset:
             return 0, 0, 0
-        chunk = None
-        for at in (covers - 1, None):  # the chunk holding S - 1, then all of it from its start
-            start = at if at is not None else chunk.first_offset  # type: ignore[union-attr]
+        found: list[tuple[int, int, int]] = []
+        start = covers - 1
+        for _whole in (False, True):  # the chunk holding S - 1, then all of it from its start
             reader = self.log.reader(OffsetSpec.offset(start), chunk_types=self.CHUNK_TYPES)
             try:
                 chunk = reader.read()
@@ -671,8 +682,11 @@ class DurableClassicQueue(ClassicQueue):
                 reader.close()
             if chunk is None or chunk.next_offset != covers:
                 return None
-        assert chunk is not None
-        return chunk.first_offset, chunk.epoch, zlib.crc32(chunk.record_bytes())
+            start = chunk.first_offset
+            if _whole:
+                found.append((chunk.first_offset, chunk.epoch,
+                              zlib.crc32(chunk.record_bytes())))
+        return found[0]
 
     def _load_snapshot(self) -> Ledger | None:
         """The queue's snapshot if it describes this log; else None (with a log line saying

@@ -593,7 +593,7 @@ class QuorumQueue(DurableClassicQueue):
         offset, reason = _DEAD.unpack(bytes(record))
         self.held_offsets.add(offset)
         self._recovered_reasons[offset] = REASONS[reason]
-        return offset
+        return int(offset)
 
     def snapshots_allowed(self) -> bool:
         """One node, or the leader: a replica keeps no queue state (docs/QUORUM-QUEUES.md)."""

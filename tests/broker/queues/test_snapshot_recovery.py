@@ -11,7 +11,6 @@ drives (support.manual_scheduler)."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -246,8 +245,7 @@ def test_a_clean_close_writes_a_snapshot_that_the_restart_uses(tmp_path: Path) -
     queue.close()
 
 
-def test_a_restart_after_a_kill_reads_the_tail_after_the_snapshot(tmp_path: Path,
-                                                                  caplog: Any) -> None:
+def test_a_restart_after_a_kill_reads_the_tail_after_the_snapshot(tmp_path: Path) -> None:
     harness = filled(tmp_path)
     covers = harness.queue.ledger.covers if harness.queue.ledger else -1
     for _ in range(5):
@@ -261,7 +259,7 @@ def test_a_restart_after_a_kill_reads_the_tail_after_the_snapshot(tmp_path: Path
     queue.close()
 
 
-def snapshot_not_used(harness: Harness, lines: list[str]) -> tuple[int, list[Any]]:
+def snapshot_not_used(harness: Harness) -> tuple[int, list[Any]]:
     queue = harness.open(harness.root)
     try:
         assert queue.ledger is not None
@@ -271,7 +269,8 @@ def snapshot_not_used(harness: Harness, lines: list[str]) -> tuple[int, list[Any
         queue.log.close()
 
 
-def test_a_corrupt_snapshot_is_not_used(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_corrupt_snapshot_is_not_used(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     harness = filled(tmp_path)
     harness.kill()
     expected = recovered(harness, harness.directory, False, "b")
@@ -279,13 +278,14 @@ def test_a_corrupt_snapshot_is_not_used(tmp_path: Path, caplog: pytest.LogCaptur
     data = bytearray(path.read_bytes())
     data[20] ^= 0xFF
     path.write_bytes(bytes(data))
-    read, messages = snapshot_not_used(harness, [])
+    read, messages = snapshot_not_used(harness)
     assert read == 30  # every ready record was read
     assert (len(messages), messages, []) == expected
     assert "checksum mismatch" in caplog.text
 
 
-def test_a_snapshot_beyond_the_logs_end_is_not_used(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_snapshot_beyond_the_logs_end_is_not_used(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """As after the uncommitted tail of a replica or a deposed leader was cut back."""
     harness = filled(tmp_path)
     harness.kill()
@@ -297,7 +297,7 @@ def test_a_snapshot_beyond_the_logs_end_is_not_used(tmp_path: Path, caplog: pyte
         fresh.run(("publish", None, True))
     fresh.kill()
     (fresh.directory / snapshot.NAME).write_bytes(saved)
-    read, messages = snapshot_not_used(fresh, [])
+    read, messages = snapshot_not_used(fresh)
     assert read == 20
     assert len(messages) == 20 and expected[0] == 30
     assert "beyond the log's end" in caplog.text
@@ -317,12 +317,13 @@ def test_a_snapshot_of_a_log_since_written_again_below_it_is_not_used(
         fresh.run(("publish", 3, True))
     fresh.kill()
     (fresh.directory / snapshot.NAME).write_bytes(saved)
-    read, messages = snapshot_not_used(fresh, [])
+    read, messages = snapshot_not_used(fresh)
     assert read == covers + 5 and len(messages) == covers + 5
     assert "written again below" in caplog.text
 
 
-def test_a_snapshot_file_not_written_leaves_the_last_one(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_snapshot_file_not_written_leaves_the_last_one(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     harness = filled(tmp_path)
     before = (harness.directory / snapshot.NAME).read_bytes()
     harness.run(("publish", None, True))
@@ -353,6 +354,3 @@ def test_minus() -> None:
         b.add_range(low, high)
     assert list(snapshot.minus(a, b).ranges()) == [(0, 2), (4, 8), (22, 25), (26, 30)]
 
-
-def all_offsets(harness: Harness) -> Iterator[int]:
-    yield from range(harness.queue.log.first_offset, harness.queue.log.next_offset)
