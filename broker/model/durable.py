@@ -526,6 +526,10 @@ class DurableClassicQueue(ClassicQueue):
             self.settle_range(low, high)
         self.floor = self.log.first_offset
         self._truncate()
+        if start and isinstance(paged_store, PagedStore):
+            # the first page is read now, as a restart without a snapshot reads it (its chunks'
+            # CRCs checked at the start; the first basic.get does not wait for it)
+            paged_store.peek()
         log.info("durable queue recovered", queue=self.name, vhost=self.vhost.name,
                  messages=len(store), snapshot=start or None, records_read=tail)
         if takes_snapshots:
