@@ -758,4 +758,5 @@ class DurableClassicQueue(ClassicQueue):
         if not self.deleted:
             self.writer.close()
             self.write_snapshot()
+            self.ledger = None  # a periodic snapshot still due finds the queue closed
             self.log.close()

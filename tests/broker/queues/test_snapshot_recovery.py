@@ -28,6 +28,7 @@ from leveret.broker.model.message import QueuedMessage
 from leveret.broker.model.quorum import QuorumQueue
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.vhost import VHost
+from leveret.storage import DiskFullError
 
 QUEUE = "q"
 STORAGE = "kept"
@@ -334,6 +335,33 @@ def test_a_snapshot_file_not_written_leaves_the_last_one(
     harness.kill()
     queue = harness.open(harness.root)
     assert queue.message_count == 31
+    queue.close()
+
+
+def test_after_a_failed_write_no_snapshot_is_written_until_a_restart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write that fails (a full disk) may leave the counts ahead of the log: the queue
+    writes no more snapshots; the last one stays valid, and the restart reads it."""
+    harness = filled(tmp_path)
+    before = (harness.directory / snapshot.NAME).read_bytes()
+    log = harness.queue.log
+
+    def full(*_args: object, **_kwargs: object) -> int:
+        raise DiskFullError(log.directory, "no space left on device")
+
+    monkeypatch.setattr(log, "append", full)
+    harness.run(("publish", None, True))
+    assert "durable queue write failed" in caplog.text
+    monkeypatch.undo()
+    harness.run(("publish", None, True))  # written now, the failed one kept in memory
+    assert harness.queue.ledger is None
+    assert harness.queue.write_snapshot() is False
+    harness.queue.close()
+    assert (harness.directory / snapshot.NAME).read_bytes() == before
+    queue = harness.open(harness.root)
+    assert queue.message_count == 31  # the snapshot's 30 and the one written after it
+    assert queue.ledger is not None and queue.ledger.changes == 1
     queue.close()
 
 
