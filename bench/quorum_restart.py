@@ -4,6 +4,7 @@ memory it spends before and after.
 
     python bench/quorum_restart.py --messages 1000000,3000000 --restarts 2
     python bench/quorum_restart.py --messages 10000000 --py-spy bench/results/restart-profile
+    python bench/quorum_restart.py --messages 1000000 --restarts 4 --stops term,kill
 
 For each --messages size: a fresh `leveret serve` (one node, no etcd; from a copy of this
 checkout's sources, as bench/compare.py runs it) in a temp data directory, one quorum queue
@@ -11,7 +12,9 @@ filled with that many --body-byte persistent messages by one publisher with conf
 --window), nothing consumed. Then, measured: the node's RSS (VmRSS of its process tree: the main
 process and its wire workers; the main one alone too) and the data directory's disk use
 (`du`-style: allocated blocks) with the node up; the node is stopped (SIGTERM, its exit timed)
-and started again --restarts times on the same directory. Each start is timed from the spawn of
+and started again --restarts times on the same directory (each stop is, in turn, one of --stops:
+`term`, SIGTERM, the queue writes its snapshot as it closes; `kill`, kill -9, the restart reads
+the last periodic snapshot and the log after it). Each start is timed from the spawn of
 `leveret serve` to: the AMQP port accepting, and a basic.get on the queue answering with a
 message (then basic.nack with requeue, which RabbitMQ 4.3 and Leveret do not count as a failed
 delivery); the get's message_count must be the size minus one. RSS right after the get and
@@ -64,11 +67,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default LEVERET_QUEUE_FSYNC=always)")
     p.add_argument("--leveret-arg", action="append", default=[], metavar="ARG",
                    help="one more argument for `leveret serve`, repeatable")
+    p.add_argument("--stops", default="term",
+                   help="comma-separated, used in turn by the restarts: term (SIGTERM) or "
+                        "kill (kill -9)")
     p.add_argument("--py-spy", metavar="DIR", help="profile each size's last restart into DIR")
     p.add_argument("--no-snapshot", action="store_true",
                    help="run the installed Leveret instead of a copy of this checkout's sources")
     args = p.parse_args(argv)
     args.sizes = [int(n) for n in args.messages.split(",")]
+    args.stop_kinds = args.stops.split(",")
+    if not set(args.stop_kinds) <= {"term", "kill"}:
+        p.error("--stops takes term and kill")
     return args
 
 
@@ -77,6 +86,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 class Node(LeveretNode):
     """`leveret serve` on a data directory that outlives its restarts, and its memory."""
+
+    def kill(self) -> float:
+        """kill -9 (no snapshot at the close); 0 seconds, for the table."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        return 0.0
 
     def rss(self) -> dict[str, float]:
         pids = process_tree([self.pid])
@@ -142,7 +158,9 @@ def recovered_log(node: Node) -> dict[str, Any] | None:
                     continue
     except OSError:
         return None
-    return None if found is None else {"messages": found.get("messages")}
+    if found is None:
+        return None
+    return {key: found.get(key) for key in ("messages", "snapshot", "records_read")}
 
 
 # -- py-spy ------------------------------------------------------------------------------------
@@ -231,8 +249,9 @@ def one_size(size: int, args: argparse.Namespace, snapshot: Path | None,
         print(f"{size:,} messages: filled in {out['fill_s']} s ({out['fill_msgs_per_s']:,}/s); "
               f"up: {out['before']}", flush=True)
         for restart in range(args.restarts):
-            row: dict[str, Any] = {"restart": restart}
-            row["stop_s"] = round(node.stop(), 2)
+            kind = args.stop_kinds[restart % len(args.stop_kinds)]
+            row: dict[str, Any] = {"restart": restart, "stop": kind}
+            row["stop_s"] = round(node.stop() if kind == "term" else node.kill(), 2)
             spy = None
             profile = None
             node.spawn()
@@ -253,8 +272,9 @@ def one_size(size: int, args: argparse.Namespace, snapshot: Path | None,
                 row["profile"] = str(profile)
                 row["top"] = top_functions(profile)
             out["restarts"].append(row)
-            print(f"  restart {restart}: port {row.get('port_s')} s, basic.get {row['get_s']} s "
-                  f"(message_count {row.get('message_count')}), stop {row['stop_s']} s; "
+            print(f"  restart {restart} after {kind}: port {row.get('port_s')} s, basic.get "
+                  f"{row['get_s']} s (message_count {row.get('message_count')}), "
+                  f"recovered {row['recovered']}, stop {row['stop_s']} s; "
                   f"after the get {row['after_get']}, {args.settle:.0f} s later "
                   f"{row['after_settle']}", flush=True)
             if row.get("top"):
@@ -286,7 +306,8 @@ def report(sizes: list[dict[str, Any]]) -> str:
         before = s.get("before", {})
         after = rs[-1].get("after_settle", {}) if rs else {}
         after_get = rs[-1].get("after_get", {}) if rs else {}
-        each = " / ".join(f"{g:.1f}" for g in gets)
+        each = " / ".join(f"{r['get_s']:.1f} {r.get('stop', 'term')}" for r in rs
+                          if "get_s" in r)
         lines.append(
             f"| {s['messages']:,} | {s.get('fill_msgs_per_s', '-'):,} | "
             f"{_num(median(gets))} ({each}) | {_num(median(ports))} | "

@@ -12,7 +12,11 @@ messages (persistent or not) go to the log only, and are read back a page at a t
 head drains. Transient messages written that way are dropped at a restart, as RabbitMQ drops
 transient messages of durable queues. Priority queues keep their entries in memory.
 
-Recovery reads the log once: settled and delivered ranges first, then the message records.
+Recovery reads the settled and delivered ranges, then the message records after the queue's
+last snapshot (snapshot.py: the counts of the ready messages below an offset S, written at a
+clean close and every SNAPSHOT_EVERY records written or settled), or every message record when
+there is no usable snapshot. A priority classic queue keeps every message in memory, and reads
+them all: it writes no snapshot.
 
 Single-threaded: runs on the event loop; storage calls are synchronous.
 """
@@ -23,17 +27,20 @@ import shutil
 import struct
 import sys
 import uuid
+import zlib
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from leveret.broker.model import snapshot
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.intervals import IntervalSet
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.queue import ClassicQueue, QueueOwner
 from leveret.broker.model.replication import ONE_NODE, Appends
+from leveret.broker.model.snapshot import OTHER, PAGED, TRANSIENT, Ledger, SnapshotError, minus
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.store import LeveledStore, MemoryStore, MessageStore
 from leveret.broker.model.writer import Writer
@@ -50,6 +57,8 @@ PAGE_BYTES = 8 * 1024 * 1024
 _HEAD = struct.Struct(">BQqBI")  # flags, seq, expires_at (-1: none), priority, body size
 PRIORITY_AT = 17  # where the priority byte is in _HEAD
 PERSISTENT = 1
+USER = 0  # chunk type of the message records
+SNAPSHOT_EVERY = 100_000  # records written or settled between two snapshots
 
 PENDING = "pending"  # store_ref of an entry waiting for this turn's write
 SETTLED_EARLY = "settled-early"  # settled before it was written: never written
@@ -70,6 +79,7 @@ class _Batch:
     delivered_early: list[QueuedMessage] = field(default_factory=list)  # before their write
     dead_lettered: list[QueuedMessage] = field(default_factory=list)  # held (quorum)
     sends: list[tuple[Consumer, QueuedMessage]] = field(default_factory=list)  # (quorum)
+    settled_entries: dict[int, QueuedMessage] = field(default_factory=dict)  # by offset
 
 
 def _ranges(intervals: IntervalSet) -> bytes:
@@ -194,6 +204,10 @@ class PagedStore:
 
 
 class DurableClassicQueue(ClassicQueue):
+    CHUNK_TYPES: tuple[int, ...] = (USER, ACKS, DELIVERED)  # every chunk type of its log
+    STATE_TYPES: tuple[int, ...] = (ACKS, DELIVERED)  # what recovery reads before the messages
+    paged_level: int | None = None  # the priority the paged store holds (None: every one)
+
     def __init__(self, vhost: QueueOwner, name: str, *, env: StorageEnv,
                  storage_id: str | None = None, replication: Appends = ONE_NODE,
                  **kwargs: Any) -> None:
@@ -215,9 +229,12 @@ class DurableClassicQueue(ClassicQueue):
         # recovery and reading the tail back pass them by
         self.held_offsets = IntervalSet()
         self.floor = self.log.first_offset
+        # what a snapshot holds, kept up to date as the log is written (None: no snapshots)
+        self.ledger: Ledger | None = None
+        self._snapshot_due = False
         self.writer = Writer(vhost.scheduler, env.fsync_policy, lambda: self.log, batch=_Batch,
                              append=self._write, failed=self._write_failed, name=name,
-                             replication=replication, on_commit=self.committed_moved,
+                             replication=replication, on_commit=self._commit_moved,
                              syncer=env.syncer)
         self.messages = self.make_store()
         self._recover()
@@ -234,6 +251,24 @@ class DurableClassicQueue(ClassicQueue):
 
     def committed_moved(self) -> None:
         """The commit point moved (a quorum queue releases what it covers to consumers)."""
+
+    def _commit_moved(self) -> None:
+        self.committed_moved()
+        if (self.ledger is not None and self.ledger.changes >= SNAPSHOT_EVERY
+                and not self._snapshot_due):
+            self._snapshot_due = True  # after this turn, outside the committer's callback
+            self.vhost.scheduler.call_soon(self._periodic_snapshot)
+
+    def _periodic_snapshot(self) -> None:
+        """Every SNAPSHOT_EVERY records written or settled: what the fsync policy left
+        pending is fsynced first (under a steady load the commit point is always a little
+        behind the log's end), then the snapshot is written."""
+        self._snapshot_due = False
+        if self.deleted or self.ledger is None or not self.snapshots_allowed():
+            return
+        if self.writer.committer.committed < self.log.next_offset - 1:
+            self.writer.commit()
+        self.write_snapshot()
 
     def persists(self, message: InboundMessage) -> bool:
         """Whether a message is written to the log: persistent ones (RabbitMQ keeps transient
@@ -260,7 +295,9 @@ class DurableClassicQueue(ClassicQueue):
     def settled(self, entry: QueuedMessage) -> None:
         ref = entry.store_ref
         if isinstance(ref, int):
-            self.writer.batch.settled.add(ref)
+            batch = self.writer.batch
+            batch.settled.add(ref)
+            batch.settled_entries[ref] = entry
             self.writer.schedule()
         elif ref is PENDING:
             entry.store_ref = SETTLED_EARLY
@@ -311,6 +348,8 @@ class DurableClassicQueue(ClassicQueue):
         transient messages do. The settled and delivered ranges go with the next write."""
         log.error("durable queue write failed", queue=self.name, vhost=self.vhost.name,
                   error=str(error))
+        if self.ledger is not None:  # what it counted may not be in the log: no more snapshots
+            self.ledger = None       # until a restart (the last one written stays valid)
         written = not any(entry.store_ref is PENDING for entry in batch.entries)
         for entry in batch.entries:
             if entry.store_ref is PENDING or entry.store_ref is SETTLED_EARLY:
@@ -338,10 +377,13 @@ class DurableClassicQueue(ClassicQueue):
     def _write(self, batch: _Batch) -> None:
         """The writer's append: this turn's messages, then its settled and delivered ranges."""
         entries = [e for e in batch.entries if e.store_ref is PENDING]
+        ledger = self.ledger
         if entries:
             first = self.log.append([self._pack(e) for e in entries])
             for offset, entry in enumerate(entries, first):
                 entry.store_ref = offset
+                if ledger is not None:
+                    ledger.written(offset, *self._kind_of(entry), entry.seq)
         for entry in batch.entries:
             if entry.store_ref is SETTLED_EARLY:
                 entry.store_ref = None
@@ -349,9 +391,29 @@ class DurableClassicQueue(ClassicQueue):
             if ranges.range_count:
                 offset = self.log.append([_ranges(ranges)], chunk_type=chunk_type)
                 self.settled_offsets.add(offset)
+        if ledger is not None and batch.settled.range_count:
+            settled, held, known = self.settled_offsets, self.held_offsets, batch.settled_entries
+
+            def what(offset: int) -> tuple[int, int] | None:
+                entry = known.get(offset)
+                return None if entry is None else self._kind_of(entry)
+
+            for start, end in batch.settled.ranges():
+                ledger.settle(start, end, lambda o: o in settled or o in held, what)
         for start, end in batch.settled.ranges():
             self.settled_offsets.add_range(start, end)
         self._truncate()
+
+    def _kind_of(self, entry: QueuedMessage) -> tuple[int, int]:
+        """What a message is for the snapshot's ledger, and its size."""
+        return (self._kind(self.persists(entry.message), entry.priority),
+                len(entry.message.body))
+
+    def _kind(self, persistent: bool, priority: int) -> int:
+        if not persistent:
+            return TRANSIENT
+        level = self.paged_level
+        return PAGED if level is None or priority == level else OTHER
 
     def _pack(self, entry: QueuedMessage) -> bytes:
         message = entry.message
@@ -443,34 +505,48 @@ class DurableClassicQueue(ClassicQueue):
             reader.close()
 
     def _recover(self) -> None:
-        """Rebuild the queue from its log: which messages are still ready, in order."""
+        """Rebuild the queue from its log: which messages are still ready, in order. With a
+        usable snapshot, the message records below its offset S are not read, but those that
+        recovery keeps in memory (held, or of another priority level), and those settled or
+        held since the snapshot (to take them out of its counts)."""
+        takes_snapshots = self.takes_snapshots()
+        ledger = self._load_snapshot() if takes_snapshots else None
         if self.log.next_offset == self.log.first_offset:
+            if takes_snapshots:
+                self.ledger = Ledger(covers=self.log.next_offset, first=self.log.first_offset,
+                                     seq=ledger.seq if ledger is not None else 0)
             return
-        reader = self.log.reader(OffsetSpec.first(), chunk_types=(ACKS, DELIVERED))
-        for chunk in reader:
-            target = self.settled_offsets if chunk.chunk_type == ACKS else self.delivered_offsets
-            self.settled_offsets.add(chunk.first_offset)
-            for record in chunk.records:
-                for start, end in _parse_ranges(record):
-                    target.add_range(start, end)
-        reader.close()
-        transient = IntervalSet()
-        highest_seq = 0
+        start = 0 if ledger is None else ledger.covers  # S: the snapshot describes below it
+        settled_before, held_before, settled_after, held_after = self._read_state(start)
         store = self.messages
-        reader = self.log.reader(OffsetSpec.first())
+        paged_store = store.default if isinstance(store, LeveledStore) else store
+        highest_seq = 0
+        if ledger is None:
+            ledger = Ledger(first=self.log.first_offset)
+        else:
+            highest_seq = ledger.seq
+            self._from_snapshot(ledger, settled_before, held_before, settled_after, held_after)
+            if ledger.buckets and isinstance(paged_store, PagedStore):
+                paged_store.tail_from = max(self.log.first_offset,
+                                            min(ledger.buckets) * snapshot.BUCKET)
+                paged_store.tail_count = ledger.count
+                paged_store.tail_bytes = ledger.bytes
+        reader = self.log.reader(OffsetSpec.offset(max(start, self.log.first_offset)))
+        settled, held, delivered = self.settled_offsets, self.held_offsets, self.delivered_offsets
+        written, kind_of = ledger.written, self._kind
         for chunk in reader:
             for offset, record in chunk.items():
-                if offset in self.settled_offsets:
+                if offset < start or offset in settled:
                     continue
-                if offset in self.held_offsets:
+                if offset in held:
                     self.recovered_held(self._unpack(offset, record, True))
                     continue
                 flags, seq, _expires, priority, size = _HEAD.unpack_from(record, 0)
                 highest_seq = max(highest_seq, seq)
+                written(offset, kind_of(bool(flags & PERSISTENT), priority), size, seq)
                 if not flags & PERSISTENT:
-                    transient.add(offset)
                     continue
-                entry = partial(self._unpack, offset, record, offset in self.delivered_offsets)
+                entry = partial(self._unpack, offset, record, offset in delivered)
                 paged = store.paged(priority) if isinstance(store, LeveledStore) else store
                 if isinstance(paged, PagedStore):
                     paged.recovered(offset, size, entry)
@@ -478,13 +554,227 @@ class DurableClassicQueue(ClassicQueue):
                     store.push(entry())
         reader.close()
         self._seq = highest_seq
-        if transient.range_count:
-            for start, end in transient.ranges():
-                self.settle_range(start, end)
+        tail = ledger.changes
+        ledger.covers = self.log.next_offset
+        ledger.transient = minus(ledger.transient, self.settled_offsets)
+        for low, high in list(ledger.transient.ranges()):
+            self.settle_range(low, high)
         self.floor = self.log.first_offset
         self._truncate()
+        if start and isinstance(paged_store, PagedStore):
+            # the first page is read now, as a restart without a snapshot reads it (its chunks'
+            # CRCs checked at the start; the first basic.get does not wait for it)
+            paged_store.peek()
         log.info("durable queue recovered", queue=self.name, vhost=self.vhost.name,
-                 messages=len(store))
+                 messages=len(store), snapshot=start or None, records_read=tail)
+        if takes_snapshots:
+            self.ledger = ledger
+            if ledger.changes >= SNAPSHOT_EVERY:
+                self.write_snapshot()
+
+    def _read_state(self, start: int) -> tuple[IntervalSet, IntervalSet, IntervalSet,
+                                               IntervalSet]:
+        """The settled, delivered and queue type's own records (STATE_TYPES), a filtered pass
+        over the log. Returns what was settled and held as of `start` (S), and what below S
+        was settled and held since (by records at or past S)."""
+        settled_before, held_before = IntervalSet(), IntervalSet()
+        settled_after, held_after = IntervalSet(), IntervalSet()
+        settled = self.settled_offsets
+        reader = self.log.reader(OffsetSpec.first(), chunk_types=self.STATE_TYPES)
+        try:
+            for chunk in reader:
+                before = chunk.first_offset < start
+                settled.add_range(chunk.first_offset, chunk.next_offset)
+                if before:
+                    settled_before.add_range(chunk.first_offset, chunk.next_offset)
+                for record in chunk.records:
+                    if chunk.chunk_type == DELIVERED:
+                        for low, high in _parse_ranges(record):
+                            self.delivered_offsets.add_range(low, high)
+                            self.recovered_delivered(low, high)
+                    elif chunk.chunk_type == ACKS:
+                        for low, high in _parse_ranges(record):
+                            settled.add_range(low, high)
+                            if before:
+                                settled_before.add_range(low, high)
+                            elif low < start:
+                                settled_after.add_range(low, min(high, start))
+                    else:
+                        offset = self.recovered_record(chunk.chunk_type, record)
+                        if offset is not None and before:
+                            held_before.add(offset)
+                        elif offset is not None and offset < start:
+                            held_after.add(offset)
+        finally:
+            reader.close()
+        return settled_before, held_before, settled_after, held_after
+
+    def _from_snapshot(self, ledger: Ledger, settled_before: IntervalSet,
+                       held_before: IntervalSet, settled_after: IntervalSet,
+                       held_after: IntervalSet) -> None:
+        """The snapshot's counts brought up to the log as it is: what was settled or held since
+        it was written is taken out; the messages below S that recovery keeps in memory (held,
+        or of another level) are read, in order."""
+        start = ledger.covers
+
+        def out(offset: int) -> bool:
+            return offset in settled_before or offset in held_before
+
+        for low, high in settled_after.ranges():
+            ledger.settle(low, high, out, lambda offset: None)
+        for low, high in held_after.ranges():
+            for offset in range(low, high):
+                if not out(offset):
+                    ledger.dirty.add(offset)
+        ledger.first = 0  # its head may have been deleted since: counted again
+        ledger.resolve(self.log.first_offset, self._kinds, self._recount)
+        ledger.changes = 0
+        keep = IntervalSet()
+        for intervals in (ledger.leveled, self.held_offsets):
+            for low, high in intervals.ranges():
+                keep.add_range(max(low, self.log.first_offset), min(high, start))
+        keep = minus(keep, self.settled_offsets)
+        store, held, delivered = self.messages, self.held_offsets, self.delivered_offsets
+        for offset, record in self._records(keep):
+            if offset in held:
+                self.recovered_held(self._unpack(offset, record, True))
+            else:
+                store.push(self._unpack(offset, record, offset in delivered))
+        ledger.leveled = minus(ledger.leveled, self.settled_offsets)
+
+    def recovered_delivered(self, start: int, end: int) -> None:
+        """A range of delivered offsets read by recovery, in log order with the queue type's
+        own records (a quorum queue counts what was checked out when the log ended)."""
+
+    def recovered_record(self, chunk_type: int, record: bytes) -> int | None:
+        """A record of one of the queue type's own STATE_TYPES, read by recovery; returns the
+        offset of a message it says is held (see `held_offsets`), else None."""
+        return None
+
+    # -- snapshots ----------------------------------------------------------------------------
+
+    def takes_snapshots(self) -> bool:
+        """A FIFO queue does (its paged store's counts are what a snapshot saves reading);
+        a priority classic queue keeps every message in memory and reads them all."""
+        return isinstance(self.messages, PagedStore | LeveledStore)
+
+    def snapshots_allowed(self) -> bool:
+        """Whether this member may write one now (a quorum queue's replica does not)."""
+        return True
+
+    def _records(self, offsets: IntervalSet) -> Iterator[tuple[int, bytes]]:
+        """The message records at `offsets`, in order (a reader per far-apart range)."""
+        reader = None
+        position = -1
+        try:
+            for low, high in offsets.ranges():
+                if reader is None or low - position > snapshot.BUCKET:
+                    if reader is not None:
+                        reader.close()
+                    reader = self.log.reader(OffsetSpec.offset(low))
+                    position = low
+                while position < high:
+                    chunk = reader.read()
+                    if chunk is None:
+                        position = high
+                        break
+                    for offset, record in chunk.items():
+                        if low <= offset < high:
+                            yield offset, record
+                    position = chunk.next_offset
+                    if position > high:  # the chunk holds the next ranges' start too
+                        break
+                if position > high:
+                    # what the last chunk held past this range is read again from the cache
+                    reader.close()
+                    reader = None
+        finally:
+            if reader is not None:
+                reader.close()
+
+    def _kinds(self, ranges: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int, int]]:
+        """Each message record in `ranges`: (offset, kind, body size), for the ledger."""
+        offsets = IntervalSet()
+        for low, high in ranges:
+            offsets.add_range(low, high)
+        for offset, record in self._records(offsets):
+            flags, _seq, _expires, priority, size = _HEAD.unpack_from(record, 0)
+            yield offset, self._kind(bool(flags & PERSISTENT), priority), size
+
+    def _recount(self, start: int, end: int) -> tuple[int, int]:
+        """The ready messages of the paged level in [start, end), read from the log."""
+        count = size = 0
+        settled, held = self.settled_offsets, self.held_offsets
+        for offset, kind, bytes_ in self._kinds([(start, end)]):
+            if kind == PAGED and offset not in settled and offset not in held:
+                count += 1
+                size += bytes_
+        return count, size
+
+    def _chunk_check(self, covers: int) -> tuple[int, int, int] | None:
+        """(first offset, epoch, CRC of the records) of the chunk that ends at `covers`:
+        (0, 0, 0) if the log no longer holds it, None if the log does not end a chunk there."""
+        if covers <= self.log.first_offset:
+            return 0, 0, 0
+        found: list[tuple[int, int, int]] = []
+        start = covers - 1
+        for _whole in (False, True):  # the chunk holding S - 1, then all of it from its start
+            reader = self.log.reader(OffsetSpec.offset(start), chunk_types=self.CHUNK_TYPES)
+            try:
+                chunk = reader.read()
+            finally:
+                reader.close()
+            if chunk is None or chunk.next_offset != covers:
+                return None
+            start = chunk.first_offset
+            if _whole:
+                found.append((chunk.first_offset, chunk.epoch,
+                              zlib.crc32(chunk.record_bytes())))
+        return found[0]
+
+    def _load_snapshot(self) -> Ledger | None:
+        """The queue's snapshot if it describes this log; else None (with a log line saying
+        why), and the log is read in full."""
+        try:
+            data = snapshot.read(self.directory)
+            if data is None:
+                return None
+            ledger, check = snapshot.decode(data)
+            if ledger.covers > self.log.next_offset:
+                raise SnapshotError(f"stale: it covers up to offset {ledger.covers}, beyond "
+                                    f"the log's end ({self.log.next_offset})")
+            found = self._chunk_check(ledger.covers)
+            if found != check and found != (0, 0, 0):
+                raise SnapshotError("stale: the log was written again below its offset "
+                                    f"{ledger.covers}")
+        except (SnapshotError, StorageError, OSError) as exc:
+            log.warning("queue snapshot not used: reading the whole log", queue=self.name,
+                        vhost=self.vhost.name, reason=str(exc))
+            return None
+        return ledger
+
+    def write_snapshot(self) -> bool:
+        """Write the queue's snapshot of its log as it is now, if all of it is committed
+        (a snapshot never covers what a new leader could cut back). False if not written."""
+        ledger = self.ledger
+        if ledger is None or not self.snapshots_allowed():
+            return False
+        end = self.log.next_offset
+        if self.writer.committer.committed < end - 1:
+            return False
+        try:
+            ledger.covers = end
+            ledger.resolve(self.log.first_offset, self._kinds, self._recount)
+            check = self._chunk_check(end)
+            if check is None:
+                return False
+            snapshot.write(self.directory, snapshot.encode(ledger, self.settled_offsets, check))
+        except (StorageError, OSError) as exc:
+            log.warning("queue snapshot not written", queue=self.name, vhost=self.vhost.name,
+                        error=str(exc))
+            return False
+        ledger.changes = 0
+        return True
 
     def recovered_held(self, entry: QueuedMessage) -> None:
         """A held message found by recovery (see `held_offsets`): its queue type's."""
@@ -507,4 +797,6 @@ class DurableClassicQueue(ClassicQueue):
     def close(self) -> None:
         if not self.deleted:
             self.writer.close()
+            self.write_snapshot()
+            self.ledger = None  # a periodic snapshot still due finds the queue closed
             self.log.close()

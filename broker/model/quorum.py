@@ -106,6 +106,9 @@ def _ms(value: object) -> int | None:
 
 class QuorumQueue(DurableClassicQueue):
     type = "quorum"
+    CHUNK_TYPES = (*DurableClassicQueue.CHUNK_TYPES, RETURNS, DEAD_LETTERS)
+    STATE_TYPES = (*DurableClassicQueue.STATE_TYPES, RETURNS, DEAD_LETTERS)
+    paged_level = DEFAULT_PRIORITY
 
     def __init__(self, vhost: QueueOwner, name: str, *, env: StorageEnv,
                  storage_id: str | None = None, replication: Replication = ONE_NODE,
@@ -148,6 +151,7 @@ class QuorumQueue(DurableClassicQueue):
         self.retrying_bytes = 0
         self._retry_timer: Timer | None = None
         self._recovered_retry: dict[int, int] = {}
+        self._recovered_at = 0  # when this recovery began (ms): what a delayed retry waits for
         super().__init__(vhost, name, env=env, storage_id=storage_id, replication=replication,
                          **kwargs)
         if self.overflow == "reject-publish-dlx":
@@ -299,6 +303,7 @@ class QuorumQueue(DurableClassicQueue):
         self._dead_letters_sent.clear()
         self.dead_letters_bytes = 0
         self.unacked = 0
+        self.ledger = None  # a replica writes no snapshot; a leader's recovery makes it anew
         self.floor = self._followed = self.log.first_offset
 
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
@@ -750,7 +755,11 @@ class QuorumQueue(DurableClassicQueue):
         dead = []
         for entry in batch.dead_lettered:
             if isinstance(entry.store_ref, int) and entry in self.dead_letters:
-                self.held_offsets.add(entry.store_ref)
+                ref = entry.store_ref
+                if self.ledger is not None and ref not in self.held_offsets and (
+                        ref not in self.settled_offsets):
+                    self.ledger.gone(ref, *self._kind_of(entry))  # held: no longer ready
+                self.held_offsets.add(ref)
                 dead.append(_DEAD.pack(entry.store_ref,
                                        REASONS.index(self.dead_letters[entry])))
         if dead:
@@ -772,38 +781,43 @@ class QuorumQueue(DurableClassicQueue):
         letters held. Read in log order with the deliveries, to tell which returned messages
         were delivered again after their last return (checked out when the log ended)."""
         self._recovered_reasons: dict[int, str] = {}
-        counts = self.recovered_counts
-        again = self._checked_out_again = set()
-        retry_at = self._recovered_retry = {}
-        if self.log.next_offset != self.log.first_offset:
-            reader = self.log.reader(OffsetSpec.first(),
-                                     chunk_types=(DELIVERED, RETURNS, DEAD_LETTERS))
-            for chunk in reader:
-                if chunk.chunk_type == DELIVERED:  # (settled by the durable queue's pass)
-                    for record in chunk.records if counts else ():
-                        for start, end in _parse_ranges(record):
-                            again.update(_returned_in(counts, start, end))
-                    continue
-                self.settled_offsets.add_range(chunk.first_offset, chunk.next_offset)
-                for record in chunk.records:
-                    if chunk.chunk_type == RETURNS:
-                        offset, delivered, acquired, ready_at = _returned(bytes(record))
-                        counts[offset] = (delivered, acquired)
-                        again.discard(offset)
-                        retry_at[offset] = ready_at
-                    else:
-                        offset, reason = _DEAD.unpack(bytes(record))
-                        self.held_offsets.add(offset)
-                        self._recovered_reasons[offset] = REASONS[reason]
-            reader.close()
-        now = self.vhost.scheduler.now_ms()
-        for offset, ready_at in retry_at.items():
-            if ready_at > now and offset not in again:  # still waiting: passed by, then held
-                self.held_offsets.add(offset)
+        self.recovered_counts.clear()
+        self._checked_out_again = set()
+        self._recovered_retry = {}
+        self._recovered_at = self.vhost.scheduler.now_ms()
         super()._recover()
         settled = self.settled_offsets
         self.recovered_counts = {offset: counts for offset, counts
                                  in self.recovered_counts.items() if offset not in settled}
+
+    def recovered_record(self, chunk_type: int, record: bytes) -> int | None:
+        """The counts of a returned message (RETURNS), or a dead letter held (DEAD_LETTERS):
+        few records, read in full at every restart (a snapshot leaves them to their chunks).
+        A return whose delayed retry is not due yet holds its message until then (it cannot
+        have been delivered again since)."""
+        if chunk_type == RETURNS:
+            offset, delivered, acquired, ready_at = _returned(bytes(record))
+            self.recovered_counts[offset] = (delivered, acquired)
+            self._checked_out_again.discard(offset)
+            if ready_at > self._recovered_at:
+                self._recovered_retry[offset] = ready_at
+                self.held_offsets.add(offset)
+                return int(offset)
+            return None
+        offset, reason = _DEAD.unpack(bytes(record))
+        self.held_offsets.add(offset)
+        self._recovered_reasons[offset] = REASONS[reason]
+        return int(offset)
+
+    def recovered_delivered(self, start: int, end: int) -> None:
+        """Deliveries, in log order with the returns: a returned message delivered again
+        after its last return was checked out when the log ended."""
+        if self.recovered_counts:
+            self._checked_out_again.update(_returned_in(self.recovered_counts, start, end))
+
+    def snapshots_allowed(self) -> bool:
+        """One node, or the leader: a replica keeps no queue state (docs/QUORUM-QUEUES.md)."""
+        return self.replication.role in ("", "leader")
 
     def _unpack(self, offset: int, record: bytes, redelivered: bool) -> QueuedMessage:
         """A message read back from the log, with its counts: a message that was checked
