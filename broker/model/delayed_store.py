@@ -40,7 +40,7 @@ from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.writer import Writer
 from leveret.broker.process import logs
 from leveret.storage import Log, LogConfig, OffsetSpec, StorageError
-from leveret.storage.reader import Reader
+from leveret.storage.reader import ChunkView, Reader
 
 log = logs.get("leveret.delayed")
 
@@ -69,6 +69,13 @@ class _Batch:
     held: list[bytes] = field(default_factory=list)  # packed records of this turn
     dues: list[int] = field(default_factory=list)
     routed: IntervalSet = field(default_factory=IntervalSet)
+
+
+def _records(view: ChunkView) -> tuple[int, list[bytes]]:
+    """(the offset of its first record, its records): a reader that started inside a chunk
+    hands out only the records from its start on."""
+    start = view.offsets[0] if view.offsets else view.first_offset
+    return start, [bytes(r) for r in view.records]
 
 
 class DueIndex:
@@ -318,6 +325,9 @@ class DelayedStore:
             self.writer.batch.routed.add(offset)
             if message is not None:
                 batch.append((offset, message))
+            else:
+                log.error("a held message could not be read; it is dropped", exchange=self.name,
+                          offset=offset)
         else:
             if not self._soon:
                 self._soon = True
@@ -350,19 +360,18 @@ class DelayedStore:
     def _fetch_fresh(self, offset: int, keep: bool) -> InboundMessage | None:
         reader = self.log.reader(OffsetSpec.offset(offset), chunk_types=(HELD,))
         view = reader.read()
-        if view is None or not view.first_offset <= offset < view.first_offset + len(
-                view.records):
+        chunk = _records(view) if view is not None else None
+        if chunk is None or not chunk[0] <= offset < chunk[0] + len(chunk[1]):
             reader.close()
             return None
-        records = [bytes(r) for r in view.records]
         if keep:
             if self._reader is not None:
                 self._reader.close()
             self._reader = reader
-            self._chunk = (view.first_offset, records)
+            self._chunk = chunk
         else:
             reader.close()
-        return self._decode(records[offset - view.first_offset])
+        return self._decode(chunk[1][offset - chunk[0]])
 
     def _next_chunk(self) -> tuple[int, list[bytes]] | None:
         if self._reader is None:
@@ -371,7 +380,7 @@ class DelayedStore:
         if view is None:
             self._chunk = None
             return None
-        self._chunk = (view.first_offset, [bytes(r) for r in view.records])
+        self._chunk = _records(view)
         return self._chunk
 
     def _decode(self, record: bytes) -> InboundMessage:
