@@ -169,24 +169,26 @@ def delayed_type_of(arguments: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
-class DelayedMessageType(Exchange):
-    """The class the registry gives `x-delayed-message` while the declaration is checked:
-    it validates `x-delayed-type` as the plugin does. `resolve` gives the class to build."""
+def delayed_message_type(types: Mapping[str, type[Exchange]]) -> type[Exchange]:
+    """The class the registry gives `x-delayed-message` while a declaration is checked: it
+    validates `x-delayed-type` against the registered `types` as the plugin does (the class
+    to build is `delayed_variant` of the routing type)."""
 
-    type = TYPE
+    class DelayedMessageType(Exchange):
+        type = TYPE
 
-    @classmethod
-    def validate(cls, arguments: Mapping[str, Any]) -> None:
-        from leveret.broker.model.exchange_types import exchange_class
+        @classmethod
+        def validate(cls, arguments: Mapping[str, Any]) -> None:
+            inner = delayed_type_of(arguments)
+            if inner == TYPE:
+                raise PreconditionFailed(
+                    "Invalid argument, 'x-delayed-message' can't be used for 'x-delayed-type'")
+            if inner is None:
+                raise PreconditionFailed(
+                    "Invalid argument, 'x-delayed-type' must be an existing exchange type")
+            inner_cls = types.get(inner)
+            if inner_cls is None:
+                raise PreconditionFailed(f"unknown exchange type '{inner}'")
+            inner_cls.validate(arguments)
 
-        inner = delayed_type_of(arguments)
-        if inner == TYPE:
-            raise PreconditionFailed(
-                "Invalid argument, 'x-delayed-message' can't be used for 'x-delayed-type'")
-        if inner is None:
-            raise PreconditionFailed(
-                "Invalid argument, 'x-delayed-type' must be an existing exchange type")
-        inner_cls = exchange_class(inner)
-        if inner_cls is None:
-            raise PreconditionFailed(f"unknown exchange type '{inner}'")
-        inner_cls.validate(arguments)
+    return DelayedMessageType

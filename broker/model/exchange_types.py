@@ -11,7 +11,7 @@ from typing import Any
 from leveret.broker.model.consistent_hash_exchange import ConsistentHashExchange
 from leveret.broker.model.delayed_exchange import (
     LAVINMQ_ARG,
-    DelayedMessageType,
+    delayed_message_type,
     delayed_type_of,
     delayed_variant,
 )
@@ -30,6 +30,7 @@ _TYPES: dict[str, type[Exchange]] = {
                 ConsistentHashExchange)
 }
 EXCHANGE_TYPES = (*_TYPES, DELAYED_TYPE)
+_DELAYED_CHECK = delayed_message_type(_TYPES)
 
 
 def exchange_class(type_name: str,
@@ -41,7 +42,7 @@ def exchange_class(type_name: str,
     if type_name == DELAYED_TYPE:
         inner = _TYPES.get(delayed_type_of(arguments or {}) or "")
         if arguments is None or inner is None:
-            return DelayedMessageType
+            return _DELAYED_CHECK
         return delayed_variant(inner, DELAYED_TYPE)
     cls = _TYPES.get(type_name)
     if cls is not None and arguments is not None and arguments.get(LAVINMQ_ARG) is True:

@@ -117,7 +117,7 @@ def test_each_delayed_type_routes_as_its_type_after_the_delay(ch, inner: str) ->
     started = time.monotonic()
     send(ch, "dx", b"m", 300, key="a.b" if inner == "topic" else "k", h="v")
     assert get(ch, queue) is None  # held
-    props, body = wait_for(ch, queue)
+    _props, body = wait_for(ch, queue)
     assert body == b"m" and time.monotonic() - started >= 0.29
     if other is not None:
         assert get(ch, other) is None
