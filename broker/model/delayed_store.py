@@ -75,7 +75,7 @@ def _records(view: ChunkView) -> tuple[int, list[bytes]]:
     """(the offset of its first record, its records): a reader that started inside a chunk
     hands out only the records from its start on."""
     start = view.offsets[0] if view.offsets else view.first_offset
-    return start, [bytes(r) for r in view.records]
+    return start, view.records
 
 
 class DueIndex:
