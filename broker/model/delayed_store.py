@@ -174,6 +174,14 @@ class DueIndex:
         self.near = []
         self.flush()
 
+    def load_files(self) -> None:
+        """After a clean close: count the entries of the bucket files (nothing is loaded)."""
+        for path in self.directory.glob("*.idx"):
+            bucket = int(path.stem)
+            self.on_disk[bucket] = path.stat().st_size // _PAIR.size
+            heapq.heappush(self._buckets, bucket)
+        self.count = sum(self.on_disk.values())
+
     def reset(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
         self.directory.mkdir(parents=True)
@@ -401,12 +409,8 @@ class DelayedStore:
         clean = len(saved) == 2 and saved[0] == str(self.log.next_offset)
         marker.unlink(missing_ok=True)
         if clean:
+            self.index.load_files()
             self.index.ghosts = int(saved[1])
-            for path in self.index.directory.glob("*.idx"):
-                bucket = int(path.stem)
-                self.index.on_disk[bucket] = path.stat().st_size // _PAIR.size
-                heapq.heappush(self.index._buckets, bucket)
-            self.index.count = sum(self.index.on_disk.values())
             return
         self.index.reset()  # kill -9: the bucket files are rebuilt from the log
         reader = self.log.reader(OffsetSpec.first(), chunk_types=(HELD,))
