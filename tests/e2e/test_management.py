@@ -100,7 +100,8 @@ def test_overview_and_nodes(managed_broker: InProcessBroker, http: Http) -> None
     assert overview["object_totals"]["queues"] == 1
     assert overview["object_totals"]["connections"] == 1
     assert {t["name"] for t in overview["exchange_types"]} == {
-        "direct", "fanout", "topic", "headers", "x-consistent-hash"}  # as RabbitMQ with its plugin
+        "direct", "fanout", "topic", "headers", "x-consistent-hash",
+        "x-delayed-message"}  # as RabbitMQ with both plugins
     assert overview["listeners"][0]["port"] == managed_broker.port
     nodes = http.ok("/api/nodes")
     assert len(nodes) == 1 and nodes[0]["running"] is True
