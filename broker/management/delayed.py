@@ -1,4 +1,4 @@
-"""A delayed exchange's held messages: /api/exchanges/{vhost}/{name}/delayed.
+"""A delayed exchange's held messages: /api/leveret/exchanges/{vhost}/{name}/delayed.
 
 GET lists the first `count` (default 20, at most 1000) held messages in due order, each with
 its `id` (its offset in the exchange's log), `due_ms` and the message as published (the
@@ -74,5 +74,5 @@ async def delete_delayed(request: web.Request) -> web.Response:
 
 
 def setup(app: web.Application) -> None:
-    app.router.add_get("/api/exchanges/{vhost}/{name}/delayed", list_delayed)
-    app.router.add_delete("/api/exchanges/{vhost}/{name}/delayed/{id}", delete_delayed)
+    app.router.add_get("/api/leveret/exchanges/{vhost}/{name}/delayed", list_delayed)
+    app.router.add_delete("/api/leveret/exchanges/{vhost}/{name}/delayed/{id}", delete_delayed)

@@ -246,15 +246,15 @@ def test_management_lists_counts_and_deletes_held_messages(
     view = http.ok("/api/exchanges/%2F/dx")
     assert view["type"] == XDM and view["messages_delayed"] == 3
     assert before + 30_000 <= view["next_due_ms"] <= before + 31_000
-    items = http.ok("/api/exchanges/%2F/dx/delayed?count=2")
+    items = http.ok("/api/leveret/exchanges/%2F/dx/delayed?count=2")
     assert [i["payload"] for i in items] == ["m1", "m0"]
     assert items[0]["properties"]["headers"]["x-delay"] == 30_000
     assert items[0]["routing_key"] == "k"
-    assert http.delete(f"/api/exchanges/%2F/dx/delayed/{items[0]['id']}").status == 204
-    assert http.delete(f"/api/exchanges/%2F/dx/delayed/{items[0]['id']}").status == 404
-    assert http.get("/api/exchanges/%2F/dx/delayed?count=x").status == 400
-    assert http.get("/api/exchanges/%2F/amq.direct/delayed").status == 404
-    assert [i["payload"] for i in http.ok("/api/exchanges/%2F/dx/delayed")] == ["m0", "m2"]
+    assert http.delete(f"/api/leveret/exchanges/%2F/dx/delayed/{items[0]['id']}").status == 204
+    assert http.delete(f"/api/leveret/exchanges/%2F/dx/delayed/{items[0]['id']}").status == 404
+    assert http.get("/api/leveret/exchanges/%2F/dx/delayed?count=x").status == 400
+    assert http.get("/api/leveret/exchanges/%2F/amq.direct/delayed").status == 404
+    assert [i["payload"] for i in http.ok("/api/leveret/exchanges/%2F/dx/delayed")] == ["m0", "m2"]
     assert http.ok("/api/exchanges/%2F/dx")["messages_delayed"] == 2
     metrics = http.get("/metrics").text
     samples = {(s.name, s.labels.get("exchange")): s.value

@@ -132,9 +132,9 @@ def test_a_deleted_held_message_stays_deleted_and_counts_stay_exact(tmp_path: Pa
         deadline = time.monotonic() + 10
         while api("GET", "/api/exchanges/%2F/dx")[0] != 200 and time.monotonic() < deadline:
             time.sleep(0.2)
-        _status, items = api("GET", "/api/exchanges/%2F/dx/delayed")
+        _status, items = api("GET", "/api/leveret/exchanges/%2F/dx/delayed")
         assert [i["payload"] for i in items] == ["m0", "m1", "m2"]  # type: ignore[union-attr]
-        assert api("DELETE", f"/api/exchanges/%2F/dx/delayed/{items[2]['id']}")[0] == 204  # type: ignore[index]
+        assert api("DELETE", f"/api/leveret/exchanges/%2F/dx/delayed/{items[2]['id']}")[0] == 204  # type: ignore[index]
         assert api("GET", "/api/exchanges/%2F/dx")[1]["messages_delayed"] == 2  # type: ignore[index]
         for restart in ("term", "kill"):
             if restart == "term":
@@ -146,7 +146,7 @@ def test_a_deleted_held_message_stays_deleted_and_counts_stay_exact(tmp_path: Pa
             while api("GET", "/api/exchanges/%2F/dx")[0] != 200 and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert api("GET", "/api/exchanges/%2F/dx")[1]["messages_delayed"] == 2, restart  # type: ignore[index]
-            listed = [i["payload"] for i in api("GET", "/api/exchanges/%2F/dx/delayed")[1]]  # type: ignore[union-attr]
+            listed = [i["payload"] for i in api("GET", "/api/leveret/exchanges/%2F/dx/delayed")[1]]  # type: ignore[union-attr]
             assert listed == ["m0", "m1"], restart
     finally:
         broker.kill()
