@@ -150,3 +150,29 @@ def test_a_deleted_held_message_stays_deleted_and_counts_stay_exact(tmp_path: Pa
             assert listed == ["m0", "m1"], restart
     finally:
         broker.kill()
+
+
+def test_a_lavinmq_style_delayed_exchange_survives_a_restart(tmp_path: Path) -> None:
+    """`x-delayed-exchange: true` on a topic exchange: its arguments round-trip through the
+    metadata store, and what it held is routed after a kill -9."""
+    broker = BrokerProcess(tmp_path / "data").start()
+    try:
+        conn, ch = channel(broker)
+        ch.exchange_declare("lx", "topic", durable=True,  # type: ignore[attr-defined]
+                            arguments={"x-delayed-exchange": True})
+        ch.queue_declare("dq", durable=True)  # type: ignore[attr-defined]
+        ch.queue_bind("dq", "lx", "a.#")  # type: ignore[attr-defined]
+        ch.basic_publish("lx", "a.b", b"held", pika.BasicProperties(  # type: ignore[attr-defined]
+            headers={"x-delay": 1500}, delivery_mode=2))
+        conn.close()
+        broker.kill()
+        broker.restart()
+        conn, ch = channel(broker)
+        ch.exchange_declare("lx", "topic", durable=True,  # type: ignore[attr-defined]
+                            arguments={"x-delayed-exchange": True})  # equivalent: restored
+        assert wait_count(ch, "dq", 1, 10) == 1
+        _method, props, body = ch.basic_get("dq", auto_ack=True)  # type: ignore[attr-defined]
+        assert (body, props.headers) == (b"held", {"x-delay": -1500})
+        conn.close()
+    finally:
+        broker.kill()
