@@ -159,8 +159,11 @@ class DueIndex:
         """Every held (due, offset) in due order, without changing the index (the API's
         listing: it reads bucket files one at a time)."""
         self.flush()
-        loaded = sorted(k for k in self.near if k & _OFFSET_MASK not in skip)
-        yield from ((k >> _OFFSET_BITS, k & _OFFSET_MASK) for k in loaded)
+        heap = list(self.near)  # popped lazily: the first few of a big bucket cost little
+        while heap:
+            key = heapq.heappop(heap)
+            if key & _OFFSET_MASK not in skip:
+                yield key >> _OFFSET_BITS, key & _OFFSET_MASK
         for bucket in sorted(self.on_disk):
             data = (self.directory / f"{bucket}.idx").read_bytes()
             yield from sorted(p for p in _PAIR.iter_unpack(data) if p[1] not in skip)
