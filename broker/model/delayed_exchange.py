@@ -27,14 +27,12 @@ import math
 import re
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
+from leveret.broker.model.delayed_store import FOLDER, TRANSIENT, DelayedStore
 from leveret.broker.model.errors import InternalError, PreconditionFailed
 from leveret.broker.model.exchange import Exchange
 from leveret.broker.model.message import Confirm, InboundMessage
-
-if TYPE_CHECKING:
-    from leveret.broker.model.delayed_store import DelayedStore
 
 TYPE = "x-delayed-message"
 TYPE_ARG = "x-delayed-type"
@@ -86,8 +84,6 @@ class DelayedMixin:
         return True
 
     def opened(self, vhost: Any) -> None:
-        from leveret.broker.model.delayed_store import FOLDER, TRANSIENT, DelayedStore
-
         env = vhost.exchange_env
         if env is None:
             raise InternalError("this vhost keeps no delayed messages")
