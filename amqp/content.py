@@ -15,11 +15,11 @@ import struct
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pamqp import decode
+from pamqp import decode, encode
 
 from leveret.amqp import constants as c
 from leveret.amqp import properties as props
-from leveret.amqp import tables
+from leveret.amqp import tables, typed_fields
 from leveret.amqp.codec import encode_deliver
 from leveret.amqp.errors import DECODE_ERRORS, AMQPError
 
@@ -179,6 +179,22 @@ class Message:
         if end == len(header) and len(plain) == 2:
             _remember_publisher(header, plain)
         return plain
+
+    def typed_header(self, name: str) -> tuple[str, Any] | None:
+        """The header `name` with its wire type, as RabbitMQ's parser names it (e.g.
+        `("long", 5)`, `("longstr", b"v")`; typed_fields has the shapes); None without it."""
+        if not self.header[12] & 0x20:
+            return None
+        bounds = props.table_bounds(self.header)
+        if bounds is None:  # unusual: the table as pamqp re-encodes the decoded headers
+            table = encode.field_table(self.properties.headers or {})[4:]
+        else:
+            table = self.header[bounds[0]:bounds[1]]
+        try:
+            return typed_fields.lookup(table, name)
+        except ValueError as exc:
+            raise AMQPError(c.FRAME_ERROR, f"cannot decode content header: {exc}", 60, 0) \
+                from None
 
     @property
     def delivery_mode(self) -> int:

@@ -30,12 +30,10 @@ and writes every JSON result, the machine and the table to bench/results/<timest
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,11 +46,11 @@ from load import raise_nofile
 from loadgen.client import connect
 from loadgen.measure import BrokerProbe, listening_pids
 from loadgen.report import machine, median, table
+from startup import LeveretNode, snapshot_leveret, stop_on_sigterm, wait_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
-LEVERET_PARTS = ("amqp", "broker", "storage", "cli", "spark")
 
 FULL = {
     "a": ["--duration", "15"],
@@ -107,24 +105,6 @@ class Target:
             self.stop_fn = None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_port(port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nothing listens on port {port}") from None
-            time.sleep(0.1)
-
-
 def _version(port: int) -> str:
     try:
         conn = connect("127.0.0.1", port)
@@ -139,24 +119,6 @@ def _version(port: int) -> str:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def snapshot_leveret(dest: Path) -> str:
-    """Copy this checkout's Leveret sources to dest/leveret/ and return their fingerprint.
-
-    The broker children import the copy (PYTHONPATH=dest wins over an editable install's
-    finder), so edits made to the work tree during a long run do not change what is measured,
-    and every broker restart of one run (scenario f) runs the same code."""
-    digest = hashlib.sha256()
-    for part in LEVERET_PARTS:
-        shutil.copytree(
-            ROOT / part,
-            dest / "leveret" / part,
-            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-        )
-        for path in sorted((dest / "leveret" / part).rglob("*.py")):
-            digest.update(str(path.relative_to(dest)).encode() + path.read_bytes())
-    return digest.hexdigest()[:12]
 
 
 def health_check(port: int) -> None:
@@ -176,52 +138,21 @@ def start_leveret(
     extra_args: list[str], snapshot: Path | None, extra_env: dict[str, str]
 ) -> Target:
     base = Path(tempfile.mkdtemp(prefix="leveret-bench-"))
-    port = _free_port()
-    env = {**os.environ, "LEVERET_LOG_FORMAT": "json", **extra_env}
-    if snapshot is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(snapshot), env.get("PYTHONPATH", "")])
-    log = open(base / "leveret.log", "wb")  # noqa: SIM115 - kept open for the child
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "leveret.cli",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--data-dir",
-            str(base / "data"),
-            "--management-port",
-            "0",
-            *extra_args,
-        ],
-        cwd=base,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    log.close()
+    node = LeveretNode(base, snapshot, extra_env, extra_args)
+    node.spawn()
 
     def stop() -> None:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        node.stop(30)
         shutil.rmtree(base, ignore_errors=True)
 
     try:
-        _wait_port(port, 60)
-        health_check(port)
+        wait_port(node.port, 60)
+        health_check(node.port)
     except (TimeoutError, RuntimeError) as exc:
-        tail = (base / "leveret.log").read_text(errors="replace")[-1500:]
+        tail = node.log_tail()
         stop()
         raise RuntimeError(f"leveret serve is not usable: {exc}\n{tail}") from None
-    return Target("leveret", port, [proc.pid], _version(port), stop)
+    return Target("leveret", node.port, [node.pid], _version(node.port), stop)
 
 
 def start_rabbitmq() -> Target:
@@ -361,10 +292,6 @@ def background_cpu(targets: dict[str, Target], wait_s: float, threshold: float) 
             return busy
 
 
-def _stop_on_sigterm(*_: object) -> None:
-    raise SystemExit(143)  # unwinds through main's finally: both brokers are stopped
-
-
 def _restart(targets: dict[str, Target], name: str, starters: dict[str, Any]) -> str | None:
     targets[name].stop()
     try:
@@ -377,7 +304,7 @@ def _restart(targets: dict[str, Target], name: str, starters: dict[str, Any]) ->
 
 def main() -> int:
     args = parse_args()
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     raise_nofile()  # inherited by both brokers: scenario (f) opens 1,000 connections
     scenarios = (args.scenarios or (QUICK_SCENARIOS if args.quick else FULL_SCENARIOS)).split(",")
     unknown = [s for s in scenarios if s not in FULL]

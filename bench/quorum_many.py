@@ -50,12 +50,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-RESULTS = HERE / "results"
 if str(ROOT / "tests") not in sys.path:
     sys.path.append(str(ROOT / "tests"))  # appended: tests/ must not shadow anything
 
-from compare import snapshot_leveret  # noqa: E402
-from load import raise_nofile  # noqa: E402
 from loadgen import wire  # noqa: E402
 from loadgen.client import BrokerError, Connection, connect, decode_method  # noqa: E402
 from loadgen.measure import (  # noqa: E402
@@ -66,11 +63,11 @@ from loadgen.measure import (  # noqa: E402
     weighted_percentiles,
 )
 from loadgen.publish import ConfirmTracker, PublishStats  # noqa: E402
-from loadgen.report import machine, median  # noqa: E402
+from loadgen.report import median  # noqa: E402
 from pamqp import commands  # noqa: E402
-from replicated import LeveretCluster, wait  # noqa: E402
+from replicated import QUORUM, LeveretCluster  # noqa: E402
+from startup import FSYNC_ALWAYS, start_run, wait  # noqa: E402
 
-QUORUM = {"x-queue-type": "quorum", "x-quorum-initial-group-size": 3}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -565,26 +562,12 @@ def report(rounds: list[dict[str, Any]], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def _stop_on_sigterm(*_: object) -> None:
-    raise SystemExit(143)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    raise_nofile()
     if shutil.which(args.counter) is None:
         print(f"{args.counter} is needed (apt-get install {args.counter})", file=sys.stderr)
         return 1
-    tmp = Path(tempfile.mkdtemp(prefix="leveret-quorum-many-"))
-    snapshot = None if args.no_snapshot else tmp / "src"
-    env = dict(kv.split("=", 1) for kv in (["LEVERET_QUEUE_FSYNC=always", *args.leveret_env]))
-    info: dict[str, Any] = {
-        "machine": machine(ROOT), "argv": sys.argv[1:] if argv is None else argv,
-        "args": vars(args), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "leveret_source": snapshot_leveret(snapshot) if snapshot else "work tree",
-        "leveret_env": env,
-    }
+    run = start_run(args, argv, "leveret-quorum-many-", [FSYNC_ALWAYS])
     names = [args.only] if args.only else ["leveret", "rabbitmq"]
     rounds: list[dict[str, Any]] = []
     try:
@@ -595,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
                 target: Any = None
                 try:
                     if label == "leveret":
-                        target = LeveretTarget(tmp / f"r{rnd}", snapshot, args, env)
+                        target = LeveretTarget(run.tmp / f"r{rnd}", run.snapshot, args, run.env)
                     else:
                         target = RabbitTarget()
                     result = one_round(target, args, rnd)
@@ -609,19 +592,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(result), flush=True)
     finally:
         text = report(rounds, args)
-        m = info["machine"]
-        header = (f"{m['cpu']}, {m['cores']} cores, Linux {m['kernel']}, Python {m['python']}; "
-                  f"three nodes of each on this one machine, one broker at a time; "
-                  f"{args.queues} quorum queues with a consumer each; light: {args.rate} msg/s "
-                  f"per queue; medians of {args.rounds} rounds (min-max)")
+        header = run.header(f"three nodes of each on this one machine, one broker at a time; "
+                            f"{args.queues} quorum queues with a consumer each; light: "
+                            f"{args.rate} msg/s per queue; medians of {args.rounds} rounds "
+                            "(min-max)")
         print(f"\n{header}\n\n{text}\n")
-        RESULTS.mkdir(exist_ok=True)
-        out = RESULTS / f"quorum-many-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        info["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-        out.write_text(json.dumps({**info, "header": header, "markdown": text,
-                                   "rounds": rounds}, indent=1))
+        out = run.save("quorum-many", header=header, markdown=text, rounds=rounds)
         print(f"written to {out}")
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(run.tmp, ignore_errors=True)
     return 0 if rounds and all(r.get("ok") for r in rounds) else 1
 
 

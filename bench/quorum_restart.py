@@ -37,22 +37,16 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from compare import snapshot_leveret
-from load import raise_nofile
 from loadgen.client import BrokerError, connect
 from loadgen.common import QUORUM, Options, prefill
 from loadgen.measure import process_tree, rss_kb
-from loadgen.report import machine, median
+from loadgen.report import median
 from pamqp import commands
-
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
+from startup import FSYNC_ALWAYS, LeveretNode, start_run, wait_port
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,64 +75,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # -- one node ----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Node:
-    """`leveret serve` on a data directory that outlives its restarts."""
-
-    def __init__(self, base: Path, snapshot: Path | None, env: dict[str, str],
-                 extra: list[str]) -> None:
-        self.base, self.extra = base, extra
-        self.data = base / "data"
-        self.port = _free_port()
-        self.env = {**os.environ, "LEVERET_LOG_FORMAT": "json", **env}
-        if snapshot is not None:
-            self.env["PYTHONPATH"] = os.pathsep.join([str(snapshot),
-                                                      self.env.get("PYTHONPATH", "")])
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.spawned = 0.0
-
-    def spawn(self) -> None:
-        log = open(self.base / "leveret.log", "ab")  # noqa: SIM115 - kept open for the child
-        self.spawned = time.monotonic()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "leveret.cli", "serve", "--host", "127.0.0.1", "--port",
-             str(self.port), "--data-dir", str(self.data), "--management-port", "0",
-             *self.extra], cwd=self.base, stdout=log, stderr=subprocess.STDOUT, env=self.env)
-        log.close()
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def stop(self) -> float:
-        """SIGTERM; the seconds it took to exit."""
-        if self.proc is None or self.proc.poll() is not None:
-            return 0.0
-        start = time.monotonic()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(300)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        return time.monotonic() - start
+class Node(LeveretNode):
+    """`leveret serve` on a data directory that outlives its restarts, and its memory."""
 
     def rss(self) -> dict[str, float]:
         pids = process_tree([self.pid])
         return {"rss_mb": round(sum(rss_kb(p) for p in pids) / 1024, 1),
                 "main_rss_mb": round(rss_kb(self.pid) / 1024, 1)}
-
-    def log_tail(self, chars: int = 1500) -> str:
-        try:
-            return (self.base / "leveret.log").read_text(errors="replace")[-chars:]
-        except OSError:
-            return "(no log)"
 
 
 def disk(folder: Path) -> dict[str, float]:
@@ -269,16 +212,11 @@ def one_size(size: int, args: argparse.Namespace, snapshot: Path | None,
     out: dict[str, Any] = {"messages": size, "body": args.body, "ok": False, "restarts": []}
     try:
         node.spawn()
-        first_get_timeout = 120.0
-        conn = None
-        deadline = time.monotonic() + first_get_timeout
-        while conn is None:
-            try:
-                conn = connect("127.0.0.1", node.port, timeout=60)
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"leveret serve did not start:\n{node.log_tail()}") from None
-                time.sleep(0.2)
+        try:
+            wait_port(node.port, 120)
+        except TimeoutError:
+            raise RuntimeError(f"leveret serve did not start:\n{node.log_tail()}") from None
+        conn = connect("127.0.0.1", node.port, timeout=60)
         conn.declare_queue(queue, durable=True, arguments=QUORUM)
         conn.close()
         opts = Options(port=node.port, body=args.body, window=args.window, queue=queue)
@@ -359,43 +297,22 @@ def report(sizes: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _stop_on_sigterm(*_: object) -> None:
-    raise SystemExit(143)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    raise_nofile()
-    tmp = Path(tempfile.mkdtemp(prefix="leveret-quorum-restart-"))
-    snapshot = None if args.no_snapshot else tmp / "src"
-    env = dict(kv.split("=", 1) for kv in ["LEVERET_QUEUE_FSYNC=always", *args.leveret_env])
-    info: dict[str, Any] = {
-        "machine": machine(ROOT), "argv": sys.argv[1:] if argv is None else argv,
-        "args": {k: v for k, v in vars(args).items()},
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "leveret_source": snapshot_leveret(snapshot) if snapshot else "work tree",
-        "leveret_env": env,
-    }
+    run = start_run(args, argv, "leveret-quorum-restart-", [FSYNC_ALWAYS])
     sizes: list[dict[str, Any]] = []
     try:
         for size in args.sizes:
-            sizes.append(one_size(size, args, snapshot, env, tmp))
+            sizes.append(one_size(size, args, run.snapshot, run.env, run.tmp))
     finally:
         text = report(sizes)
-        m = info["machine"]
-        header = (f"{m['cpu']}, {m['cores']} cores, Linux {m['kernel']}, Python {m['python']}; "
-                  f"one node, one quorum queue of {args.body}-byte messages, "
-                  f"{args.restarts} warm restarts each; load average "
-                  f"{os.getloadavg()[0]:.1f} at the end")
+        header = run.header(f"one node, one quorum queue of {args.body}-byte messages, "
+                            f"{args.restarts} warm restarts each; load average "
+                            f"{os.getloadavg()[0]:.1f} at the end")
         print(f"\n{header}\n\n{text}\n")
-        RESULTS.mkdir(exist_ok=True)
-        out = RESULTS / f"quorum-restart-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        info["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-        out.write_text(json.dumps({**info, "header": header, "markdown": text,
-                                   "sizes": sizes}, indent=1))
+        out = run.save("quorum-restart", header=header, markdown=text, sizes=sizes)
         print(f"written to {out}")
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(run.tmp, ignore_errors=True)
     return 0 if sizes and all(s["ok"] for s in sizes) else 1
 
 

@@ -49,11 +49,9 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from datetime import datetime
@@ -63,16 +61,14 @@ from urllib.parse import quote
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-RESULTS = HERE / "results"
 if str(ROOT / "tests") not in sys.path:
     sys.path.append(str(ROOT / "tests"))  # appended: tests/ must not shadow anything
 
-from compare import snapshot_leveret  # noqa: E402
-from load import raise_nofile  # noqa: E402
 from loadgen import wire  # noqa: E402
 from loadgen.client import BrokerError, connect, decode_method  # noqa: E402
 from loadgen.common import STREAM, Options, prefill  # noqa: E402
-from loadgen.report import machine, median  # noqa: E402
+from loadgen.report import median  # noqa: E402
+from startup import FSYNC_ALWAYS, start_run, wait  # noqa: E402
 
 PARTS = ("publish", "failover", "catchup")
 QUORUM_PARTS = ("publish", "failover")
@@ -135,14 +131,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(allowed)}")
     return args
-
-
-def wait(check: Any, timeout: float, what: str, interval: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 # -- the Leveret cluster --------------------------------------------------------------------
@@ -900,30 +888,16 @@ def report(runs: list[dict], args: argparse.Namespace) -> tuple[str, dict[str, A
     return "\n".join(lines), figures
 
 
-def _stop_on_sigterm(*_: object) -> None:
-    raise SystemExit(143)  # unwinds through main's finally: every broker is stopped
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    raise_nofile()
-    tmp = Path(tempfile.mkdtemp(prefix="leveret-replicated-bench-"))
-    snapshot = None if args.no_snapshot else tmp / "src"
-    info: dict[str, Any] = {
-        "machine": machine(ROOT), "argv": sys.argv[1:] if argv is None else argv,
-        "args": {k: v for k, v in vars(args).items()},
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "leveret_source": snapshot_leveret(snapshot) if snapshot else "work tree",
-        "leveret_env": dict(kv.split("=", 1) for kv in (
-            (["LEVERET_QUEUE_FSYNC=always"] if args.queue_type == "quorum" else [])
-            + args.leveret_env)),
-    }
+    run = start_run(args, argv, "leveret-replicated-bench-",
+                    [FSYNC_ALWAYS] if args.queue_type == "quorum" else [])
+    tmp, info = run.tmp, run.info
     leveret: LeveretCluster | None = None
     rabbit: Any = None
     runs: list[dict] = []
     try:
-        leveret = LeveretCluster(tmp, snapshot, args.lease_ttl, info["leveret_env"])
+        leveret = LeveretCluster(tmp, run.snapshot, args.lease_ttl, run.env)
         print(f"# leveret: nodes a, b, c on ports {[leveret.port(n) for n in 'abc']}",
               file=sys.stderr, flush=True)
         if "publish" in args.parts and not args.no_rabbitmq:
@@ -953,21 +927,15 @@ def main(argv: list[str] | None = None) -> int:
         if leveret is not None:
             leveret.stop()
     text, figures = report(runs, args)
-    m = info["machine"]
-    header = (f"{m['cpu']}, {m['cores']} cores, Linux {m['kernel']}, Python {m['python']}; "
-              f"three nodes of each on this one machine; medians of {args.runs} runs"
-              f"{' (min-max)' if args.queue_type == 'quorum' else ''}"
-              f"{' (--quick)' if args.quick else ''}")
+    header = run.header(f"three nodes of each on this one machine; medians of {args.runs} runs"
+                        f"{' (min-max)' if args.queue_type == 'quorum' else ''}"
+                        f"{' (--quick)' if args.quick else ''}")
     print(f"\n{header}\n\n{text}\n")
     if "failover" in args.parts and args.queue_type == "stream":
         print(TUNING)
-    RESULTS.mkdir(exist_ok=True)
     kind = "-quorum" if args.queue_type == "quorum" else ""
-    out = RESULTS / (f"replicated{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
-                     f"{'-quick' if args.quick else ''}.json")
-    info["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    out.write_text(json.dumps({**info, "header": header, "markdown": text, "figures": figures,
-                               "tuning": TUNING, "runs": runs}, indent=1))
+    out = run.save(f"replicated{kind}", "-quick" if args.quick else "", header=header,
+                   markdown=text, figures=figures, tuning=TUNING, runs=runs)
     print(f"\nwritten to {out}")
     ok = bool(runs) and all(r.get("ok") for r in runs) and "error" not in info
     if ok:

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,16 +30,11 @@ import threading
 import time
 from pathlib import Path
 
+from startup import free_port
 from streamclient import StreamConnection, consume, publish
 
 ROOT = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_times(pid: int) -> tuple[float, float]:
@@ -92,11 +86,11 @@ def main() -> int:
     p.add_argument("--leveret-args", default="", help="extra `leveret serve` flags")
     args = p.parse_args()
     base = Path(tempfile.mkdtemp(prefix="leveret-streamcpu-"))
-    port = _free_port()
+    port = free_port()
     log = open(base / "leveret.log", "wb")  # noqa: SIM115 - kept open for the child
     proc = subprocess.Popen(
         [sys.executable, "-m", "leveret.cli", "serve", "--host", "127.0.0.1", "--port",
-         str(_free_port()), "--data-dir", str(base / "data"), "--management-port", "0",
+         str(free_port()), "--data-dir", str(base / "data"), "--management-port", "0",
          "--stream-port", str(port), *args.leveret_args.split()],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         env={**os.environ, "LEVERET_LOG_FORMAT": "json"})

@@ -45,12 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compare import _version, background_cpu, snapshot_leveret, start_leveret
+from compare import _version, background_cpu, start_leveret
 from load import raise_nofile
 from loadgen import workers
 from loadgen.common import Options, consume_from, result
 from loadgen.measure import BrokerProbe, SelfCpu, listening_pids, weighted_percentiles
 from loadgen.report import machine, median
+from startup import snapshot_leveret, stop_on_sigterm
 from streamclient import ConsumeStats, StreamConnection, consume, publish
 
 HERE = Path(__file__).resolve().parent
@@ -372,13 +373,9 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def _stop_on_sigterm(*_: object) -> None:
-    raise SystemExit(143)  # unwinds through main's finally: both brokers are stopped
-
-
 def main() -> int:
     args = parse_args()
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     raise_nofile()
     runs = args.runs or (1 if args.quick else 3)
     sizes = dict(QUICK if args.quick else FULL)

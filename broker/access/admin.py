@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from leveret.broker.access.auth import Permission, User, hash_password
 from leveret.broker.model import args as qargs
+from leveret.broker.model import delayed_retry
 from leveret.broker.model.errors import AccessRefused, BrokerError, NotFound
 from leveret.broker.model.policy import APPLY_TO, Policy
 from leveret.broker.model.vhost import Authorize, VHost, allow_all
@@ -279,6 +280,9 @@ def _check_policy_definition(definition: dict[str, Any]) -> None:
         value = definition.get(key)
         if value is not None and (not qargs.is_int(value) or value < 0):
             raise BadRequest(f"Validation failed\n\n{key} must be a non-negative integer\n")
+    error = delayed_retry.policy_errors(definition)
+    if error is not None:
+        raise BadRequest(f"Validation failed\n\n{error}\n")
 
 
 def set_policy(

@@ -56,6 +56,7 @@ EXCHANGE_DESCRIPTIONS = {
     "headers": "AMQP headers exchange, as per the AMQP specification",
     "x-consistent-hash": "Consistent Hashing Exchange",
     "x-delayed-message": "Delayed Message Exchange.",  # the plugin's description/0
+    "x-modulus-hash": "Modulus Hashing Exchange",
     "topic": "AMQP topic exchange, as per the AMQP specification",
 }
 

@@ -266,4 +266,9 @@ def quorum_extras(queue: Any, node: str, members: Sequence[str] | None,
                               "messages_ram": 0, "message_bytes_ram": 0}
     if hasattr(queue, "delivery_limit"):
         extras["delivery_limit"] = delivery_limit(queue)
+    if hasattr(queue, "delayed_retry"):  # RabbitMQ 4.3's
+        extras["delayed_retry"] = str(queue.delayed_retry or "disabled")
+        extras["messages_delayed"] = len(queue.retrying)
+        if queue.retrying:
+            extras["next_delayed_at"] = min(at for at, _seq, _entry in queue.retrying)
     return extras

@@ -200,6 +200,9 @@ def restore(broker: Broker, store: Metastore) -> None:
                 ),
                 broker,
             )
+        for vhost in broker.vhosts.values():
+            for exchange in vhost.exchanges.values():
+                exchange.restored()
     finally:
         for name, recorder in recorders.items():
             broker.vhosts[name].observer = recorder

@@ -236,8 +236,11 @@ QUEUE_TYPE_ARGS: dict[str, tuple[str, ...]] = {
         "x-message-ttl",
         "x-queue-leader-locator",
         "x-consumer-timeout",
-        # RabbitMQ 4.3 also takes x-consumer-disconnected-timeout and x-delayed-retry-*: not
-        # implemented here, so refused (ALL_TYPED_ARGS; docs/QUORUM-QUEUES.md)
+        "x-delayed-retry-type",
+        "x-delayed-retry-min",
+        "x-delayed-retry-max",
+        # RabbitMQ 4.3 also takes x-consumer-disconnected-timeout: not implemented here, so
+        # refused (ALL_TYPED_ARGS; docs/QUORUM-QUEUES.md)
     ),
     "stream": (
         "x-queue-type",
@@ -256,12 +259,9 @@ QUEUE_TYPE_MODULES = {
 }
 # Every key some type of RabbitMQ 4.3 takes: refused for the types that do not take it. Those
 # no type takes here are keys of quorum queues that Leveret does not implement (RabbitMQ 4.3
-# takes the first four; x-member-placement-tag is newer).
+# takes the first; x-member-placement-tag is newer).
 ALL_TYPED_ARGS = frozenset(k for keys in QUEUE_TYPE_ARGS.values() for k in keys) | {
     "x-consumer-disconnected-timeout",
-    "x-delayed-retry-type",
-    "x-delayed-retry-min",
-    "x-delayed-retry-max",
     "x-member-placement-tag",
 }
 

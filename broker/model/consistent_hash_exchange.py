@@ -8,14 +8,14 @@ plugin does). A message's routing key, or the header named by `hash-header`, or 
 named by `hash-property`, is spelt as the Erlang term RabbitMQ would hash, hashed with
 phash2, and a jump consistent hash seeded with that hash picks the bucket: so the same
 bindings and the same message reach the same queue as with RabbitMQ (erlang_hash has the
-arithmetic). It must not know the vhost, the wire or any I/O. Single-threaded.
+arithmetic). After a restart the ring is rebuilt in RabbitMQ's recovery order (`restored`).
+It must not know the vhost, the wire or any I/O. Single-threaded.
 """
 
 from __future__ import annotations
 
 import bisect
 import datetime
-import decimal
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -58,6 +58,15 @@ def check_weight(routing_key: str) -> None:
         raise PreconditionFailed("The binding key must be greater than 0")
 
 
+def recovery_order(binding: Binding) -> tuple[bytes, str, bytes]:
+    """Where RabbitMQ's ordered route table puts a binding of one source (a #binding record
+    compares by key, then destination #resource{kind, name}); arguments never decide a
+    ring, as a destination's second binding adds no buckets."""
+    destination = binding.destination
+    return (binding.routing_key.encode("utf-8"), destination.kind,
+            destination.name.encode("utf-8"))
+
+
 class ConsistentHashExchange(Exchange):
     type = "x-consistent-hash"
 
@@ -89,10 +98,12 @@ class ConsistentHashExchange(Exchange):
                     self._ends[j] -= size
                 return
 
-    def rebuild(self, bindings: Iterable[Binding]) -> None:
-        """Rebuild the ring from bindings in the given order (recovery)."""
+    def restored(self) -> None:
+        """After a restart, rebuild the ring as RabbitMQ 3.10.8 does when it recovers its
+        bindings: in the order of its route table (binding key as bytes, then destination:
+        exchanges before queues, by name), not in their creation order."""
         self._index_init()
-        for binding in bindings:
+        for binding in sorted(self.bindings.values(), key=recovery_order):
             self._index_add(binding)
 
     def ring(self) -> list[tuple[Any, int]]:
@@ -108,11 +119,17 @@ class ConsistentHashExchange(Exchange):
                       message: Any) -> list[Any]:
         header = _string_arg(self.arguments, "hash-header")
         if header is not None:
-            return self._pick(field_term(headers[header]) if header in headers else UNDEFINED)
+            typed = message.typed_header(header)
+            return self._pick(field_term(typed) if typed is not None else UNDEFINED)
         prop = _string_arg(self.arguments, "hash-property")
         if prop is not None:
             return self._pick(property_term(message.properties, prop))
         return self.route(routing_keys, headers)
+
+    @property
+    def routes_by_properties(self) -> bool:
+        return (_string_arg(self.arguments, "hash-header") is None
+                and _string_arg(self.arguments, "hash-property") is not None)
 
     def _pick(self, term: object) -> list[Any]:
         if not self._ends:
@@ -136,38 +153,22 @@ def property_term(properties: Any, name: str) -> object:
     return value.encode("utf-8") if isinstance(value, str) else bytes(value)
 
 
-def field_term(value: object) -> object:
-    """A header value as rabbit_misc:table_lookup returns it: `{Type, Value}`. The wire
-    type is inferred from the decoded value (an int is `signedint` when it fits 32 bits, as
-    pika and most clients send it, else `long`)."""
-    kind, inner = _typed(value)
-    return (Atom(kind), inner)
+def field_term(typed: tuple[str, Any]) -> object:
+    """A header value as rabbit_misc:table_lookup returns it, `{Type, Value}`, from the
+    message's own wire type (`("long", 5)` becomes `{long, 5}`)."""
+    kind, value = typed
+    return (Atom(kind), _field_value(kind, value))
 
 
-def _typed(value: object) -> tuple[str, object]:
-    if isinstance(value, bool):
-        return "bool", Atom("true" if value else "false")
-    if isinstance(value, int):
-        return ("signedint" if -(2**31) <= value < 2**31 else "long"), value
-    if isinstance(value, str):
-        return "longstr", value.encode("utf-8")
-    if isinstance(value, bytearray):
-        return "binary", bytes(value)
-    if isinstance(value, bytes):
-        return "longstr", value
-    if isinstance(value, float):
-        return "double", value
-    if isinstance(value, decimal.Decimal):
-        sign, digits, exponent = value.as_tuple()
-        unscaled = int("".join(map(str, digits)) or "0") * (-1 if sign else 1)
-        return "decimal", (-int(exponent), unscaled)
-    if isinstance(value, datetime.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=datetime.UTC)
-        return "timestamp", int(value.timestamp())
-    if isinstance(value, dict):
-        return "table", [(k.encode("utf-8"), Atom(t), v2)
-                         for k, (t, v2) in ((k, _typed(v)) for k, v in value.items())]
-    if isinstance(value, list):
-        return "array", [field_term(v) for v in value]
-    return "void", UNDEFINED
+def _field_value(kind: str, value: Any) -> object:
+    if kind == "bool":
+        return Atom("true" if value else "false")
+    if kind == "void":
+        return UNDEFINED
+    if kind == "table":
+        return [(name, Atom(k), _field_value(k, v)) for name, k, v in value]
+    if kind == "array":
+        return [field_term(item) for item in value]
+    if kind == "decimal":
+        return tuple(value)
+    return value  # a binary, an integer or a float as it is

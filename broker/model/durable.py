@@ -61,9 +61,15 @@ class _Batch:
     settled: IntervalSet = field(default_factory=IntervalSet)
     delivered: IntervalSet = field(default_factory=IntervalSet)
     tail: list[QueuedMessage] = field(default_factory=list)  # entries kept in the log only
-    returned: list[QueuedMessage] = field(default_factory=list)  # counts to record (quorum)
+    # (quorum) returned messages with their counts then and when a delayed retry makes them
+    # ready (0: at once), in order; and those of them
+    # delivered again in the same batch (recorded again after the counts)
+    returned: list[tuple[QueuedMessage, int, int, int]] = field(default_factory=list)
+    out_again: list[QueuedMessage] = field(default_factory=list)
+    returned_ids: set[int] = field(default_factory=set)  # id() of the returned entries
     delivered_early: list[QueuedMessage] = field(default_factory=list)  # before their write
     dead_lettered: list[QueuedMessage] = field(default_factory=list)  # held (quorum)
+    sends: list[tuple[Consumer, QueuedMessage]] = field(default_factory=list)  # (quorum)
 
 
 def _ranges(intervals: IntervalSet) -> bytes:
@@ -137,8 +143,14 @@ class PagedStore:
     def _page_in(self) -> None:
         if not self.tail_count or len(self.head) >= PAGE_MESSAGES // 2:
             return
-        self.queue.writer.flush()
-        self.tail_from = self.queue.page_in(self.tail_from, self)
+        # Readers stop at the committed offset: write and commit what is pending first. That
+        # may deliver, and so read the tail back, itself (a quorum queue's committed_moved):
+        # the tail is read as it is after that, from where that left it.
+        writer = self.queue.writer
+        writer.flush()
+        writer.commit()
+        if self.tail_count and len(self.head) < PAGE_MESSAGES // 2:
+            self.tail_from = self.queue.page_in(self.tail_from, self)
 
     def adopt(self, entries: list[QueuedMessage], size: int) -> None:
         """Messages read back from the tail (`size` body bytes in all) join the head."""
@@ -253,6 +265,26 @@ class DurableClassicQueue(ClassicQueue):
         elif ref is PENDING:
             entry.store_ref = SETTLED_EARLY
 
+    def ack_many(self, entries: list[QueuedMessage], consumer: Consumer | None = None) -> None:
+        """Acks of one consumer's deliveries (a multiple ack), as `ack` one by one would
+        settle them, with the writer scheduled once."""
+        self.unacked -= len(entries)
+        self.settled_many(entries)
+
+    def settled_many(self, entries: list[QueuedMessage]) -> None:
+        """`settled` for each of `entries`."""
+        settled = self.writer.batch.settled
+        written = False
+        for entry in entries:
+            ref = entry.store_ref
+            if isinstance(ref, int):
+                settled.add(ref)
+                written = True
+            elif ref is PENDING:
+                entry.store_ref = SETTLED_EARLY
+        if written:
+            self.writer.schedule()
+
     def settle_range(self, start: int, end: int) -> None:
         self.writer.batch.settled.add_range(start, end)
         self.writer.schedule()
@@ -296,8 +328,11 @@ class DurableClassicQueue(ClassicQueue):
         for start, end in batch.delivered.ranges():
             following.delivered.add_range(start, end)
         following.returned += batch.returned
+        following.out_again += batch.out_again
+        following.returned_ids |= batch.returned_ids
         following.delivered_early += batch.delivered_early
         following.dead_lettered += batch.dead_lettered
+        following.sends += batch.sends
         return written
 
     def _write(self, batch: _Batch) -> None:
@@ -349,8 +384,8 @@ class DurableClassicQueue(ClassicQueue):
         """Read tail messages from `start` into the head; returns where the tail now starts.
 
         The hot path of consuming a long queue: the settled and delivered ranges are looked
-        up once per chunk (they rarely touch the tail), not once per record."""
-        self.writer.commit()  # readers stop at the committed offset (fsync every N ms)
+        up once per chunk (they rarely touch the tail), not once per record. What is written
+        is committed first (PagedStore._page_in): this reads up to the commit point."""
         reader = self.log.reader(OffsetSpec.offset(start), limit=self.readable_up_to)
         settled, delivered = self.settled_offsets, self.delivered_offsets
         held = self.held_offsets

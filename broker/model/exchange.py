@@ -81,6 +81,9 @@ class Exchange:
     def bindings_to(self, destination: object) -> list[Binding]:
         return [b for b in self.bindings.values() if b.destination is destination]
 
+    def restored(self) -> None:
+        """Called once a restart has restored the exchange and all its bindings."""
+
     def _index_init(self) -> None:
         """Set up the type's routing index (the constructor's last step)."""
 
@@ -120,6 +123,12 @@ class Exchange:
                       message: Any) -> list[Any]:
         """Route with the whole message at hand (a type that reads its properties)."""
         return self.route(routing_keys, headers)
+
+    @property
+    def routes_by_properties(self) -> bool:
+        """Whether `route_message` reads the message's properties: then two messages with the
+        same routing key and headers may go to different queues."""
+        return False
 
 
 class DirectExchange(Exchange):

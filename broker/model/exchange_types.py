@@ -23,11 +23,12 @@ from leveret.broker.model.exchange import (
     HeadersExchange,
     TopicExchange,
 )
+from leveret.broker.model.modulus_hash_exchange import ModulusHashExchange
 
 _TYPES: dict[str, type[Exchange]] = {
     cls.type: cls
     for cls in (DirectExchange, FanoutExchange, TopicExchange, HeadersExchange,
-                ConsistentHashExchange)
+                ConsistentHashExchange, ModulusHashExchange)
 }
 EXCHANGE_TYPES = (*_TYPES, DELAYED_TYPE)
 _DELAYED_CHECK = delayed_message_type(_TYPES)

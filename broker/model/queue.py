@@ -300,13 +300,16 @@ class ClassicQueue(Queue):
 
     # -- publishing ---------------------------------------------------------------------------
 
-    def _expires_at(self, message: InboundMessage, now: int) -> int | None:
+    def _expires_at(self, message: InboundMessage, now: int | None = None) -> int | None:
+        """When a message published `now` (read from the clock if not given) expires."""
         ttl = self.ttl_ms
         expiration = message.expiration
         if expiration is not None:
             per_message = qargs.parse_expiration(expiration)
             ttl = per_message if ttl is None else min(ttl, per_message)
-        return None if ttl is None else now + ttl
+        if ttl is None:
+            return None
+        return (self.vhost.scheduler.now_ms() if now is None else now) + ttl
 
     def _would_overflow(self, message: InboundMessage) -> bool:
         if self.max_length is not None and len(self.messages) + 1 > self.max_length:

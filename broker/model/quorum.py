@@ -21,6 +21,9 @@ new leader knows how often each message was tried. What differs from a classic q
   (the active one keeps its place until what it holds is settled), and refuses basic.get;
 - global QoS and queue.delete's if-unused and if-empty are refused as RabbitMQ 3.10 refuses
   them (docs/QUORUM-QUEUES.md says where 4.3 differs);
+- every delivery is recorded (a DELIVERED record, a redelivery too) and sent once the record
+  is where a confirmed message is, so that a restart or a new leader knows what any consumer
+  was sent: it comes back flagged `redelivered` and counted, never as new;
 - at-least-once dead lettering (`x-dead-letter-strategy`, with reject-publish): a dead letter
   stays in the queue (a `DEAD_LETTERS` record says so, for a restart or a new leader) until
   every queue its copy was routed to has confirmed it, and is tried again until then.
@@ -31,12 +34,14 @@ Single-threaded: runs on the event loop.
 
 from __future__ import annotations
 
+import heapq
 import struct
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker.model.consumer import Consumer
+from leveret.broker.model.delayed_retry import DelayedRetry, resolve
 from leveret.broker.model.durable import (
     ACKS,
     DELIVERED,
@@ -50,7 +55,7 @@ from leveret.broker.model.durable import (
 from leveret.broker.model.errors import NotImplementedFeature, ResourceLocked
 from leveret.broker.model.intervals import IntervalSet
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
-from leveret.broker.model.queue import Queue, QueueOwner
+from leveret.broker.model.queue import ClassicQueue, Queue, QueueOwner
 from leveret.broker.model.replication import ONE_NODE, Replication
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.store import LeveledStore, MessageStore
@@ -64,6 +69,7 @@ if TYPE_CHECKING:
 log = logs.get("leveret.quorum")
 RETURNS = 18  # chunk type: the counts of returned messages
 _COUNTS = struct.Struct(">QII")  # offset, delivery count, acquired count
+_COUNTS_AT = struct.Struct(">QIIq")  # the same, and when a delayed retry makes it ready (ms)
 DEFAULT_PRIORITY = 4  # a message without a priority (RabbitMQ 4.x)
 TOP_PRIORITY = 31
 DEFAULT_DELIVERY_LIMIT = 20
@@ -75,6 +81,7 @@ REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
 DEAD_LETTER_RETRY_MS = 1000
 DEFAULT_CONSUMER_TIMEOUT_MS = 1_800_000  # RabbitMQ's consumer_timeout
 FOLLOW_MS = 1000  # how often a replica applies the leader's settlements to its log's head
+UNSENT_MAX = 4096  # deliveries waiting for their DELIVERED record, at most, per queue
 COUNT_HEADERS = ("x-delivery-count", "x-acquired-count")
 
 
@@ -125,6 +132,22 @@ class QuorumQueue(DurableClassicQueue):
         self._dead_letter_timer: Timer | None = None
         self._followed = 0  # a replica: where its log's settlements were read up to
         self._follow_timer: Timer | None = None
+        # deliveries waiting for their DELIVERED record (see deliver_to): (the last offset
+        # of the write that holds it, its sends), in order; and the consumers that went
+        # before theirs were sent
+        self._unsent: deque[tuple[int, list[tuple[Consumer, QueuedMessage]]]] = deque()
+        self._unsent_count = 0
+        self._unsent_gone: set[Consumer] = set()
+        # a restart's or a new leader's: messages delivered again after their last return,
+        # so checked out when the log ended (their acquired count is one more than recorded)
+        self._checked_out_again: set[int] = set()
+        # delayed retry (delayed_retry.py): returned messages waiting to be ready again, as
+        # (ready at, seq, entry); and a restart's or a new leader's, by offset
+        self.delayed_retry: DelayedRetry | None = None
+        self.retrying: list[tuple[int, int, QueuedMessage]] = []
+        self.retrying_bytes = 0
+        self._retry_timer: Timer | None = None
+        self._recovered_retry: dict[int, int] = {}
         super().__init__(vhost, name, env=env, storage_id=storage_id, replication=replication,
                          **kwargs)
         if self.overflow == "reject-publish-dlx":
@@ -165,6 +188,7 @@ class QuorumQueue(DurableClassicQueue):
             strategy = "at-most-once"
         self.dead_letter_strategy = str(strategy)
         self._policy_consumer_timeout = definition.get("consumer-timeout")
+        self.delayed_retry = resolve(self.arguments, definition)
 
     def consumer_timeout(self, arguments: dict[str, Any] | None) -> int | None:
         """RabbitMQ 4.3's: the consumer's `x-consumer-timeout`, else the lower of the queue's
@@ -258,12 +282,19 @@ class QuorumQueue(DurableClassicQueue):
         if self._resume_timer is not None:
             self._resume_timer.cancel()
             self._resume_timer = None
+        for _last, sends in self._unsent:
+            self._unsend_all(sends)
+        self._unsent.clear()
+        self._unsent_gone.clear()
+        self._unsend_all(self.writer.batch.sends)
+        self.writer.batch.sends = []
         self.messages = self.make_store()
         self.settled_offsets = IntervalSet()
         self.delivered_offsets = IntervalSet()
         self.recovered_counts = {}
         self.uncommitted.clear()  # (a deposed leader's: their publishes were nack'ed)
         self.held_offsets = IntervalSet()
+        self._drop_retrying()
         self.dead_letters.clear()
         self._dead_letters_sent.clear()
         self.dead_letters_bytes = 0
@@ -294,8 +325,7 @@ class QuorumQueue(DurableClassicQueue):
                 confirm.reject()
             return True  # routed all the same: no basic.return, the nack tells
         self._seq += 1
-        entry = QueuedMessage(message, self._seq,
-                              self._expires_at(message, self.vhost.scheduler.now_ms()),
+        entry = QueuedMessage(message, self._seq, self._expires_at(message),
                               self.priority_of(message))
         self.stats_published += 1
         self.uncommitted.append(entry)
@@ -303,13 +333,14 @@ class QuorumQueue(DurableClassicQueue):
         return True
 
     def committed_moved(self) -> None:
-        """What the commit point now covers becomes ready, in order, and is delivered."""
+        """What the commit point now covers becomes ready, in order, and is delivered; the
+        deliveries whose records it covers are sent."""
+        self._send_recorded(self.writer.committer.committed)
         uncommitted = self.uncommitted
         if not uncommitted:
             return
         committed = self.writer.committer.committed
-        push = self.messages.push
-        moved = False
+        ready: list[QueuedMessage] = []
         while uncommitted:
             ref = uncommitted[0].store_ref
             if ref is None:  # its write failed: nack'ed, never stored
@@ -317,13 +348,50 @@ class QuorumQueue(DurableClassicQueue):
                 continue
             if not isinstance(ref, int) or ref > committed:
                 break
-            push(uncommitted.popleft())
-            moved = True
-        if moved:
-            now = self.vhost.scheduler.now_ms()
-            self.dispatch(now)
-            self._drop_over_limit()
-            self._expire_head(now)
+            ready.append(uncommitted.popleft())
+        if not ready:
+            return
+        now = self.vhost.scheduler.now_ms()
+        taken = self._deliver_ready(ready, now)
+        push = self.messages.push
+        for entry in ready[taken:]:
+            push(entry)
+        self.dispatch(now)
+        self._drop_over_limit()
+        self._expire_head(now)
+
+    def _deliver_ready(self, ready: list[QueuedMessage], now: int) -> int:
+        """Newly committed messages that nothing waits before (no ready message, and all of
+        them at one priority, so that they would leave the store in this order) go straight
+        to the consumers, as `dispatch` would hand them out after pushing them: one
+        consumer at a time, expired ones dead-lettered on the way. How many were taken."""
+        if (not self.consumers or self._dispatching or len(self.messages)
+                or self.replication.role == "replica"):
+            return 0
+        priority = ready[0].priority
+        for entry in ready:
+            if entry.priority != priority:
+                return 0
+        count = len(ready)
+        taken = 0
+        self._dispatching = True
+        try:
+            while taken < count:
+                consumer = self._next_consumer()
+                if consumer is None:
+                    break
+                entry = ready[taken]
+                taken += 1
+                while entry.expires_at is not None and entry.expires_at <= now:
+                    self.discard(entry, "expired")
+                    if taken == count:
+                        return taken
+                    entry = ready[taken]
+                    taken += 1
+                self.deliver_to(consumer, entry)
+        finally:
+            self._dispatching = False
+        return taken
 
     def _release_held(self) -> None:
         """Publishes that waited for a leader go to it, in order (or are nack'ed once they
@@ -369,6 +437,8 @@ class QuorumQueue(DurableClassicQueue):
         if leader is not None:
             leader.remove_consumer(consumer)
             return
+        if self._unsent_count:
+            self._unsent_gone.add(consumer)  # what waits for it is not sent (_send_recorded)
         super().remove_consumer(consumer)
 
     def consumer_lost(self, consumer: Consumer) -> bool:
@@ -443,16 +513,28 @@ class QuorumQueue(DurableClassicQueue):
     def settled(self, entry: QueuedMessage) -> None:
         super().settled(entry)
         if self.rejecting:
-            count, size = self._held_length()
-            self.rejecting = not (
-                (self.max_length is None or count <= self.max_length * 0.8)
-                and (self.max_length_bytes is None or size <= self.max_length_bytes * 0.8))
+            self._check_rejecting()
+
+    def settled_many(self, entries: list[QueuedMessage]) -> None:
+        """Once for them all: settling an acked delivery leaves the lengths the limits count
+        as they were, so each one's check would find the same."""
+        super().settled_many(entries)
+        if self.rejecting:
+            self._check_rejecting()
+
+    def _check_rejecting(self) -> None:
+        """reject-publish: publishes are taken again once the queue is back at 80%."""
+        count, size = self._held_length()
+        self.rejecting = not (
+            (self.max_length is None or count <= self.max_length * 0.8)
+            and (self.max_length_bytes is None or size <= self.max_length_bytes * 0.8))
 
     def _held_length(self) -> tuple[int, int]:
         """What the length limits count: the ready messages and the dead letters held."""
         messages = self.messages
-        return (len(messages) + len(self.uncommitted) + len(self.dead_letters),
-                messages.bytes + self.dead_letters_bytes)
+        return (len(messages) + len(self.uncommitted) + len(self.dead_letters)
+                + len(self.retrying),
+                messages.bytes + self.dead_letters_bytes + self.retrying_bytes)
 
     # -- consuming ----------------------------------------------------------------------------
 
@@ -464,6 +546,8 @@ class QuorumQueue(DurableClassicQueue):
         first of them to attach) is active; one of a lower priority keeps its place until it
         has settled what it holds, and takes nothing new meanwhile (RabbitMQ 4.3)."""
         consumers = self.consumers
+        if self._unsent_count >= UNSENT_MAX:
+            return None  # until the records of those waiting are written
         if not self.single_active or not consumers:
             return super()._next_consumer()
         active = consumers[0]
@@ -494,8 +578,49 @@ class QuorumQueue(DurableClassicQueue):
             raise NotImplementedFeature(f"{self.resource} does not support global qos")
 
     def deliver_to(self, consumer: Any, entry: QueuedMessage) -> None:
+        """Every delivery is recorded first (a DELIVERED record), and sent once the record is
+        where a confirmed message is: written on one node, committed by a majority of the
+        members in a cluster. So a restart or a new leader knows each message that any
+        consumer was sent, and how often: what comes back is flagged `redelivered` and counted,
+        never delivered again as new. Meanwhile the consumer's prefetch counts the delivery."""
         entry.acquired += 1
-        super().deliver_to(consumer, entry)
+        self._mark_delivered(entry)
+        consumer.unacked += 1  # until sent; then the channel counts it
+        self.writer.batch.sends.append((consumer, entry))
+        self._unsent_count += 1
+
+    def _send_recorded(self, up_to: int) -> None:
+        """Send the deliveries whose records the log holds up to `up_to` (see deliver_to);
+        one whose consumer went meanwhile was never sent: it is ready again, at its place."""
+        unsent = self._unsent
+        if not unsent or unsent[0][0] > up_to:
+            return
+        was_full = self._unsent_count >= UNSENT_MAX
+        gone = self._unsent_gone
+        send = ClassicQueue.deliver_to
+        back = False
+        while unsent and unsent[0][0] <= up_to:
+            _last, sends = unsent.popleft()
+            self._unsent_count -= len(sends)
+            for consumer, entry in sends:
+                consumer.unacked -= 1
+                if gone and consumer in gone:
+                    entry.acquired -= 1
+                    self.messages.requeue(entry)
+                    back = True
+                else:
+                    send(self, consumer, entry)
+        if not self._unsent_count:
+            gone.clear()
+        if back or was_full:
+            self.vhost.scheduler.call_soon(self.dispatch)
+
+    def _unsend_all(self, sends: list[tuple[Consumer, QueuedMessage]]) -> None:
+        """A deposed leader's or a deleted queue's deliveries not sent: forgotten (the log,
+        read again by whoever leads, has their messages)."""
+        for consumer, _entry in sends:
+            consumer.unacked -= 1
+        self._unsent_count -= len(sends)
 
     def get(self, no_ack: bool) -> QueuedMessage | None:
         if self.replication.role == "replica":
@@ -513,6 +638,9 @@ class QuorumQueue(DurableClassicQueue):
         if self.deleted:
             return
         back: list[QueuedMessage] = []
+        retry = self.delayed_retry
+        delays = retry is not None and retry.delays(delivery_failed)
+        now = self.vhost.scheduler.now_ms()
         for entry in entries:
             if delivery_failed:
                 entry.delivery_count += 1
@@ -523,24 +651,82 @@ class QuorumQueue(DurableClassicQueue):
                 self.discard(entry, "delivery_limit")
                 continue
             stamp(entry)
-            self.writer.batch.returned.append(entry)
-            back.append(entry)
+            ready_at = (retry.ready_at(now, entry.delivery_count)
+                        if delays and retry is not None else 0)
+            batch = self.writer.batch
+            batch.returned.append((entry, entry.delivery_count, entry.acquired, ready_at))
+            batch.returned_ids.add(id(entry))
+            if ready_at:
+                self.unacked -= 1
+                entry.redelivered = True
+                self._retry_later(entry, ready_at)
+            else:
+                back.append(entry)
         self.writer.schedule()
         super().requeue(back)
 
+    # -- delayed retry ------------------------------------------------------------------------
+
+    def _retry_later(self, entry: QueuedMessage, ready_at: int) -> None:
+        """A returned message waits until `ready_at` (delayed retry) before it is ready."""
+        heapq.heappush(self.retrying, (ready_at, entry.seq, entry))
+        self.retrying_bytes += len(entry.message.body)
+        if self.retrying[0][2] is entry:
+            self._arm_retry()
+
+    def _arm_retry(self) -> None:
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
+        if self.retrying and not self.deleted:
+            wait = max(0, self.retrying[0][0] - self.vhost.scheduler.now_ms())
+            self._retry_timer = self.vhost.scheduler.call_later(wait, self._retry_due)
+
+    def _retry_due(self) -> None:
+        """What is due is ready again, first in the queue, as returned messages are."""
+        self._retry_timer = None
+        now = self.vhost.scheduler.now_ms()
+        retrying = self.retrying
+        moved = False
+        while retrying and retrying[0][0] <= now:
+            _at, _seq, entry = heapq.heappop(retrying)
+            self.retrying_bytes -= len(entry.message.body)
+            self.messages.requeue(entry)
+            moved = True
+        self._arm_retry()
+        if moved:
+            self._drop_over_limit()
+            self.dispatch(now)
+
+    def _drop_retrying(self) -> list[QueuedMessage]:
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
+        entries = [entry for _at, _seq, entry in self.retrying]
+        self.retrying = []
+        self.retrying_bytes = 0
+        return entries
+
     def _mark_delivered(self, entry: QueuedMessage) -> None:
-        """Delivered before its write (this turn's publish): recorded once it has an offset,
-        so that a new leader redelivers it with the flag set."""
-        if entry.store_ref is PENDING and not entry.redelivered:
-            self.writer.batch.delivered_early.append(entry)
-        else:
-            super()._mark_delivered(entry)
+        """Every delivery (and basic.get) is recorded, a redelivery too, so that a new
+        leader or a restart knows what was checked out (redelivered with the flag set and
+        counted); one before its write (this turn's publish) once it has an offset."""
+        ref = entry.store_ref
+        batch = self.writer.batch
+        if ref is PENDING:
+            batch.delivered_early.append(entry)
+        elif isinstance(ref, int):
+            batch.delivered.add(ref)
+            if id(entry) in batch.returned_ids:
+                batch.out_again.append(entry)  # its record must follow the return's
+        self.writer.schedule()
 
     def _write(self, batch: _Batch) -> None:
         """The durable queue's write, then this turn's records of the quorum queue's own:
         deliveries made before their write, the counts of returned messages, and the dead
         letters held (each needs its message's offset, known once it is written)."""
         if self.replication.role == "replica":
+            self._unsend_all(batch.sends)
             return  # a deposed leader's late settlements: the log is the leader's now
         super()._write(batch)
         early = IntervalSet()
@@ -549,10 +735,18 @@ class QuorumQueue(DurableClassicQueue):
                 early.add(entry.store_ref)
         if early.range_count:
             self._append_settled([_ranges(early)], DELIVERED)
-        records = [_COUNTS.pack(e.store_ref, e.delivery_count, e.acquired)
-                   for e in batch.returned if isinstance(e.store_ref, int)]
+        records = [_COUNTS_AT.pack(e.store_ref, delivery_count, acquired, ready_at)
+                   if ready_at else _COUNTS.pack(e.store_ref, delivery_count, acquired)
+                   for e, delivery_count, acquired, ready_at in batch.returned
+                   if isinstance(e.store_ref, int)]
         if records:
             self._append_settled(records, RETURNS)
+        again = IntervalSet()  # returned, then delivered again in this batch: out, after all
+        for entry in batch.out_again:
+            if isinstance(entry.store_ref, int):
+                again.add(entry.store_ref)
+        if again.range_count:
+            self._append_settled([_ranges(again)], DELIVERED)
         dead = []
         for entry in batch.dead_lettered:
             if isinstance(entry.store_ref, int) and entry in self.dead_letters:
@@ -561,6 +755,11 @@ class QuorumQueue(DurableClassicQueue):
                                        REASONS.index(self.dead_letters[entry])))
         if dead:
             self._append_settled(dead, DEAD_LETTERS)
+        if batch.sends:
+            last = self.log.next_offset - 1
+            self._unsent.append((last, batch.sends))
+            if self.replication.local:  # written is enough on one node: a crash keeps it
+                self._send_recorded(last)
 
     def _append_settled(self, records: list[bytes], chunk_type: int) -> None:
         """A chunk of the queue's own records: its offsets are settled at once (they hold no
@@ -569,32 +768,69 @@ class QuorumQueue(DurableClassicQueue):
         self.settled_offsets.add_range(first, first + len(records))
 
     def _recover(self) -> None:
+        """The durable queue's recovery, with the counts of returned messages and the dead
+        letters held. Read in log order with the deliveries, to tell which returned messages
+        were delivered again after their last return (checked out when the log ended)."""
         self._recovered_reasons: dict[int, str] = {}
+        counts = self.recovered_counts
+        again = self._checked_out_again = set()
+        retry_at = self._recovered_retry = {}
         if self.log.next_offset != self.log.first_offset:
-            reader = self.log.reader(OffsetSpec.first(), chunk_types=(RETURNS, DEAD_LETTERS))
+            reader = self.log.reader(OffsetSpec.first(),
+                                     chunk_types=(DELIVERED, RETURNS, DEAD_LETTERS))
             for chunk in reader:
+                if chunk.chunk_type == DELIVERED:  # (settled by the durable queue's pass)
+                    for record in chunk.records if counts else ():
+                        for start, end in _parse_ranges(record):
+                            again.update(_returned_in(counts, start, end))
+                    continue
                 self.settled_offsets.add_range(chunk.first_offset, chunk.next_offset)
                 for record in chunk.records:
                     if chunk.chunk_type == RETURNS:
-                        offset, delivered, acquired = _COUNTS.unpack(bytes(record))
-                        self.recovered_counts[offset] = (delivered, acquired)
+                        offset, delivered, acquired, ready_at = _returned(bytes(record))
+                        counts[offset] = (delivered, acquired)
+                        again.discard(offset)
+                        retry_at[offset] = ready_at
                     else:
                         offset, reason = _DEAD.unpack(bytes(record))
                         self.held_offsets.add(offset)
                         self._recovered_reasons[offset] = REASONS[reason]
             reader.close()
+        now = self.vhost.scheduler.now_ms()
+        for offset, ready_at in retry_at.items():
+            if ready_at > now and offset not in again:  # still waiting: passed by, then held
+                self.held_offsets.add(offset)
         super()._recover()
         settled = self.settled_offsets
         self.recovered_counts = {offset: counts for offset, counts
                                  in self.recovered_counts.items() if offset not in settled}
 
     def _unpack(self, offset: int, record: bytes, redelivered: bool) -> QueuedMessage:
+        """A message read back from the log, with its counts: a message that was checked
+        out when the log ended (its node or its leader went) was acquired once more than its
+        last return says, or once if it never came back; its delivery count stays, as
+        RabbitMQ counts a consumer lost with its node (not a failed delivery)."""
         entry = super()._unpack(offset, record, redelivered)
         counts = self.recovered_counts.pop(offset, None)
         if counts is not None:
             entry.delivery_count, entry.acquired = counts
+            if offset in self._checked_out_again:
+                self._checked_out_again.discard(offset)
+                self._returned_by_recovery(entry)
+            stamp(entry)
+        elif redelivered:
+            self._returned_by_recovery(entry)
             stamp(entry)
         return entry
+
+    def _returned_by_recovery(self, entry: QueuedMessage) -> None:
+        """A message checked out when the log ended is returned: one more acquisition; on one
+        node (a restart: its consumers' channels are gone) a failed delivery too, as RabbitMQ
+        4.3 counts a consumer that is down; after a failover not (its consumer's node was
+        lost, or it lives on: RabbitMQ counts neither)."""
+        entry.acquired += 1
+        if self.replication.local:
+            entry.delivery_count += 1
 
     # -- dead lettering ----------------------------------------------------------------------
 
@@ -615,6 +851,10 @@ class QuorumQueue(DurableClassicQueue):
         self._send_dead_letter(entry)
 
     def recovered_held(self, entry: QueuedMessage) -> None:
+        ready_at = self._recovered_retry.get(entry.store_ref, 0)
+        if entry.store_ref not in self._recovered_reasons and ready_at:
+            self._retry_later(entry, ready_at)  # a delayed retry, still waiting
+            return
         reason = self._recovered_reasons.get(entry.store_ref, "rejected")
         self.dead_letters[entry] = reason
         self.dead_letters_bytes += len(entry.message.body)
@@ -664,13 +904,18 @@ class QuorumQueue(DurableClassicQueue):
             self.settled(entry)
         coming = list(self.uncommitted)  # enqueued before the purge, not yet committed
         self.uncommitted.clear()
-        for entry in coming:
+        waiting = self._drop_retrying()  # delayed retries (RabbitMQ 4.3 purges those)
+        for entry in coming + waiting:
             self.settled(entry)
-        return super().purge() + len(coming)
+        return super().purge() + len(coming) + len(waiting)
 
     # -- deleting -----------------------------------------------------------------------------
 
     def on_delete(self) -> None:
+        self._drop_retrying()
+        for _last, sends in self._unsent:
+            self._unsend_all(sends)
+        self._unsent.clear()
         held, self.held = self.held, []
         for _message, confirm, _since in held:
             if confirm is not None:
@@ -684,6 +929,20 @@ class QuorumQueue(DurableClassicQueue):
                     f"cannot delete {self.resource}. queue.delete operations with {flag} flag "
                     "set are not supported by quorum queues")
         super().check_delete(if_unused, if_empty)
+
+
+def _returned(record: bytes) -> tuple[int, int, int, int]:
+    """A RETURNS record: offset, delivery count, acquired count, ready at (0: at once)."""
+    if len(record) == _COUNTS_AT.size:
+        return _COUNTS_AT.unpack(record)
+    return (*_COUNTS.unpack(record), 0)
+
+
+def _returned_in(counts: dict[int, tuple[int, int]], start: int, end: int) -> list[int]:
+    """The offsets in [start, end) that have counts (were returned), the cheaper way round."""
+    if end - start <= len(counts):
+        return [offset for offset in range(start, end) if offset in counts]
+    return [offset for offset in counts if start <= offset < end]
 
 
 def stamp(entry: QueuedMessage) -> None:

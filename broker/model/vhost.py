@@ -562,6 +562,17 @@ class VHost:
 
     def route(self, exchange: Exchange, message: InboundMessage) -> list[Queue]:
         """Every queue the message goes to, each once."""
+        return self._route(exchange, message)[0]
+
+    def route_run(self, exchange: Exchange, message: InboundMessage) -> list[Queue] | None:
+        """`route` for the first message of a run whose every message has the same exchange,
+        routing key and headers: the queues each of them goes to; None when an exchange on
+        the way routes by a message's properties, so that each must be routed alone."""
+        queues, by_properties = self._route(exchange, message)
+        return None if by_properties else queues
+
+    def _route(self, exchange: Exchange, message: InboundMessage) -> tuple[list[Queue], bool]:
+        """The queues, and whether an exchange that routes by properties was on the way."""
         headers = message.headers
         keys: str | list[str] = message.routing_key
         if "CC" in headers or "BCC" in headers:
@@ -569,17 +580,19 @@ class VHost:
         if exchange.name == "":
             if isinstance(keys, str):
                 queue = self.queues.get(keys)
-                return [queue] if queue is not None else []
+                return ([queue] if queue is not None else []), False
             found = (self.queues.get(key) for key in dict.fromkeys(keys))
-            return [queue for queue in found if queue is not None]
+            return [queue for queue in found if queue is not None], False
         queues: dict[Queue, None] = {}
         seen: set[int] = set()
         pending = [exchange]
+        by_properties = False
         while pending:
             x = pending.pop()
             if id(x) in seen:
                 continue
             seen.add(id(x))
+            by_properties = by_properties or x.routes_by_properties
             destinations = x.route_message(keys, headers, message)
             if not destinations:
                 ae = x.alternate_exchange
@@ -591,7 +604,7 @@ class VHost:
                     queues[destination] = None
                 else:
                     pending.append(destination)
-        return list(queues)
+        return list(queues), by_properties
 
     def publish(self, exchange: Exchange, message: InboundMessage, confirm: Confirm | None) -> int:
         """Route and enqueue; returns how many queues took it (0 for a duplicate)."""
@@ -610,6 +623,11 @@ class VHost:
             headers = dict(message.headers)
             del headers["BCC"]
             message = message.replace(headers=headers)
+        return self.publish_to(queues, message, confirm)
+
+    @staticmethod
+    def publish_to(queues: list[Queue], message: InboundMessage, confirm: Confirm | None) -> int:
+        """Enqueue a routed message; returns how many of `queues` took it."""
         taken = 0
         for queue in queues:
             if queue.publish(message, confirm):

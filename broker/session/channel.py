@@ -551,17 +551,24 @@ class Channel:
     def publish_run(self, exchange_name: str, routing_key: str, mandatory: bool,
                     immediate: bool, run: list[Any]) -> None:
         """`publish` for each `run[2::2]` header and `run[3::2]` body, with the checks that
-        depend only on the exchange and the routing key made once. An error raised for one
-        of them carries its index in `at`; the later ones are not taken."""
+        depend only on the exchange and the routing key made once, and for a run of plain
+        messages (`_plain_run_route`) the route too. An error raised for one of them carries
+        its index in `at`; the later ones are not taken."""
         at = 0
         try:
             exchange = self._publish_target(exchange_name, immediate)
-            if (self.tx is None and exchange.dedup is None
-                    and self._publish_plain_run(exchange, exchange_name, routing_key, run)):
+            queues = self._plain_run_route(exchange, exchange_name, routing_key, run)
+            if queues is not None and self._publish_many(queues, exchange, exchange_name,
+                                                         routing_key, run):
                 return
             publish_one = self._publish_one
             for j in range(2, len(run), 2):
-                publish_one(exchange, exchange_name, routing_key, mandatory, run[j], run[j + 1])
+                if queues is None:
+                    publish_one(exchange, exchange_name, routing_key, mandatory, run[j],
+                                run[j + 1])
+                else:  # as _publish_one would: no property to check, no transaction
+                    self._route(exchange, Message(exchange_name, routing_key, run[j],
+                                                  run[j + 1]), mandatory, queues)
                 at += 1
         except BrokerError as error:
             exc = to_amqp(error)
@@ -571,26 +578,34 @@ class Channel:
             exc.at = at
             raise
 
-    def _publish_plain_run(self, exchange: Exchange, exchange_name: str, routing_key: str,
-                           run: list[Any]) -> bool:
-        """A run of plain messages (NOT_PLAIN) that routes to one stream, taken in one call to
-        the stream (`StreamQueue.publish_many`), with the stats and confirms `_route` keeps.
-        False, having done nothing, for any other run. One queue only, so that the order of
-        what other queues deliver is never changed."""
+    def _plain_run_route(self, exchange: Exchange, exchange_name: str, routing_key: str,
+                         run: list[Any]) -> list[Any] | None:
+        """The queues that every message of a run goes to, when they are all plain
+        (NOT_PLAIN: no expiration or user id to check, no headers, so no CC, BCC or headers
+        to route by) and nothing else makes messages alike route apart: no transaction, no
+        deduplication, no exchange on the way that routes by properties. None otherwise."""
+        if self.tx is not None or exchange.dedup is not None:
+            return None
         for j in range(2, len(run), 2):
             header = run[j]
             if ((header[12] << 8) | header[13]) & NOT_PLAIN:
-                return False
-        first = Message(exchange_name, routing_key, run[2], run[3])
-        queues = self.vhost.route(exchange, first)
+                return None
+        return self.vhost.route_run(exchange, Message(exchange_name, routing_key, run[2],
+                                                      run[3]))
+
+    def _publish_many(self, queues: list[Any], exchange: Exchange, exchange_name: str,
+                      routing_key: str, run: list[Any]) -> bool:
+        """A run of plain messages that routes to one stream, taken in one call to the
+        stream (`StreamQueue.publish_many`), with the stats and confirms `_route` keeps.
+        False, having done nothing, for any other run. One queue only, so that the order of
+        what other queues deliver is never changed."""
         if len(queues) != 1:
             return False
         publish_many = getattr(queues[0], "publish_many", None)
         if publish_many is None:
             return False
-        messages = [first]
-        messages += [Message(exchange_name, routing_key, run[j], run[j + 1])
-                     for j in range(4, len(run), 2)]
+        messages = [Message(exchange_name, routing_key, run[j], run[j + 1])
+                    for j in range(2, len(run), 2)]
         confirms = self.confirms
         tracked = [confirms.track() for _ in messages] if confirms is not None else None
         publish_many(messages, tracked)
@@ -639,11 +654,17 @@ class Channel:
                 f"'{self.session.username}'"
             )
 
-    def _route(self, exchange: Exchange, message: Message, mandatory: bool) -> None:
+    def _route(self, exchange: Exchange, message: Message, mandatory: bool,
+               queues: list[Any] | None = None) -> None:
+        """Route and enqueue one message, or enqueue it to `queues` when its run's route is
+        known (`_plain_run_route`)."""
         confirm: Confirm | None = None
         if self.confirms is not None:
             confirm = self.confirms.track()
-        taken = self.vhost.publish(exchange, message, confirm)
+        if queues is None:
+            taken = self.vhost.publish(exchange, message, confirm)
+        else:
+            taken = self.vhost.publish_to(queues, message, confirm)
         self.stats_publish += 1
         exchange.stats_publish_in += 1
         exchange.stats_publish_out += taken

@@ -8,36 +8,18 @@ ok:true. No timing is asserted: this proves the instrument is correct, not fast.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from pamqp import commands
 from pamqp import frame as pframe
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
+from support.bench import BENCH, bench_module
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _loadgen() -> None:
-    """Import bench/loadgen as the package `loadgen` without putting bench/ on sys.path."""
-    if "loadgen" in sys.modules:
-        return
-    spec = importlib.util.spec_from_file_location(
-        "loadgen", BENCH / "loadgen" / "__init__.py", submodule_search_locations=[]
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    module.__path__ = [str(BENCH / "loadgen")]
-    sys.modules["loadgen"] = module
-    spec.loader.exec_module(module)
-
-
-_loadgen()
+bench_module("loadgen", package=True)
 from loadgen import wire  # noqa: E402
 
 

@@ -7,40 +7,17 @@ bench/quorum_restart.py`."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
+from support.bench import bench_modules
 from support.brokers import InProcessBroker
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _module(name: str, package: bool = False) -> ModuleType:
-    """Import bench/NAME (a module, or the package loadgen) without putting bench/ on
-    sys.path, where its modules could shadow others."""
-    if name in sys.modules:
-        return sys.modules[name]
-    path = BENCH / name / "__init__.py" if package else BENCH / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(
-        name, path, submodule_search_locations=[str(BENCH / name)] if package else None)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_module("loadgen", package=True)
-_module("load")
-_module("compare")
-_module("replicated")
-qm = _module("quorum_many")
-qr = _module("quorum_restart")
+qm = bench_modules("replicated", "quorum_many")
+qr = bench_modules("quorum_restart")
 
 
 def test_the_many_queues_clients_confirm_and_deliver_everything(

@@ -7,38 +7,14 @@ not run here (they take minutes): `python bench/replicated.py --quick`."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import threading
 import time
-from pathlib import Path
-from types import ModuleType
 
 import pytest
+from support.bench import bench_modules
 from support.brokers import InProcessBroker
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _module(name: str, package: bool = False) -> ModuleType:
-    """Import bench/NAME (a module, or the package loadgen) without putting bench/ on
-    sys.path, where its modules could shadow others."""
-    if name in sys.modules:
-        return sys.modules[name]
-    path = BENCH / name / "__init__.py" if package else BENCH / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(
-        name, path, submodule_search_locations=[str(BENCH / name)] if package else None)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_module("loadgen", package=True)
-_module("load")
-_module("compare")
-rb = _module("replicated")
+rb = bench_modules("replicated")
 
 
 def _run(pub: object, until: object, timeout: float = 30) -> None:

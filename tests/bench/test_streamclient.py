@@ -4,32 +4,15 @@ is asserted: this proves the instrument is correct, not fast."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 from streamproto.conftest import StreamBroker, start_stream_broker
+from support.bench import bench_module
 
 from leveret.broker.streamproto import frames as f
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _client() -> Any:
-    if "streamclient" in sys.modules:
-        return sys.modules["streamclient"]
-    spec = importlib.util.spec_from_file_location("streamclient", BENCH / "streamclient.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["streamclient"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-sc = _client()
+sc = bench_module("streamclient")
 
 
 def _read_publish(frame: bytes) -> list[tuple[int, int]]:

@@ -5,10 +5,8 @@ still live) is replaced within 5 s."""
 
 from __future__ import annotations
 
-import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 from support.brokers import BrokerProcess
@@ -19,6 +17,7 @@ from support.cluster import (
     in_etcd,
     linked,
     make_node,
+    paused,
     publish_confirmed,
     wait_until,
 )
@@ -39,17 +38,6 @@ def seconds_until(check: Callable[[], bool], timeout: float) -> float:
         assert time.monotonic() - began < timeout, "condition not met in time"
         time.sleep(0.05)
     return time.monotonic() - began
-
-
-@contextmanager
-def paused(node: BrokerProcess) -> Iterator[None]:
-    """`node`'s process stopped (SIGSTOP) for the block, continued after it, whatever happens."""
-    assert node.proc is not None
-    node.proc.send_signal(signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        node.proc.send_signal(signal.SIGCONT)
 
 
 def test_heartbeat_settings_reach_the_links_from_flags_and_env(

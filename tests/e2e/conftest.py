@@ -20,6 +20,7 @@ import pytest
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 from support.brokers import InProcessBroker
 from support.rawamqp import RawClient, open_client
+from support.reference import Reference, running, start_consistent_hash_reference
 
 T = TypeVar("T")
 
@@ -180,3 +181,62 @@ def lev(broker: InProcessBroker) -> Iterator[Amqp]:
     client = Amqp("leveret", broker.port)
     yield client
     client.close()
+
+
+# -- the hash exchanges' differential tests ------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def chx_reference() -> Iterator[Reference]:
+    """RabbitMQ 3.10 with its consistent-hash and sharding plugins (x-modulus-hash)."""
+    yield from running(start_consistent_hash_reference)
+
+
+class HashBroker:
+    """One broker of a hash-exchange differential test: its client, and a restart that keeps
+    its data (Leveret: a new in-process broker on the same folder; RabbitMQ: the node)."""
+
+    def __init__(self, name: str, reference: Reference | None, data_dir: Any) -> None:
+        self.name = name
+        self._reference = reference
+        self._data_dir = data_dir
+        self._server: InProcessBroker | None = None
+        if reference is None:
+            self._server = InProcessBroker(data_dir).start()
+        self.amqp = Amqp(name, self._port())
+
+    def _port(self) -> int:
+        return self._server.port if self._server is not None else self._reference.port  # type: ignore[union-attr]
+
+    def restart(self) -> Amqp:
+        """Restart the broker; the new client (the old one's connections are closed)."""
+        names, self.amqp._names = self.amqp._names, []  # deleted after the test, not now
+        self.amqp.close()
+        if self._server is not None:
+            self._server.stop()
+            self._server = InProcessBroker(self._data_dir).start()
+        else:
+            self._reference.restart()  # type: ignore[union-attr]
+        self.amqp = Amqp(self.name, self._port())
+        self.amqp._names = names
+        return self.amqp
+
+    def close(self) -> None:
+        self.amqp.close()
+        if self._server is not None:
+            self._server.stop()
+
+
+@pytest.fixture(params=["leveret", "rabbitmq"])
+def hash_broker(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[HashBroker]:
+    """Leveret, then RabbitMQ 3.10 with the hash exchanges' plugins."""
+    reference = request.getfixturevalue("chx_reference") if request.param == "rabbitmq" else None
+    target = HashBroker(request.param, reference, tmp_path / "data")
+    yield target
+    target.close()
+
+
+@pytest.fixture
+def chx(hash_broker: HashBroker) -> Amqp:
+    """The client of a hash-exchange differential test."""
+    return hash_broker.amqp

@@ -257,10 +257,9 @@ def test_the_consumer_timeout_is_a_quorum_argument(lev: Amqp) -> None:
 
 @pytest.mark.parametrize(("key", "value"), [
     ("x-stream-filter-size-bytes", 32),  # a stream argument since 3.13: 3.10.8 ignores it
-    # RabbitMQ 4.3 quorum arguments that Leveret does not implement: refused rather than
-    # ignored (3.10.8 ignores them as unknown keys)
+    # a RabbitMQ 4.3 quorum argument that Leveret does not implement: refused rather than
+    # ignored (3.10.8 ignores it as an unknown key)
     ("x-consumer-disconnected-timeout", 1000),
-    ("x-delayed-retry-type", "all"),
 ])  # fmt: skip
 def test_arguments_refused_as_another_types(lev: Amqp, key: str, value: object) -> None:
     queue = lev.uid("qq")

@@ -400,3 +400,53 @@ def test_runs_into_streams_hold_what_rabbitmq_holds(workers_broker: BrokerProces
         b"c0", b"c1", b"c2", b"c3", b"d0", b"d1", b"d2", b"d3"]
     assert held["burst-s1"][7][1] == {"k": "v"}
     assert (acked, held) == stream_burst(reference.port)  # type: ignore[attr-defined]
+
+
+def hashed_burst(port: int, exchange: str, kind: str, one_by_one: bool) -> list[int]:
+    """Thirty confirmed publishes alike but for their message_id through a consistent-hash
+    exchange that hashes it, to three queues of one kind: in one write (a worker makes them
+    one run), or one at a time. What each queue holds."""
+    from pamqp import commands
+    from support.rawamqp import RawClient
+
+    setup = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    channel = setup.channel()
+    channel.exchange_declare(exchange, "x-consistent-hash",
+                             arguments={"hash-property": "message_id"})
+    queues = [f"{exchange}-{n}" for n in range(3)]
+    for queue in queues:
+        channel.queue_declare(queue, durable=True, arguments={"x-queue-type": kind})
+        channel.queue_bind(queue, exchange, "1")
+    ids = [f"id-{n}" for n in range(30)]
+    if one_by_one:
+        channel.confirm_delivery()
+        for n, message_id in enumerate(ids):
+            channel.basic_publish(exchange, "same", b"m%d" % n,
+                                  pika.BasicProperties(message_id=message_id))
+    else:
+        with RawClient(port) as raw:
+            raw.handshake()
+            raw.open_channel(1)
+            raw.send_method(1, commands.Confirm.Select())
+            raw.expect(commands.Confirm.SelectOk, 1)
+            raw.send(b"".join(b"".join(RawClient.publish_frames(
+                1, b"m%d" % n, exchange, "same", commands.Basic.Properties(message_id=message_id)))
+                for n, message_id in enumerate(ids)))
+            confirmed: set[int] = set()
+            while len(confirmed) < len(ids):
+                ack = raw.expect(commands.Basic.Ack, 1)
+                confirmed.update(range(1, ack.delivery_tag + 1) if ack.multiple
+                                 else [ack.delivery_tag])
+    held = [channel.queue_declare(queue, passive=True).method.message_count for queue in queues]
+    setup.close()
+    return held
+
+
+@pytest.mark.parametrize("kind", ["stream", "quorum", "classic"])
+def test_a_run_through_an_exchange_that_hashes_a_property_routes_each_message(
+        workers_broker: BrokerProcess, kind: str) -> None:
+    """Messages alike in exchange, routing key and headers may still route apart: a run of
+    them lands as the same messages published one by one (not all where the first went)."""
+    one_by_one = hashed_burst(workers_broker.port, "hashed-1", kind, one_by_one=True)
+    assert sum(one_by_one) == 30 and len([n for n in one_by_one if n]) >= 2
+    assert hashed_burst(workers_broker.port, "hashed-2", kind, one_by_one=False) == one_by_one

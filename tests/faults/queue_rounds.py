@@ -1,15 +1,12 @@
-"""One fault round against a quorum queue, start to verdict (rounds.py's round, for a queue).
+"""A fault round's verdict for a quorum queue (`QUORUM`, the `RoundKind` that rounds.py's
+`run_round` runs for a quorum queue), and the total-queue counts per nemesis.
 
-A round, all of it decided by its seed (`random.Random(seed)`):
+The round is rounds.py's (restore, declare with every node a member, run the workload of
+queue_workload.py, inflict the nemesis on the queue's leader, heal, stop the clients: their
+unacked deliveries go back to the queue). Then `verify_queue`:
 
-1. restore the cluster (heal, resume, restart; every node live in etcd and linked);
-2. declare a fresh quorum queue through a node chosen by the seed (its first leader), with
-   every node a member, and check it got them;
-3. start the workload (queue_workload.py), let it run a moment, inflict the nemesis on the
-   queue's leader of that moment, heal, restore, let the clients see the healed cluster a
-   moment, and stop them (their unacked deliveries go back to the queue);
-4. drain: empty the queue through every node, recording what comes out;
-5. settle: wait (polling) until every member's log on disk is the same, chunk for chunk (the
+1. drain: empty the queue through every node, recording what comes out;
+2. settle: wait (polling) until every member's log on disk is the same, chunk for chunk (the
    drain's settlements included), and run the total-queue checker (queue_checker.py).
 
 A round fails on a confirmed id never delivered (lost), a delivery of an id nobody sent
@@ -18,11 +15,7 @@ A round fails on a confirmed id never delivered (lost), a delivery of an id nobo
 declared, a cluster that does not recover after healing (unrecovered), and, for a workload with
 one consumer, a publisher's order broken in the first deliveries. Duplicates are counted.
 
-The leader monitor and the failover times are rounds.py's: the quorum queue's leadership key
-is a stream's.
-
-Must not know: how the network is cut (the nemesis does it). Threading: the test's thread, plus
-the monitor thread it starts and joins.
+Must not know: how the network is cut (the nemesis does it). Threading: the test's thread.
 """
 
 from __future__ import annotations
@@ -30,29 +23,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Protocol
 
 from faults.checker import Violation, _divergence
-from faults.cluster import AMQP_PORT, FaultCluster, wait_for
-from faults.nemesis import Fault, Nemesis
+from faults.cluster import FaultCluster, wait_for
+from faults.nemesis import Fault
 from faults.queue_checker import QueueHistory, check_total_queue, duplicates
 from faults.queue_workload import QuorumWorkload
-from faults.rounds import (
-    SETTLE_S,
-    LeaderMonitor,
-    RoundResult,
-    _cleanup,
-    _keep,
-    _placement,
-    _record,
-    failover,
-)
+from faults.rounds import SETTLE_S, RoundKind, RoundResult
 from faults.storedlog import StoredLog, read_log
 
 from leveret.storage.chunk import ChunkType
@@ -64,69 +46,20 @@ from leveret.storage.chunk import ChunkType
 DIRTY_READS_FAIL = True
 
 
-class QueueWorkload(Protocol):
-    kind: str
-    ordered: bool
-
-    def declare(self, via: str) -> None: ...
-    def start(self) -> None: ...
-    def stop(self, timeout: float = 20.0) -> QueueHistory: ...
-    def drain(self, first: str, timeout: float = 60.0, idle_s: float = 0.5) -> list[str]: ...
-    def delete(self, via: str) -> None: ...
-    def decode(self, record: bytes) -> str | None: ...
-    def paths(self) -> str: ...
-
-
-QueueWorkloadFactory = Callable[[dict[str, tuple[str, int]], str], QueueWorkload]
-
-
-def run_queue_round(cluster: FaultCluster, nemesis: Nemesis, seed: int,
-                    make_workload: QueueWorkloadFactory = QuorumWorkload) -> RoundResult:
-    rng = random.Random(seed)
-    result = RoundResult(nemesis.name, seed)
-    clock = time.monotonic
-    started = clock()
-    result.seconds["restore"] = cluster.restore()
-    queue = f"qfaults-{nemesis.name}-{seed}"
-    endpoints = {name: (node.ns.ip, AMQP_PORT) for name, node in cluster.nodes.items()}
-    workload = make_workload(endpoints, queue)
-    declared_on = rng.choice(cluster.names)
-    workload.declare(declared_on)
-    result.violations += _placement(cluster, queue)
-    monitor = LeaderMonitor(cluster, queue)
-    monitor.start()
-    workload.start()
-    fault: Fault | None = None
-    try:
-        time.sleep(rng.uniform(1.0, 2.0))
-        leader = cluster.leader_of(queue) or declared_on
-        fault = nemesis.inflict(cluster, leader, rng)
-        result.description = f"{fault.description}; clients {workload.paths()}"
-        result.seconds["fault"] = fault.healed_at - fault.applied_at
-        result.seconds["recover"] = cluster.restore()
-        time.sleep(rng.uniform(1.0, 2.0))  # the clients see the healed cluster
-    except (AssertionError, RuntimeError) as exc:  # a node did not come back, or not linked
-        result.violations.append(Violation("unrecovered", f"after healing: {exc}"))
-    finally:
-        history = workload.stop()
-        monitor.stop()
-    result.leaders = monitor.changes
-    if fault is not None and fault.majority_cut:
-        result.failover = failover(fault, monitor.changes, history)
-    if any(v.kind == "unrecovered" for v in result.violations):  # the next round restores
-        result.notes = history.notes
-        result.seconds["round"] = clock() - started
-        _record(result)
-        return result
-    drain_started = clock()
-    leader = cluster.leader_of(queue) or declared_on
+def verify_queue(cluster: FaultCluster, workload: QuorumWorkload, history: QueueHistory,
+                 fault: Fault | None, result: RoundResult) -> str:
+    """Drain the queue, settle its members, run the total-queue checker and look for dirty
+    reads; the node to delete the queue through."""
+    queue = workload.queue
+    fallback = workload.declared_on or cluster.names[0]
+    drain_started = time.monotonic()
+    leader = cluster.leader_of(queue) or fallback
     result.violations += [Violation("undrained", p) for p in workload.drain(leader)]
-    result.seconds["drain"] = clock() - drain_started
-    result.notes = history.notes
-    settle_started = clock()
+    result.seconds["drain"] = time.monotonic() - drain_started
+    settle_started = time.monotonic()
     logs, unsettled = settle_members(cluster, queue)
     result.violations += unsettled
-    result.seconds["settle"] = clock() - settle_started
+    result.seconds["settle"] = time.monotonic() - settle_started
     result.verdict = check_total_queue(history, ordered=workload.ordered)
     result.violations += result.verdict.violations
     reads = dirty_reads(history, logs, workload.decode)
@@ -136,13 +69,10 @@ def run_queue_round(cluster: FaultCluster, nemesis: Nemesis, seed: int,
     result.notes += [f"dirty read {v.detail}" for v in reads[:5]]
     result.notes += [f"duplicate {d}" for d in duplicates(history)]
     _dump(history, fault, result)
-    if result.ok:
-        _cleanup(workload, cluster, cluster.leader_of(queue) or declared_on)
-    else:  # left as it is, for a look at the members' files and the nodes' logs
-        result.kept = _keep(cluster, queue, f"quorum-{nemesis.name}-{seed}")
-    result.seconds["round"] = clock() - started
-    _record(result)
-    return result
+    return cluster.leader_of(queue) or fallback
+
+
+QUORUM = RoundKind("qfaults", QuorumWorkload, verify_queue, keep_prefix="quorum-")
 
 
 def _dump(history: QueueHistory, fault: Fault | None, result: RoundResult) -> None:

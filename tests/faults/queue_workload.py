@@ -1,11 +1,12 @@
 """The quorum-queue workload: publishers with confirms and consumers with acks, then a drain.
 
 Role: drive real AMQP clients (pika) against a quorum queue during a round and hand the
-total-queue checker (queue_checker.py) a `QueueHistory`. The publishers are the stream
-workload's (workload.Publisher: each id sent once, a nack or a lost connection leaves it
-`nacked` or `unconfirmed`, never re-sent). A consumer subscribes with a prefetch, records each
-delivery (its id, whether it came `redelivered`) and only then acks it; after a lost connection,
-a closed channel or a basic.cancel it connects again and subscribes again.
+total-queue checker (queue_checker.py) a `QueueHistory`. It is a `workload.Workload` (declared,
+started, stopped and deleted as a stream's), and its publishers are the stream workload's
+(workload.Publisher: each id sent once, a nack or a lost connection leaves it `nacked` or
+`unconfirmed`, never re-sent). A consumer subscribes with a prefetch, records each delivery
+(its id, whether it came `redelivered`) and only then acks it; after a lost connection, a
+closed channel or a basic.cancel it connects again and subscribes again.
 
 Two shapes:
 
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +38,7 @@ from typing import Any
 import pika
 import pika.exceptions
 from faults.queue_checker import DRAIN, RUN, Dequeue, QueueHistory
-from faults.workload import Publisher, _Client, id_of, parameters
+from faults.workload import Publisher, Workload, _Client, _Subscriber, id_of, parameters
 
 from leveret.amqp.stored import decode_record
 from leveret.broker.model.durable import _HEAD
@@ -55,30 +55,20 @@ def decode(record: bytes) -> str | None:
         return None
 
 
-class QueueConsumer(_Client):
+class QueueConsumer(_Subscriber):
     """basic.consume with a prefetch; record, then ack, each delivery, at most `rate` a second
     (None: as they come). Deliveries beyond the rate wait in the client, unacked: a lost
     connection gives them back to the queue unrecorded, as a crashed client would."""
 
-    def __init__(self, *args: Any, queue: str, prefetch: int, rate: float | None,
-                 **kwargs: Any) -> None:
+    def __init__(self, *args: Any, rate: float | None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.queue, self.prefetch, self.rate = queue, prefetch, rate
+        self.rate = rate
         self.waiting: collections.deque[tuple[int, bool, bytes]] = collections.deque()
         self.tokens, self.last = 0.0, 0.0
 
-    def channel_ready(self, channel: Any) -> None:
-        channel.add_on_cancel_callback(self._cancelled)
-        channel.basic_qos(prefetch_count=self.prefetch, callback=self._qos_ok)
-
-    def _qos_ok(self, _frame: Any) -> None:
-        if self.channel is not None:
-            self.tokens, self.last = 1.0, self.clock()
-            self.channel.basic_consume(self.queue, self._delivered)
-
-    def _cancelled(self, _frame: Any) -> None:
-        self.note("consumer cancelled by the broker")
-        self.close()
+    def subscribe(self, channel: Any) -> None:
+        self.tokens, self.last = 1.0, self.clock()
+        channel.basic_consume(self.queue, self._delivered)
 
     def _delivered(self, _channel: Any, method: Any, _properties: Any, body: bytes) -> None:
         self.waiting.append((method.delivery_tag, bool(method.redelivered), body))
@@ -104,87 +94,48 @@ class QueueConsumer(_Client):
         self.waiting.clear()  # unacked: the queue has them back
 
 
-class QuorumWorkload:
+class QuorumWorkload(Workload):
     """A quorum queue with publishers and consumers (on every node, or on one path)."""
 
     kind = QUORUM
     decode = staticmethod(decode)
+    history: QueueHistory
 
     def __init__(self, endpoints: dict[str, tuple[str, int]], queue: str, *,
                  rate: float = 100.0, window: int = 20, prefetch: int = 50,
                  consume_rate: float | None = 60.0, drain_s: float = 5.0,
                  single_path: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.endpoints, self.queue = endpoints, queue
+        super().__init__(endpoints, queue, QueueHistory(), clock)
         self.rate, self.window, self.prefetch, self.drain_s = rate, window, prefetch, drain_s
         self.consume_rate = consume_rate
         self.single_path = single_path
         self.ordered = single_path  # one consumer at a time: first deliveries in queue order
-        self.history = QueueHistory()
-        self.lock = threading.Lock()
-        self.clock = clock
-        self.clients: list[_Client] = []
-        self.declared_on: str | None = None
 
-    def _make_clients(self) -> None:
-        common = {"history": self.history, "lock": self.lock, "clock": self.clock}
+    def arguments(self) -> dict[str, Any]:
+        """Every node a member, and no delivery limit: a message returned often in a faulty
+        round is redelivered, never dropped, so that any confirmed id missing at the end is a
+        loss."""
+        return {"x-queue-type": QUORUM, "x-quorum-initial-group-size": len(self.endpoints),
+                "x-delivery-limit": -1}
+
+    def make_clients(self) -> list[_Client]:
         names = sorted(self.endpoints)
         if self.single_path:
             others = [n for n in names if n != self.declared_on] or names
             publishers, consumers = others[:1], others[-1:]
         else:
             publishers = consumers = names
+        clients: list[_Client] = []
         for node in publishers:
-            self.clients.append(Publisher(
+            clients.append(Publisher(
                 f"p{node}", node, self.endpoints[node], queue=self.queue, rate=self.rate,
-                window=self.window, drain_s=self.drain_s, **common))
+                window=self.window, drain_s=self.drain_s, **self.common()))
         for node in consumers:
-            self.clients.append(QueueConsumer(
+            clients.append(QueueConsumer(
                 f"c{node}", node, self.endpoints[node], queue=self.queue,
-                prefetch=self.prefetch, rate=self.consume_rate, **common))
-
-    def paths(self) -> str:
-        """Who publishes and consumes through which node, for the report."""
-        return ", ".join(f"{c.client}@{c.node}" for c in self.clients)
-
-    def declare(self, via: str) -> None:
-        """Declare the quorum queue once, through node `via` (its first leader: a quorum queue
-        is placed client-local), with every node a member, and no delivery limit: a message
-        returned often in a faulty round is redelivered, never dropped, so that any confirmed
-        id missing at the end is a loss."""
-        self.declared_on = via
-        conn = pika.BlockingConnection(parameters(*self.endpoints[via]))
-        try:
-            conn.channel().queue_declare(self.queue, durable=True, arguments={
-                "x-queue-type": QUORUM, "x-quorum-initial-group-size": len(self.endpoints),
-                "x-delivery-limit": -1})
-        finally:
-            with contextlib.suppress(pika.exceptions.AMQPError, OSError):
-                conn.close()
-
-    def delete(self, via: str) -> None:
-        conn = pika.BlockingConnection(parameters(*self.endpoints[via]))
-        try:
-            conn.channel().queue_delete(self.queue)
-        finally:
-            with contextlib.suppress(pika.exceptions.AMQPError, OSError):
-                conn.close()
-
-    def start(self) -> None:
-        self._make_clients()
-        for client in self.clients:
-            client.start()
-
-    def stop(self, timeout: float = 20.0) -> QueueHistory:
-        """Stop sending, give confirms in flight a bounded time, close; the history so far."""
-        for client in self.clients:
-            client.stopping.set()
-        deadline = time.monotonic() + timeout
-        for client in self.clients:
-            client.join(max(0.1, deadline - time.monotonic()))
-            if client.is_alive():
-                self.history.notes.append(f"{client.client} did not stop in {timeout} s")
-        return self.history
+                prefetch=self.prefetch, rate=self.consume_rate, **self.common()))
+        return clients
 
     def drain(self, first: str, timeout: float = 60.0, idle_s: float = 0.5) -> list[str]:
         """Empty the queue through every node, `first` first, recording each delivery as a

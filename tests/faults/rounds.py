@@ -1,21 +1,24 @@
-"""One fault round, start to verdict, and the figures it yields.
+"""One fault round, start to verdict, and the figures it yields; the rounds of a test.
 
-A round, all of it decided by its seed (`random.Random(seed)`):
+A round, all of it decided by its seed (`random.Random(seed)`), the same for every kind of
+queue (a `RoundKind`: the stream's here, the quorum queue's in queue_rounds.py):
 
 1. restore the cluster (heal, resume, restart; every node live in etcd and linked);
-2. declare a fresh replicated stream through a node chosen by the seed (its leader: the
-   locator is client-local) and check it got every node as a member;
-3. start the workload (publishers and consumers on every node), let it run a moment, inflict the
-   nemesis on the stream's leader of that moment, heal, restore, let the clients see the healed
-   cluster a moment, and stop them;
-4. settle: wait (polling) until the leader's stream_status shows every member at its offset and
-   commit point, and every member's files as long as the leader's (a cluster that did not
-   recover in step 3 fails the round as `unrecovered`, with nothing settled or compared);
-5. read every member's log from disk and run the checker.
+2. declare a fresh queue of the kind, through a node chosen by the seed (its leader: placement
+   is client-local) and check it got every node as a member;
+3. start the kind's workload (publishers and consumers on every node), let it run a moment,
+   inflict the nemesis on the queue's leader of that moment, heal, restore, let the clients see
+   the healed cluster a moment, and stop them (a cluster that did not recover fails the round
+   as `unrecovered`, with nothing settled or compared);
+4. the kind's verdict. A stream (`verify_stream`): wait (polling) until the leader's
+   stream_status shows every member at its offset and commit point, and every member's files
+   as long as the leader's; then read every member's log from disk and run the checker;
+5. a passed round deletes its queue; a failed one leaves it for a look (`_keep`).
 
-While the nemesis runs, a monitor thread polls the stream's leadership key in etcd, so the round
+While the nemesis runs, a monitor thread polls the queue's leadership key in etcd, so the round
 can say when a new leader was elected, and when a publish sent after the fault through another
-node was first confirmed: the failover time (`Failover`).
+node was first confirmed: the failover time (`Failover`). `run_rounds` runs a test's plan of
+(nemesis, seed) rounds, prints each and fails the test with the failed rounds' replay commands.
 
 Must not know: how the network is cut (the nemesis does it). Threading: the test's thread, plus
 the monitor thread it starts and joins.
@@ -60,7 +63,7 @@ def nemesis_of(seed: int) -> Nemesis:
 
 
 class LeaderMonitor(threading.Thread):
-    """Polls the stream's leadership key in etcd; `changes` lists (time, leader, epoch)."""
+    """Polls the queue's leadership key in etcd; `changes` lists (time, leader, epoch)."""
 
     def __init__(self, cluster: FaultCluster, stream: str) -> None:
         super().__init__(name="faults-leader-monitor", daemon=True)
@@ -107,7 +110,7 @@ class RoundResult:
     leaders: list[tuple[float, str, int]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    kept: str = ""  # where a failed round's stream was left (the nodes' data dirs)
+    kept: str = ""  # where a failed round's queue was left (the nodes' data dirs)
 
     @property
     def ok(self) -> bool:
@@ -159,30 +162,60 @@ def _s(value: float | None) -> str:
 
 
 WorkloadFactory = Callable[[dict[str, tuple[str, int]], str], Workload]
+# after the workload stopped, in a recovered cluster: settle, check, and add the verdict, its
+# violations and the seconds spent to the result; the node to delete the queue through
+Verify = Callable[[FaultCluster, Any, History, Fault | None, RoundResult], str]
+
+
+@dataclass(frozen=True)
+class RoundKind:
+    """What a round of one kind of queue does its own way."""
+
+    prefix: str  # the round's queue is <prefix>-<nemesis>-<seed>
+    make_workload: WorkloadFactory
+    verify: Verify
+    keep_prefix: str = ""  # a failed round is kept as <keep_prefix><nemesis>-<seed>
+
+
+def verify_stream(cluster: FaultCluster, workload: Workload, history: History,
+                  _fault: Fault | None, result: RoundResult) -> str:
+    """Settle the stream, read every member's log and run the checker; its leader."""
+    stream = workload.queue
+    settle_started = time.monotonic()
+    leader, committed, unsettled = settle(cluster, stream)
+    result.seconds["settle"] = time.monotonic() - settle_started
+    result.violations += unsettled
+    members = {name: read_log(cluster.stream_dir(name, stream)) for name in cluster.names}
+    result.verdict = check(history, members, leader, committed, workload.decode)
+    result.violations += result.verdict.violations
+    return leader
+
+
+STREAM = RoundKind("faults", StreamWorkload, verify_stream)
 
 
 def run_round(cluster: FaultCluster, nemesis: Nemesis, seed: int,
-              make_workload: WorkloadFactory = StreamWorkload) -> RoundResult:
+              kind: RoundKind = STREAM) -> RoundResult:
     rng = random.Random(seed)
     result = RoundResult(nemesis.name, seed)
     clock = time.monotonic
     started = clock()
     result.seconds["restore"] = cluster.restore()
-    stream = f"faults-{nemesis.name}-{seed}"
+    queue = f"{kind.prefix}-{nemesis.name}-{seed}"
     endpoints = {name: (node.ns.ip, AMQP_PORT) for name, node in cluster.nodes.items()}
-    workload = make_workload(endpoints, stream)
+    workload = kind.make_workload(endpoints, queue)
     declared_on = rng.choice(cluster.names)
     workload.declare(declared_on)
-    result.violations += _placement(cluster, stream)
-    monitor = LeaderMonitor(cluster, stream)
+    result.violations += _placement(cluster, queue)
+    monitor = LeaderMonitor(cluster, queue)
     monitor.start()
     workload.start()
     fault: Fault | None = None
     try:
         time.sleep(rng.uniform(1.0, 2.0))
-        leader = cluster.leader_of(stream) or declared_on
+        leader = cluster.leader_of(queue) or declared_on
         fault = nemesis.inflict(cluster, leader, rng)
-        result.description = fault.description
+        result.description = f"{fault.description}; clients {workload.paths()}"
         result.seconds["fault"] = fault.healed_at - fault.applied_at
         result.seconds["recover"] = cluster.restore()
         time.sleep(rng.uniform(1.0, 2.0))  # the clients see the healed cluster
@@ -199,28 +232,51 @@ def run_round(cluster: FaultCluster, nemesis: Nemesis, seed: int,
         result.seconds["round"] = clock() - started
         _record(result)
         return result
-    settle_started = clock()
-    leader, committed, unsettled = settle(cluster, stream)
-    result.seconds["settle"] = clock() - settle_started
-    result.violations += unsettled
-    members = {name: read_log(cluster.stream_dir(name, stream)) for name in cluster.names}
-    result.verdict = check(history, members, leader, committed, workload.decode)
-    result.violations += result.verdict.violations
+    via = kind.verify(cluster, workload, history, fault, result)
     if result.ok:
-        _cleanup(workload, cluster, leader)
+        _cleanup(workload, cluster, via)
     else:  # left as it is, for a look at the members' files and the nodes' logs
-        result.kept = _keep(cluster, stream, f"{nemesis.name}-{seed}")
+        result.kept = _keep(cluster, queue, f"{kind.keep_prefix}{nemesis.name}-{seed}")
     result.seconds["round"] = clock() - started
     _record(result)
     return result
 
 
-def _placement(cluster: FaultCluster, stream: str) -> list[Violation]:
-    """The stream got every node as a member (x-initial-cluster-size is the node count)."""
-    record = cluster.queue_record(stream)
+def plan(count: int, nemesis: str | None = None) -> list[tuple[Nemesis, int]]:
+    """`count` rounds (their seeds from `seeds`) of the named nemesis, or, with None, each of
+    a nemesis drawn from its seed (the slow variants')."""
+    return [(NEMESES[nemesis] if nemesis else nemesis_of(seed), seed) for seed in seeds(count)]
+
+
+def run_rounds(cluster: FaultCluster, rounds: list[tuple[Nemesis, int]], replay: str,
+               everything: list[RoundResult], kind: RoundKind = STREAM) -> None:
+    """Every round of the plan, each printed as it ends; the test fails with every failed
+    round's report and the command that replays it."""
+    results: list[RoundResult] = []
+    for n, (nemesis, seed) in enumerate(rounds, start=1):
+        print(f"\nround {n}/{len(rounds)}: {nemesis.name}, seed {seed}", flush=True)
+        result = run_round(cluster, nemesis, seed, kind)
+        print(result.report(), flush=True)
+        for note in result.notes:
+            if note.startswith(("duplicate ", "dirty read ")):
+                print(f"  {note}")
+        results.append(result)
+        everything.append(result)
+    failed = [r for r in results if not r.ok]
+    times = [r.failover.confirmed_s for r in results
+             if r.failover is not None and r.failover.confirmed_s is not None]
+    print(f"\n{len(results) - len(failed)} of {len(results)} rounds passed; failover to a "
+          f"confirm: {', '.join(f'{t:.2f}s' for t in times) or 'none seen'}", flush=True)
+    assert not failed, "\n\n".join(
+        r.report() + f"\n  replay: LEVERET_FAULT_SEED={r.seed} {replay}" for r in failed)
+
+
+def _placement(cluster: FaultCluster, queue: str) -> list[Violation]:
+    """The queue got every node as a member (its initial size is the node count)."""
+    record = cluster.queue_record(queue)
     members = list(record.get("members", [])) if record else []
     if sorted(members) != cluster.names:
-        return [Violation("placement", f"{stream} declared with {len(cluster.names)} members "
+        return [Violation("placement", f"{queue} declared with {len(cluster.names)} members "
                                        f"has {members}")]
     return []
 
@@ -298,7 +354,7 @@ def _keep(cluster: FaultCluster, stream: str, label: str) -> str:
 
 
 def _cleanup(workload: Workload, cluster: FaultCluster, leader: str) -> None:
-    """Delete the round's stream, so later rounds' nemeses move only their own."""
+    """Delete the round's queue, so later rounds' nemeses move only their own."""
     try:
         workload.delete(leader if cluster.nodes[leader].alive else cluster.names[0])
     except Exception as exc:  # noqa: BLE001 - a leftover stream only costs a little

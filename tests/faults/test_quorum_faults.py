@@ -1,7 +1,7 @@
 """The fault suite for quorum queues: rounds of a nemesis against three real nodes in their own
 network namespaces, with publishers (confirms) and consumers (acks) on every node, then a drain
-and Jepsen's total-queue check (queue_rounds.py, queue_checker.py): nothing confirmed is lost,
-nothing never sent appears, duplicates are counted and reported.
+and Jepsen's total-queue check (rounds.py's round of queue_rounds.py's kind, queue_checker.py):
+nothing confirmed is lost, nothing never sent appears, duplicates are counted and reported.
 
 - `test_a_quorum_queue_keeps_its_promises_under[<nemesis>]`: the short variant, in every CI
   run: LEVERET_FAULT_QUORUM_ROUNDS rounds (default 1) of each nemesis in CI_NEMESES (or of every
@@ -29,6 +29,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -36,10 +37,10 @@ import pika
 import pika.exceptions
 import pytest
 from faults.cluster import AMQP_PORT, FaultCluster, wait_for
-from faults.nemesis import NEMESES, Nemesis
-from faults.queue_rounds import QueueWorkloadFactory, run_queue_round, totals_table
+from faults.nemesis import NEMESES
+from faults.queue_rounds import QUORUM, totals_table
 from faults.queue_workload import QuorumWorkload
-from faults.rounds import RoundResult, nemesis_of, seeds
+from faults.rounds import RoundResult, plan, run_rounds
 from faults.workload import parameters
 
 # CI's short variant: the faults that move a quorum queue's leader in the three ways a leader
@@ -61,46 +62,23 @@ def totals(round_results: list[RoundResult]) -> Iterator[None]:
         print("\n" + totals_table(round_results))
 
 
-def run_rounds(cluster: FaultCluster, plan: list[tuple[Nemesis, int]], replay: str,
-               everything: list[RoundResult],
-               make_workload: QueueWorkloadFactory = QuorumWorkload) -> None:
-    results: list[RoundResult] = []
-    for n, (nemesis, seed) in enumerate(plan, start=1):
-        print(f"\nround {n}/{len(plan)}: {nemesis.name}, seed {seed}", flush=True)
-        result = run_queue_round(cluster, nemesis, seed, make_workload)
-        print(result.report(), flush=True)
-        for note in result.notes:
-            if note.startswith(("duplicate ", "dirty read ")):
-                print(f"  {note}")
-        results.append(result)
-        everything.append(result)
-    failed = [r for r in results if not r.ok]
-    times = [r.failover.confirmed_s for r in results
-             if r.failover is not None and r.failover.confirmed_s is not None]
-    print(f"\n{len(results) - len(failed)} of {len(results)} rounds passed; failover to a "
-          f"confirm: {', '.join(f'{t:.2f}s' for t in times) or 'none seen'}", flush=True)
-    assert not failed, "\n\n".join(
-        r.report() + f"\n  replay: LEVERET_FAULT_SEED={r.seed} {replay}" for r in failed)
-
-
 @pytest.mark.parametrize("name", SHORT_NEMESES)
 def test_a_quorum_queue_keeps_its_promises_under(
         fault_cluster: FaultCluster, round_results: list[RoundResult], name: str) -> None:
-    plan = [(NEMESES[name], seed) for seed in seeds(ROUNDS)]
     test = test_a_quorum_queue_keeps_its_promises_under.__name__
-    run_rounds(fault_cluster, plan, f"LEVERET_FAULT_QUORUM_ALL=1 pytest "
-               f"'{__file__}::{test}[{name}]' -s", round_results)
+    run_rounds(fault_cluster, plan(ROUNDS, name), f"LEVERET_FAULT_QUORUM_ALL=1 pytest "
+               f"'{__file__}::{test}[{name}]' -s", round_results, QUORUM)
 
 
-single_path = partial(QuorumWorkload, single_path=True)
+# one publisher through one node and one consumer through another: the queue's order checked
+ONE_PATH = replace(QUORUM, make_workload=partial(QuorumWorkload, single_path=True))
 
 
 def test_a_paused_quorum_leader_loses_no_confirmed_message(
         fault_cluster: FaultCluster, round_results: list[RoundResult]) -> None:
-    plan = [(NEMESES["pause-leader"], seed) for seed in seeds(PAUSE_ROUNDS)]
     test = test_a_paused_quorum_leader_loses_no_confirmed_message.__name__
-    run_rounds(fault_cluster, plan, f"pytest '{__file__}::{test}' -s", round_results,
-               single_path)
+    run_rounds(fault_cluster, plan(PAUSE_ROUNDS, "pause-leader"), f"pytest '{__file__}::{test}' -s",
+               round_results, ONE_PATH)
 
 
 def test_a_quorum_queue_delivers_only_what_a_majority_holds(fault_cluster: FaultCluster) -> None:
@@ -155,14 +133,14 @@ def pump(conn: pika.BlockingConnection, done: Callable[[], bool], seconds: float
 @pytest.mark.slow
 def test_a_paused_quorum_leader_loses_no_confirmed_message_in_twenty_rounds(
         fault_cluster: FaultCluster, round_results: list[RoundResult]) -> None:
-    plan = [(NEMESES["pause-leader"], seed) for seed in seeds(PAUSE_SLOW_ROUNDS)]
-    run_rounds(fault_cluster, plan, "pytest -m slow tests/faults/test_quorum_faults.py "
-               "-k twenty -s", round_results, single_path)
+    run_rounds(fault_cluster, plan(PAUSE_SLOW_ROUNDS, "pause-leader"),
+               "pytest -m slow tests/faults/test_quorum_faults.py -k twenty -s", round_results,
+               ONE_PATH)
 
 
 @pytest.mark.slow
 def test_a_quorum_queue_keeps_its_promises_over_a_hundred_rounds(
         fault_cluster: FaultCluster, round_results: list[RoundResult]) -> None:
-    plan = [(nemesis_of(seed), seed) for seed in seeds(SLOW_ROUNDS)]
-    run_rounds(fault_cluster, plan, "pytest -m slow tests/faults/test_quorum_faults.py "
-               "-k hundred -s", round_results)
+    run_rounds(fault_cluster, plan(SLOW_ROUNDS),
+               "pytest -m slow tests/faults/test_quorum_faults.py -k hundred -s", round_results,
+               QUORUM)

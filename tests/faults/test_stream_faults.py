@@ -21,30 +21,12 @@ import sys
 
 import pytest
 from faults.cluster import AMQP_PORT, LINK_PORT, FaultCluster
-from faults.nemesis import NEMESES, Nemesis
+from faults.nemesis import NEMESES
 from faults.net import Namespace
-from faults.rounds import RoundResult, nemesis_of, run_round, seeds
+from faults.rounds import RoundResult, plan, run_rounds
 
 SHORT_ROUNDS = int(os.environ.get("LEVERET_FAULT_ROUNDS", "2"))
 SLOW_ROUNDS = int(os.environ.get("LEVERET_FAULT_SLOW_ROUNDS", "100"))
-
-
-def run_rounds(cluster: FaultCluster, plan: list[tuple[Nemesis, int]], replay: str,
-               everything: list[RoundResult]) -> None:
-    results: list[RoundResult] = []
-    for n, (nemesis, seed) in enumerate(plan, start=1):
-        print(f"\nround {n}/{len(plan)}: {nemesis.name}, seed {seed}", flush=True)
-        result = run_round(cluster, nemesis, seed)
-        print(result.report(), flush=True)
-        results.append(result)
-        everything.append(result)
-    failed = [r for r in results if not r.ok]
-    times = [r.failover.confirmed_s for r in results
-             if r.failover is not None and r.failover.confirmed_s is not None]
-    print(f"\n{len(results) - len(failed)} of {len(results)} rounds passed; failover to a "
-          f"confirm: {', '.join(f'{t:.2f}s' for t in times) or 'none seen'}", flush=True)
-    assert not failed, "\n\n".join(
-        r.report() + f"\n  replay: LEVERET_FAULT_SEED={r.seed} {replay}" for r in failed)
 
 
 def reaches(ns: Namespace | None, ip: str, port: int) -> bool:
@@ -78,13 +60,13 @@ def test_a_cut_drops_the_named_addresses_and_nothing_else(fault_cluster: FaultCl
 @pytest.mark.parametrize("name", sorted(NEMESES))
 def test_a_replicated_stream_keeps_its_promises_under(
         fault_cluster: FaultCluster, round_results: list[RoundResult], name: str) -> None:
-    plan = [(NEMESES[name], seed) for seed in seeds(SHORT_ROUNDS)]
     test = test_a_replicated_stream_keeps_its_promises_under.__name__
-    run_rounds(fault_cluster, plan, f"pytest '{__file__}::{test}[{name}]' -s", round_results)
+    run_rounds(fault_cluster, plan(SHORT_ROUNDS, name),
+               f"pytest '{__file__}::{test}[{name}]' -s", round_results)
 
 
 @pytest.mark.slow
 def test_a_replicated_stream_keeps_its_promises_over_a_hundred_rounds(
         fault_cluster: FaultCluster, round_results: list[RoundResult]) -> None:
-    plan = [(nemesis_of(seed), seed) for seed in seeds(SLOW_ROUNDS)]
-    run_rounds(fault_cluster, plan, "pytest -m slow tests/faults -k hundred -s", round_results)
+    run_rounds(fault_cluster, plan(SLOW_ROUNDS), "pytest -m slow tests/faults -k hundred -s",
+               round_results)

@@ -13,10 +13,11 @@ a thread of its own:
   records each delivery with its `x-stream-offset`. After a lost connection or a basic.cancel
   it subscribes again at the offset after the last one it got.
 
-`StreamWorkload.stop()` stops sending, waits a bounded time for confirms still in flight, and
-closes everything. `decode` turns a stored record back into the id it carries (the checker's
-view of the log). The quorum-queue workload (queue_workload.py) reuses the Publisher and
-`_Client`, with its own consumer, `decode` and final drain.
+`Workload` is what both kinds of queue share: declare once through a node, start the clients,
+`stop()` (stop sending, wait a bounded time for confirms still in flight, close everything),
+delete. `decode` turns a stored record back into the id it carries (the checker's view of the
+log). The quorum-queue workload (queue_workload.py) is a `Workload` too, with the Publisher,
+its own consumer (a `_Subscriber`), `decode` and final drain.
 
 Must not know: namespaces, nemeses, how the cluster is started; it gets `{node: (host, port)}`.
 Threading: each client runs its own pika ioloop in its own thread and appends to the shared
@@ -29,7 +30,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import pika
 import pika.exceptions
@@ -225,24 +226,37 @@ class Publisher(_Client):
         self.ready = False
 
 
-class Consumer(_Client):
+class _Subscriber(_Client):
+    """A consumer of `queue` with a prefetch: basic.qos, then `subscribe`; a basic.cancel from
+    the broker closes the connection (and the client connects and subscribes again)."""
+
     def __init__(self, *args: Any, queue: str, prefetch: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.queue, self.prefetch = queue, prefetch
-        self.next_offset: int | None = None
 
     def channel_ready(self, channel: Any) -> None:
         channel.add_on_cancel_callback(self._cancelled)
         channel.basic_qos(prefetch_count=self.prefetch, callback=self._qos_ok)
 
     def _qos_ok(self, _frame: Any) -> None:
-        start: Any = "first" if self.next_offset is None else self.next_offset
-        self.channel.basic_consume(self.queue, self._delivered,
-                                   arguments={"x-stream-offset": start})
+        if self.channel is not None:
+            self.subscribe(self.channel)
 
     def _cancelled(self, _frame: Any) -> None:
         self.note("consumer cancelled by the broker")
         self.close()
+
+    def subscribe(self, channel: Any) -> None: ...
+
+
+class Consumer(_Subscriber):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.next_offset: int | None = None
+
+    def subscribe(self, channel: Any) -> None:
+        start: Any = "first" if self.next_offset is None else self.next_offset
+        channel.basic_consume(self.queue, self._delivered, arguments={"x-stream-offset": start})
 
     def _delivered(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
         offset = int((properties.headers or {}).get("x-stream-offset", -1))
@@ -254,68 +268,66 @@ class Consumer(_Client):
         channel.basic_ack(method.delivery_tag)
 
 
-class Workload(Protocol):
-    """What a round needs of a workload: a queue kind whose members each keep a log under the
-    queue's storage folder (a replicated stream; quorum queues have queue_rounds.py's own)."""
+class Workload:
+    """What a round needs of a workload, the same for every kind of queue: `{node: (host,
+    port)}`, the queue, the history its clients append to (under `lock`) and the clients,
+    made by `make_clients` when the round starts them. A kind says its `arguments` and how it
+    reads a stored record (`decode`)."""
 
     kind: str
 
-    def declare(self, via: str) -> None: ...
-    def start(self) -> None: ...
-    def stop(self, timeout: float = 20.0) -> History: ...
-    def delete(self, via: str) -> None: ...
-    def decode(self, record: bytes) -> str | None: ...
-
-
-class StreamWorkload:
-    """A replicated stream with a publisher and a consumer on every node."""
-
-    kind = "stream"
-    decode = staticmethod(decode)
-
-    def __init__(self, endpoints: dict[str, tuple[str, int]], queue: str, *,
-                 rate: float = 150.0, window: int = 20, prefetch: int = 100,
-                 drain_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, endpoints: dict[str, tuple[str, int]], queue: str, history: History,
+                 clock: Callable[[], float]) -> None:
         self.endpoints, self.queue = endpoints, queue
-        self.history = History()
+        self.history = history
         self.lock = threading.Lock()
         self.clock = clock
-        common = {"history": self.history, "lock": self.lock, "clock": clock}
         self.clients: list[_Client] = []
-        for node, address in sorted(endpoints.items()):
-            self.clients.append(Publisher(f"p{node}", node, address, queue=queue, rate=rate,
-                                          window=window, drain_s=drain_s, **common))
-            self.clients.append(Consumer(f"c{node}", node, address, queue=queue,
-                                         prefetch=prefetch, **common))
+        self.declared_on: str | None = None
+
+    def arguments(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def make_clients(self) -> list[_Client]:
+        raise NotImplementedError
+
+    def decode(self, record: bytes) -> str | None:
+        raise NotImplementedError
+
+    def common(self) -> dict[str, Any]:
+        """What every client of the workload is given."""
+        return {"history": self.history, "lock": self.lock, "clock": self.clock}
+
+    def paths(self) -> str:
+        """Who publishes and consumes through which node, for the report."""
+        return ", ".join(f"{c.client}@{c.node}" for c in self.clients)
 
     def declare(self, via: str) -> None:
-        """Declare the stream once, through node `via` (its leader, client-local)."""
-        conn = pika.BlockingConnection(parameters(*self.endpoints[via]))
-        try:
-            conn.channel().queue_declare(self.queue, durable=True, arguments={
-                "x-queue-type": "stream", "x-initial-cluster-size": len(self.endpoints)})
-        finally:
-            with contextlib.suppress(pika.exceptions.AMQPError, OSError):
-                conn.close()
+        """Declare the queue once, durable, through node `via` (its first leader: a replicated
+        queue is placed client-local), with the kind's `arguments`."""
+        self.declared_on = via
+        self._on(via, lambda channel: channel.queue_declare(
+            self.queue, durable=True, arguments=self.arguments()))
 
     def delete(self, via: str) -> None:
+        self._on(via, lambda channel: channel.queue_delete(self.queue))
+
+    def _on(self, via: str, action: Callable[[Any], Any]) -> None:
+        """`action` on a channel of a fresh connection through node `via`."""
         conn = pika.BlockingConnection(parameters(*self.endpoints[via]))
         try:
-            conn.channel().queue_delete(self.queue)
+            action(conn.channel())
         finally:
             with contextlib.suppress(pika.exceptions.AMQPError, OSError):
                 conn.close()
 
     def start(self) -> None:
+        self.clients = self.make_clients()
         for client in self.clients:
             client.start()
 
-    def confirms(self) -> list[Publish]:
-        with self.lock:
-            return [p for p in self.history.publishes if p.outcome == CONFIRMED]
-
     def stop(self, timeout: float = 20.0) -> History:
-        """Stop sending, give confirms in flight a bounded time, close; the History."""
+        """Stop sending, give confirms in flight a bounded time, close; the history so far."""
         for client in self.clients:
             client.stopping.set()
         deadline = time.monotonic() + timeout
@@ -324,3 +336,29 @@ class StreamWorkload:
             if client.is_alive():
                 self.history.notes.append(f"{client.client} did not stop in {timeout} s")
         return self.history
+
+
+class StreamWorkload(Workload):
+    """A replicated stream with a publisher and a consumer on every node."""
+
+    kind = "stream"
+    decode = staticmethod(decode)
+
+    def __init__(self, endpoints: dict[str, tuple[str, int]], queue: str, *,
+                 rate: float = 150.0, window: int = 20, prefetch: int = 100,
+                 drain_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(endpoints, queue, History(), clock)
+        self.rate, self.window, self.prefetch, self.drain_s = rate, window, prefetch, drain_s
+
+    def arguments(self) -> dict[str, Any]:
+        return {"x-queue-type": "stream", "x-initial-cluster-size": len(self.endpoints)}
+
+    def make_clients(self) -> list[_Client]:
+        clients: list[_Client] = []
+        for node, address in sorted(self.endpoints.items()):
+            clients.append(Publisher(f"p{node}", node, address, queue=self.queue,
+                                     rate=self.rate, window=self.window, drain_s=self.drain_s,
+                                     **self.common()))
+            clients.append(Consumer(f"c{node}", node, address, queue=self.queue,
+                                    prefetch=self.prefetch, **self.common()))
+        return clients

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.request import Request, urlopen
@@ -76,6 +78,21 @@ def status(etcd_url: str, cluster: str) -> dict[str, Any]:
 
 def states(etcd_url: str, cluster: str) -> dict[str, str]:
     return {n["name"]: n["state"] for n in status(etcd_url, cluster)["nodes"]}
+
+
+@contextmanager
+def paused(*nodes: BrokerProcess) -> Iterator[None]:
+    """The nodes' processes stopped (SIGSTOP) for the block, continued after it, whatever
+    happens (a node killed meanwhile is left as it is)."""
+    for node in nodes:
+        assert node.proc is not None
+        node.proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for node in nodes:
+            if node.proc is not None and node.proc.poll() is None:
+                node.proc.send_signal(signal.SIGCONT)
 
 
 def wait_until(check: Callable[[], bool], timeout: float = 20.0) -> None:

@@ -35,6 +35,16 @@ class Reference:
     ctl_env: dict[str, str] | None = None  # set for a local rabbitmq-server: rabbitmqctl works
     stream_port: int = 0  # the stream protocol's listener (start_stream_reference)
     management_port: int = 0  # the management HTTP API (start_management_reference)
+    restart_node: Callable[[], None] | None = None  # a local node: stop, start on its data
+
+    def restart(self) -> None:
+        """Stop the node and start it again with its data; skips the test when that is not
+        possible."""
+        import pytest
+
+        if self.restart_node is None:
+            pytest.skip(f"restarting needs the local reference node, not {self.kind}")
+        self.restart_node()
 
     def ctl(self, *args: str) -> str:
         """Run rabbitmqctl against this node; skips the test when that is not possible."""
@@ -104,11 +114,14 @@ def _start_container() -> Reference:
     return Reference(f"amqp://guest:guest@{host}:{port}/", "testcontainers", container.stop)
 
 
-def _start_local(plugins: tuple[str, ...] = (), conf: str = "") -> Reference:
+def _start_local(plugins: tuple[str, ...] = (), conf: str = "", advanced: str = "") -> Reference:
+    """`advanced`: the terms of advanced.config (e.g. `[{rabbit, [...]}].`)."""
     base = Path(tempfile.mkdtemp(prefix="leveret-rabbitmq-"))
     port, dist_port = free_port(), free_port()
     (base / "enabled_plugins").write_text(f"[{','.join(plugins)}].\n")
     (base / "rabbitmq.conf").write_text("loopback_users = none\n" + conf)
+    if advanced:
+        (base / "advanced.config").write_text(advanced + "\n")
     env = {
         **os.environ,
         "HOME": str(base),
@@ -124,7 +137,35 @@ def _start_local(plugins: tuple[str, ...] = (), conf: str = "") -> Reference:
         "RABBITMQ_PID_FILE": str(base / "rabbitmq.pid"),
         "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
     }
-    log = open(base / "server.log", "wb")  # noqa: SIM115 - kept open for the child
+    procs = [_launch(env, base)]
+
+    def halt() -> None:
+        try:
+            os.killpg(procs[-1].pid, signal.SIGTERM)
+            procs[-1].wait(60)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(procs[-1].pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def stop() -> None:
+        halt()
+        shutil.rmtree(base, ignore_errors=True)
+
+    def restart() -> None:
+        """Stop the node and start it again on the same ports and data."""
+        halt()
+        procs.append(_launch(env, base))
+        _wait_started(port, base, stop)
+
+    _wait_started(port, base, stop)
+    return Reference(f"amqp://guest:guest@127.0.0.1:{port}/", "rabbitmq-server", stop,
+                     ctl_env=env, restart_node=restart)
+
+
+def _launch(env: dict[str, str], base: Path) -> subprocess.Popen[bytes]:
+    log = open(base / "server.log", "ab")  # noqa: SIM115 - kept open for the child
     proc = subprocess.Popen(
         [str(RABBITMQ_SERVER)],
         env=env,
@@ -133,26 +174,16 @@ def _start_local(plugins: tuple[str, ...] = (), conf: str = "") -> Reference:
         start_new_session=True,
     )
     log.close()
+    return proc
 
-    def stop() -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        shutil.rmtree(base, ignore_errors=True)
 
+def _wait_started(port: int, base: Path, stop: Callable[[], None]) -> None:
     try:
         _wait_amqp(port, 90)
     except TimeoutError:
         output = (base / "server.log").read_text(errors="replace")[-2000:]
         stop()
         raise RuntimeError(f"rabbitmq-server did not start:\n{output}") from None
-    return Reference(f"amqp://guest:guest@127.0.0.1:{port}/", "rabbitmq-server", stop,
-                     ctl_env=env)
 
 
 def start_reference() -> Reference | str:
@@ -214,10 +245,13 @@ def start_management_reference() -> Reference | str:
 
 def start_consistent_hash_reference() -> Reference | str:
     """A local rabbitmq-server with its rabbitmq_consistent_hash_exchange plugin (the
-    `x-consistent-hash` type), or the reason there is none."""
+    `x-consistent-hash` type) and rabbitmq_sharding (3.10's `x-modulus-hash`), or the reason
+    there is none. Its worker pool has one process, so that a restart recovers bindings one
+    after another, in order (with more, their recovery races; see docs/EXCHANGES.md)."""
     if not RABBITMQ_SERVER.exists():
         return "no local rabbitmq-server (apt-get install rabbitmq-server)"
-    return _start_local(("rabbitmq_consistent_hash_exchange",))
+    return _start_local(("rabbitmq_consistent_hash_exchange", "rabbitmq_sharding"),
+                        advanced="[{rabbit, [{default_worker_pool_size, 1}]}].")
 
 
 def running(start: Callable[[], Reference | str]) -> Iterator[Reference]:
