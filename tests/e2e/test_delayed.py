@@ -106,11 +106,12 @@ def test_redeclare_is_checked_for_equivalence_as_rabbitmq_does(broker: InProcess
     conn.close()
 
 
-@pytest.mark.parametrize("inner", ["direct", "fanout", "topic", "headers", "x-consistent-hash"])
+@pytest.mark.parametrize("inner", ["direct", "fanout", "topic", "headers", "x-consistent-hash",
+                                   "x-modulus-hash"])
 def test_each_delayed_type_routes_as_its_type_after_the_delay(ch, inner: str) -> None:  # type: ignore[no-untyped-def]
     delayed(ch, "dx", inner)
     key = {"direct": "k", "fanout": "", "topic": "a.*", "headers": "",
-           "x-consistent-hash": "10"}[inner]
+           "x-consistent-hash": "10", "x-modulus-hash": ""}[inner]
     args = {"x-match": "all", "h": "v"} if inner == "headers" else {}
     queue = bound_queue(ch, "dx", key, **args)
     other = bound_queue(ch, "dx", "nomatch") if inner in ("direct", "topic") else None
