@@ -22,6 +22,7 @@ from leveret.broker.metadata.recorder import MetadataRecorder, restore
 from leveret.broker.metadata.store import Metastore
 from leveret.broker.model import default_type
 from leveret.broker.model.classic_kind import ClassicKind
+from leveret.broker.model.delayed_store import remove_transient_stores
 from leveret.broker.model.durable import DurableClassicQueue
 from leveret.broker.model.queue_kind import QueueKinds
 from leveret.broker.model.quorum_kind import QuorumKind
@@ -120,6 +121,7 @@ class Broker:
         # default_queue_type); Config.load has checked it
         self.default_queue_type = (default_type.parse(config.default_queue_type,
                                                       self.queue_kinds) or default_type.FALLBACK)
+        remove_transient_stores(queues_dir)  # of transient delayed exchanges, after a crash
         self.metastore = Metastore(config.data_dir / "metadata.sqlite3")
         self.recorder: Observer = MetadataRecorder(self.metastore)
         if self.metastore.fresh:
@@ -147,6 +149,7 @@ class Broker:
                 self.scheduler,
                 queue_kinds=self.queue_kinds,
                 observer=self.recorder,
+                exchange_env=self.queue_env,
                 default_queue_type=default_queue_type or self.default_queue_type,
             )
             self.vhosts[name] = vhost
@@ -244,6 +247,12 @@ class Broker:
         holds, fsyncs what its policy left pending and confirms it (the acks go out before
         connection.close)."""
         for vhost in self.vhosts.values():
+            for exchange in list(vhost.exchanges.values()):
+                try:
+                    exchange.commit_pending()  # a delayed exchange's held messages
+                except Exception:
+                    log.exception("committing an exchange failed", exchange=exchange.name,
+                                  vhost=vhost.name)
             for queue in list(vhost.queues.values()):
                 if isinstance(queue, (StreamQueue, DurableClassicQueue)):
                     try:
@@ -253,8 +262,15 @@ class Broker:
                                       vhost=vhost.name)
 
     def close(self) -> None:
-        """Shutdown: every queue flushes and releases its files."""
+        """Shutdown: every exchange that keeps messages, then every queue, flushes and
+        releases its files."""
         for vhost in self.vhosts.values():
+            for exchange in list(vhost.exchanges.values()):
+                try:
+                    exchange.close()
+                except Exception:
+                    log.exception("closing an exchange failed", exchange=exchange.name,
+                                  vhost=vhost.name)
             for queue in list(vhost.queues.values()):
                 try:
                     queue.close()

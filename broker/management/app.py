@@ -30,6 +30,7 @@ from leveret.broker.management import (
     access,
     csrf,
     defs,
+    delayed,
     live,
     local_token,
     metrics,
@@ -150,7 +151,7 @@ def create_app(broker: Broker, amqp_port: int | None = None, amqp_host: str | No
     app[nodes.NODES] = (nodes.OneNodeView(config.node_name) if broker.cluster is None
                         else ClusterNodes(broker, broker.cluster))
     for module in (overview, access, policies, topology, live, defs, streams, stream_messages,
-                   quorum_queues, metrics, ui, rates):
+                   quorum_queues, delayed, metrics, ui, rates):
         module.setup(app)
     return app
 

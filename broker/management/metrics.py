@@ -136,6 +136,28 @@ class BrokerCollector:
             free = 0
         yield _gauge("leveret_disk_free_bytes", "Free space of the data directory", free)
         yield from self._queues(vhosts)
+        yield from self._delayed(vhosts)
+
+    @staticmethod
+    def _delayed(vhosts: list[Any]) -> Iterator[Metric]:
+        """Each delayed exchange's held messages and what it routed at their due time."""
+        labels = ["vhost", "exchange"]
+        held = _gauge("leveret_exchange_messages_delayed", "Messages a delayed exchange holds",
+                      None, labels)
+        routed = CounterMetricFamily("leveret_exchange_delayed_routed",
+                                     "Held messages routed at their due time", labels=labels)
+        unroutable = CounterMetricFamily("leveret_exchange_delayed_unroutable",
+                                         "Held messages that found no queue at their due time",
+                                         labels=labels)
+        for vhost in vhosts:
+            for exchange in vhost.exchanges.values():
+                info = exchange.held_info()
+                if info:
+                    key = [vhost.name, exchange.name]
+                    held.add_metric(key, info["messages_delayed"])
+                    routed.add_metric(key, info["delayed_routed"])
+                    unroutable.add_metric(key, info["delayed_unroutable"])
+        yield from (held, routed, unroutable)
 
     def _queues(self, vhosts: list[Any]) -> Iterator[Metric]:
         labels = ["vhost", "queue", "type"]

@@ -55,6 +55,7 @@ EXCHANGE_DESCRIPTIONS = {
     "fanout": "AMQP fanout exchange, as per the AMQP specification",
     "headers": "AMQP headers exchange, as per the AMQP specification",
     "x-consistent-hash": "Consistent Hashing Exchange",
+    "x-delayed-message": "Delayed Message Exchange.",  # the plugin's description/0
     "x-modulus-hash": "Modulus Hashing Exchange",
     "topic": "AMQP topic exchange, as per the AMQP specification",
 }

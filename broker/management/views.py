@@ -193,6 +193,7 @@ def exchange_view(vhost: VHost, exchange: Exchange) -> dict[str, Any]:
         "message_stats": with_details({"publish_in": exchange.stats_publish_in,
                                        "publish_out": exchange.stats_publish_out}),
     }
+    view.update(exchange.held_info())  # a delayed exchange's counts (delayed_exchange.py)
     if isinstance(exchange, SuperStreamExchange):
         view["super_stream"] = {"partitions": [q.name for q in exchange.partitions()]}
     return view

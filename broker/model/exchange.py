@@ -96,6 +96,29 @@ class Exchange:
     def route(self, routing_keys: Iterable[str], headers: Mapping[str, Any]) -> list[Any]:
         raise NotImplementedError
 
+    # -- an exchange that keeps messages (a delayed exchange: delayed_exchange.py) ----------
+
+    def hold(self, message: Any, confirm: Any) -> bool:
+        """Take `message` to route later instead of now (True); `confirm` is settled once it
+        is kept. A plain exchange holds nothing."""
+        return False
+
+    def opened(self, vhost: Any) -> None:
+        """The exchange joined `vhost`: open what it keeps (raises a domain or storage error)."""
+
+    def removed(self) -> None:
+        """The exchange was deleted: drop what it keeps."""
+
+    def commit_pending(self) -> None:
+        """Shutdown, before connections close: commit what it keeps."""
+
+    def close(self) -> None:
+        """Shutdown: release what it keeps (it stays for the next start)."""
+
+    def held_info(self) -> dict[str, Any]:
+        """The management API's figures of what it keeps ({} for a plain exchange)."""
+        return {}
+
     def route_message(self, routing_keys: Iterable[str], headers: Mapping[str, Any],
                       message: Any) -> list[Any]:
         """Route with the whole message at hand (a type that reads its properties)."""

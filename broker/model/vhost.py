@@ -41,6 +41,7 @@ from leveret.broker.model.policy import Policy, effective
 from leveret.broker.model.queue import Queue
 from leveret.broker.model.queue_kind import QueueKinds
 from leveret.broker.model.scheduler import Scheduler
+from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.superstream_exchange import (
     SuperStreamExchange,
     check_exchange_arguments,
@@ -96,8 +97,11 @@ class VHost:
         queue_kinds: QueueKinds | None = None,
         observer: Observer | None = None,
         default_queue_type: str = default_type.FALLBACK,
+        exchange_env: StorageEnv | None = None,
     ) -> None:
         self.name = name
+        # where exchanges that keep messages (delayed exchanges) keep them; None: none may
+        self.exchange_env = exchange_env
         self.scheduler = scheduler
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
@@ -210,7 +214,7 @@ class VHost:
     def create_exchange(self, name: str, type_: str, *, durable: bool, auto_delete: bool,
                         internal: bool, arguments: dict[str, Any]) -> Exchange:
         """Add an exchange whose declaration was checked (not recorded: the caller does)."""
-        cls = exchange_class(type_)
+        cls = exchange_class(type_, arguments)
         assert cls is not None
         if type_ == "direct" and is_super_stream(arguments):
             cls = SuperStreamExchange
@@ -224,6 +228,10 @@ class VHost:
         )
         exchange.dedup = dedup.from_arguments(arguments, self.rs("exchange", name),
                                               self.scheduler.now_ms)
+        try:
+            exchange.opened(self)
+        except StorageError as exc:  # its files cannot be created (a full disk)
+            raise InternalError(f"cannot create {self.rs('exchange', name)}: {exc}") from None
         self.exchanges[name] = exchange
         return exchange
 
@@ -258,6 +266,7 @@ class VHost:
         self._remove_bindings_to(exchange)
         if exchange.durable:
             self.observer.exchange_deleted(exchange)
+        exchange.removed()
         self.observer.exchange_removed(exchange)
 
     def _remove_bindings_to(self, destination: object) -> None:
@@ -601,6 +610,14 @@ class VHost:
         """Route and enqueue; returns how many queues took it (0 for a duplicate)."""
         if exchange.dedup is not None and exchange.dedup.seen(message.headers):
             return 0
+        if exchange.hold(message, confirm):
+            return 1  # the exchange keeps it to route later (delayed_exchange.py)
+        return self.route_held(exchange, message, confirm)
+
+    def route_held(self, exchange: Exchange, message: InboundMessage,
+                   confirm: Confirm | None = None) -> int:
+        """Route and enqueue with no deduplication or hold (a held message falling due is
+        not checked again); returns how many queues took it."""
         queues = self.route(exchange, message)
         if queues and "BCC" in message.headers:
             headers = dict(message.headers)

@@ -101,7 +101,8 @@ def test_overview_and_nodes(managed_broker: InProcessBroker, http: Http) -> None
     assert overview["object_totals"]["connections"] == 1
     assert {t["name"] for t in overview["exchange_types"]} == {
         "direct", "fanout", "topic", "headers", "x-consistent-hash",  # as RabbitMQ with its plugin
-        "x-modulus-hash"}  # in RabbitMQ's core since 4.3
+        "x-modulus-hash",  # in RabbitMQ's core since 4.3
+        "x-delayed-message"}  # as RabbitMQ with the delayed-message plugin
     assert {t["name"]: t["description"] for t in overview["exchange_types"]}["x-modulus-hash"] \
         == "Modulus Hashing Exchange"
     assert overview["listeners"][0]["port"] == managed_broker.port

@@ -419,6 +419,20 @@ def test_connections_channels_and_exchanges(page: Any, ui_broker: UiBroker) -> N
     expect(page.get_by_test_id("exchanges").locator("td.empty")).to_have_text("Nothing here.")
     assert http.get("/api/exchanges/%2F/ui-audit").status == 404
 
+    # a delayed exchange shows what it holds (docs/DELAYED-MESSAGES.md)
+    connection = pika.BlockingConnection(pika.URLParameters(ui_broker.amqp_url))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.exchange_declare("ui-delayed", "x-delayed-message",
+                             arguments={"x-delayed-type": "direct"})
+    channel.basic_publish("ui-delayed", "k", b"m",
+                          pika.BasicProperties(headers={"x-delay": 3_600_000}))
+    page.locator("[data-testid=exchanges] input[name=filter]").fill("ui-delayed")
+    expect(page.get_by_test_id("exchanges").locator("tbody tr")).to_contain_text(
+        "delayed: 1 held, next due ")
+    channel.exchange_delete("ui-delayed")
+    connection.close()
+
 
 def wait_for_connection(http: Any, client_name: str) -> str:
     """The API's name of the connection the client named `client_name`, once it is listed."""

@@ -49,13 +49,20 @@ function DeclareExchange() {
     <button type="submit">Declare</button>${status}</form>`;
 }
 
+// a delayed exchange's held messages (docs/DELAYED-MESSAGES.md), or nothing
+function delayed(x) {
+  if (x.messages_delayed === undefined) return '';
+  const next = x.next_due_ms ? `, next due ${new Date(x.next_due_ms).toISOString()}` : '';
+  return `delayed: ${fmtNum(x.messages_delayed)} held${next}`;
+}
+
 export function Exchanges() {
   return html`<div class="page"><h1>Exchanges</h1>
     <${PagedList} path="/api/exchanges" testid="exchanges"
       columns=${['Name', 'Virtual host', 'Type', 'Features', 'Arguments', '']}
       row=${(x) => html`<tr><td>${x.name || '(AMQP default)'}</td><td>${x.vhost}</td>
         <td>${x.type}</td><td>${[x.durable && 'durable', x.auto_delete && 'auto-delete',
-          x.internal && 'internal'].filter(Boolean).join(', ')}</td>
+          x.internal && 'internal', delayed(x)].filter(Boolean).join(', ')}</td>
         <td class="args">${jsonText(x.arguments)}</td>
         <td>${x.name && !x.name.startsWith('amq.') && html`<${Confirm} label="Delete"
           question=${`Delete exchange ${x.name}?`}
