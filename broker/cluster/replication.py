@@ -84,8 +84,80 @@ class CommitMessage(TypedDict):
 CHUNK_BYTES = 1 << 20  # read and sent per frame, at most (one bigger chunk goes whole)
 RETRY_S = 0.2
 IDLE_CHECK_S = 1.0  # a caught-up sender looks at the log again this often, appended or not
-TICK_S = 0.25  # a leader notes that its event loop runs this often (a timer)
-STALL_S = 1.0  # a leader whose loop did not run for this long syncs its replicas again
+TICK_S = 0.25  # the node's stall watch notes that its event loop runs this often (a timer)
+STALL_S = 1.0  # a stall this long makes every leader sync its replicas again (default; the
+# node's own is `stall_s(link config)`: what its peers' failure detection allows)
+
+
+def stall_s(heartbeat_interval_s: float, heartbeat_timeout_s: float) -> float:
+    """The shortest stall of this node's loop after which a peer may have dropped its link for
+    silence, and so the others may have begun to depose its leaders: a peer drops a link that
+    sent nothing for `heartbeat_timeout_s`, and this node sends at least a heartbeat every
+    `heartbeat_interval_s` while its loop runs. A shorter stall (a loaded loop lagging) cannot
+    have let a peer take this node for lost; anything else that deposes a leader while its
+    links stay up (an election on lease expiry, a transfer) fences the replicas, whose fenced
+    acknowledgement comes over those links (Replicas.fence)."""
+    return max(TICK_S * 2, heartbeat_timeout_s - heartbeat_interval_s)
+
+
+class StallWatch:
+    """One per event loop, shared by the leaders it runs: notices that the loop did not run
+    for `stall_s` (a SIGSTOP, a hung disk, a swap storm) and then has every registered leader
+    sync its replicas again, once. One timer for the node, not one per leader: with 1,000
+    quorum queues, per-leader timers were 4,000 wake-ups a second, and a loop that lagged past
+    1 s under load had every leader sync again, which made it lag more (docs/QUORUM-QUEUES.md,
+    "Many queues")."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, stall_s_: float = STALL_S) -> None:
+        self.loop = loop
+        self.stall_s = stall_s_
+        self.stalls = 0  # how many it noticed (for the tests and the log)
+        self._ticked = loop.time()
+        self._leaders: set[Shipper] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, shipper: Shipper) -> None:
+        if not self._leaders:
+            self._ticked = self.loop.time()
+            self._timer = self.loop.call_later(TICK_S, self._tick)
+        self._leaders.add(shipper)
+
+    def discard(self, shipper: Shipper) -> None:
+        self._leaders.discard(shipper)
+        if not self._leaders and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def check(self) -> None:
+        """Called every TICK_S (a timer, not a task) and before each write of any leader."""
+        now = self.loop.time()
+        if now - self._ticked > self.stall_s:
+            self.stalls += 1
+            log.warning("this node's event loop stalled; its leaders sync their replicas again",
+                        stalled_s=round(now - self._ticked, 1), leaders=len(self._leaders))
+            for shipper in list(self._leaders):
+                shipper.stalled()
+        self._ticked = now
+
+    def _tick(self) -> None:
+        self.check()
+        self._timer = self.loop.call_later(TICK_S, self._tick) if self._leaders else None
+
+
+_watches: dict[asyncio.AbstractEventLoop, StallWatch] = {}
+
+
+def stall_watch(stall_s_: float | None = None) -> StallWatch:
+    """The running loop's StallWatch (made at the first call; `stall_s_` sets its threshold)."""
+    loop = asyncio.get_running_loop()
+    watch = _watches.get(loop)
+    if watch is None or watch.loop.is_closed():
+        for old in [k for k in _watches if k.is_closed()]:
+            del _watches[old]
+        watch = _watches[loop] = StallWatch(loop)
+    if stall_s_ is not None:
+        watch.stall_s = stall_s_
+    return watch
 
 
 def quorum(members: int) -> int:
@@ -113,7 +185,8 @@ class Shipper:
                  link_to: Callable[[str], Link | None],
                  on_commit: Callable[[int], None] = lambda _offset: None,
                  chunk_bytes: int = CHUNK_BYTES,
-                 on_fenced: Callable[[int], None] = lambda _epoch: None) -> None:
+                 on_fenced: Callable[[int], None] = lambda _epoch: None,
+                 stall_s_: float | None = None) -> None:
         self.stream = stream
         self.log = log_
         self.epoch = epoch
@@ -126,8 +199,8 @@ class Shipper:
         self.on_contact: Callable[[], None] = lambda: None  # may_write() may say yes again
         self._appended = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._ticked = 0.0
-        self._timer: asyncio.TimerHandle | None = None
+        self._stall_s = stall_s_
+        self._watch: StallWatch | None = None
         log_.set_epoch(epoch)
         log_.raise_fence(epoch)
         if not log_.empty and log_.tail[0] < epoch:
@@ -139,42 +212,37 @@ class Shipper:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._ticked = loop.time()
-        self._timer = loop.call_later(TICK_S, self._tick)
+        self._watch = stall_watch(self._stall_s)
+        self._watch.add(self)
         self._tasks = [loop.create_task(self._ship(state)) for state in self.replicas.values()]
         self._advance()
 
     def may_write(self) -> bool:
-        """Whether this leader may append now: it was not stalled (a process paused or starved
-        past STALL_S may have been deposed meanwhile: it syncs every replica again, and the
-        first sync of a deposed leader is answered with the fence), and a quorum of members,
-        itself included, is synced over an open link. A leader cut off from its quorum writes
-        nothing more, so the publishes its sockets still hold wait, then go to the next leader's
-        node or are nack'ed; they are never written in an epoch that is over."""
-        self._check_stall()
+        """Whether this leader may append now: its node's loop was not stalled (a process
+        paused or starved past the StallWatch's threshold may have been deposed meanwhile: it
+        syncs every replica again, and the first sync of a deposed leader is answered with the
+        fence), and a quorum of members, itself included, is synced over an open link. A leader
+        cut off from its quorum writes nothing more, so the publishes its sockets still hold
+        wait, then go to the next leader's node or are nack'ed; they are never written in an
+        epoch that is over."""
+        if self._watch is not None:
+            self._watch.check()
         linked = sum(1 for state in self.replicas.values() if state.synced
                      and state.link is not None and not state.link.closed)
         return linked + 1 >= quorum(self.members)
 
-    def _tick(self) -> None:
-        self._check_stall()
-        self._timer = asyncio.get_running_loop().call_later(TICK_S, self._tick)
-
-    def _check_stall(self) -> None:
-        """Called every TICK_S (a timer, not a task) and before each write."""
-        now = asyncio.get_running_loop().time()
-        if now - self._ticked > STALL_S:
-            log.warning("this leader's process stalled; syncing its replicas again",
-                        stream=self.stream, stalled_s=round(now - self._ticked, 1))
-            for state in self.replicas.values():
-                state.synced = False
-            self._appended.set()
-        self._ticked = now
+    def stalled(self) -> None:
+        """The node's loop stalled (StallWatch): sync every replica again before writing."""
+        log.debug("this leader's process stalled; syncing its replicas again",
+                  stream=self.stream)
+        for state in self.replicas.values():
+            state.synced = False
+        self._appended.set()
 
     def stop(self) -> None:
         """Ship nothing more (close() also waits for the senders to end)."""
-        if self._timer is not None:
-            self._timer.cancel()
+        if self._watch is not None:
+            self._watch.discard(self)
         for task in self._tasks:
             task.cancel()
 
@@ -249,7 +317,8 @@ class Shipper:
         cursor = await self._sync(link, state)
         while not link.closed:
             if not state.synced:
-                raise Resync(f"{state.node} refused a chunk and is synced again")
+                raise Resync(f"{state.node} refused a chunk, or this node stalled: it is synced "
+                             "again")
             data, cursor = self.log.read_chunks(cursor, self.chunk_bytes)
             if data:
                 await link.send_chunk(self.stream, self.epoch, data)
