@@ -66,6 +66,19 @@ class SyncTicket:
         finally:
             os.close(self._fd)
 
+    @property
+    def fd(self) -> int:
+        return self._fd
+
+    def device(self) -> int:
+        """The file system the segment is on (st_dev), for a sync of that whole file system."""
+        return os.fstat(self._fd).st_dev
+
+    def covered(self) -> None:
+        """A sync of the segment's whole file system (syncfs), begun after this ticket was
+        taken, ended without error: what it covers is durable; release the descriptor."""
+        os.close(self._fd)
+
 
 class Log:
     """An append-only log in one directory. Build it with Log.open(directory, config)."""
