@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -64,6 +65,9 @@ log = logs.get("leveret.syncer")
 Done = Callable[[bool], None]
 THREADS = 16  # concurrent fdatasyncs: the journal commits them together
 SYNCFS_FROM = 8  # a round of this many logs or more is one syncfs, fewer are fdatasync each
+SLOWER = 2.0  # a syncfs this many times slower than fdatasync each is taken for slow
+BACKOFF_S = 1.0  # then fdatasync each for this long, doubled while it stays slow
+BACKOFF_MAX_S = 60.0
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
@@ -110,9 +114,11 @@ INLINE = InlineSyncer()
 class _Round:
     """One group commit: the tickets taken when it started, and whose callbacks wait on each."""
 
-    __slots__ = ("each", "fs_wide")
+    __slots__ = ("each", "fs_wide", "started", "syncfs_s")
 
     def __init__(self) -> None:
+        self.started = 0.0
+        self.syncfs_s = 0.0  # how long its syncfs calls took (on the pool's thread)
         self.each: list[tuple[Log, SyncTicket, list[Done]]] = []  # fdatasynced one by one
         # covered by one syncfs of their file system (st_dev first)
         self.fs_wide: list[tuple[int, Log, SyncTicket, list[Done]]] = []
@@ -131,6 +137,9 @@ class ThreadSyncer:
         self._seen: weakref.WeakKeyDictionary[Log, int] = weakref.WeakKeyDictionary()
         self._fs_fds: dict[int, int] = {}  # st_dev -> a descriptor to syncfs it by
         self._degraded = False  # a syncfs failed once: fdatasync each from then on
+        self._batch_s = 0.0  # what a batch of `threads` fdatasyncs at once takes (moving mean)
+        self._syncfs_after = 0.0  # (loop time) a slow syncfs: fdatasync each until then
+        self._backoff_s = BACKOFF_S
         self.rounds = self.syncfs_calls = self.fdatasync_calls = 0  # (for tests and figures)
 
     def sync(self, log_: Log, done: Done) -> None:
@@ -155,14 +164,17 @@ class ThreadSyncer:
                         self._first(log_, ticket)
                 else:
                     this.fs_wide.append((device, log_, ticket, dones))
-            if len(this.fs_wide) < self._syncfs_from:  # few: fdatasync each is cheaper
+            loop = asyncio.get_running_loop() if this.each or this.fs_wide else None
+            this.started = loop.time() if loop is not None else 0.0
+            if len(this.fs_wide) < self._syncfs_from or this.started < self._syncfs_after:
+                # few (fdatasync each is cheaper), or syncfs was slow here lately
                 this.each += [(log_, ticket, dones) for _d, log_, ticket, dones in this.fs_wide]
                 this.fs_wide = []
-            if this.each or this.fs_wide:
+            if loop is not None:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="fsync")
                 self.rounds += 1
-                future = asyncio.get_running_loop().run_in_executor(self._pool, self._run, this)
+                future = loop.run_in_executor(self._pool, self._run, this)
                 future.add_done_callback(lambda _f, r=this: self._ended(r))
             else:
                 self._round = None
@@ -190,8 +202,10 @@ class ThreadSyncer:
             by_fs.setdefault(device, []).append(ticket)
         for device, tickets in by_fs.items():
             self.syncfs_calls += 1
+            began = time.monotonic()
             try:
                 syncfs(self._fs_fds[device])
+                this.syncfs_s += time.monotonic() - began
             except OSError as error:  # of some file on it, maybe not ours: find which
                 log.error("syncfs failed; fdatasync of each log from now on", error=str(error))
                 self._degraded = True
@@ -206,11 +220,32 @@ class ThreadSyncer:
 
     def _ended(self, this: _Round) -> None:
         self._round = None
+        self._learn(this)
         for log_, ticket, dones in this.each + [(g, t, d) for _v, g, t, d in this.fs_wide]:
             ok = _commit(log_, ticket)
             for done in dones:
                 done(ok)
         self._start()
+
+    def _learn(self, this: _Round) -> None:
+        """What this round says of the two ways: a syncfs slower than fdatasyncs of the same
+        logs would have been (another process's dirty data on the file system, other syncfs
+        callers) makes the next rounds fdatasync each, for BACKOFF_S, doubled while syncfs
+        stays slow (up to BACKOFF_MAX_S)."""
+        took = asyncio.get_running_loop().time() - this.started
+        if this.fs_wide:
+            batches = -(-len(this.fs_wide) // self._threads)
+            if self._batch_s and this.syncfs_s > SLOWER * self._batch_s * batches:
+                self._syncfs_after = this.started + took + self._backoff_s
+                log.info("syncfs slower than fdatasync of each log; fdatasync each for now",
+                         syncfs_ms=round(this.syncfs_s * 1000, 1), logs=len(this.fs_wide),
+                         backoff_s=self._backoff_s)
+                self._backoff_s = min(self._backoff_s * 2, BACKOFF_MAX_S)
+            else:
+                self._backoff_s = BACKOFF_S
+        elif this.each:
+            batch_s = took / -(-len(this.each) // self._threads)
+            self._batch_s = batch_s if not self._batch_s else 0.9 * self._batch_s + 0.1 * batch_s
 
     def close(self) -> None:
         """At shutdown, once the logs are closed: let the pool's threads end."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,33 @@ def test_syncfs_writes_back_what_the_log_wrote(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         syncer_module.syncfs(-1)  # and an error is an OSError, with its errno
     os.close(fd)
+
+
+def test_a_syncfs_slower_than_fdatasync_each_makes_the_next_rounds_fdatasync_each(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared file system: another process's dirty data makes a syncfs write it all. The
+    syncer then fdatasyncs each log for BACKOFF_S (1 s), and tries syncfs again after it."""
+    logs = [Log.open(tmp_path / f"q{i}", QUEUE_LOG) for i in range(12)]
+    syncer = ThreadSyncer(syncfs_from=8)
+    assert _round(syncer, logs, b"first") == [True] * 12  # (the first fdatasync of each)
+    calls = _Calls(monkeypatch)
+    real = syncer_module.syncfs
+    other = tmp_path / "other"
+
+    def with_others_dirty_data(fd: int) -> None:
+        other.write_bytes(os.urandom(32 << 20))  # 32 MB someone else wrote, unsynced
+        real(fd)
+
+    monkeypatch.setattr(syncer_module, "syncfs", with_others_dirty_data)
+    assert _round(syncer, logs, b"slow") == [True] * 12
+    assert len(calls.syncfs) == 1 and len(calls.fdatasync) == 1
+    monkeypatch.setattr(syncer_module, "syncfs", real)
+    assert _round(syncer, logs, b"backed off") == [True] * 12
+    assert len(calls.syncfs) == 1 and len(calls.fdatasync) == 1 + 12
+    time.sleep(1.1)
+    assert _round(syncer, logs, b"again") == [True] * 12
+    assert len(calls.syncfs) == 2 and len(calls.fdatasync) == 1 + 12 + 1
+    assert all(log.committed_offset == 3 for log in logs)
+    syncer.close()
+    for log in logs:
+        log.close()
