@@ -114,11 +114,12 @@ INLINE = InlineSyncer()
 class _Round:
     """One group commit: the tickets taken when it started, and whose callbacks wait on each."""
 
-    __slots__ = ("each", "fs_wide", "started", "syncfs_s")
+    __slots__ = ("each", "each_s", "fs_wide", "started", "syncfs_s")
 
     def __init__(self) -> None:
         self.started = 0.0
         self.syncfs_s = 0.0  # how long its syncfs calls took (on the pool's thread)
+        self.each_s = 0.0  # how long its fdatasyncs took, all at once (on the pool's threads)
         self.each: list[tuple[Log, SyncTicket, list[Done]]] = []  # fdatasynced one by one
         # covered by one syncfs of their file system (st_dev first)
         self.fs_wide: list[tuple[int, Log, SyncTicket, list[Done]]] = []
@@ -195,6 +196,7 @@ class ThreadSyncer:
         """On a pool thread: the round's syncs, all begun after its tickets were taken."""
         pool = self._pool
         assert pool is not None
+        began_each = time.monotonic()
         pending = [pool.submit(ticket.run) for _log, ticket, _d in this.each]
         self.fdatasync_calls += len(this.each)
         by_fs: dict[int, list[SyncTicket]] = {}
@@ -217,6 +219,8 @@ class ThreadSyncer:
                 ticket.covered()
         for future in pending:
             future.result()
+        if pending and not this.fs_wide:  # (else the syncfs ran meanwhile: not comparable)
+            this.each_s = time.monotonic() - began_each
 
     def _ended(self, this: _Round) -> None:
         self._round = None
@@ -232,19 +236,18 @@ class ThreadSyncer:
         logs would have been (another process's dirty data on the file system, other syncfs
         callers) makes the next rounds fdatasync each, for BACKOFF_S, doubled while syncfs
         stays slow (up to BACKOFF_MAX_S)."""
-        took = asyncio.get_running_loop().time() - this.started
         if this.fs_wide:
             batches = -(-len(this.fs_wide) // self._threads)
             if self._batch_s and this.syncfs_s > SLOWER * self._batch_s * batches:
-                self._syncfs_after = this.started + took + self._backoff_s
+                self._syncfs_after = asyncio.get_running_loop().time() + self._backoff_s
                 log.info("syncfs slower than fdatasync of each log; fdatasync each for now",
                          syncfs_ms=round(this.syncfs_s * 1000, 1), logs=len(this.fs_wide),
                          backoff_s=self._backoff_s)
                 self._backoff_s = min(self._backoff_s * 2, BACKOFF_MAX_S)
             else:
                 self._backoff_s = BACKOFF_S
-        elif this.each:
-            batch_s = took / -(-len(this.each) // self._threads)
+        elif this.each_s:  # (the disk's time, not the loop's: measured on the threads)
+            batch_s = this.each_s / -(-len(this.each) // self._threads)
             self._batch_s = batch_s if not self._batch_s else 0.9 * self._batch_s + 0.1 * batch_s
 
     def close(self) -> None:
