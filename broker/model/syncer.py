@@ -23,9 +23,11 @@ not only the logs: with 16 MB of another process's unsynced data it took 8-12 ms
 number of logs, with 64 MB 27-38 ms (about 0.5 ms a MB), where fdatasync each stayed at 0.3-
 1.3 ms for up to 16 files. So a node's data directory wants a file system of its own (its
 queues under `fsync` policies other than `always` are its own dirty data); on a shared one, a
-neighbour's bulk writes lengthen the rounds (latency), not the number of syscalls. With 1,000
-quorum queues a node's fsync calls went from one per chunk per log to one per round
-(docs/QUORUM-QUEUES.md, "Many queues").
+neighbour's bulk writes lengthen the rounds. In the 1,000-queue benchmark (three nodes,
+etcd and other processes on one file system) a node's syncfs took 0.1-1.3 s: there a syncfs
+slower than fdatasyncs of the same logs (timed on the threads) makes the next rounds fdatasync
+each, for BACKOFF_S, doubled while it stays slower. With it a node's fsync calls there went from
+519-684 to 29-36 a second at 1,000 msgs/s (docs/QUORUM-QUEUES.md, "Many queues").
 
 Why syncfs is as safe as an fdatasync of each: a syncfs that returns 0 has written and flushed
 every page that was dirty when it started, the tickets' included, and since Linux 5.8 it
