@@ -51,6 +51,7 @@ log = logs.get("leveret.cluster.replication")
 SYNC = "stream.sync"
 ACK = "stream.ack"
 COMMIT = "stream.commit"
+ALIVE = "stream.alive"  # after a stall: does the peer still hold this link? (one per link)
 
 
 class SyncRequest(TypedDict, total=False):
@@ -102,10 +103,17 @@ def stall_s(heartbeat_interval_s: float, heartbeat_timeout_s: float) -> float:
 
 class StallWatch:
     """One per event loop, shared by the leaders it runs: notices that the loop did not run
-    for `stall_s` (a SIGSTOP, a hung disk, a swap storm) and then has every registered leader
-    sync its replicas again, once. One timer for the node, not one per leader: with 1,000
-    quorum queues, per-leader timers were 4,000 wake-ups a second, and a loop that lagged past
-    1 s under load had every leader sync again, which made it lag more (docs/QUORUM-QUEUES.md,
+    for `stall_s` (a SIGSTOP, a hung disk, a swap storm). Then no leader writes or commits on
+    what it believed of its replicas before the stall until that is confirmed: one ALIVE call
+    per link the synced replicas were synced over (not two sync calls per replica of every
+    leader). The peer answers on the same link, after anything it sent on it before, so a
+    fenced acknowledgement that an election made it send while this node was stalled is
+    handled first (the link's reader handles messages in order, before it reads the reply),
+    and the replica is then no longer synced. A link the peer dropped (for this node's silence)
+    gives no answer: its replicas are synced again, and a deposed leader's first sync is
+    answered with the fence. One timer for the node, not one per leader: with 1,000 quorum
+    queues, per-leader timers were 4,000 wake-ups a second, and a loop that lagged past 1 s
+    under load had every leader sync again, which made it lag more (docs/QUORUM-QUEUES.md,
     "Many queues")."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, stall_s_: float = STALL_S) -> None:
@@ -115,6 +123,7 @@ class StallWatch:
         self._ticked = loop.time()
         self._leaders: set[Shipper] = set()
         self._timer: asyncio.TimerHandle | None = None
+        self._confirming: set[asyncio.Task[None]] = set()
 
     def add(self, shipper: Shipper) -> None:
         if not self._leaders:
@@ -131,13 +140,33 @@ class StallWatch:
     def check(self) -> None:
         """Called every TICK_S (a timer, not a task) and before each write of any leader."""
         now = self.loop.time()
-        if now - self._ticked > self.stall_s:
-            self.stalls += 1
-            log.warning("this node's event loop stalled; its leaders sync their replicas again",
-                        stalled_s=round(now - self._ticked, 1), leaders=len(self._leaders))
-            for shipper in list(self._leaders):
-                shipper.stalled()
+        stalled_s = now - self._ticked
         self._ticked = now
+        if stalled_s > self.stall_s:
+            self.stalls += 1
+            at_risk: dict[Link, list[tuple[Shipper, ReplicaState]]] = {}
+            for shipper in list(self._leaders):
+                for state, link in shipper.stalled():
+                    at_risk.setdefault(link, []).append((shipper, state))
+            log.warning("this node's event loop stalled; its leaders confirm their replicas",
+                        stalled_s=round(stalled_s, 1), leaders=len(self._leaders),
+                        links=len(at_risk))
+            for link, states in at_risk.items():
+                task = self.loop.create_task(self._confirm(link, states))
+                self._confirming.add(task)
+                task.add_done_callback(self._confirming.discard)
+
+    @staticmethod
+    async def _confirm(link: Link, states: list[tuple[Shipper, ReplicaState]]) -> None:
+        try:
+            await link.call(ALIVE, {})
+            alive = True
+        except LinkError as exc:  # closed, timed out, or a peer that does not know the call
+            log.info("a link did not answer after a stall; its replicas are synced again",
+                     peer_node=link.peer_node, error=str(exc))
+            alive = False
+        for shipper, state in states:
+            shipper.confirmed(state, alive)
 
     def _tick(self) -> None:
         self.check()
@@ -178,6 +207,7 @@ class ReplicaState:
     last_epoch: int = -1  # the epoch of its last chunk, as it last acknowledged
     synced: bool = False
     link: Link | None = None  # the link its last sync went over (a new link is synced anew)
+    confirming: bool = False  # this node stalled since: counted again once its link answers
 
 
 class Shipper:
@@ -228,16 +258,37 @@ class Shipper:
         if self._watch is not None:
             self._watch.check()
         linked = sum(1 for state in self.replicas.values() if state.synced
-                     and state.link is not None and not state.link.closed)
+                     and not state.confirming and state.link is not None
+                     and not state.link.closed)
         return linked + 1 >= quorum(self.members)
 
-    def stalled(self) -> None:
-        """The node's loop stalled (StallWatch): sync every replica again before writing."""
-        log.debug("this leader's process stalled; syncing its replicas again",
-                  stream=self.stream)
+    def stalled(self) -> list[tuple[ReplicaState, Link]]:
+        """The node's loop stalled (StallWatch): a synced replica counts for nothing (no write,
+        no commit) until its link answers; one whose link is gone is synced again. Returns the
+        replicas to confirm, with their links."""
+        to_confirm = []
         for state in self.replicas.values():
+            if not state.synced:
+                continue
+            if state.link is None or state.link.closed:
+                state.synced = False
+                self._appended.set()
+                continue
+            state.confirming = True
+            to_confirm.append((state, state.link))
+        return to_confirm
+
+    def confirmed(self, state: ReplicaState, alive: bool) -> None:
+        """The ALIVE call over `state`'s link ended: counted again, or synced again."""
+        if not state.confirming:
+            return
+        state.confirming = False
+        if not alive:
             state.synced = False
-        self._appended.set()
+            self._appended.set()
+        elif state.synced:  # (a fenced acknowledgement before the answer unsynced it)
+            self._advance()
+            self.on_contact()
 
     def stop(self) -> None:
         """Ship nothing more (close() also waits for the senders to end)."""
@@ -281,7 +332,7 @@ class Shipper:
     def _advance(self) -> None:
         current = [self.log.kept_next] if self.log.tail[0] == self.epoch else []
         current += [s.next_offset for s in self.replicas.values()
-                    if s.synced and s.last_epoch == self.epoch]
+                    if s.synced and not s.confirming and s.last_epoch == self.epoch]
         committed = committed_offset(current, self.members)
         if committed > self.committed:
             self.committed = committed
@@ -343,7 +394,7 @@ class Shipper:
         answer = await link.call(SYNC, body)
         state.next_offset, state.last_epoch = _int(answer, "next_offset"), _int(answer,
                                                                                 "last_epoch")
-        state.synced, state.link = True, link
+        state.synced, state.link, state.confirming = True, link, False
         self._advance()
         self.on_contact()
         if self.committed >= 0:  # a replica that came back learns the commit point at once
@@ -413,6 +464,7 @@ class Replicas:
         self.logs: dict[str, ReplicaLog] = {}
         self.shippers: dict[str, Shipper] = {}  # streams this node leads, for their acks
         handlers.on_request(SYNC, self._sync)
+        handlers.on_request(ALIVE, self._alive)
         handlers.on_message(ACK, self._ack)
         handlers.on_message(COMMIT, self._commit)
         handlers.on_chunk(self._chunk)
@@ -464,6 +516,12 @@ class Replicas:
         replica.advance()
         last_epoch, next_offset = replica.log.tail
         return {"last_epoch": last_epoch, "next_offset": next_offset}
+
+    @staticmethod
+    async def _alive(_link: Link, _body: object) -> dict[str, Any]:
+        """A leader's node stalled: this answer, on the link it asked on, comes after anything
+        this node sent on it before (a fenced acknowledgement included)."""
+        return {}
 
     @staticmethod
     def _hello(replica: ReplicaLog, link: Link, epoch: int) -> dict[str, Any]:

@@ -476,10 +476,17 @@ async def test_a_replica_fenced_by_an_election_tells_its_leader_at_once(
 
 
 async def _leading(start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path,
-                   streams: int, stall_s: float) -> tuple[Node, list[Shipper]]:
-    """Node l leads `streams` streams, each with one replica on r, all synced."""
+                   streams: int, stall_s: float) -> tuple[Node, list[Shipper], list[str]]:
+    """Node l leads `streams` streams, each with one replica on r, all synced; and the kinds
+    of the requests r answers from then on."""
     leader, replica = await start_node("l"), await start_node("r")
     await leader.dial(replica)
+    asked: list[str] = []
+    for kind, handler in list(replica.handlers.requests.items()):
+        async def spy(link: Link, body: Any, kind: str = kind, handler: Any = handler) -> Any:
+            asked.append(kind)
+            return await handler(link, body)
+        replica.handlers.requests[kind] = spy
     shippers = []
     for i in range(streams):
         replica.replicas.add(f"s{i}", open_log(tmp_path / f"r{i}"))
@@ -487,15 +494,17 @@ async def _leading(start_node: Callable[[str], asyncio.Future[Node]], tmp_path: 
                               stall_s_=stall_s)
         shippers.append(shipper)
     await until(lambda: all(s.may_write() for s in shippers))
-    return leader, shippers
+    asked.clear()
+    return leader, shippers, asked
 
 
-async def test_a_lagging_loop_resyncs_no_leader_and_a_stall_resyncs_each_once(
+async def test_a_lagging_loop_holds_no_leader_and_a_stall_holds_each_for_one_call_per_link(
         start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path) -> None:
     """One stall watch for the node: a loop that lags less than its threshold (a loaded node)
     makes no leader sync its replicas again (with 1,000 queues that was a storm of syncs that
-    made the loop lag more); a stall past it makes every leader sync again, once."""
-    _leader, shippers = await _leading(start_node, tmp_path, 20, stall_s=0.8)
+    made the loop lag more); a stall past it holds every leader's writes until one call over
+    the link confirms the replicas (not two sync calls per replica of every leader)."""
+    _leader, shippers, asked = await _leading(start_node, tmp_path, 20, stall_s=0.8)
     watch = stall_watch()
     assert watch.stalls == 0 and watch.stall_s == 0.8
     for _ in range(3):
@@ -504,10 +513,10 @@ async def test_a_lagging_loop_resyncs_no_leader_and_a_stall_resyncs_each_once(
         await asyncio.sleep(0.05)
     assert watch.stalls == 0
     time.sleep(1.0)  # a stall past the threshold
-    assert not any(s.may_write() for s in shippers)  # every leader syncs again first
+    assert not any(s.may_write() for s in shippers)  # every leader waits for the answer
     assert watch.stalls == 1
     await until(lambda: all(s.may_write() for s in shippers))
-    assert watch.stalls == 1
+    assert watch.stalls == 1 and asked == ["stream.alive"]
     for shipper in shippers:
         await shipper.close()
 
@@ -530,7 +539,9 @@ async def test_a_leader_deposed_while_its_loop_stalled_writes_nothing_on_its_old
     assert replica.replicas.fence("s", 2) is not None
     assert not shipper.may_write()
     await until(lambda: fences == [2])
-    assert not shipper.may_write()
+    [state] = shipper.replicas.values()
+    await until(lambda: not state.confirming)  # the link answered, after the fenced ack
+    assert not state.synced and not shipper.may_write()
     await shipper.close()
 
 
