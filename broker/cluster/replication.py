@@ -86,8 +86,8 @@ CHUNK_BYTES = 1 << 20  # read and sent per frame, at most (one bigger chunk goes
 RETRY_S = 0.2
 IDLE_CHECK_S = 1.0  # a caught-up sender looks at the log again this often, appended or not
 TICK_S = 0.25  # the node's stall watch notes that its event loop runs this often (a timer)
-STALL_S = 1.0  # a stall this long makes every leader sync its replicas again (default; the
-# node's own is `stall_s(link config)`: what its peers' failure detection allows)
+STALL_S = 1.0  # a stall this long holds every leader until its replicas are confirmed (the
+# default; a node's own is `stall_s(link config)`: what its peers' failure detection allows)
 
 
 def stall_s(heartbeat_interval_s: float, heartbeat_timeout_s: float) -> float:
