@@ -62,8 +62,9 @@ def run(args: argparse.Namespace) -> None:
                 os.write(fd, record)
                 os.fdatasync(fd)  # allocated: later appends are like a log's
             ways = {
-                "fdatasync each, one after another": lambda: [os.fdatasync(fd) for fd in fds],
-                "fdatasync each, 16 threads": lambda: list(pool.map(os.fdatasync, fds)),
+                "fdatasync each, one after another":
+                    lambda fds=fds: [os.fdatasync(fd) for fd in fds],
+                "fdatasync each, 16 threads": lambda fds=fds: list(pool.map(os.fdatasync, fds)),
                 "one syncfs": lambda: syncfs(dir_fd),
             }
             for dirty_mb in (0, args.dirty_mb):
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> None:
             for fd in fds:
                 os.close(fd)
         os.close(dir_fd)
-    print(f"| files | other dirty data | how | per round: median | max | per file (median) |")
+    print("| files | other dirty data | how | per round: median | max | per file (median) |")
     print("|---|---|---|---|---|---|")
     for files, mb, name, med, top in rows:
         print(f"| {files} | {mb} MB | {name} | {med * 1000:.2f} ms | {top * 1000:.2f} ms "

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import os
 import time
 import weakref
@@ -178,7 +179,7 @@ class ThreadSyncer:
                     self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="fsync")
                 self.rounds += 1
                 future = loop.run_in_executor(self._pool, self._run, this)
-                future.add_done_callback(lambda _f, r=this: self._ended(r))
+                future.add_done_callback(functools.partial(self._round_ended, this))
             else:
                 self._round = None
             for done in answered:  # (they may sync again: into _waiting, for the next round)
@@ -223,6 +224,9 @@ class ThreadSyncer:
             future.result()
         if pending and not this.fs_wide:  # (else the syncfs ran meanwhile: not comparable)
             this.each_s = time.monotonic() - began_each
+
+    def _round_ended(self, this: _Round, _future: asyncio.Future[None]) -> None:
+        self._ended(this)
 
     def _ended(self, this: _Round) -> None:
         self._round = None
