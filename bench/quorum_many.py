@@ -19,10 +19,10 @@ tests/support/reference_cluster.py), so the two never share the machine. Then:
 
 Per node and phase: RSS (VmRSS summed over the node's process tree: Leveret's main process and
 its workers, RabbitMQ's beam.smp and its helpers), open file descriptors (/proc/PID/fd, same
-tree), CPU (percent of one core), and fsync + fdatasync calls per second, counted by
-`perf stat` on the syscall tracepoints (syscalls:sys_enter_fsync and _fdatasync) of every
+tree), CPU (percent of one core), and fsync + fdatasync + syncfs calls per second, counted by
+`perf stat` on the syscall tracepoints (syscalls:sys_enter_fsync, _fdatasync, _syncfs) of every
 process of the tree over the whole window (--counter strace: `strace -c -f -e
-trace=fsync,fdatasync` instead, which stops the node at every syscall and slows it down); the
+trace=fsync,fdatasync,syncfs` instead, which stops the node at every syscall and slows it down); the
 count is of calls, not their cost.
 Also each node's `Max open files` limit (/proc/PID/limits) and its peak fd use against it.
 Leveret's nodes get LEVERET_QUEUE_FSYNC=always unless --leveret-env says otherwise (as
@@ -175,10 +175,10 @@ def _start_counter(counter: str, pids: list[int]) -> tuple[subprocess.Popen[byte
     out = Path(tempfile.mkstemp(prefix="qmany-count-")[1])
     if counter == "perf":
         cmd = ["perf", "stat", "-x", ",", "-o", str(out), "-e",
-               "syscalls:sys_enter_fsync,syscalls:sys_enter_fdatasync",
+               "syscalls:sys_enter_fsync,syscalls:sys_enter_fdatasync,syscalls:sys_enter_syncfs",
                "-p", ",".join(map(str, pids))]
     else:
-        cmd = ["strace", "-c", "-f", "-e", "trace=fsync,fdatasync", "-o", str(out)]
+        cmd = ["strace", "-c", "-f", "-e", "trace=fsync,fdatasync,syncfs", "-o", str(out)]
         for pid in pids:
             cmd += ["-p", str(pid)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -203,7 +203,7 @@ def _stop_counter(counter: str, proc: subprocess.Popen[bytes], out: Path,
                 calls[name] = int(fields[0]) if fields[0].isdigit() else 0
         else:  # % time, seconds, usecs/call, calls, [errors], syscall
             parts = line.split()
-            if parts and parts[-1] in ("fsync", "fdatasync") and len(parts) >= 5:
+            if parts and parts[-1] in ("fsync", "fdatasync", "syncfs") and len(parts) >= 5:
                 calls[parts[-1]] = int(parts[3])
     out.unlink(missing_ok=True)
     if not calls:
@@ -403,6 +403,9 @@ def declare_all(ports: list[int], queues: list[str]) -> float:
     return time.monotonic() - start
 
 
+RESYNC_LINES = ("process stalled", "loop stalled", "synced again")
+
+
 class LeveretTarget:
     label = "leveret"
 
@@ -417,6 +420,15 @@ class LeveretTarget:
         """Every node holds the log folders of `count` queues."""
         return all(len(list((self.cluster.nodes[n].data_dir / "queues").iterdir())) >= count
                    for n in self.names)
+
+    def log_lines(self) -> dict[str, dict[str, int]]:
+        """Per node, how many times its log says a leader resynced its replicas (RESYNC_LINES):
+        a loop that lagged past the stall threshold, or a replica that asked for it."""
+        counts = {}
+        for name in self.names:
+            text = self.cluster.nodes[name].log_path.read_text(errors="replace")
+            counts[name] = {key: text.count(key) for key in RESYNC_LINES}
+        return counts
 
 
     def stop(self) -> None:
@@ -494,6 +506,8 @@ def one_round(target: Any, args: argparse.Namespace, rnd: int) -> dict[str, Any]
         while not clients.settled() and time.monotonic() - t0 < args.drain:
             clients.pump(0.2)
         out["drain_s"] = round(time.monotonic() - t0, 1)
+        if hasattr(target, "log_lines"):
+            out["log_lines"] = target.log_lines()
         p50, p99 = percentiles(clients.latency, (50, 99))
         out["confirm_p50_ms"], out["confirm_p99_ms"] = clients.confirm_latency()
         out.update(published=clients.published, confirmed=clients.confirmed,

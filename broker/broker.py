@@ -72,7 +72,8 @@ class AsyncioScheduler:
 
 
 class Broker:
-    def __init__(self, config: Config, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, config: Config, loop: asyncio.AbstractEventLoop | None = None,
+                 queues_locked: bool = False) -> None:
         self.config = config
         self.loop = loop or asyncio.get_event_loop()
         self.scheduler = AsyncioScheduler(self.loop)
@@ -110,7 +111,9 @@ class Broker:
         # fsyncs the queues' logs (under "always") on threads, off the event loop
         self.syncer = ThreadSyncer()
         self.queue_env = StorageEnv(queues_dir, encode, decode_record,
-                                    _fsync(config.queue_fsync), syncer=self.syncer)
+                                    _fsync(config.queue_fsync), syncer=self.syncer,
+                                    # the server's flock covers every queue folder
+                                    folder_locks=not queues_locked)
         # the queue types every vhost may hold: adding one is one more registration here
         self.queue_kinds = QueueKinds([
             ClassicKind(self.queue_env),

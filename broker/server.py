@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import gc
 import os
 import resource
@@ -72,11 +73,32 @@ def check_writable(data_dir: Path) -> None:
         raise ServerError(f"data directory {data_dir} is not writable: {exc.strerror}") from None
 
 
+def lock_queues(data_dir: Path) -> int:
+    """One exclusive flock over the node's queue folders, held for the server's life, so that
+    a durable or quorum queue's log needs no descriptor of its own for a lock of its folder
+    (with 1,000 quorum queues, 1,000 descriptors a node: docs/QUORUM-QUEUES.md, "Many
+    queues"). A second `leveret serve` on the same data directory is refused at once."""
+    queues = data_dir / "queues"
+    try:
+        queues.mkdir(exist_ok=True)
+        fd = os.open(queues, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise ServerError(f"data directory {data_dir} is not writable: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ServerError(f"data directory {data_dir} is in use by another leveret "
+                          "serve") from None
+    return fd
+
+
 class Server:
     """A started broker: its listeners and state, stoppable from the same loop."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        self._queues_lock = -1  # lock_queues' descriptor while the server runs
         self.broker: Broker | None = None
         self.listeners: list[asyncio.Server | Listener] = []
         self.pool: WorkerPool | None = None  # --workers N > 1: the wire workers
@@ -105,12 +127,17 @@ class Server:
                 f"cannot create data directory {config.data_dir}: {exc.strerror}"
             ) from None
         check_writable(config.data_dir)
-        context = tls_context(config) if config.tls_port else None
-        await self._join_cluster()
+        self._queues_lock = lock_queues(config.data_dir)
         try:
-            await self._start_broker(context)
-        except ServerError:
-            await self._leave_cluster()
+            context = tls_context(config) if config.tls_port else None
+            await self._join_cluster()
+            try:
+                await self._start_broker(context)
+            except ServerError:
+                await self._leave_cluster()
+                raise
+        except BaseException:
+            self._unlock_queues()
             raise
         if self.cluster_links is not None:
             await self.cluster_links.start()
@@ -167,7 +194,7 @@ class Server:
     async def _start_broker(self, context: ssl.SSLContext | None) -> None:
         config = self.config
         try:
-            self.broker = Broker(config, asyncio.get_running_loop())
+            self.broker = Broker(config, asyncio.get_running_loop(), queues_locked=True)
         except (RestoreError, MetastoreError) as exc:
             raise ServerError(str(exc)) from None
         broker = self.broker
@@ -301,6 +328,11 @@ class Server:
             ) from None
         self.management = management
 
+    def _unlock_queues(self) -> None:
+        if self._queues_lock >= 0:
+            os.close(self._queues_lock)
+            self._queues_lock = -1
+
     async def stop(self) -> None:
         """Stop accepting, close connections with 320, flush, and finish."""
         if self.stopped.is_set():
@@ -325,6 +357,7 @@ class Server:
             for session in list(broker.connections):
                 session.abort()
             broker.close()
+        self._unlock_queues()
         if self.pool is not None:
             await self.pool.stop()
         for callback in self.on_stop:

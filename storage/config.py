@@ -39,6 +39,10 @@ class LogConfig:
     max_length_bytes: int | None = None
     max_age_ms: int | None = None
     clock: Clock = system_clock_ms
+    # an exclusive flock on the log's folder, held open (one descriptor per log); False: the
+    # owner holds a lock over every folder (the broker's on its queues folder), and the log
+    # only refuses a second Log of its folder in this process
+    folder_lock: bool = True
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_segment_size_bytes) or self.max_segment_size_bytes < 1:

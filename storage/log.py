@@ -8,7 +8,9 @@ policy, apply retention, keep tracking state, and hand out readers. A failed wri
 Must not know: AMQP, asyncio, the broker's messages. Readers are independent: they read the
 files and share only `committed_offset` (through a callable) with the writer.
 Threading: one thread owns a Log and calls every method; nothing here is thread-safe. An
-exclusive flock on the directory keeps other Log objects (and processes) from writing to it.
+exclusive flock on the directory keeps other Log objects (and processes) from writing to it;
+with `LogConfig.folder_lock` False the owner holds one lock over all its folders (the broker:
+on its queues folder) and a second Log of the folder in this process is refused all the same.
 """
 
 from __future__ import annotations
@@ -66,6 +68,31 @@ class SyncTicket:
         finally:
             os.close(self._fd)
 
+    @property
+    def fd(self) -> int:
+        return self._fd
+
+    def device(self) -> int:
+        """The file system the segment is on (st_dev), for a sync of that whole file system."""
+        return os.fstat(self._fd).st_dev
+
+    def covered(self) -> None:
+        """A sync of the segment's whole file system (syncfs), begun after this ticket was
+        taken, ended without error: what it covers is durable; release the descriptor."""
+        os.close(self._fd)
+
+
+_UNLOCKED_OPEN: set[str] = set()  # folders of this process's logs opened without a flock
+
+
+def _release(lock_fd: int, key: str) -> None:
+    """A log's folder is free again: its flock's descriptor closed, or its entry removed."""
+    if lock_fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(lock_fd)
+    else:
+        _UNLOCKED_OPEN.discard(key)
+
 
 class Log:
     """An append-only log in one directory. Build it with Log.open(directory, config)."""
@@ -74,7 +101,8 @@ class Log:
         self._dir = directory
         self._cache = ChunkCache()
         self._config = config
-        self._lock_fd = lock_fd
+        self._lock_fd = lock_fd  # -1: no flock of its own (LogConfig.folder_lock False)
+        self._open_key = ""  # its folder, as Log.open registered it
         self._max_length_bytes = config.max_length_bytes
         self._max_age_ms = config.max_age_ms
         self._load()
@@ -116,22 +144,31 @@ class Log:
     def open(cls, directory: Path | str, config: LogConfig | None = None) -> Log:
         """Open the log in `directory` (created if missing), recovering from a crash."""
         directory = Path(directory)
+        config = config or LogConfig()
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            lock_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            lock_fd = (os.open(directory, os.O_RDONLY | os.O_DIRECTORY) if config.folder_lock
+                       else -1)
+            key = os.path.realpath(directory)
         except OSError as exc:
             raise io_error(directory, exc) from exc
+        if lock_fd >= 0:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(lock_fd)
+                raise LogLockedError(directory) from None
+        elif key in _UNLOCKED_OPEN:  # (the owner's lock keeps other processes out)
+            raise LogLockedError(directory)
+        else:
+            _UNLOCKED_OPEN.add(key)
         try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(lock_fd)
-            raise LogLockedError(directory) from None
-        try:
-            opened = cls(directory, config or LogConfig(), lock_fd)
+            opened = cls(directory, config, lock_fd)
             opened._retain_or_warn()
         except BaseException:
-            os.close(lock_fd)
+            _release(lock_fd, key)
             raise
+        opened._open_key = key
         return opened
 
     # -- offsets ---------------------------------------------------------------------------
@@ -659,9 +696,10 @@ class Log:
                 self._sync()
         finally:
             self._closed = True
-            for fd in (self._fd, self._ifd, self._lock_fd):
+            for fd in (self._fd, self._ifd):
                 with contextlib.suppress(OSError):  # nothing is left to flush: writes were direct
                     os.close(fd)
+            _release(self._lock_fd, self._open_key)
 
     def __enter__(self) -> Log:
         return self

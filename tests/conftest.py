@@ -53,8 +53,10 @@ def managed_broker(tmp_path: Path) -> Iterator[InProcessBroker]:
 
 @pytest.fixture
 def broker_process(tmp_path: Path) -> Iterator[BrokerProcess]:
-    """A fresh `leveret serve` subprocess (for restarts and kill -9)."""
-    proc = BrokerProcess(tmp_path / "data").start()
+    """A fresh `leveret serve` subprocess (for restarts and kill -9), on a data directory of
+    its own: a test may also have an in-process broker, and one data directory serves one
+    server (the second is refused)."""
+    proc = BrokerProcess(tmp_path / "process-data").start()
     yield proc
     proc.kill()
 

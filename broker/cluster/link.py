@@ -23,7 +23,8 @@ Callers register handlers.
 Threading: one event loop. Every method and callback runs on the loop that created the link;
 one-way messages and chunks are handled in arrival order, one at a time, by the link's reader
 task (a slow handler stops the reading, which is the backpressure); requests run as tasks,
-at most `max_concurrent_requests` at once per link.
+at most `max_concurrent_requests` at once per link. What is sent in one turn of the loop
+leaves in one write at the end of that turn (`_queue`), in the order it was sent.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ __all__ = [
 
 log = logs.get("leveret.cluster.link")
 READ_SIZE = 256 * 1024
+FLUSH_BYTES = 256 * 1024  # frames held for the end of the turn, at most
 READ_LIMIT = 256 * 1024  # the StreamReader pauses reading at twice this
 HEARTBEAT = lf.encode(FrameType.HEARTBEAT)
 
@@ -140,6 +142,9 @@ class Link:
         self._loop = asyncio.get_running_loop()
         self._last_rx = self._loop.time()
         self._waiting = False  # the reader is waiting on the socket (so silence is the peer's)
+        self._out: list[bytes | bytearray | memoryview] = []  # frames of this turn, unwritten
+        self._out_bytes = 0
+        self._flush_at: asyncio.Handle | None = None
 
     def __repr__(self) -> str:
         return f"<Link to {self.peer_node or '?'} at {self.peer_address}>"
@@ -156,7 +161,8 @@ class Link:
     def buffered_bytes(self) -> int:
         """Bytes held for this link: the transport's unsent ones and the decoder's partial
         frame (the StreamReader adds at most 2 * READ_LIMIT before it pauses reading)."""
-        return self._writer.transport.get_write_buffer_size() + len(self._decoder)
+        return (self._writer.transport.get_write_buffer_size() + self._out_bytes
+                + len(self._decoder))
 
     def get_extra_info(self, name: str) -> object:
         """The transport's information (`peername`, `sockname`, ...), as asyncio gives it."""
@@ -211,21 +217,42 @@ class Link:
         """A small one-way message queued at once, without waiting for the write buffer to
         drain (acknowledgements, commit notices). Raises LinkClosed if the link is closed."""
         self._check_open()
-        self._writer.write(lf.encode_json(FrameType.MESSAGE, {"kind": kind, "body": body}))
+        self._queue(lf.encode_json(FrameType.MESSAGE, {"kind": kind, "body": body}))
 
     def send_tunnel(self, tunnel_id: int, data: bytes | memoryview) -> None:
         """Raw bytes of a tunnel, one-way, queued at once (no waiting: the caller watches
         `buffered_bytes` for backpressure). Raises LinkClosed if the link is closed."""
         self._check_open()
-        self._writer.write(lf.encode_tunnel(tunnel_id, data))
+        self._queue(lf.encode_tunnel(tunnel_id, data))
 
     def _check_open(self) -> None:
         if self.close_reason is not None:
             raise LinkClosed(self.close_reason)
 
+    def _queue(self, frame: bytes | bytearray | memoryview) -> None:
+        """Frames sent in one turn of the loop leave in one write, at the end of the turn:
+        with many queues, the chunks, acknowledgements and commit points of hundreds of logs
+        to one peer were each a send(2) of their own, and each a wake-up of the peer."""
+        self._out.append(frame)
+        self._out_bytes += len(frame)
+        if self._out_bytes >= FLUSH_BYTES:  # a big turn: what drain() waits on is written
+            self._flush()
+        elif self._flush_at is None:
+            self._flush_at = self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush_at = None
+        out, self._out, self._out_bytes = self._out, [], 0
+        if out and not self._writer.transport.is_closing():
+            self._writer.write(out[0] if len(out) == 1 else b"".join(out))
+
     async def _write(self, frame: bytes) -> None:
         self._check_open()
-        self._writer.write(frame)
+        self._queue(frame)
+        if self._writer.transport.get_write_buffer_size():  # the socket is behind anyway:
+            self._flush()  # write now, so that drain() holds the sender back by these bytes
         try:
             await self._writer.drain()
         except (ConnectionError, OSError) as exc:
@@ -235,6 +262,7 @@ class Link:
     def send_control(self, frame_type: FrameType, obj: dict[str, Any]) -> None:
         """Queue a control frame without waiting (handshake, CLOSE)."""
         if not self._writer.transport.is_closing():
+            self._flush()  # after what was sent before it
             self._writer.write(lf.encode_json(frame_type, obj))
 
     # -- closing
@@ -255,6 +283,7 @@ class Link:
         for future in calls.values():
             if not future.done():
                 future.set_exception(LinkClosed(reason))
+        self._flush()
         self._writer.close()
         # unsent bytes get close_grace_s to leave: a peer that reads nothing cannot hold the socket
         self._loop.call_later(self.config.close_grace_s, self._writer.transport.abort)
@@ -443,7 +472,8 @@ class Link:
                 return
             if now >= beat_at:
                 transport = self._writer.transport
-                if not transport.is_closing() and transport.get_write_buffer_size() == 0:
+                if (not transport.is_closing() and transport.get_write_buffer_size() == 0
+                        and not self._out):
                     self._writer.write(HEARTBEAT)  # unsent bytes would not reach the peer sooner
                 beat_at = now + interval
             wake = beat_at

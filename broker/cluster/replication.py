@@ -51,6 +51,7 @@ log = logs.get("leveret.cluster.replication")
 SYNC = "stream.sync"
 ACK = "stream.ack"
 COMMIT = "stream.commit"
+ALIVE = "stream.alive"  # after a stall: does the peer still hold this link? (one per link)
 
 
 class SyncRequest(TypedDict, total=False):
@@ -84,8 +85,108 @@ class CommitMessage(TypedDict):
 CHUNK_BYTES = 1 << 20  # read and sent per frame, at most (one bigger chunk goes whole)
 RETRY_S = 0.2
 IDLE_CHECK_S = 1.0  # a caught-up sender looks at the log again this often, appended or not
-TICK_S = 0.25  # a leader notes that its event loop runs this often (a timer)
-STALL_S = 1.0  # a leader whose loop did not run for this long syncs its replicas again
+TICK_S = 0.25  # the node's stall watch notes that its event loop runs this often (a timer)
+STALL_S = 1.0  # a stall this long holds every leader until its replicas are confirmed (the
+# default; a node's own is `stall_s(link config)`: what its peers' failure detection allows)
+
+
+def stall_s(heartbeat_interval_s: float, heartbeat_timeout_s: float) -> float:
+    """The shortest stall of this node's loop after which a peer may have dropped its link for
+    silence, and so the others may have begun to depose its leaders: a peer drops a link that
+    sent nothing for `heartbeat_timeout_s`, and this node sends at least a heartbeat every
+    `heartbeat_interval_s` while its loop runs. A shorter stall (a loaded loop lagging) cannot
+    have let a peer take this node for lost; anything else that deposes a leader while its
+    links stay up (an election on lease expiry, a transfer) fences the replicas, whose fenced
+    acknowledgement comes over those links (Replicas.fence)."""
+    return max(TICK_S * 2, heartbeat_timeout_s - heartbeat_interval_s)
+
+
+class StallWatch:
+    """One per event loop, shared by the leaders it runs: notices that the loop did not run
+    for `stall_s` (a SIGSTOP, a hung disk, a swap storm). Then no leader writes or commits on
+    what it believed of its replicas before the stall until that is confirmed: one ALIVE call
+    per link the synced replicas were synced over (not two sync calls per replica of every
+    leader). The peer answers on the same link, after anything it sent on it before, so a
+    fenced acknowledgement that an election made it send while this node was stalled is
+    handled first (the link's reader handles messages in order, before it reads the reply),
+    and the replica is then no longer synced. A link the peer dropped (for this node's silence)
+    gives no answer: its replicas are synced again, and a deposed leader's first sync is
+    answered with the fence. One timer for the node, not one per leader: with 1,000 quorum
+    queues, per-leader timers were 4,000 wake-ups a second, and a loop that lagged past 1 s
+    under load had every leader sync again, which made it lag more (docs/QUORUM-QUEUES.md,
+    "Many queues")."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, stall_s_: float = STALL_S) -> None:
+        self.loop = loop
+        self.stall_s = stall_s_
+        self.stalls = 0  # how many it noticed (for the tests and the log)
+        self._ticked = loop.time()
+        self._leaders: set[Shipper] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._confirming: set[asyncio.Task[None]] = set()
+
+    def add(self, shipper: Shipper) -> None:
+        if not self._leaders:
+            self._ticked = self.loop.time()
+            self._timer = self.loop.call_later(TICK_S, self._tick)
+        self._leaders.add(shipper)
+
+    def discard(self, shipper: Shipper) -> None:
+        self._leaders.discard(shipper)
+        if not self._leaders and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def check(self) -> None:
+        """Called every TICK_S (a timer, not a task) and before each write of any leader."""
+        now = self.loop.time()
+        stalled_s = now - self._ticked
+        self._ticked = now
+        if stalled_s > self.stall_s:
+            self.stalls += 1
+            at_risk: dict[Link, list[tuple[Shipper, ReplicaState]]] = {}
+            for shipper in list(self._leaders):
+                for state, link in shipper.stalled():
+                    at_risk.setdefault(link, []).append((shipper, state))
+            log.warning("this node's event loop stalled; its leaders confirm their replicas",
+                        stalled_s=round(stalled_s, 1), leaders=len(self._leaders),
+                        links=len(at_risk))
+            for link, states in at_risk.items():
+                task = self.loop.create_task(self._confirm(link, states))
+                self._confirming.add(task)
+                task.add_done_callback(self._confirming.discard)
+
+    @staticmethod
+    async def _confirm(link: Link, states: list[tuple[Shipper, ReplicaState]]) -> None:
+        try:
+            await link.call(ALIVE, {})
+            alive = True
+        except LinkError as exc:  # closed, timed out, or a peer that does not know the call
+            log.info("a link did not answer after a stall; its replicas are synced again",
+                     peer_node=link.peer_node, error=str(exc))
+            alive = False
+        for shipper, state in states:
+            shipper.confirmed(state, alive)
+
+    def _tick(self) -> None:
+        self.check()
+        self._timer = self.loop.call_later(TICK_S, self._tick) if self._leaders else None
+
+
+_watches: dict[asyncio.AbstractEventLoop, StallWatch] = {}
+
+
+def stall_watch(stall_s_: float | None = None) -> StallWatch:
+    """The running loop's StallWatch (made at the first call; `stall_s_` sets its threshold)."""
+    loop = asyncio.get_running_loop()
+    watch = _watches.get(loop)
+    if watch is None or watch.loop.is_closed():
+        for old in [k for k in _watches if k.is_closed()]:
+            del _watches[old]
+        watch = _watches[loop] = StallWatch(loop)
+    if stall_s_ is not None:
+        watch.stall_s = stall_s_
+    return watch
 
 
 def quorum(members: int) -> int:
@@ -106,6 +207,7 @@ class ReplicaState:
     last_epoch: int = -1  # the epoch of its last chunk, as it last acknowledged
     synced: bool = False
     link: Link | None = None  # the link its last sync went over (a new link is synced anew)
+    confirming: bool = False  # this node stalled since: counted again once its link answers
 
 
 class Shipper:
@@ -113,7 +215,8 @@ class Shipper:
                  link_to: Callable[[str], Link | None],
                  on_commit: Callable[[int], None] = lambda _offset: None,
                  chunk_bytes: int = CHUNK_BYTES,
-                 on_fenced: Callable[[int], None] = lambda _epoch: None) -> None:
+                 on_fenced: Callable[[int], None] = lambda _epoch: None,
+                 stall_s_: float | None = None) -> None:
         self.stream = stream
         self.log = log_
         self.epoch = epoch
@@ -126,8 +229,8 @@ class Shipper:
         self.on_contact: Callable[[], None] = lambda: None  # may_write() may say yes again
         self._appended = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._ticked = 0.0
-        self._timer: asyncio.TimerHandle | None = None
+        self._stall_s = stall_s_
+        self._watch: StallWatch | None = None
         log_.set_epoch(epoch)
         log_.raise_fence(epoch)
         if not log_.empty and log_.tail[0] < epoch:
@@ -139,42 +242,58 @@ class Shipper:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._ticked = loop.time()
-        self._timer = loop.call_later(TICK_S, self._tick)
+        self._watch = stall_watch(self._stall_s)
+        self._watch.add(self)
         self._tasks = [loop.create_task(self._ship(state)) for state in self.replicas.values()]
         self._advance()
 
     def may_write(self) -> bool:
-        """Whether this leader may append now: it was not stalled (a process paused or starved
-        past STALL_S may have been deposed meanwhile: it syncs every replica again, and the
-        first sync of a deposed leader is answered with the fence), and a quorum of members,
-        itself included, is synced over an open link. A leader cut off from its quorum writes
-        nothing more, so the publishes its sockets still hold wait, then go to the next leader's
-        node or are nack'ed; they are never written in an epoch that is over."""
-        self._check_stall()
+        """Whether this leader may append now: its node's loop was not stalled (a process
+        paused or starved past the StallWatch's threshold may have been deposed meanwhile: it
+        syncs every replica again, and the first sync of a deposed leader is answered with the
+        fence), and a quorum of members, itself included, is synced over an open link. A leader
+        cut off from its quorum writes nothing more, so the publishes its sockets still hold
+        wait, then go to the next leader's node or are nack'ed; they are never written in an
+        epoch that is over."""
+        if self._watch is not None:
+            self._watch.check()
         linked = sum(1 for state in self.replicas.values() if state.synced
-                     and state.link is not None and not state.link.closed)
+                     and not state.confirming and state.link is not None
+                     and not state.link.closed)
         return linked + 1 >= quorum(self.members)
 
-    def _tick(self) -> None:
-        self._check_stall()
-        self._timer = asyncio.get_running_loop().call_later(TICK_S, self._tick)
-
-    def _check_stall(self) -> None:
-        """Called every TICK_S (a timer, not a task) and before each write."""
-        now = asyncio.get_running_loop().time()
-        if now - self._ticked > STALL_S:
-            log.warning("this leader's process stalled; syncing its replicas again",
-                        stream=self.stream, stalled_s=round(now - self._ticked, 1))
-            for state in self.replicas.values():
+    def stalled(self) -> list[tuple[ReplicaState, Link]]:
+        """The node's loop stalled (StallWatch): a synced replica counts for nothing (no write,
+        no commit) until its link answers; one whose link is gone is synced again. Returns the
+        replicas to confirm, with their links."""
+        to_confirm = []
+        for state in self.replicas.values():
+            if not state.synced:
+                continue
+            if state.link is None or state.link.closed:
                 state.synced = False
+                self._appended.set()
+                continue
+            state.confirming = True
+            to_confirm.append((state, state.link))
+        return to_confirm
+
+    def confirmed(self, state: ReplicaState, alive: bool) -> None:
+        """The ALIVE call over `state`'s link ended: counted again, or synced again."""
+        if not state.confirming:
+            return
+        state.confirming = False
+        if not alive:
+            state.synced = False
             self._appended.set()
-        self._ticked = now
+        elif state.synced:  # (a fenced acknowledgement before the answer unsynced it)
+            self._advance()
+            self.on_contact()
 
     def stop(self) -> None:
         """Ship nothing more (close() also waits for the senders to end)."""
-        if self._timer is not None:
-            self._timer.cancel()
+        if self._watch is not None:
+            self._watch.discard(self)
         for task in self._tasks:
             task.cancel()
 
@@ -213,7 +332,7 @@ class Shipper:
     def _advance(self) -> None:
         current = [self.log.kept_next] if self.log.tail[0] == self.epoch else []
         current += [s.next_offset for s in self.replicas.values()
-                    if s.synced and s.last_epoch == self.epoch]
+                    if s.synced and not s.confirming and s.last_epoch == self.epoch]
         committed = committed_offset(current, self.members)
         if committed > self.committed:
             self.committed = committed
@@ -249,7 +368,8 @@ class Shipper:
         cursor = await self._sync(link, state)
         while not link.closed:
             if not state.synced:
-                raise Resync(f"{state.node} refused a chunk and is synced again")
+                raise Resync(f"{state.node} refused a chunk, or this node stalled: it is synced "
+                             "again")
             data, cursor = self.log.read_chunks(cursor, self.chunk_bytes)
             if data:
                 await link.send_chunk(self.stream, self.epoch, data)
@@ -274,7 +394,7 @@ class Shipper:
         answer = await link.call(SYNC, body)
         state.next_offset, state.last_epoch = _int(answer, "next_offset"), _int(answer,
                                                                                 "last_epoch")
-        state.synced, state.link = True, link
+        state.synced, state.link, state.confirming = True, link, False
         self._advance()
         self.on_contact()
         if self.committed >= 0:  # a replica that came back learns the commit point at once
@@ -344,6 +464,7 @@ class Replicas:
         self.logs: dict[str, ReplicaLog] = {}
         self.shippers: dict[str, Shipper] = {}  # streams this node leads, for their acks
         handlers.on_request(SYNC, self._sync)
+        handlers.on_request(ALIVE, self._alive)
         handlers.on_message(ACK, self._ack)
         handlers.on_message(COMMIT, self._commit)
         handlers.on_chunk(self._chunk)
@@ -395,6 +516,12 @@ class Replicas:
         replica.advance()
         last_epoch, next_offset = replica.log.tail
         return {"last_epoch": last_epoch, "next_offset": next_offset}
+
+    @staticmethod
+    async def _alive(_link: Link, _body: object) -> dict[str, Any]:
+        """A leader's node stalled: this answer, on the link it asked on, comes after anything
+        this node sent on it before (a fenced acknowledgement included)."""
+        return {}
 
     @staticmethod
     def _hello(replica: ReplicaLog, link: Link, epoch: int) -> dict[str, Any]:

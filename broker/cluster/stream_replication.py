@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from leveret.broker.cluster import stream_failover, stream_sac
 from leveret.broker.cluster.etcd import EtcdException
 from leveret.broker.cluster.link import Link, LinkError
-from leveret.broker.cluster.replication import Replicas, Shipper
+from leveret.broker.cluster.replication import Replicas, Shipper, stall_s
 from leveret.broker.cluster.stream_leadership import (
     StaleLeadership,
     StreamLeaderships,
@@ -292,9 +292,12 @@ class StreamReplication:
                 queue.writer.committed_up_to(offset)
 
         try:
-            shipper = Shipper(led.key, queue.log, epoch, replicas, self.cluster.links.link_to,
+            links = self.cluster.links
+            shipper = Shipper(led.key, queue.log, epoch, replicas, links.link_to,
                               on_commit=committed,
-                              on_fenced=lambda fence: self._fenced(led, fence))
+                              on_fenced=lambda fence: self._fenced(led, fence),
+                              stall_s_=stall_s(links.config.heartbeat_interval_s,
+                                               links.config.heartbeat_timeout_s))
         except LogClosedError:
             return  # the stream was deleted, or the node stops, while its epoch was read
         led.shipper = shipper

@@ -48,6 +48,8 @@ class StorageEnv:
     chunk_max_bytes: int = 8 * 1024 * 1024
     # who fsyncs a durable or quorum queue's log under "always" (the broker's: a thread pool)
     syncer: Syncer = INLINE
+    # a flock per queue folder (a descriptor each), or none: the owner's lock covers them all
+    folder_locks: bool = True
 
     @property
     def fsync_policy(self) -> FsyncPolicy:

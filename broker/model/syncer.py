@@ -6,26 +6,55 @@ syncer: the committer before it confirms a batch, a replica before it acknowledg
 `sync(log, done)` has everything written to `log` so far fsynced, commits it (`Log.synced`),
 then calls `done(ok)`; ok is False if the fsync failed (the log is broken then).
 
-`ThreadSyncer`, the broker's, runs each fdatasync on a thread of a small pool: the event loop
-goes on reading, routing and delivering while the disk works, and the fsyncs of many logs run
-at once, which the file system's journal commits together. On this project's 2-core machine,
-300 fdatasyncs of appended files took 0.20 ms each one after another and 0.06 ms each on 16
-threads; a node with 1,000 quorum queues spent 62% of its event loop in fdatasync before this
-existed (docs/QUORUM-QUEUES.md, "Many queues"). A log has at most one fsync in flight: what is
-written meanwhile is covered by the next, started when the first ends, so a busy log pays one
-fsync per round trip to the disk, however many batches it wrote meanwhile.
+`ThreadSyncer`, the broker's, is the node's group commit, off the event loop. One round at a
+time: a round takes a ticket (what each log has written so far) of every log that asked since
+the last round started, makes them durable on a thread of a small pool, then answers them all;
+what is asked meanwhile waits for the next round. So a busy node pays one round per round trip
+to the disk, however many logs and batches it holds, as a shared write-ahead log would, while
+each queue keeps its own log and its own files.
+
+How a round makes its tickets durable: a round of fewer than `SYNCFS_FROM` logs fdatasyncs each
+(on the pool's threads, at once: the file system's journal commits them together); a round of
+more is one `syncfs(2)` of their file system. `bench/group_sync.py` on this project's 2-core
+machine (ext4, one virtual disk; noisy, shared): 2 files: fdatasync each 0.2 ms, syncfs 0.1 ms;
+8 files: 0.8-0.9 ms against 0.5 ms; 32 files: 1.5 ms on 16 threads against 0.6 ms; 300 files:
+18 ms on 16 threads against 4.3 ms. But syncfs writes back everything dirty on the file system,
+not only the logs: with 16 MB of another process's unsynced data it took 8-12 ms whatever the
+number of logs, with 64 MB 27-38 ms (about 0.5 ms a MB), where fdatasync each stayed at 0.3-
+1.3 ms for up to 16 files. So a node's data directory wants a file system of its own (its
+queues under `fsync` policies other than `always` are its own dirty data); on a shared one, a
+neighbour's bulk writes lengthen the rounds. In the 1,000-queue benchmark (three nodes,
+etcd and other processes on one file system) a node's syncfs took 0.1-1.3 s: there a syncfs
+slower than fdatasyncs of the same logs (timed on the threads) makes the next rounds fdatasync
+each, for BACKOFF_S, doubled while it stays slower. With it a node's fsync calls there went from
+519-684 to 29-36 a second at 1,000 msgs/s (docs/QUORUM-QUEUES.md, "Many queues").
+
+Why syncfs is as safe as an fdatasync of each: a syncfs that returns 0 has written and flushed
+every page that was dirty when it started, the tickets' included, and since Linux 5.8 it
+reports a writeback error of any file of the file system that happened since the descriptor it
+is called on last saw one (errseq). That descriptor is opened before the first fdatasync of any
+log it will cover (each log's first round is an fdatasync of its own), so an error of any byte
+a syncfs covers is reported to it. A syncfs error does not say which file: the round then
+fdatasyncs each of its logs (each file's own error is still unseen: its descriptor is not the
+syncfs one), and the syncer keeps to fdatasync each from then on (the consumed error may have
+been of a log not in that round).
 
 `InlineSyncer` fsyncs at once on the caller's thread: for the model's tests on a manual
 scheduler, and wherever no event loop runs.
 
 Must not know: AMQP, queues, the cluster. It sees storage Logs and asyncio.
-Threading: `sync` and the callbacks run on the event loop's thread; only `SyncTicket.run`
-runs on the pool's threads, on a descriptor of its own.
+Threading: `sync` and the callbacks run on the event loop's thread; only a round's syncs
+(`SyncTicket.run`, `syncfs`) run on the pool's threads, on descriptors of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import functools
+import os
+import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
@@ -38,6 +67,20 @@ log = logs.get("leveret.syncer")
 
 Done = Callable[[bool], None]
 THREADS = 16  # concurrent fdatasyncs: the journal commits them together
+SYNCFS_FROM = 8  # a round of this many logs or more is one syncfs, fewer are fdatasync each
+SLOWER = 2.0  # a syncfs this many times slower than fdatasync each is taken for slow
+BACKOFF_S = 1.0  # then fdatasync each for this long, doubled while it stays slow
+BACKOFF_MAX_S = 60.0
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def syncfs(fd: int) -> None:
+    """syncfs(2): write back and flush everything dirty on the file system of `fd`. Raises
+    OSError with the first writeback error on that file system since `fd` was opened (or since
+    it last reported one), of any file (Linux 5.8 and later)."""
+    if _LIBC.syncfs(fd) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
 
 
 class Syncer(Protocol):
@@ -71,53 +114,153 @@ class InlineSyncer:
 INLINE = InlineSyncer()
 
 
-class _InFlight:
-    __slots__ = ("next", "waiting")
+class _Round:
+    """One group commit: the tickets taken when it started, and whose callbacks wait on each."""
 
-    def __init__(self, done: Done) -> None:
-        self.waiting: list[Done] = [done]  # covered by the fsync in flight
-        self.next: list[Done] = []  # wrote after it started: wait for the one after
+    __slots__ = ("each", "each_s", "fs_wide", "started", "syncfs_s")
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.syncfs_s = 0.0  # how long its syncfs calls took (on the pool's thread)
+        self.each_s = 0.0  # how long its fdatasyncs took, all at once (on the pool's threads)
+        self.each: list[tuple[Log, SyncTicket, list[Done]]] = []  # fdatasynced one by one
+        # covered by one syncfs of their file system (st_dev first)
+        self.fs_wide: list[tuple[int, Log, SyncTicket, list[Done]]] = []
 
 
 class ThreadSyncer:
-    """fsyncs on a pool of threads, one at a time per log."""
+    """A node-wide group commit on a pool of threads: one round at a time."""
 
-    def __init__(self, threads: int = THREADS) -> None:
+    def __init__(self, threads: int = THREADS, syncfs_from: int = SYNCFS_FROM) -> None:
         self._threads = threads
+        self._syncfs_from = syncfs_from
         self._pool: ThreadPoolExecutor | None = None
-        self._in_flight: dict[Log, _InFlight] = {}
+        self._waiting: dict[Log, list[Done]] = {}  # for the next round
+        self._round: _Round | None = None  # in flight
+        # logs that had their first round (an fdatasync of their own), with their st_dev
+        self._seen: weakref.WeakKeyDictionary[Log, int] = weakref.WeakKeyDictionary()
+        self._fs_fds: dict[int, int] = {}  # st_dev -> a descriptor to syncfs it by
+        self._degraded = False  # a syncfs failed once: fdatasync each from then on
+        self._batch_s = 0.0  # what a batch of `threads` fdatasyncs at once takes (moving mean)
+        self._syncfs_after = 0.0  # (loop time) a slow syncfs: fdatasync each until then
+        self._backoff_s = BACKOFF_S
+        self.rounds = self.syncfs_calls = self.fdatasync_calls = 0  # (for tests and figures)
 
     def sync(self, log_: Log, done: Done) -> None:
-        busy = self._in_flight.get(log_)
-        if busy is not None:
-            busy.next.append(done)
-            return
-        self._start(log_, _InFlight(done))
+        self._waiting.setdefault(log_, []).append(done)
+        if self._round is None:
+            self._start()
 
-    def _start(self, log_: Log, flight: _InFlight) -> None:
-        ticket = log_.sync_ticket()
-        if ticket is None:  # nothing left to fsync (a roll or a close synced it)
-            for done in flight.waiting:
+    def _start(self) -> None:
+        while self._waiting and self._round is None:
+            waiting, self._waiting = self._waiting, {}
+            this = self._round = _Round()
+            answered: list[Done] = []
+            for log_, dones in waiting.items():
+                ticket = log_.sync_ticket()
+                if ticket is None:  # nothing left to fsync (a roll or a close synced it)
+                    answered += dones
+                    continue
+                device = self._seen.get(log_)
+                if device is None or self._degraded:
+                    this.each.append((log_, ticket, dones))
+                    if device is None:
+                        self._first(log_, ticket)
+                else:
+                    this.fs_wide.append((device, log_, ticket, dones))
+            loop = asyncio.get_running_loop() if this.each or this.fs_wide else None
+            this.started = loop.time() if loop is not None else 0.0
+            if len(this.fs_wide) < self._syncfs_from or this.started < self._syncfs_after:
+                # few (fdatasync each is cheaper), or syncfs was slow here lately
+                this.each += [(log_, ticket, dones) for _d, log_, ticket, dones in this.fs_wide]
+                this.fs_wide = []
+            if loop is not None:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="fsync")
+                self.rounds += 1
+                future = loop.run_in_executor(self._pool, self._run, this)
+                future.add_done_callback(functools.partial(self._round_ended, this))
+            else:
+                self._round = None
+            for done in answered:  # (they may sync again: into _waiting, for the next round)
                 done(True)
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="fsync")
-        self._in_flight[log_] = flight
-        future = asyncio.get_running_loop().run_in_executor(self._pool, ticket.run)
-        future.add_done_callback(lambda _f: self._ended(log_, ticket))
 
-    def _ended(self, log_: Log, ticket: SyncTicket) -> None:
-        flight = self._in_flight.pop(log_)
-        ok = _commit(log_, ticket)
-        for done in flight.waiting:
-            done(ok)
-        if flight.next:
-            following = _InFlight(flight.next[0])
-            following.waiting += flight.next[1:]
-            self._start(log_, following)
+    def _first(self, log_: Log, ticket: SyncTicket) -> None:
+        """`log_`'s first round, an fdatasync of its own. The descriptor its file system is
+        syncfs'ed by is opened before that fdatasync starts, so every write of `log_` a later
+        syncfs covers came after that descriptor was opened, and a writeback error of it is
+        reported to that descriptor's syncfs (errseq: each descriptor sees each error once)."""
+        device = ticket.device()
+        if device not in self._fs_fds:
+            self._fs_fds[device] = os.open(ticket.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        self._seen[log_] = device
+
+    def _run(self, this: _Round) -> None:
+        """On a pool thread: the round's syncs, all begun after its tickets were taken."""
+        pool = self._pool
+        assert pool is not None
+        began_each = time.monotonic()
+        pending = [pool.submit(ticket.run) for _log, ticket, _d in this.each]
+        self.fdatasync_calls += len(this.each)
+        by_fs: dict[int, list[SyncTicket]] = {}
+        for device, _log, ticket, _d in this.fs_wide:
+            by_fs.setdefault(device, []).append(ticket)
+        for device, tickets in by_fs.items():
+            self.syncfs_calls += 1
+            began = time.monotonic()
+            try:
+                syncfs(self._fs_fds[device])
+                this.syncfs_s += time.monotonic() - began
+            except OSError as error:  # of some file on it, maybe not ours: find which
+                log.error("syncfs failed; fdatasync of each log from now on", error=str(error))
+                self._degraded = True
+                for ticket in tickets:
+                    ticket.run()
+                self.fdatasync_calls += len(tickets)
+                continue
+            for ticket in tickets:
+                ticket.covered()
+        for future in pending:
+            future.result()
+        if pending and not this.fs_wide:  # (else the syncfs ran meanwhile: not comparable)
+            this.each_s = time.monotonic() - began_each
+
+    def _round_ended(self, this: _Round, _future: asyncio.Future[None]) -> None:
+        self._ended(this)
+
+    def _ended(self, this: _Round) -> None:
+        self._round = None
+        self._learn(this)
+        for log_, ticket, dones in this.each + [(g, t, d) for _v, g, t, d in this.fs_wide]:
+            ok = _commit(log_, ticket)
+            for done in dones:
+                done(ok)
+        self._start()
+
+    def _learn(self, this: _Round) -> None:
+        """What this round says of the two ways: a syncfs slower than fdatasyncs of the same
+        logs would have been (another process's dirty data on the file system, other syncfs
+        callers) makes the next rounds fdatasync each, for BACKOFF_S, doubled while syncfs
+        stays slow (up to BACKOFF_MAX_S)."""
+        if this.fs_wide:
+            batches = -(-len(this.fs_wide) // self._threads)
+            if self._batch_s and this.syncfs_s > SLOWER * self._batch_s * batches:
+                self._syncfs_after = asyncio.get_running_loop().time() + self._backoff_s
+                log.info("syncfs slower than fdatasync of each log; fdatasync each for now",
+                         syncfs_ms=round(this.syncfs_s * 1000, 1), logs=len(this.fs_wide),
+                         backoff_s=self._backoff_s)
+                self._backoff_s = min(self._backoff_s * 2, BACKOFF_MAX_S)
+            else:
+                self._backoff_s = BACKOFF_S
+        elif this.each_s:  # (the disk's time, not the loop's: measured on the threads)
+            batch_s = this.each_s / -(-len(this.each) // self._threads)
+            self._batch_s = batch_s if not self._batch_s else 0.9 * self._batch_s + 0.1 * batch_s
 
     def close(self) -> None:
         """At shutdown, once the logs are closed: let the pool's threads end."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        for fd in self._fs_fds.values():
+            os.close(fd)
+        self._fs_fds.clear()

@@ -57,21 +57,23 @@ def test_the_fsync_counters_outputs_are_parsed(tmp_path: Path) -> None:
     done.wait()
     perf = tmp_path / "perf"
     perf.write_text("# started on ...\n\n12,,syscalls:sys_enter_fsync,100,100.00,,\n"
-                    "30,,syscalls:sys_enter_fdatasync,100,100.00,,\n")
+                    "30,,syscalls:sys_enter_fdatasync,100,100.00,,\n"
+                    "2,,syscalls:sys_enter_syncfs,100,100.00,,\n")
     row = qm._stop_counter("perf", done, perf, time.monotonic() - 2.0)
-    assert row["fsync_calls"] == {"fsync": 12, "fdatasync": 30}
-    assert 19.0 <= row["fsyncs_per_s"] <= 21.0 and not perf.exists()
+    assert row["fsync_calls"] == {"fsync": 12, "fdatasync": 30, "syncfs": 2}
+    assert 20.0 <= row["fsyncs_per_s"] <= 22.0 and not perf.exists()
     strace = tmp_path / "strace"
     strace.write_text(
         "% time     seconds  usecs/call     calls    errors syscall\n"
         "------ ----------- ----------- --------- --------- ----------------\n"
         " 99.00    0.010000          10      1000           fdatasync\n"
         "  1.00    0.000100          10        10           fsync\n"
+        "  0.00    0.000000          10         1           syncfs\n"
         "------ ----------- ----------- --------- --------- ----------------\n"
         "100.00    0.010100          10      1010           total\n")
     row = qm._stop_counter("strace", done, strace, time.monotonic() - 10.0)
-    assert row["fsync_calls"] == {"fdatasync": 1000, "fsync": 10}
-    assert 99.0 <= row["fsyncs_per_s"] <= 101.1
+    assert row["fsync_calls"] == {"fdatasync": 1000, "fsync": 10, "syncfs": 1}
+    assert 99.0 <= row["fsyncs_per_s"] <= 101.2
 
 
 def test_the_restart_tool_times_the_first_get_of_a_filled_queue(tmp_path: Path) -> None:

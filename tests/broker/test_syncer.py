@@ -1,15 +1,18 @@
-"""The syncer over real logs and a real event loop: queue logs fsynced on threads, one fsync in
-flight per log, what was written meanwhile covered by the next, and a failed fsync reported."""
+"""The syncer over real logs and a real event loop: queue logs fsynced on threads, one round of
+the node's group commit at a time, what was written meanwhile covered by the next, many logs'
+rounds one syncfs after a first fdatasync of each, and a failed fsync or syncfs reported."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+import leveret.broker.model.syncer as syncer_module
 from leveret.broker.model.syncer import InlineSyncer, ThreadSyncer
 from leveret.storage import Log, LogConfig, LogIOError
 
@@ -90,4 +93,132 @@ def test_nothing_to_fsync_answers_at_once(tmp_path: Path) -> None:
         results: list[bool] = []
         ThreadSyncer().sync(log, results.append)  # no loop needed: nothing goes to a thread
         assert results == [True] and log.committed_offset == 0
+        log.close()
+
+
+class _Calls:
+    """Counts the real fdatasync and syncfs calls made (each still runs for real)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, syncfs_fails: bool = False,
+                 fdatasync_fails_for: set[int] | None = None) -> None:
+        self.fdatasync: list[int] = []
+        self.syncfs: list[int] = []
+        real_fdatasync, real_syncfs = os.fdatasync, syncer_module.syncfs
+
+        def fdatasync(fd: int) -> None:
+            self.fdatasync.append(fd)
+            if fdatasync_fails_for and os.fstat(fd).st_ino in fdatasync_fails_for:
+                raise OSError(5, "Input/output error")
+            real_fdatasync(fd)
+
+        def syncfs(fd: int) -> None:
+            self.syncfs.append(fd)
+            real_syncfs(fd)
+            if syncfs_fails:  # a writeback error of some file on this file system
+                raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        monkeypatch.setattr(syncer_module, "syncfs", syncfs)
+
+
+def _round(syncer: ThreadSyncer, logs: list[Log], tag: bytes) -> list[bool]:
+    """Append to every log, ask a sync of each at once, wait for every answer."""
+    results: list[bool] = []
+
+    async def scenario() -> None:
+        for log in logs:
+            log.append([tag])
+            syncer.sync(log, results.append)
+        async with asyncio.timeout(10):
+            while len(results) < len(logs):
+                await asyncio.sleep(0.005)
+
+    asyncio.run(scenario())
+    return results
+
+
+def test_many_logs_share_one_syncfs_per_round_after_a_first_fdatasync_each(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    logs = [Log.open(tmp_path / f"q{i}", QUEUE_LOG) for i in range(20)]
+    syncer = ThreadSyncer(syncfs_from=8)
+    calls = _Calls(monkeypatch)
+    # each log's first round is an fdatasync of its own (its file system's descriptor is opened
+    # before it, so a later syncfs is told of any writeback error of what it covers)
+    assert _round(syncer, logs, b"first") == [True] * 20
+    assert len(calls.fdatasync) == 20 and calls.syncfs == []
+    # then: the first sync asked starts a round alone (fewer than 8 logs: fdatasync); the 19
+    # asked while it ran share the next round, one syncfs
+    assert _round(syncer, logs, b"second") == [True] * 20
+    assert len(calls.fdatasync) == 21 and len(calls.syncfs) == 1
+    assert all(log.committed_offset == 1 and log.sync_ticket() is None for log in logs)
+    assert syncer.rounds == 2 + 2
+    syncer.close()
+    for log in logs:
+        log.close()
+
+
+def test_a_failed_syncfs_finds_the_failed_log_by_fdatasync_and_keeps_to_fdatasync(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    logs = [Log.open(tmp_path / f"q{i}", QUEUE_LOG) for i in range(10)]
+    syncer = ThreadSyncer(syncfs_from=4)
+    assert _round(syncer, logs, b"first") == [True] * 10  # (the first fdatasync of each)
+    broken = (tmp_path / "q7" / sorted(p.name for p in (tmp_path / "q7").iterdir()
+                                       if p.suffix == ".segment")[0])
+    calls = _Calls(monkeypatch, syncfs_fails=True, fdatasync_fails_for={broken.stat().st_ino})
+    results = _round(syncer, logs, b"second")
+    # round one: q0 alone (fdatasync); round two: q1..q9, one syncfs that fails, then an
+    # fdatasync of each to find which log's bytes are lost: q7's
+    assert len(calls.syncfs) == 1 and len(calls.fdatasync) == 1 + 9
+    assert sorted(results) == [False] + [True] * 9
+    assert [log.committed_offset for log in logs] == [1] * 7 + [0] + [1] * 2
+    with pytest.raises(LogIOError):
+        logs[7].append([b"after"])
+    # from then on, fdatasync each: a syncfs error was consumed, and another log's bytes may
+    # have been in it
+    others = logs[:7] + logs[8:]
+    assert _round(syncer, others, b"third") == [True] * 9
+    assert len(calls.syncfs) == 1 and len(calls.fdatasync) == 10 + 9
+    syncer.close()
+    for log in logs:
+        log.close()
+
+
+def test_syncfs_writes_back_what_the_log_wrote(tmp_path: Path) -> None:
+    """The real syncfs of the file system the data is on: nothing dirty is left of the log."""
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    os.write(fd, b"x" * 1_000_000)
+    syncer_module.syncfs(fd)
+    with pytest.raises(OSError):
+        syncer_module.syncfs(-1)  # and an error is an OSError, with its errno
+    os.close(fd)
+
+
+def test_a_syncfs_slower_than_fdatasync_each_makes_the_next_rounds_fdatasync_each(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared file system: another process's dirty data makes a syncfs write it all. The
+    syncer then fdatasyncs each log for BACKOFF_S (1 s), and tries syncfs again after it."""
+    logs = [Log.open(tmp_path / f"q{i}", QUEUE_LOG) for i in range(12)]
+    syncer = ThreadSyncer(syncfs_from=8)
+    assert _round(syncer, logs, b"first") == [True] * 12  # (the first fdatasync of each)
+    calls = _Calls(monkeypatch)
+    real = syncer_module.syncfs
+    other = tmp_path / "other"
+
+    def with_others_dirty_data(fd: int) -> None:
+        other.write_bytes(os.urandom(32 << 20))  # 32 MB someone else wrote, unsynced
+        real(fd)
+
+    monkeypatch.setattr(syncer_module, "syncfs", with_others_dirty_data)
+    assert _round(syncer, logs, b"slow") == [True] * 12
+    assert len(calls.syncfs) == 1 and len(calls.fdatasync) == 1
+    monkeypatch.setattr(syncer_module, "syncfs", real)
+    assert _round(syncer, logs, b"backed off") == [True] * 12
+    assert len(calls.syncfs) == 1 and len(calls.fdatasync) == 1 + 12
+    time.sleep(1.1)
+    assert _round(syncer, logs, b"again") == [True] * 12
+    assert len(calls.syncfs) == 2 and len(calls.fdatasync) == 1 + 12 + 1
+    assert all(log.committed_offset == 3 for log in logs)
+    syncer.close()
+    for log in logs:
         log.close()

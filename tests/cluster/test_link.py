@@ -266,6 +266,50 @@ async def test_one_way_messages_arrive_in_order(
     await link.close()
 
 
+async def test_what_one_turn_sends_leaves_in_one_write_in_order(
+        start_server: Callable[..., Awaitable[Server]]) -> None:
+    """Acknowledgements, commit points and chunks of many logs to one peer in one turn of the
+    loop: one write to the socket at the end of the turn, the frames in the order sent, and a
+    close right after still delivers them first."""
+    handlers = echo_handlers()
+    got: list[Any] = []
+
+    async def note(link: Link, body: Any) -> None:
+        got.append(body)
+
+    async def on_chunk(link: Link, chunk: Chunk) -> None:
+        got.append(chunk.data)
+
+    handlers.on_message("note", note)
+    handlers.on_chunk(on_chunk)
+    server = await start_server(handlers=handlers)
+    link = await open_link(server)
+    writes: list[int] = []
+    transport_write = link._writer.write  # (a spy: the real write still runs)
+
+    def write(data: bytes) -> None:
+        writes.append(len(data))
+        transport_write(data)
+
+    link._writer.write = write  # type: ignore[method-assign]
+    for n in range(300):  # one turn: no await between them but send_chunk's (not paused)
+        link.post("note", n)
+        await link.send_chunk("s", 1, b"c%d" % n)
+    assert writes == []  # held for the end of the turn
+    await asyncio.sleep(0)
+    assert len(writes) == 1
+    await link.call("echo")
+    assert got == [item for n in range(300) for item in (n, b"c%d" % n)]
+    got.clear()
+    for n in range(3):
+        link.post("note", n)
+    await link.close()  # what was posted goes before the close
+    async with asyncio.timeout(5):
+        while len(got) < 3:
+            await asyncio.sleep(0.01)
+    assert got == [0, 1, 2]
+
+
 async def test_a_chunk_arrives_byte_identical(
         start_server: Callable[..., Awaitable[Server]]) -> None:
     handlers = echo_handlers()

@@ -6,6 +6,7 @@ that the new leader never had is cut."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,14 @@ from leveret.broker.cluster.link import (
     RemoteError,
     connect,
 )
-from leveret.broker.cluster.replication import Replicas, Shipper, agreement, committed_offset
+from leveret.broker.cluster.replication import (
+    Replicas,
+    Shipper,
+    agreement,
+    committed_offset,
+    stall_s,
+    stall_watch,
+)
 from leveret.storage import Log, LogConfig, OffsetSpec
 
 SECRET = b"replication-test-secret"
@@ -465,3 +473,78 @@ async def test_a_replica_fenced_by_an_election_tells_its_leader_at_once(
     again.appended()
     await until(lambda: again.committed == 1)
     await again.close()
+
+
+async def _leading(start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path,
+                   streams: int, stall_s: float) -> tuple[Node, list[Shipper], list[str]]:
+    """Node l leads `streams` streams, each with one replica on r, all synced; and the kinds
+    of the requests r answers from then on."""
+    leader, replica = await start_node("l"), await start_node("r")
+    await leader.dial(replica)
+    asked: list[str] = []
+    for kind, handler in list(replica.handlers.requests.items()):
+        async def spy(link: Link, body: Any, kind: str = kind, handler: Any = handler) -> Any:
+            asked.append(kind)
+            return await handler(link, body)
+        replica.handlers.requests[kind] = spy
+    shippers = []
+    for i in range(streams):
+        replica.replicas.add(f"s{i}", open_log(tmp_path / f"r{i}"))
+        shipper = leader.lead(f"s{i}", open_log(tmp_path / f"l{i}"), 1, ["r"],
+                              stall_s_=stall_s)
+        shippers.append(shipper)
+    await until(lambda: all(s.may_write() for s in shippers))
+    asked.clear()
+    return leader, shippers, asked
+
+
+async def test_a_lagging_loop_holds_no_leader_and_a_stall_holds_each_for_one_call_per_link(
+        start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path) -> None:
+    """One stall watch for the node: a loop that lags less than its threshold (a loaded node)
+    makes no leader sync its replicas again (with 1,000 queues that was a storm of syncs that
+    made the loop lag more); a stall past it holds every leader's writes until one call over
+    the link confirms the replicas (not two sync calls per replica of every leader)."""
+    _leader, shippers, asked = await _leading(start_node, tmp_path, 20, stall_s=0.8)
+    watch = stall_watch()
+    assert watch.stalls == 0 and watch.stall_s == 0.8
+    for _ in range(3):
+        time.sleep(0.5)  # the loop lags 0.5 s, three times
+        assert all(s.may_write() for s in shippers)
+        await asyncio.sleep(0.05)
+    assert watch.stalls == 0
+    time.sleep(1.0)  # a stall past the threshold
+    assert not any(s.may_write() for s in shippers)  # every leader waits for the answer
+    assert watch.stalls == 1
+    await until(lambda: all(s.may_write() for s in shippers))
+    assert watch.stalls == 1 and asked == ["stream.alive"]
+    for shipper in shippers:
+        await shipper.close()
+
+
+async def test_a_leader_deposed_while_its_loop_stalled_writes_nothing_on_its_old_belief(
+        start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path) -> None:
+    """The leader's loop stalls past the threshold (as a SIGSTOP past the lease) and an
+    election fences its replica meanwhile; the fence's message has not been read yet when the
+    loop resumes. Its first may_write must say no (its link still looks open and its replica
+    synced: without the stall watch it would write in an epoch that is over); its resync is
+    answered with the fence."""
+    leader, replica = await start_node("l"), await start_node("r")
+    await leader.dial(replica)
+    replica.replicas.add("s", open_log(tmp_path / "r"))
+    fences: list[int] = []
+    shipper = leader.lead("s", open_log(tmp_path / "l"), 1, ["r"], on_fenced=fences.append,
+                          stall_s_=0.5)
+    await until(shipper.may_write)
+    time.sleep(0.8)  # stalled; the election happens meanwhile:
+    assert replica.replicas.fence("s", 2) is not None
+    assert not shipper.may_write()
+    await until(lambda: fences == [2])
+    [state] = shipper.replicas.values()
+    await until(lambda: not state.confirming)  # the link answered, after the fenced ack
+    assert not state.synced and not shipper.may_write()
+    await shipper.close()
+
+
+def test_the_stall_threshold_is_what_the_peers_failure_detection_allows() -> None:
+    assert stall_s(0.5, 2.0) == 1.5  # the defaults: a peer drops a link silent for 2 s
+    assert stall_s(0.1, 0.3) == 0.5  # never under two ticks of the watch

@@ -340,6 +340,38 @@ def test_a_data_dir_that_cannot_be_written_refuses_to_start(broker: BrokerProces
     )
 
 
+def test_one_lock_covers_the_queue_folders_and_a_second_server_is_refused(
+        tmp_path: Path) -> None:
+    """The server holds one flock over its queue folders, so a durable or quorum queue's log
+    holds two descriptors (its active segment and index), not three (issue 28: 1,000 descriptors
+    a node with 1,000 quorum queues); a second `leveret serve` on the same data directory is
+    refused at once, in one line. The first one stopped, it starts."""
+    first = BrokerProcess(tmp_path / "data").start()
+    try:
+        fds = lambda: len(os.listdir(f"/proc/{first.proc.pid}/fd"))  # type: ignore[union-attr]  # noqa: E731
+        conn = pika.BlockingConnection(pika.URLParameters(first.url))
+        ch = conn.channel()
+        before = fds()
+        for i in range(100):
+            ch.queue_declare(f"q{i}", durable=True, arguments={"x-queue-type": "quorum"})
+        ch.queue_declare("classic", durable=True)
+        added = fds() - before
+        assert 2 * 101 <= added <= 2 * 101 + 5, added
+        second = BrokerProcess(tmp_path / "data")
+        assert refused(second) == (f"error: data directory {tmp_path / 'data'} is in use by "
+                                   "another leveret serve")
+        conn.close()
+    finally:
+        assert first.stop() == 0
+    again = BrokerProcess(tmp_path / "data").start()
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(again.url))
+        assert conn.channel().queue_declare("q7", passive=True).method.message_count == 0
+        conn.close()
+    finally:
+        assert again.stop() == 0
+
+
 def test_a_damaged_metadata_database_refuses_to_start(broker: BrokerProcess) -> None:
     database = broker.data_dir / "metadata.sqlite3"
     raw = bytearray(database.read_bytes())
