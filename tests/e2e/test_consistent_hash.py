@@ -116,6 +116,39 @@ def test_distribution_matches_rabbitmq(chx: Amqp, case: str) -> None:
         assert seen["leveret"] == seen["rabbitmq"]
 
 
+def test_the_same_keys_follow_the_ring_as_it_changes(chx: Amqp) -> None:
+    """The same 300 routing keys published three times: on a ring of two queues, after a
+    third is bound, and after the first is unbound; each message lands where RabbitMQ puts it
+    (Leveret remembers where a key went: a ring change must forget it)."""
+    ch = chx.channel(confirm=True)
+    x = chx.uid("chx")
+    ch.exchange_declare(x, CHX)
+    queues = [chx.uid(f"r{i}") for i in range(3)]
+    for q in queues:
+        ch.queue_declare(q)
+    keys = [f"order-{i}" for i in range(300)]
+
+    def publish(round_: str) -> None:
+        for key in keys:
+            ch.basic_publish(x, key, f"{round_}:{key}".encode())
+
+    ch.queue_bind(queues[0], x, "10")
+    ch.queue_bind(queues[1], x, "10")
+    publish("two")
+    ch.queue_bind(queues[2], x, "20")
+    publish("three")
+    ch.queue_unbind(queues[0], x, "10")
+    publish("unbound")
+    got = {f"r{i}": sorted(chx.drain(ch, q)) for i, q in enumerate(queues)}
+    assert sum(len(v) for v in got.values()) == 900
+    assert any(body.startswith(b"three:") for body in got["r2"])  # the third took some
+    assert not any(body.startswith(b"unbound:") for body in got["r0"])
+    seen = _SEEN.setdefault("ring-changes", {})
+    seen[chx.name] = got
+    if len(seen) == 2:
+        assert seen["leveret"] == seen["rabbitmq"]
+
+
 # -- hash-header: each wire type hashes as RabbitMQ's {Type, Value} ------------------------------
 
 
