@@ -15,7 +15,6 @@ Threading: stateless functions; the Log that owns the directory calls them from 
 
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 
@@ -45,19 +44,8 @@ def read(directory: Path) -> int:
 
 def write(directory: Path, epoch: int) -> None:
     """Replace the fence with `epoch`, durably (the file and the directory entry synced)."""
-    path, staging = directory / NAME, directory / f"{NAME}.new"
+    path = directory / NAME
     try:
-        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, layout.file_header(MAGIC) + _EPOCH.pack(epoch))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(staging, path)
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        layout.replace_durably(path, layout.file_header(MAGIC) + _EPOCH.pack(epoch))
     except OSError as exc:
         raise io_error(path, exc) from exc

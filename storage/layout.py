@@ -69,3 +69,21 @@ def header_problem(data: bytes, magic: bytes) -> str | None:
     if version != FORMAT_VERSION:
         return f"unsupported format version {version}"
     return None
+
+
+def replace_durably(path: Path, data: bytes) -> None:
+    """Replace the file at `path` with `data`, durably: written to a staging file and synced,
+    renamed over `path`, and the directory entry synced. Raises OSError."""
+    staging = path.with_name(f"{path.name}.new")
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(staging, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

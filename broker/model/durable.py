@@ -36,7 +36,7 @@ from typing import Any
 
 from leveret.broker.model import snapshot
 from leveret.broker.model.consumer import Consumer
-from leveret.broker.model.intervals import IntervalSet
+from leveret.broker.model.intervals import IntervalSet, pack_ranges
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.queue import ClassicQueue, QueueOwner
 from leveret.broker.model.replication import ONE_NODE, Appends
@@ -82,15 +82,7 @@ class _Batch:
     settled_entries: dict[int, QueuedMessage] = field(default_factory=dict)  # by offset
 
 
-def _ranges(intervals: IntervalSet) -> bytes:
-    """A record of [start, end) pairs, as big-endian u64s."""
-    flat = array("Q")
-    for start, end in intervals.ranges():
-        flat.append(start)
-        flat.append(end)
-    if sys.byteorder == "little":
-        flat.byteswap()
-    return flat.tobytes()
+_ranges = pack_ranges  # a record of [start, end) pairs
 
 
 def _parse_ranges(record: bytes | memoryview) -> list[tuple[int, int]]:

@@ -8,6 +8,8 @@ ranges however many messages pass, so its memory follows the gaps, not the histo
 from __future__ import annotations
 
 import bisect
+import sys
+from array import array
 from collections.abc import Iterable, Iterator
 
 
@@ -78,3 +80,15 @@ class IntervalSet:
         del self._ends[:index]
         if self._starts and self._starts[0] < value:
             self._starts[0] = value
+
+
+def pack_ranges(intervals: IntervalSet) -> bytes:
+    """The [start, end) pairs of `intervals`, as big-endian u64s (a queue's settled and
+    delivered records, a snapshot's offsets)."""
+    flat = array("Q")
+    for start, end in intervals.ranges():
+        flat.append(start)
+        flat.append(end)
+    if sys.byteorder == "little":
+        flat.byteswap()
+    return flat.tobytes()

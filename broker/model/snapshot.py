@@ -28,7 +28,6 @@ the records for it (`Kinds`) and says which offsets were already settled (`Out`)
 
 from __future__ import annotations
 
-import os
 import struct
 import sys
 import zlib
@@ -37,7 +36,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from leveret.broker.model.intervals import IntervalSet
+from leveret.broker.model.intervals import IntervalSet, pack_ranges
+from leveret.storage.layout import replace_durably
 
 NAME = "queue.snapshot"
 MAGIC = b"LVQSNAP1"
@@ -184,13 +184,7 @@ def minus(a: IntervalSet, b: IntervalSet) -> IntervalSet:
 
 
 def _pairs(intervals: IntervalSet) -> bytes:
-    flat = array("Q")
-    for start, end in intervals.ranges():
-        flat.append(start)
-        flat.append(end)
-    if sys.byteorder == "little":
-        flat.byteswap()
-    return struct.pack(">I", len(flat) // 2) + flat.tobytes()
+    return struct.pack(">I", intervals.range_count) + pack_ranges(intervals)
 
 
 def _read_pairs(data: bytes, at: int) -> tuple[IntervalSet, int]:
@@ -249,19 +243,7 @@ def decode(data: bytes) -> tuple[Ledger, tuple[int, int, int]]:
 
 def write(directory: Path, data: bytes) -> None:
     """Replace the snapshot with `data`, durably (the file and the directory entry synced)."""
-    path, staging = directory / NAME, directory / f"{NAME}.new"
-    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(staging, path)
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    replace_durably(directory / NAME, data)
 
 
 def read(directory: Path) -> bytes | None:
