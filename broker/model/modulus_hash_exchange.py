@@ -12,6 +12,7 @@ know the vhost, the wire or any I/O. Single-threaded.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ from leveret.broker.model.erlang_hash import phash2
 from leveret.broker.model.exchange import Exchange
 
 ROUTING_HEADERS = ("CC", "BCC")
+HASHES_CACHED = 65_536  # routing keys whose phash2 is remembered (it is pure Python)
 
 
 def destination_order(destination: Any) -> tuple[str, bytes]:
@@ -68,4 +70,11 @@ class ModulusHashExchange(Exchange):
     def _pick(self, term: list[bytes]) -> list[Any]:
         if not self._slots:
             return []
-        return [self._slots[phash2(term) % len(self._slots)]]
+        return [self._slots[_hash_of(tuple(term)) % len(self._slots)]]
+
+
+@functools.lru_cache(maxsize=HASHES_CACHED)
+def _hash_of(keys: tuple[bytes, ...]) -> int:
+    """phash2 of the list of routing keys: it depends on the keys alone, not on the bindings,
+    so every exchange of the process shares what it remembers."""
+    return phash2(list(keys))
