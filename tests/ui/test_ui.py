@@ -427,9 +427,30 @@ def test_connections_channels_and_exchanges(page: Any, ui_broker: UiBroker) -> N
                              arguments={"x-delayed-type": "direct"})
     channel.basic_publish("ui-delayed", "k", b"m",
                           pika.BasicProperties(headers={"x-delay": 3_600_000}))
+    for body in (b"first", b"second"):
+        channel.basic_publish("ui-delayed", "k", body,
+                              pika.BasicProperties(headers={"x-delay": 7_200_000}))
     page.locator("[data-testid=exchanges] input[name=filter]").fill("ui-delayed")
     expect(page.get_by_test_id("exchanges").locator("tbody tr")).to_contain_text(
-        "delayed: 1 held, next due ")
+        "delayed: 3 held, next due ")
+
+    # its page lists the held messages in due order and deletes one
+    page.get_by_test_id("exchanges").locator("a:has-text('delayed: 3 held')").click()
+    expect(page.get_by_role("heading", name="Delayed messages of ui-delayed")).to_be_visible()
+    expect(page.get_by_test_id("delayed-summary")).to_contain_text("3 held, next due 20")
+    held = page.get_by_test_id("held")
+    expect(held).to_have_count(3)
+    expect(held.nth(0).locator("pre.payload")).to_have_text("m")  # due in 1 h, the others 2 h
+    form = page.locator("form[aria-label='list held messages']")
+    form.locator("input[name=count]").fill("2")
+    form.locator("button[type=submit]").click()
+    expect(held).to_have_count(2)
+    held.nth(0).locator("button:has-text('Delete')").click()
+    held.nth(0).locator("button:has-text('Yes, delete')").click()
+    expect(held).to_have_count(2)  # the two left: the first now 'first'
+    expect(held.nth(0).locator("pre.payload")).to_have_text("first")
+    expect(page.get_by_test_id("delayed-summary")).to_contain_text("2 held", timeout=15_000)
+    assert http.get("/api/exchanges/%2F/ui-delayed").body["messages_delayed"] == 2
     channel.exchange_delete("ui-delayed")
     connection.close()
 

@@ -6,6 +6,7 @@ import {Err, html, useEffect, useState} from './lib.js';
 import {Overview} from './overview.js';
 import {Channels, Connections, Exchanges, Queues} from './lists.js';
 import {QueuePage} from './queue.js';
+import {DelayedPage} from './delayed.js';
 import {SuperStreams} from './superstreams.js';
 import {Definitions, Permissions, Policies, Users, Vhosts} from './admin.js';
 
@@ -79,6 +80,8 @@ function App() {
   let content;
   if (first === 'queues' && rest.length >= 2) {
     content = html`<${QueuePage} vhost=${rest[0]} name=${rest.slice(1).join('/')} />`;
+  } else if (first === 'delayed' && rest.length >= 2) {
+    content = html`<${DelayedPage} vhost=${rest[0]} name=${rest.slice(1).join('/')} />`;
   } else {
     const page = PAGES.find(([path]) => path === (first || '')) || PAGES[0];
     const Page = page[2];

@@ -2,6 +2,7 @@
 // filtered by the server; the forms declare and delete through the API.
 
 import {del, enc, put} from './api.js';
+import {delayedHref} from './delayed.js';
 import {Confirm, fmtBytes, fmtNum, html, jsonText, PagedList, queueHref, useState, useSubmit,
   VhostSelect} from './lib.js';
 
@@ -49,11 +50,12 @@ function DeclareExchange() {
     <button type="submit">Declare</button>${status}</form>`;
 }
 
-// a delayed exchange's held messages (docs/DELAYED-MESSAGES.md), or nothing
+// a delayed exchange's held messages (docs/DELAYED-MESSAGES.md), linked to their page, or nothing
 function delayed(x) {
   if (x.messages_delayed === undefined) return '';
   const next = x.next_due_ms ? `, next due ${new Date(x.next_due_ms).toISOString()}` : '';
-  return `delayed: ${fmtNum(x.messages_delayed)} held${next}`;
+  return html`<a href=${delayedHref(x.vhost, x.name)}>delayed: ${fmtNum(x.messages_delayed)}${' '}
+    held${next}</a>`;
 }
 
 export function Exchanges() {
@@ -62,7 +64,8 @@ export function Exchanges() {
       columns=${['Name', 'Virtual host', 'Type', 'Features', 'Arguments', '']}
       row=${(x) => html`<tr><td>${x.name || '(AMQP default)'}</td><td>${x.vhost}</td>
         <td>${x.type}</td><td>${[x.durable && 'durable', x.auto_delete && 'auto-delete',
-          x.internal && 'internal', delayed(x)].filter(Boolean).join(', ')}</td>
+          x.internal && 'internal', delayed(x)].filter(Boolean)
+          .flatMap((f, i) => (i ? [', ', f] : [f]))}</td>
         <td class="args">${jsonText(x.arguments)}</td>
         <td>${x.name && !x.name.startsWith('amq.') && html`<${Confirm} label="Delete"
           question=${`Delete exchange ${x.name}?`}
