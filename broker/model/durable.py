@@ -210,7 +210,8 @@ class DurableClassicQueue(ClassicQueue):
         try:
             self.log = Log.open(self.directory, LogConfig(  # fsynced by env.syncer
                 max_segment_size_bytes=SEGMENT_BYTES, fsync=env.fsync_policy,
-                fsync_on_write=False, folder_lock=env.folder_locks))
+                fsync_on_write=False, folder_lock=env.folder_locks,
+                open_logs=env.open_logs))
         except StorageError:
             if storage_id is None:  # a new queue (a full disk): leave no empty folder behind
                 shutil.rmtree(self.directory, ignore_errors=True)
