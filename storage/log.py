@@ -30,7 +30,14 @@ from leveret.storage import fence, inspect, layout, recovery, retention, shippin
 from leveret.storage import segment as seg
 from leveret.storage.cache import ChunkCache
 from leveret.storage.config import LogConfig, check_retention
-from leveret.storage.errors import BadChunk, LogClosedError, LogIOError, LogLockedError, io_error
+from leveret.storage.errors import (
+    BadChunk,
+    LogClosedError,
+    LogIOError,
+    LogLockedError,
+    StorageError,
+    io_error,
+)
 from leveret.storage.index import entry_position
 from leveret.storage.locate import OffsetSpec
 from leveret.storage.reader import Reader, ReaderFilter
@@ -203,27 +210,28 @@ class Log:
         """Whether the active segment's and index's descriptors are open now."""
         return self._fd >= 0
 
-    def release_files(self) -> bool:
+    def release_files(self, sync: bool = False) -> bool:
         """Close the active segment's and index's descriptors, to be reopened when next
         needed (storage/openlogs.py asks). Refused (False) while something written is not
-        durable yet and no sync ticket taken since covers it: closing a descriptor must never
-        be what decides whether a write is made durable or its error seen."""
+        durable yet and no sync ticket taken since covers it (closing a descriptor must never
+        be what decides whether a write is made durable or its error seen), unless `sync`:
+        then it is fsynced and committed first (on this thread), and refused only if that
+        fails (the log is broken then)."""
         if self._fd < 0:
             return True
         if self._unsynced and self._ticketed != self._written_to():
-            return False
+            if not sync or self._broken is not None:
+                return False
+            try:
+                self._sync()
+            except StorageError:
+                return False
         self._close_files()
         return True
 
     def _written_to(self) -> tuple[int, int]:
         active = self._segments[-1]
         return active.base, active.size
-
-    def _over_cap(self) -> None:
-        """This log may release its files now (a ticket covers what it wrote, or it is
-        synced): do so if the process holds more open logs than its cap."""
-        if self._open_logs is not None and self._open_logs.over and self.release_files():
-            self._open_logs.released += 1
 
     @classmethod
     def open(cls, directory: Path | str, config: LogConfig | None = None) -> Log:
@@ -635,8 +643,8 @@ class Log:
         (on any thread: SyncTicket.run), to hand back to synced() on this log's thread, which
         commits it. None when nothing written waits for an fsync, or under other settings.
         With `hold` False the ticket holds no descriptor: for a round that syncs the whole
-        file system (SyncTicket). Either way what it covers no longer keeps this log's files
-        open: past the process's cap on open logs, they are released now."""
+        file system (SyncTicket). Either way, what it covers no longer keeps this log's files
+        open when the process's cap on open logs asks for them (release_files)."""
         if (self._config.fsync != "always" or self._config.fsync_on_write
                 or not self._unsynced or self._broken is not None or self._closed):
             return None
@@ -645,7 +653,6 @@ class Log:
                             layout.segment_path(self._dir, self._segments[-1].base),
                             self._device)
         self._ticketed = self._written_to()
-        self._over_cap()
         return ticket
 
     def synced(self, ticket: SyncTicket) -> bool:
@@ -664,7 +671,6 @@ class Log:
             self._last_sync_ms = self._config.clock()
         if self._committed >= self._next - 1:
             self._unsynced = False
-            self._over_cap()
         return moved
 
     def sync_due(self) -> bool:

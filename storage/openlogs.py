@@ -5,10 +5,13 @@ process with thousands of logs (a broker node with thousands of queues) would ho
 logs given one shared OpenLogs (LogConfig.open_logs) hold theirs only while they are among the
 `capacity` logs used last. A log opened or used is moved to the recent end; when more than
 `capacity` logs have their files open, the least recently used ones are asked to release them
-(Log.release_files) and reopen them on their next write, sync or ship. A log that has written
+(Log.release_files) and reopen them on their next write or sync. A log that has written
 something not yet made durable, and not covered by a sync ticket already taken (whose round
-holds what it needs), refuses: its files stay open until then, so the cap can be passed for a
-while by the logs written since their last sync began (Log._over_cap releases them once it is).
+holds what it needs), refuses at first, and the next is asked; past SCAN refusals (more logs
+waiting for an fsync than the cap), the least recently used of them is asked again with
+`sync`: it fsyncs what it wrote on the caller's thread, then closes its files. So a write is
+never left to a descriptor opened after it for its fsync and its writeback error, and the cap
+holds whatever the load (at the cost of those fsyncs, counted in `synced`).
 
 Must not know: files, chunks or fsync policies; it only orders logs and asks them.
 Threading: one thread, the logs' own; nothing here is thread-safe.
@@ -24,8 +27,9 @@ SCAN = 64  # at most this many refusals per trim (then the next trim goes on fro
 
 
 class Releasable(Protocol):
-    def release_files(self) -> bool:
-        """Close the open files if that is safe now; True if none is left open."""
+    def release_files(self, sync: bool = False) -> bool:
+        """Close the open files if that is safe now (with `sync`: after fsyncing what is not
+        durable yet); True if none is left open."""
         ...
 
 
@@ -39,6 +43,7 @@ class OpenLogs:
         self._open: OrderedDict[Releasable, None] = OrderedDict()
         self.released = 0  # files released so far (for tests and figures)
         self.refused = 0  # logs that could not release theirs when asked
+        self.synced = 0  # logs fsynced to release their files (more waiting than the cap)
 
     def __len__(self) -> int:
         return len(self._open)
@@ -65,15 +70,21 @@ class OpenLogs:
 
     def trim(self, keep: Releasable | None = None) -> None:
         """Ask the least recently used logs to release their files until the cap is met. One
-        that refuses (writes not yet durable) moves to the recent end, and the next is asked."""
+        that refuses (writes not yet durable) moves to the recent end, and the next is asked;
+        past SCAN refusals, the oldest is asked to fsync and release (one that cannot, a
+        failed fsync, keeps its files)."""
         refusals = 0
-        while len(self._open) > self.capacity and refusals < min(SCAN, len(self._open)):
+        tries = 2 * len(self._open)  # every log asked at most twice
+        while len(self._open) > self.capacity and tries > 0:
+            tries -= 1
             oldest = next(iter(self._open))
-            if oldest is not keep and oldest.release_files():
-                self._open.pop(oldest, None)
-                self.released += 1
-                continue
+            if oldest is not keep:
+                force = refusals >= min(SCAN, len(self._open) - 1)
+                if oldest.release_files(sync=force):
+                    self._open.pop(oldest, None)
+                    self.released += 1
+                    self.synced += force
+                    continue
+                self.refused += 1
             self._open.move_to_end(oldest)
             refusals += 1
-            if oldest is not keep:
-                self.refused += 1

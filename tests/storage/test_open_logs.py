@@ -53,15 +53,17 @@ def test_only_the_last_used_logs_hold_files_and_the_others_reopen_theirs(tmp_pat
 
 
 def test_an_unsynced_log_keeps_its_files_until_a_ticket_covers_them(tmp_path: Path) -> None:
-    open_logs, logs = _logs(tmp_path, 3, 1, **QUEUE)
-    a, b, c = logs
+    open_logs, (d, a, b, c) = _logs(tmp_path, 4, 3, **QUEUE)  # (d's files released)
     a.append([b"a0"])  # written, not fsynced, no ticket yet: a must keep its files
-    b.append([b"b0"])
-    c.append([b"c0"])
-    assert a.files_open and b.files_open and c.files_open and open_logs.refused > 0
+    for log in (b, c):
+        log.append([b"x"])
+        log.sync()  # fsynced: nothing of b's and c's waits for their files
+    d.append([b"d0"])  # over the cap: a, the oldest, refuses; b releases its files
+    assert a.files_open and not b.files_open and c.files_open and d.files_open
+    assert (open_logs.refused, open_logs.released, open_logs.synced) == (1, 2, 0)
     assert not a.release_files()
-    ticket = a.sync_ticket()  # a round holds its own descriptor now: a releases its files
-    assert ticket is not None and ticket.held and not a.files_open
+    ticket = a.sync_ticket()  # a round holds its own descriptor now: a may release its files
+    assert ticket is not None and ticket.held and a.release_files() and not a.files_open
     ticket.run()
     assert a.synced(ticket) and a.committed_offset == 0
     a.append([b"a1"])  # reopened to write
@@ -71,32 +73,56 @@ def test_an_unsynced_log_keeps_its_files_until_a_ticket_covers_them(tmp_path: Pa
     later.run()
     a.synced(later)
     assert _records(a) == [b"a0", b"a1"]
-    for log in logs:
+    for log in (a, b, c, d):
         log.close()
 
 
 def test_written_after_the_ticket_keeps_the_files_open(tmp_path: Path) -> None:
     open_logs, (a, b) = _logs(tmp_path, 2, 1, **QUEUE)
     a.append([b"a0"])
-    ticket = a.sync_ticket()  # (a was not over the cap yet: it keeps its files)
+    ticket = a.sync_ticket()
     assert ticket is not None and a.files_open
     a.append([b"a1"])  # not covered by the ticket
-    b.append([b"b0"])  # over the cap: a is the oldest, and refuses
-    assert a.files_open and not a.release_files()
+    assert not a.release_files()
     ticket.run()
     a.synced(ticket)
-    assert a.committed_offset == 0 and a.files_open
+    assert a.committed_offset == 0 and a.files_open and not a.release_files()
     for log in (a, b):
+        log.close()
+
+
+def test_past_the_cap_the_oldest_unsynced_log_is_fsynced_to_release_its_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    open_logs, (a, b, c) = _logs(tmp_path, 3, 1, **QUEUE)
+    fsynced: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (fsynced.append(fd), real(fd))[1])
+    a.append([b"a0"])
+    b.append([b"b0"])  # both wait for an fsync, and the cap is 1: a is fsynced and released
+    assert not a.files_open and b.files_open and len(fsynced) == 1
+    assert a.committed_offset == 0 and a.sync_ticket() is None  # (its round has nothing left)
+    assert (open_logs.refused, open_logs.synced) == (1, 1)
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    c.append([b"c0"])  # b's fsync fails: b keeps its files, and is broken
+    assert b.files_open and b.committed_offset == -1 and len(open_logs) == 2
+    with pytest.raises(LogIOError):
+        b.append([b"b1"])
+    monkeypatch.undo()
+    for log in (a, b, c):
         log.close()
 
 
 def test_a_ticket_without_a_descriptor_opens_the_file_to_fdatasync(tmp_path: Path) -> None:
     before = _fds()
-    open_logs, (a, b) = _logs(tmp_path, 2, 1, **QUEUE)
+    open_logs, (a, b) = _logs(tmp_path, 2, 2, **QUEUE)
     a.append([b"a0"])
     b.append([b"b0"])
     ticket = a.sync_ticket(hold=False)  # a syncfs round's: no descriptor of its own
-    assert ticket is not None and not ticket.held and not a.files_open
+    assert ticket is not None and not ticket.held and a.release_files()
     assert _fds() - before == 2  # b's files only
     ticket.run()  # (a syncfs that failed falls back to this)
     assert ticket.error is None and a.synced(ticket) and _records(a) == [b"a0"]
