@@ -113,3 +113,9 @@ def test_descriptors_stay_bounded_across_400_queue_logs(broker: BrokerProcess) -
     got = consume(broker, watch, 3)
     assert got == {name: [f"{name}:{r}" for r in range(3, 6)] for name in names()}
     assert watch.peak < bound, (watch.peak, bound)
+
+
+def test_a_negative_cap_is_refused_at_start(tmp_path: Path) -> None:
+    refused = BrokerProcess(tmp_path / "data", env={"LEVERET_OPEN_LOGS": "-1"}).run_to_exit()
+    assert refused.returncode == 1
+    assert "invalid value -1 for setting 'open_logs'" in refused.stdout + refused.stderr

@@ -182,9 +182,11 @@ def test_a_file_that_cannot_be_reopened_fails_the_write_and_nothing_else(tmp_pat
     assert not a.files_open
     index = next(p for p in a.directory.iterdir() if p.suffix == ".index")
     os.rename(index, index.with_suffix(".gone"))
+    held = _fds()
     with pytest.raises(LogIOError) as raised:
         a.append([b"a1"])
     assert raised.value.path == index and not a.files_open
+    assert _fds() == held  # the segment, reopened first, is closed again
     assert a.next_offset == 1 and len(open_logs) == 1
     os.rename(index.with_suffix(".gone"), index)
     a.append([b"a1"])  # not broken: the next write reopens the files
