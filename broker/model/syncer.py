@@ -29,6 +29,13 @@ slower than fdatasyncs of the same logs (timed on the threads) makes the next ro
 each, for BACKOFF_S, doubled while it stays slower. With it a node's fsync calls there went from
 519-684 to 29-36 a second at 1,000 msgs/s (docs/QUORUM-QUEUES.md, "Many queues").
 
+Descriptors: a round that fdatasyncs each log holds a duplicate of each log's segment
+descriptor (a held `SyncTicket`) until its fdatasync ends; a syncfs round's tickets hold none
+(the round's syncfs needs only its file system's descriptor), which is decided before the tickets
+are taken. Either way, once a log's ticket is taken, what it wrote no longer keeps its own files
+open: under the node's cap on open logs (storage/openlogs.py) it may release them while the
+round runs, and reopens them for its next write.
+
 Why syncfs is as safe as an fdatasync of each: a syncfs that returns 0 has written and flushed
 every page that was dirty when it started, the tickets' included, and since Linux 5.8 it
 reports a writeback error of any file of the file system that happened since the descriptor it
