@@ -285,6 +285,12 @@ class Broker:
                 except Exception:
                     log.exception("closing a queue failed", queue=queue.name, vhost=vhost.name)
         self.syncer.close()
+        if self.open_logs is not None:  # (what the cap cost over this run: figures)
+            log.info("open logs at stop", cap=self.open_logs.capacity,
+                     released=self.open_logs.released, refused=self.open_logs.refused,
+                     fsynced_to_release=self.open_logs.synced, rounds=self.syncer.rounds,
+                     round_fdatasyncs=self.syncer.fdatasync_calls,
+                     round_syncfs=self.syncer.syncfs_calls)
         self.metastore.close()
 
 
