@@ -7,9 +7,9 @@ logs given one shared OpenLogs (LogConfig.open_logs) hold theirs only while they
 `capacity` logs have their files open, the least recently used ones are asked to release them
 (Log.release_files) and reopen them on their next write or sync. A log that has written
 something not yet made durable, and not covered by a sync ticket already taken (whose round
-holds what it needs), refuses at first, and the next is asked; past SCAN refusals (more logs
-waiting for an fsync than the cap), the least recently used of them is asked again with
-`sync`: it fsyncs what it wrote on the caller's thread, then closes its files. So a write is
+holds what it needs), refuses at first, and the next is asked; when every open log has
+refused (more logs waiting for an fsync than the cap), the least recently used of them is
+asked again with `sync`: it fsyncs what it wrote on the caller's thread, then closes its files. So a write is
 never left to a descriptor opened after it for its fsync and its writeback error, and the cap
 holds whatever the load (at the cost of those fsyncs, counted in `synced`).
 
@@ -23,7 +23,6 @@ from collections import OrderedDict
 from typing import Protocol
 
 DEFAULT_CAPACITY = 512
-SCAN = 64  # at most this many refusals per trim (then the next trim goes on from there)
 
 
 class Releasable(Protocol):
@@ -71,7 +70,7 @@ class OpenLogs:
     def trim(self, keep: Releasable | None = None) -> None:
         """Ask the least recently used logs to release their files until the cap is met. One
         that refuses (writes not yet durable) moves to the recent end, and the next is asked;
-        past SCAN refusals, the oldest is asked to fsync and release (one that cannot, a
+        once all have refused, the oldest is asked to fsync and release (one that cannot, a
         failed fsync, keeps its files)."""
         refusals = 0
         tries = 2 * len(self._open)  # every log asked at most twice
@@ -79,7 +78,7 @@ class OpenLogs:
             tries -= 1
             oldest = next(iter(self._open))
             if oldest is not keep:
-                force = refusals >= min(SCAN, len(self._open) - 1)
+                force = refusals >= len(self._open) - 1
                 if oldest.release_files(sync=force):
                     self._open.pop(oldest, None)
                     self.released += 1
