@@ -229,6 +229,12 @@ class Log:
         self._close_files()
         return True
 
+    def _over_cap(self) -> None:
+        """What this log wrote no longer needs its files (a ticket covers it, or it is
+        synced): release them if the process's open logs are past their target."""
+        if self._open_logs is not None and self._open_logs.over and self.release_files():
+            self._open_logs.released += 1
+
     def _written_to(self) -> tuple[int, int]:
         active = self._segments[-1]
         return active.base, active.size
@@ -653,6 +659,7 @@ class Log:
                             layout.segment_path(self._dir, self._segments[-1].base),
                             self._device)
         self._ticketed = self._written_to()
+        self._over_cap()
         return ticket
 
     def synced(self, ticket: SyncTicket) -> bool:
@@ -671,6 +678,7 @@ class Log:
             self._last_sync_ms = self._config.clock()
         if self._committed >= self._next - 1:
             self._unsynced = False
+            self._over_cap()
         return moved
 
     def sync_due(self) -> bool:

@@ -3,15 +3,20 @@
 Role: a Log keeps two descriptors open (its active segment and its index, for appends). A
 process with thousands of logs (a broker node with thousands of queues) would hold two per log;
 logs given one shared OpenLogs (LogConfig.open_logs) hold theirs only while they are among the
-`capacity` logs used last. A log opened or used is moved to the recent end; when more than
-`capacity` logs have their files open, the least recently used ones are asked to release them
-(Log.release_files) and reopen them on their next write or sync. A log that has written
-something not yet made durable, and not covered by a sync ticket already taken (whose round
-holds what it needs), refuses at first, and the next is asked; when every open log has
-refused (more logs waiting for an fsync than the cap), the least recently used of them is
-asked again with `sync`: it fsyncs what it wrote on the caller's thread, then closes its files. So a write is
-never left to a descriptor opened after it for its fsync and its writeback error, and the cap
-holds whatever the load (at the cost of those fsyncs, counted in `synced`).
+logs used last. A log opened or used is moved to the recent end, and reopens its files on its
+next write or sync once it has released them (Log.release_files).
+
+Two bounds. Past the `target` (three quarters of the cap), the least recently used logs are
+asked to release their files, a few per open (SCAN): a log that has written something not yet
+made durable, and not covered by a sync ticket already taken (whose round holds what it
+needs), refuses and moves to the recent end; it releases its files itself once a ticket
+covers them or they are synced, if the target is still passed then (Log._over_cap). The
+`capacity` is the hard bound: past it, every open log is asked, and if all refuse (more logs
+waiting for an fsync than the cap), the least recently used is asked again with `sync`: it
+fsyncs what it wrote on the caller's thread, then closes its files. So a write is never left to
+a descriptor opened after it for its fsync and its writeback error, and the cap holds whatever
+the load, at the cost of those fsyncs (counted in `synced`), which the room between the target
+and the cap keeps for bursts.
 
 Must not know: files, chunks or fsync policies; it only orders logs and asks them.
 Threading: one thread, the logs' own; nothing here is thread-safe.
@@ -23,6 +28,7 @@ from collections import OrderedDict
 from typing import Protocol
 
 DEFAULT_CAPACITY = 512
+SCAN = 16  # logs asked per open past the target (refusals cost a call each)
 
 
 class Releasable(Protocol):
@@ -39,6 +45,7 @@ class OpenLogs:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ValueError("the cap on open logs must be an int >= 1")
         self.capacity = capacity
+        self.target = max(1, capacity * 3 // 4)
         self._open: OrderedDict[Releasable, None] = OrderedDict()
         self.released = 0  # files released so far (for tests and figures)
         self.refused = 0  # logs that could not release theirs when asked
@@ -49,13 +56,14 @@ class OpenLogs:
 
     @property
     def over(self) -> bool:
-        return len(self._open) > self.capacity
+        """Past the target: a log that may release its files should."""
+        return len(self._open) > self.target
 
     def opened(self, log: Releasable) -> None:
         """`log` has (re)opened its files: it is the most recent; others may release theirs."""
         self._open[log] = None
         self._open.move_to_end(log)
-        if len(self._open) > self.capacity:
+        if len(self._open) > self.target:
             self.trim(keep=log)
 
     def used(self, log: Releasable) -> None:
@@ -68,17 +76,18 @@ class OpenLogs:
         self._open.pop(log, None)
 
     def trim(self, keep: Releasable | None = None) -> None:
-        """Ask the least recently used logs to release their files until the cap is met. One
-        that refuses (writes not yet durable) moves to the recent end, and the next is asked;
-        once all have refused, the oldest is asked to fsync and release (one that cannot, a
-        failed fsync, keeps its files)."""
+        """Ask the least recently used logs to release their files: up to SCAN of them while
+        only the target is passed; past the cap, every one, then the oldest with `sync`."""
         refusals = 0
-        tries = 2 * len(self._open)  # every log asked at most twice
-        while len(self._open) > self.capacity and tries > 0:
-            tries -= 1
+        while len(self._open) > self.target:
+            hard = len(self._open) > self.capacity
+            if not hard and refusals >= SCAN:
+                return
+            if hard and refusals >= 2 * len(self._open):
+                return  # (every fsync to release failed: the logs are broken)
             oldest = next(iter(self._open))
             if oldest is not keep:
-                force = refusals >= len(self._open) - 1
+                force = hard and refusals >= len(self._open) - 1
                 if oldest.release_files(sync=force):
                     self._open.pop(oldest, None)
                     self.released += 1

@@ -34,7 +34,7 @@ def _logs(tmp_path: Path, count: int, cap: int, **config: object) -> tuple[OpenL
 
 def test_only_the_last_used_logs_hold_files_and_the_others_reopen_theirs(tmp_path: Path) -> None:
     before = _fds()
-    open_logs, logs = _logs(tmp_path, 10, 3)
+    open_logs, logs = _logs(tmp_path, 10, 4)  # (its target: 3 logs)
     for round_ in range(3):
         for i, log in enumerate(logs):
             log.append([b"%d-%d" % (i, round_)])
@@ -53,12 +53,12 @@ def test_only_the_last_used_logs_hold_files_and_the_others_reopen_theirs(tmp_pat
 
 
 def test_an_unsynced_log_keeps_its_files_until_a_ticket_covers_them(tmp_path: Path) -> None:
-    open_logs, (d, a, b, c) = _logs(tmp_path, 4, 3, **QUEUE)  # (d's files released)
+    open_logs, (d, a, b, c) = _logs(tmp_path, 4, 4, **QUEUE)  # (target 3: d's released)
     a.append([b"a0"])  # written, not fsynced, no ticket yet: a must keep its files
     for log in (b, c):
         log.append([b"x"])
         log.sync()  # fsynced: nothing of b's and c's waits for their files
-    d.append([b"d0"])  # over the cap: a, the oldest, refuses; b releases its files
+    d.append([b"d0"])  # past the target: a, the oldest, refuses; b releases its files
     assert a.files_open and not b.files_open and c.files_open and d.files_open
     assert (open_logs.refused, open_logs.released, open_logs.synced) == (1, 2, 0)
     assert not a.release_files()
@@ -88,6 +88,26 @@ def test_written_after_the_ticket_keeps_the_files_open(tmp_path: Path) -> None:
     a.synced(ticket)
     assert a.committed_offset == 0 and a.files_open and not a.release_files()
     for log in (a, b):
+        log.close()
+
+
+def test_between_the_target_and_the_cap_unsynced_logs_release_their_files_at_their_ticket(
+        tmp_path: Path) -> None:
+    open_logs, (a, b, c, d) = _logs(tmp_path, 4, 4, **QUEUE)  # (target 3: a's released)
+    for log in (b, c, d, a):
+        log.append([b"x"])  # all four wait for an fsync: past the target, not past the cap
+    assert all(log.files_open for log in (a, b, c, d)) and open_logs.synced == 0
+    ticket = b.sync_ticket()  # covered now: b releases its files for the target
+    assert ticket is not None and not b.files_open and len(open_logs) == 3
+    ticket.run()
+    assert b.synced(ticket) and _records(b) == [b"x"]
+    later = [log.sync_ticket() for log in (c, d, a)]
+    assert len(open_logs) == 3  # (at the target: they keep theirs)
+    for log, each in zip((c, d, a), later, strict=True):
+        assert each is not None
+        each.run()
+        log.synced(each)
+    for log in (a, b, c, d):
         log.close()
 
 
