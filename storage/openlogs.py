@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Protocol
 
-DEFAULT_CAPACITY = 512
+DEFAULT_CAPACITY = 2048
 SCAN = 16  # logs asked per open past the target (refusals cost a call each)
 
 

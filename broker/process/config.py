@@ -55,7 +55,7 @@ class Config:
     # the node's cap on queue and stream logs holding their active segment and index open
     # (two descriptors each; docs/CONFIGURATION.md#open-files): the least recently used close
     # theirs past it, and reopen them when next written; 0: no cap
-    open_logs: int = 512
+    open_logs: int = 2048
     definitions: Path | None = None
     tls_port: int = 0  # 0 = no amqps listener
     tls_certfile: Path | None = None
