@@ -54,7 +54,7 @@ class Config:
     queue_fsync: str = "never"  # for durable classic queues: never | always | <ms>
     # the node's cap on queue and stream logs holding their active segment and index open
     # (two descriptors each; docs/CONFIGURATION.md#open-files): the least recently used close
-    # theirs past it, and reopen them when next written; 0: no cap
+    # theirs past 3/4 of it, and reopen them when next written; 0: no cap
     open_logs: int = 2048
     definitions: Path | None = None
     tls_port: int = 0  # 0 = no amqps listener
