@@ -78,7 +78,7 @@ def test_an_unsynced_log_keeps_its_files_until_a_ticket_covers_them(tmp_path: Pa
 
 
 def test_written_after_the_ticket_keeps_the_files_open(tmp_path: Path) -> None:
-    open_logs, (a, b) = _logs(tmp_path, 2, 1, **QUEUE)
+    _open_logs, (a, b) = _logs(tmp_path, 2, 1, **QUEUE)
     a.append([b"a0"])
     ticket = a.sync_ticket()
     assert ticket is not None and a.files_open
@@ -138,7 +138,7 @@ def test_past_the_cap_the_oldest_unsynced_log_is_fsynced_to_release_its_files(
 
 def test_a_ticket_without_a_descriptor_opens_the_file_to_fdatasync(tmp_path: Path) -> None:
     before = _fds()
-    open_logs, (a, b) = _logs(tmp_path, 2, 2, **QUEUE)
+    _open_logs, (a, b) = _logs(tmp_path, 2, 2, **QUEUE)
     a.append([b"a0"])
     b.append([b"b0"])
     ticket = a.sync_ticket(hold=False)  # a syncfs round's: no descriptor of its own
@@ -159,7 +159,7 @@ def test_a_ticket_without_a_descriptor_opens_the_file_to_fdatasync(tmp_path: Pat
 
 
 def test_a_reader_positioned_in_a_released_log_keeps_reading(tmp_path: Path) -> None:
-    open_logs, (a, b) = _logs(tmp_path, 2, 1, max_segment_chunks=4)
+    _open_logs, (a, b) = _logs(tmp_path, 2, 1, max_segment_chunks=4)
     for i in range(6):
         a.append([b"a%d" % i])  # (a rolled once: two segments)
     reader = a.reader(OffsetSpec.offset(0))
@@ -178,7 +178,7 @@ def test_a_reader_positioned_in_a_released_log_keeps_reading(tmp_path: Path) -> 
 
 
 def test_a_roll_and_a_truncation_while_released(tmp_path: Path) -> None:
-    open_logs, (a, b) = _logs(tmp_path, 2, 1, max_segment_chunks=2, **QUEUE)
+    _open_logs, (a, b) = _logs(tmp_path, 2, 1, max_segment_chunks=2, **QUEUE)
     for i in range(5):
         a.append([b"a%d" % i])
         a.sync()
