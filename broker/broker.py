@@ -111,6 +111,8 @@ class Broker:
                                      config.stream_chunk_min_records,
                                      config.stream_chunk_max_records,
                                      config.stream_chunk_max_bytes,
+                                     # (the server's flock covers the streams' folders too)
+                                     folder_locks=not queues_locked,
                                      open_logs=self.open_logs)
         # fsyncs the queues' logs (under "always") on threads, off the event loop
         self.syncer = ThreadSyncer()

@@ -119,3 +119,37 @@ def test_a_negative_cap_is_refused_at_start(tmp_path: Path) -> None:
     refused = BrokerProcess(tmp_path / "data", env={"LEVERET_OPEN_LOGS": "-1"}).run_to_exit()
     assert refused.returncode == 1
     assert "invalid value -1 for setting 'open_logs'" in refused.stdout + refused.stderr
+
+
+def test_streams_share_the_cap(tmp_path: Path) -> None:
+    """Streams' logs are under the same cap: 30 streams on a cap of 4, each written in turns,
+    a consumer reading every one from the first offset while the others write, then a
+    restart: every message there, in order."""
+    from support.amqp import consume
+
+    broker = BrokerProcess(tmp_path / "data", args=["--workers", "1"], env={
+        "LEVERET_OPEN_LOGS": "4", "LEVERET_STREAM_FSYNC": "always"}).start()
+    try:
+        streams = [f"s{i}" for i in range(30)]
+        with pika.BlockingConnection(pika.URLParameters(broker.url)) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            for name in streams:
+                channel.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
+            for turn in range(3):
+                for name in streams:
+                    channel.basic_publish("", name, f"{name}:{turn}".encode())
+            assert open_fds(broker.pid) < 11 + 2 * 4 + CONSTANT
+            for name in streams:
+                got = consume(connection.channel(), name, 3,
+                              arguments={"x-stream-offset": "first"})
+                assert [body.decode() for _m, _p, body in got] == [f"{name}:{t}" for t in range(3)]
+        assert broker.stop() == 0
+        broker.start()
+        with pika.BlockingConnection(pika.URLParameters(broker.url)) as connection:
+            for name in streams:
+                got = consume(connection.channel(), name, 3,
+                              arguments={"x-stream-offset": "first"})
+                assert [body.decode() for _m, _p, body in got] == [f"{name}:{t}" for t in range(3)]
+    finally:
+        broker.kill()
