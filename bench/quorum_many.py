@@ -89,6 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--leveret-env", action="append", default=[], metavar="NAME=VALUE",
                    help="an environment variable for every Leveret node "
                         "(default LEVERET_QUEUE_FSYNC=always)")
+    p.add_argument("--keep-logs", metavar="DIR",
+                   help="copy each Leveret node's log there (node-ROUND-NAME.log) at its stop")
     p.add_argument("--lease-ttl", type=int, help="LEVERET_CLUSTER_LEASE_TTL_S (default Leveret's)")
     p.add_argument("--no-snapshot", action="store_true",
                    help="run the installed Leveret instead of a copy of this checkout's sources")
@@ -412,6 +414,8 @@ class LeveretTarget:
     def __init__(self, tmp: Path, snapshot: Path | None, args: argparse.Namespace,
                  env: dict[str, str]) -> None:
         self.cluster = LeveretCluster(tmp, snapshot, args.lease_ttl, env)
+        self.keep_logs = Path(args.keep_logs) if args.keep_logs else None
+        self.tmp = tmp
         self.names = ["a", "b", "c"]
         self.ports = [self.cluster.port(n) for n in self.names]
         self.pids = [self.cluster.nodes[n].pid for n in self.names]
@@ -433,6 +437,11 @@ class LeveretTarget:
 
     def stop(self) -> None:
         self.cluster.stop()
+        if self.keep_logs is not None:
+            self.keep_logs.mkdir(parents=True, exist_ok=True)
+            for name in self.names:
+                shutil.copy(self.cluster.nodes[name].log_path,
+                            self.keep_logs / f"node-{self.tmp.name}-{name}.log")
 
 
 class RabbitTarget:

@@ -36,6 +36,7 @@ from leveret.broker.process import logs
 from leveret.broker.process.alarms import Alarms
 from leveret.broker.process.config import Config
 from leveret.broker.topology.local import LocalTopology
+from leveret.storage.openlogs import OpenLogs
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.membership import Membership
@@ -103,17 +104,23 @@ class Broker:
         queues_dir = config.data_dir / "queues"
         # the wire layer's record codec: every message the model stores is one it built
         encode = cast("Callable[[InboundMessage], bytes]", encode_record)
+        # one cap for the node on logs holding their active files open (storage/openlogs.py)
+        self.open_logs = OpenLogs(config.open_logs) if config.open_logs else None
         self.stream_env = StorageEnv(queues_dir, encode, decode_record,
                                      _fsync(config.stream_fsync), stream_entries_as_records,
                                      config.stream_chunk_min_records,
                                      config.stream_chunk_max_records,
-                                     config.stream_chunk_max_bytes)
+                                     config.stream_chunk_max_bytes,
+                                     # (the server's flock covers the streams' folders too)
+                                     folder_locks=not queues_locked,
+                                     open_logs=self.open_logs)
         # fsyncs the queues' logs (under "always") on threads, off the event loop
         self.syncer = ThreadSyncer()
         self.queue_env = StorageEnv(queues_dir, encode, decode_record,
                                     _fsync(config.queue_fsync), syncer=self.syncer,
                                     # the server's flock covers every queue folder
-                                    folder_locks=not queues_locked)
+                                    folder_locks=not queues_locked,
+                                    open_logs=self.open_logs)
         # the queue types every vhost may hold: adding one is one more registration here
         self.queue_kinds = QueueKinds([
             ClassicKind(self.queue_env),
@@ -280,6 +287,12 @@ class Broker:
                 except Exception:
                     log.exception("closing a queue failed", queue=queue.name, vhost=vhost.name)
         self.syncer.close()
+        if self.open_logs is not None:  # (what the cap cost over this run: figures)
+            log.info("open logs at stop", cap=self.open_logs.capacity,
+                     released=self.open_logs.released, refused=self.open_logs.refused,
+                     fsynced_to_release=self.open_logs.synced, rounds=self.syncer.rounds,
+                     round_fdatasyncs=self.syncer.fdatasync_calls,
+                     round_syncfs=self.syncer.syncfs_calls)
         self.metastore.close()
 
 

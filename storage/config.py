@@ -14,6 +14,7 @@ from typing import Literal
 
 from leveret.storage import bloom
 from leveret.storage.clock import Clock, system_clock_ms
+from leveret.storage.openlogs import OpenLogs
 
 FsyncPolicy = Literal["never", "always"] | int
 
@@ -43,6 +44,9 @@ class LogConfig:
     # owner holds a lock over every folder (the broker's on its queues folder), and the log
     # only refuses a second Log of its folder in this process
     folder_lock: bool = True
+    # the process's cap on logs holding their active files open (storage/openlogs.py), shared
+    # by every log given it; None: this log keeps its two descriptors open until it is closed
+    open_logs: OpenLogs | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_segment_size_bytes) or self.max_segment_size_bytes < 1:
@@ -58,6 +62,8 @@ class LogConfig:
         if self.fsync not in ("never", "always") and not (interval is not None and interval > 0):
             raise ValueError('fsync must be "never", "always" or an interval in ms (an int > 0)')
         check_retention(self.max_length_bytes, self.max_age_ms)
+        if self.open_logs is not None and not isinstance(self.open_logs, OpenLogs):
+            raise ValueError("open_logs must be None or an OpenLogs")
         if not callable(self.clock):
             raise ValueError("clock must be a callable returning ms since the epoch")
 

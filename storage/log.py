@@ -30,7 +30,14 @@ from leveret.storage import fence, inspect, layout, recovery, retention, shippin
 from leveret.storage import segment as seg
 from leveret.storage.cache import ChunkCache
 from leveret.storage.config import LogConfig, check_retention
-from leveret.storage.errors import BadChunk, LogClosedError, LogIOError, LogLockedError, io_error
+from leveret.storage.errors import (
+    BadChunk,
+    LogClosedError,
+    LogIOError,
+    LogLockedError,
+    StorageError,
+    io_error,
+)
 from leveret.storage.index import entry_position
 from leveret.storage.locate import OffsetSpec
 from leveret.storage.reader import Reader, ReaderFilter
@@ -46,40 +53,59 @@ RECENT_BYTES = 256 * 1024
 
 
 class SyncTicket:
-    """An fsync of a log's active segment that may run on any thread: it holds its own
-    duplicate of the file's descriptor, so a roll or a close of the log meanwhile cannot
-    close it under the fsync. `run` once, then hand it to the log's `synced`."""
+    """An fsync of a log's active segment that may run on any thread. A held ticket has its
+    own duplicate of the file's descriptor, so a roll, a close or a release of the log's files
+    meanwhile (storage/openlogs.py) cannot close it under the fdatasync; a ticket taken with
+    `hold` False has none, for a round that syncs the whole file system (syncfs, by a
+    descriptor of its own that sees every writeback error there). `run` once, or `covered`,
+    then hand it to the log's `synced`."""
 
-    __slots__ = ("_fd", "error", "generation", "offset", "path")
+    __slots__ = ("_device", "_fd", "error", "generation", "offset", "path")
 
-    def __init__(self, fd: int, offset: int, generation: int, path: Path) -> None:
-        self._fd = fd
+    def __init__(self, fd: int, offset: int, generation: int, path: Path,
+                 device: int) -> None:
+        self._fd = fd  # -1: not held
+        self._device = device
         self.offset = offset  # the last offset written when it was taken
         self.generation = generation
         self.path = path
         self.error: OSError | None = None
 
     def run(self) -> None:
-        """fdatasync the segment (on any thread); an error is kept for `synced`."""
+        """fdatasync the segment (on any thread); an error is kept for `synced`. A ticket
+        that holds no descriptor opens the file for it (a syncfs round that failed and
+        fdatasyncs each log: a writeback error nobody has seen is reported to a descriptor
+        opened after it, and the log's own descriptors never fsync under this policy)."""
         try:
+            if self._fd < 0:
+                self._fd = os.open(self.path, os.O_RDONLY)
             os.fdatasync(self._fd)
         except OSError as exc:
             self.error = exc
         finally:
-            os.close(self._fd)
+            self._close()
 
     @property
     def fd(self) -> int:
         return self._fd
 
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
     def device(self) -> int:
         """The file system the segment is on (st_dev), for a sync of that whole file system."""
-        return os.fstat(self._fd).st_dev
+        return self._device
 
     def covered(self) -> None:
         """A sync of the segment's whole file system (syncfs), begun after this ticket was
         taken, ended without error: what it covers is durable; release the descriptor."""
-        os.close(self._fd)
+        self._close()
+
+    def _close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
 
 _UNLOCKED_OPEN: set[str] = set()  # folders of this process's logs opened without a flock
@@ -103,6 +129,13 @@ class Log:
         self._config = config
         self._lock_fd = lock_fd  # -1: no flock of its own (LogConfig.folder_lock False)
         self._open_key = ""  # its folder, as Log.open registered it
+        # the process's cap on logs with open files (None: the files stay open); -1 below
+        # is a file released under that cap, reopened when next needed (_files)
+        self._open_logs = config.open_logs
+        self._fd = self._ifd = -1
+        # (segment base, size) when the last sync ticket was taken: while it is the active
+        # segment's, what is written is covered by that ticket's round
+        self._ticketed: tuple[int, int] | None = None
         self._max_length_bytes = config.max_length_bytes
         self._max_age_ms = config.max_age_ms
         self._load()
@@ -117,9 +150,9 @@ class Log:
             self._fd, self._ifd = seg.create(directory, 0, self._durable)
             self._segments.append(seg.SegmentInfo(0, seg.FIRST_CHUNK_POSITION, 0, 0))
         else:
-            active = self._segments[-1].base
-            self._fd = seg.open_append(layout.segment_path(directory, active))
-            self._ifd = seg.open_append(layout.index_path(directory, active))
+            self._fd, self._ifd = self._open_active()
+        self._device = os.fstat(self._fd).st_dev
+        self._ticketed = None
         self._next = self._segments[-1].next_offset
         self._committed = self._next - 1
         stamps = [s.last_timestamp_ms for s in self._segments if s.last_timestamp_ms is not None]
@@ -139,6 +172,72 @@ class Log:
         self._snapshot_due = False
         self._broken: LogIOError | None = None
         self._closed = False
+        if self._open_logs is not None:
+            self._open_logs.opened(self)
+
+    def _open_active(self) -> tuple[int, int]:
+        """Append descriptors of the active segment and its index (seg.open_append)."""
+        active = self._segments[-1].base
+        fd = seg.open_append(layout.segment_path(self._dir, active))
+        try:
+            ifd = seg.open_append(layout.index_path(self._dir, active))
+        except LogIOError:
+            os.close(fd)
+            raise
+        return fd, ifd
+
+    def _files(self) -> tuple[int, int]:
+        """The active segment's and index's descriptors, reopened if they were released."""
+        if self._fd < 0:
+            self._fd, self._ifd = self._open_active()
+            if self._open_logs is not None:
+                self._open_logs.opened(self)
+        elif self._open_logs is not None:
+            self._open_logs.used(self)
+        return self._fd, self._ifd
+
+    def _close_files(self) -> None:
+        fds, self._fd, self._ifd = (self._fd, self._ifd), -1, -1
+        for fd in fds:
+            if fd >= 0:
+                with contextlib.suppress(OSError):  # nothing is left to flush: writes were direct
+                    os.close(fd)
+        if self._open_logs is not None:
+            self._open_logs.closed(self)
+
+    @property
+    def files_open(self) -> bool:
+        """Whether the active segment's and index's descriptors are open now."""
+        return self._fd >= 0
+
+    def release_files(self, sync: bool = False) -> bool:
+        """Close the active segment's and index's descriptors, to be reopened when next
+        needed (storage/openlogs.py asks). Refused (False) while something written is not
+        durable yet and no sync ticket taken since covers it (closing a descriptor must never
+        be what decides whether a write is made durable or its error seen), unless `sync`:
+        then it is fsynced and committed first (on this thread), and refused only if that
+        fails (the log is broken then)."""
+        if self._fd < 0:
+            return True
+        if self._unsynced and self._ticketed != self._written_to():
+            if not sync or self._broken is not None:
+                return False
+            try:
+                self._sync()
+            except StorageError:
+                return False
+        self._close_files()
+        return True
+
+    def _over_cap(self) -> None:
+        """What this log wrote no longer needs its files (a ticket covers it, or it is
+        synced): release them if the process's open logs are past their target."""
+        if self._open_logs is not None and self._open_logs.over and self.release_files():
+            self._open_logs.released += 1
+
+    def _written_to(self) -> tuple[int, int]:
+        active = self._segments[-1]
+        return active.base, active.size
 
     @classmethod
     def open(cls, directory: Path | str, config: LogConfig | None = None) -> Log:
@@ -382,8 +481,7 @@ class Log:
         self._check_writable()
         if offset < 0:
             raise ValueError(f"offset {offset} is negative")
-        os.close(self._fd)
-        os.close(self._ifd)
+        self._close_files()
         self._cache.clear()
         try:
             while self._segments:
@@ -405,8 +503,7 @@ class Log:
             return
         if offset < self.first_offset:
             raise ValueError(f"cannot truncate below the log's first offset {self.first_offset}")
-        os.close(self._fd)
-        os.close(self._ifd)
+        self._close_files()
         self._cache.clear()  # its keys (segment, position) are about to name other chunks
         try:
             recovery.truncate_from(self._dir, [s.base for s in self._segments], offset)
@@ -438,11 +535,12 @@ class Log:
         active = self._segments[-1]
         position, in_index = active.size, False
         try:
-            seg.write_all(self._fd, chunk)
+            fd, ifd = self._files()
+            seg.write_all(fd, chunk)
             if self._sync_each_write:
-                os.fdatasync(self._fd)
+                os.fdatasync(fd)
             in_index = True
-            seg.write_all(self._ifd, seg.index_entry(header, position))
+            seg.write_all(ifd, seg.index_entry(header, position))
         except OSError as exc:
             where = layout.index_path if in_index else layout.segment_path
             error = io_error(where(self._dir, active.base), exc, position)
@@ -508,9 +606,10 @@ class Log:
         if durable:
             self._sync()
         fd, ifd = seg.create(self._dir, self._next, durable)
-        os.close(self._fd)
-        os.close(self._ifd)
+        self._close_files()
         self._fd, self._ifd = fd, ifd
+        if self._open_logs is not None:
+            self._open_logs.opened(self)
         self._segments.append(seg.SegmentInfo(self._next, seg.FIRST_CHUNK_POSITION, self._next, 0))
         self._snapshot_due = True
 
@@ -545,15 +644,23 @@ class Log:
         what is fsynced; under the others, what is written (a replica's acknowledgement)."""
         return self._committed + 1 if self._config.fsync == "always" else self._next
 
-    def sync_ticket(self) -> SyncTicket | None:
+    def sync_ticket(self, hold: bool = True) -> SyncTicket | None:
         """Under "always" with fsync_on_write False: a ticket to fsync what is written so far
         (on any thread: SyncTicket.run), to hand back to synced() on this log's thread, which
-        commits it. None when nothing written waits for an fsync, or under other settings."""
+        commits it. None when nothing written waits for an fsync, or under other settings.
+        With `hold` False the ticket holds no descriptor: for a round that syncs the whole
+        file system (SyncTicket). Either way, what it covers no longer keeps this log's files
+        open when the process's cap on open logs asks for them (release_files)."""
         if (self._config.fsync != "always" or self._config.fsync_on_write
                 or not self._unsynced or self._broken is not None or self._closed):
             return None
-        return SyncTicket(os.dup(self._fd), self._next - 1, self._generation,
-                          layout.segment_path(self._dir, self._segments[-1].base))
+        fd = os.dup(self._files()[0]) if hold else -1
+        ticket = SyncTicket(fd, self._next - 1, self._generation,
+                            layout.segment_path(self._dir, self._segments[-1].base),
+                            self._device)
+        self._ticketed = self._written_to()
+        self._over_cap()
+        return ticket
 
     def synced(self, ticket: SyncTicket) -> bool:
         """The fsync of `ticket` ended: commit what it covered. True if the committed offset
@@ -571,6 +678,7 @@ class Log:
             self._last_sync_ms = self._config.clock()
         if self._committed >= self._next - 1:
             self._unsynced = False
+            self._over_cap()
         return moved
 
     def sync_due(self) -> bool:
@@ -590,7 +698,7 @@ class Log:
 
     def _sync(self) -> bool:
         try:
-            os.fdatasync(self._fd)
+            os.fdatasync(self._files()[0])
         except OSError as exc:
             self._broken = io_error(layout.segment_path(self._dir, self._segments[-1].base), exc)
             raise self._broken from exc
@@ -696,9 +804,7 @@ class Log:
                 self._sync()
         finally:
             self._closed = True
-            for fd in (self._fd, self._ifd):
-                with contextlib.suppress(OSError):  # nothing is left to flush: writes were direct
-                    os.close(fd)
+            self._close_files()
             _release(self._lock_fd, self._open_key)
 
     def __enter__(self) -> Log:

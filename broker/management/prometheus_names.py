@@ -36,7 +36,7 @@ from prometheus_client.core import (
 )
 
 from leveret.broker.broker import VERSION
-from leveret.broker.management import views
+from leveret.broker.management import quorum_ops, views
 from leveret.broker.management.http import BROKER
 from leveret.broker.management.nodes import NODES
 from leveret.broker.management.overview import RABBITMQ_COMPAT_VERSION, cluster_name, node_view
@@ -113,7 +113,7 @@ def raft_figures(queue: Any) -> dict[str, int]:
     bound = queue.commit_bound
     commit = bound if bound is not None else log.committed_offset
     return {"term": max(log.tail[0] if log.next_offset else log.epoch, log.epoch),
-            "snapshot_index": log.first_offset - 1, "last_applied": commit,
+            "snapshot_index": quorum_ops.snapshot_index(queue), "last_applied": commit,
             "commit_index": commit, "last_written_index": log.committed_offset}
 
 

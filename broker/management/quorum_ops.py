@@ -12,8 +12,9 @@ offset - 1 (a replica's: what the leader has from its acknowledgements), `Last W
 the log has written and synced by its fsync policy (a replica's: what it acknowledged), `Commit
 Index` the commit point (what a majority holds), `Last Applied` the same (the leader serves
 what is committed; a replica applies its log when it takes over), `Snapshot Index` the last
-offset compacted away (the log's first offset - 1; blank for a replica, whose first offset the
-leader does not know), `Term` the epoch (etcd's leadership key; on one node the log's).
+offset the member's last snapshot covers (broker/model/snapshot.py: a snapshot covers the
+offsets below its S, so S - 1; -1 before any snapshot; blank for a replica, which takes none
+of its own), `Term` the epoch (etcd's leadership key; on one node the log's).
 
 It reads the model and the replication's member rows; no HTTP, no links, no etcd.
 Single-threaded: runs on the broker's event loop.
@@ -71,7 +72,14 @@ def local_row(queue: Any, node: str) -> dict[str, Any]:
     tail_epoch = log.tail[0] if log.next_offset else log.epoch
     return {"role": "writer", "node": node, "epoch": max(tail_epoch, log.epoch),
             "offset": log.next_offset - 1, "committed_offset": log.committed_offset,
-            "written": log.committed_offset, "first_offset": log.first_offset, "lag": 0}
+            "written": log.committed_offset, "first_offset": log.first_offset, "lag": 0,
+            "snapshot_index": snapshot_index(queue)}
+
+
+def snapshot_index(queue: Any) -> int:
+    """The last offset the queue's last snapshot covers (its S - 1); -1 before any."""
+    covers = getattr(queue, "snapshot_covers", None)
+    return covers - 1 if isinstance(covers, int) else -1
 
 
 def member_rows(queue: Any, node: str) -> list[dict[str, Any]]:
@@ -93,7 +101,6 @@ def status_rows(rows: list[dict[str, Any]], members: Sequence[str],
             continue
         last = _index(row.get("offset"))
         commit = _index(row.get("committed_offset"))
-        first = row.get("first_offset")
         out.append({
             "Node Name": node,
             "Raft State": "follower" if row.get("role") == "replica" else "leader",
@@ -102,7 +109,7 @@ def status_rows(rows: list[dict[str, Any]], members: Sequence[str],
             "Last Written": _index(row.get("written", row.get("offset"))),
             "Last Applied": commit,
             "Commit Index": commit,
-            "Snapshot Index": first - 1 if isinstance(first, int) else "",
+            "Snapshot Index": _index(row.get("snapshot_index")),
             "Term": row.get("epoch") if row.get("epoch") is not None else "",
         })
     return out

@@ -210,7 +210,8 @@ class DurableClassicQueue(ClassicQueue):
         try:
             self.log = Log.open(self.directory, LogConfig(  # fsynced by env.syncer
                 max_segment_size_bytes=SEGMENT_BYTES, fsync=env.fsync_policy,
-                fsync_on_write=False, folder_lock=env.folder_locks))
+                fsync_on_write=False, folder_lock=env.folder_locks,
+                open_logs=env.open_logs))
         except StorageError:
             if storage_id is None:  # a new queue (a full disk): leave no empty folder behind
                 shutil.rmtree(self.directory, ignore_errors=True)
@@ -223,6 +224,9 @@ class DurableClassicQueue(ClassicQueue):
         self.floor = self.log.first_offset
         # what a snapshot holds, kept up to date as the log is written (None: no snapshots)
         self.ledger: Ledger | None = None
+        # S of the queue's last snapshot, loaded at recovery or written since (None: none):
+        # the log below S is what a restart need not read (quorum_status's Snapshot Index)
+        self.snapshot_covers: int | None = None
         self._snapshot_due = False
         self.writer = Writer(vhost.scheduler, env.fsync_policy, lambda: self.log, batch=_Batch,
                              append=self._write, failed=self._write_failed, name=name,
@@ -743,6 +747,7 @@ class DurableClassicQueue(ClassicQueue):
             log.warning("queue snapshot not used: reading the whole log", queue=self.name,
                         vhost=self.vhost.name, reason=str(exc))
             return None
+        self.snapshot_covers = ledger.covers
         return ledger
 
     def write_snapshot(self) -> bool:
@@ -766,6 +771,7 @@ class DurableClassicQueue(ClassicQueue):
                         error=str(exc))
             return False
         ledger.changes = 0
+        self.snapshot_covers = end
         return True
 
     def recovered_held(self, entry: QueuedMessage) -> None:

@@ -23,6 +23,7 @@ from leveret.broker.model.message import InboundMessage
 from leveret.broker.model.syncer import INLINE, Syncer
 from leveret.storage.chunk import ChunkType
 from leveret.storage.config import FsyncPolicy
+from leveret.storage.openlogs import OpenLogs
 
 USER = int(ChunkType.USER)
 STREAM_ENTRIES = 32  # an application chunk type (16 and 17 are durable queues')
@@ -50,6 +51,9 @@ class StorageEnv:
     syncer: Syncer = INLINE
     # a flock per queue folder (a descriptor each), or none: the owner's lock covers them all
     folder_locks: bool = True
+    # the node's cap on logs holding their active files open (Config.open_logs), shared by
+    # every log of the node's queues and streams; None: each log keeps its files open
+    open_logs: OpenLogs | None = None
 
     @property
     def fsync_policy(self) -> FsyncPolicy:

@@ -205,6 +205,7 @@ class StreamQueue(Queue):
         return Log.open(self.directory, LogConfig(
             max_segment_size_bytes=self.segment_size, filter_size_bytes=self.filter_size,
             fsync=self.env.fsync_policy, max_length_bytes=max_bytes, max_age_ms=max_age,
+            folder_lock=self.env.folder_locks, open_logs=self.env.open_logs,
         ))
 
     def _retention(self) -> tuple[int | None, int | None]:

@@ -29,6 +29,13 @@ slower than fdatasyncs of the same logs (timed on the threads) makes the next ro
 each, for BACKOFF_S, doubled while it stays slower. With it a node's fsync calls there went from
 519-684 to 29-36 a second at 1,000 msgs/s (docs/QUORUM-QUEUES.md, "Many queues").
 
+Descriptors: a round that fdatasyncs each log holds a duplicate of each log's segment
+descriptor (a held `SyncTicket`) until its fdatasync ends; a syncfs round's tickets hold none
+(the round's syncfs needs only its file system's descriptor), which is decided before the tickets
+are taken. Either way, once a log's ticket is taken, what it wrote no longer keeps its own files
+open: under the node's cap on open logs (storage/openlogs.py) it may release them while the
+round runs, and reopens them for its next write.
+
 Why syncfs is as safe as an fdatasync of each: a syncfs that returns 0 has written and flushed
 every page that was dirty when it started, the tickets' included, and since Linux 5.8 it
 reports a writeback error of any file of the file system that happened since the descriptor it
@@ -156,13 +163,18 @@ class ThreadSyncer:
             waiting, self._waiting = self._waiting, {}
             this = self._round = _Round()
             answered: list[Done] = []
+            # decided before the tickets are taken: a syncfs round's tickets hold no
+            # descriptor (the round's syncfs needs none of theirs), so the logs it covers may
+            # release their files at once under the node's cap on open logs (OpenLogs)
+            wide = (not self._degraded and self._now() >= self._syncfs_after
+                    and sum(log_ in self._seen for log_ in waiting) >= self._syncfs_from)
             for log_, dones in waiting.items():
-                ticket = log_.sync_ticket()
+                device = self._seen.get(log_)
+                ticket = log_.sync_ticket(hold=not wide or device is None)
                 if ticket is None:  # nothing left to fsync (a roll or a close synced it)
                     answered += dones
                     continue
-                device = self._seen.get(log_)
-                if device is None or self._degraded:
+                if device is None or not wide:
                     this.each.append((log_, ticket, dones))
                     if device is None:
                         self._first(log_, ticket)
@@ -170,10 +182,6 @@ class ThreadSyncer:
                     this.fs_wide.append((device, log_, ticket, dones))
             loop = asyncio.get_running_loop() if this.each or this.fs_wide else None
             this.started = loop.time() if loop is not None else 0.0
-            if len(this.fs_wide) < self._syncfs_from or this.started < self._syncfs_after:
-                # few (fdatasync each is cheaper), or syncfs was slow here lately
-                this.each += [(log_, ticket, dones) for _d, log_, ticket, dones in this.fs_wide]
-                this.fs_wide = []
             if loop is not None:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="fsync")
@@ -184,6 +192,14 @@ class ThreadSyncer:
                 self._round = None
             for done in answered:  # (they may sync again: into _waiting, for the next round)
                 done(True)
+
+    @staticmethod
+    def _now() -> float:
+        """The loop's time (0 with no running loop: nothing is waited for then)."""
+        try:
+            return asyncio.get_running_loop().time()
+        except RuntimeError:
+            return 0.0
 
     def _first(self, log_: Log, ticket: SyncTicket) -> None:
         """`log_`'s first round, an fdatasync of its own. The descriptor its file system is

@@ -52,6 +52,10 @@ class Config:
     stream_chunk_max_records: int = 8192
     stream_chunk_max_bytes: int = 8_388_608
     queue_fsync: str = "never"  # for durable classic queues: never | always | <ms>
+    # the node's cap on queue and stream logs holding their active segment and index open
+    # (two descriptors each; docs/CONFIGURATION.md#open-files): the least recently used close
+    # theirs past 3/4 of it, and reopen them when next written; 0: no cap
+    open_logs: int = 2048
     definitions: Path | None = None
     tls_port: int = 0  # 0 = no amqps listener
     tls_certfile: Path | None = None
@@ -205,6 +209,9 @@ def load(
     for name in ("stream_chunk_min_records", "stream_chunk_max_records", "stream_chunk_max_bytes"):
         if values.get(name, 1) < 1:
             raise ConfigError(f"invalid value {values[name]} for setting '{name}': 1 or more")
+    if values.get("open_logs", 0) < 0:
+        raise ConfigError(f"invalid value {values['open_logs']} for setting 'open_logs': "
+                          "a number of logs, or 0 for no cap")
     if values.get("workers", 0) < 0:
         raise ConfigError(f"invalid value {values['workers']} for setting 'workers': "
                           "a number of processes, or 0 for one per core")

@@ -5,6 +5,7 @@ rounds one syncfs after a first fdatasync of each, and a failed fsync or syncfs 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -152,6 +153,35 @@ def test_many_logs_share_one_syncfs_per_round_after_a_first_fdatasync_each(
     assert len(calls.fdatasync) == 21 and len(calls.syncfs) == 1
     assert all(log.committed_offset == 1 and log.sync_ticket() is None for log in logs)
     assert syncer.rounds == 2 + 2
+    syncer.close()
+    for log in logs:
+        log.close()
+
+
+def test_a_syncfs_rounds_tickets_hold_no_descriptor(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round that syncfs's its logs takes no duplicate of their segments' descriptors (a
+    fdatasync round's tickets do): so under the node's cap on open logs
+    (storage/openlogs.py) the logs it covers may release their files while it runs."""
+    logs = [Log.open(tmp_path / f"q{i}", QUEUE_LOG) for i in range(20)]
+    syncer = ThreadSyncer(syncfs_from=8)
+    assert _round(syncer, logs, b"first") == [True] * 20  # (fdatasync each: held tickets)
+    segments_open: list[int] = []
+    real = syncer_module.syncfs
+
+    def counting(fd: int) -> None:
+        paths = []
+        for n in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # (the listing's own descriptor, closed)
+                paths.append(os.readlink(f"/proc/self/fd/{n}"))
+        segments_open.append(sum(path.startswith(str(tmp_path)) and path.endswith(".segment")
+                                 for path in paths))
+        real(fd)
+
+    monkeypatch.setattr(syncer_module, "syncfs", counting)
+    assert _round(syncer, logs, b"second") == [True] * 20
+    assert segments_open == [20]  # each log's own; none of the round's tickets
+    assert all(log.committed_offset == 1 for log in logs)
     syncer.close()
     for log in logs:
         log.close()

@@ -15,8 +15,9 @@ import pika
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.amqp import connect
-from support.brokers import InProcessBroker
+from support.brokers import BrokerProcess, InProcessBroker
 from support.management import Http, q
+from support.ports import free_port
 from support.reference import start_management_reference
 
 QUORUM = {"x-queue-type": "quorum"}
@@ -149,7 +150,7 @@ def test_quorum_status_peek_and_health_on_one_node(
     assert row["Node Name"] == node and row["Raft State"] == "leader"
     assert row["Membership"] == "voter"
     assert row["Last Log Index"] == row["Commit Index"] == row["Last Applied"] >= 2
-    assert row["Snapshot Index"] == -1  # nothing compacted away yet
+    assert row["Snapshot Index"] == -1  # no snapshot yet
     peeked = http.ok(f"/api/leveret/queues/{q('/')}/qq/peek/2")
     assert peeked["node"] == node
     assert peeked["message"] == [["message_id", "m"], ["routing_keys", ["qq"]],
@@ -175,6 +176,51 @@ def test_quorum_status_peek_and_health_on_one_node(
     assert http.ok("/api/health/checks/node-is-quorum-critical") == {
         "status": "ok", "reason": "single node cluster", "node": node}
     assert http.get(f"/api/queues/quorum/{q('/')}/nope/status").status == 404
+
+
+def test_the_snapshot_index_is_what_the_last_snapshot_covers(tmp_path: Any) -> None:
+    """A real `leveret serve`: no snapshot, -1; a SIGTERM writes one covering every record, so
+    after the restart the Snapshot Index is the Last Log Index; records written since are
+    not covered (broker/model/snapshot.py: a snapshot covers the offsets below its S)."""
+    management = free_port()
+    broker = BrokerProcess(tmp_path / "data", args=["--management-port", str(management)])
+    http = Http(management)
+    status = f"/api/queues/quorum/{q('/')}/qq/status"
+
+    def status_row() -> dict[str, Any]:
+        deadline = time.monotonic() + 15
+        while True:  # (the management listener opens after the AMQP one)
+            try:
+                [row] = http.ok(status)
+                return row  # type: ignore[no-any-return]
+            except urllib.error.URLError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+
+    broker.start()
+    try:
+        declare(broker.url, "qq")
+        with pika.BlockingConnection(pika.URLParameters(broker.url)) as conn:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            for body in (b"a", b"b", b"c"):
+                ch.basic_publish("", "qq", body)
+            ch.basic_ack(ch.basic_get("qq")[0].delivery_tag)  # (an ack record too)
+        row = status_row()
+        assert row["Snapshot Index"] == -1 and row["Last Log Index"] >= 3
+        assert broker.stop() == 0
+        broker.start()
+        row = status_row()
+        covered = row["Last Log Index"]
+        assert row["Snapshot Index"] == covered >= 3
+        with pika.BlockingConnection(pika.URLParameters(broker.url)) as conn:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.basic_publish("", "qq", b"d")
+        row = status_row()
+        assert row["Snapshot Index"] == covered < row["Last Log Index"]
+    finally:
+        broker.kill()
 
 
 def test_a_long_queue_is_peeked_past_its_page_in_memory(
