@@ -22,14 +22,14 @@ Threading: single-threaded, on the event loop.
 from __future__ import annotations
 
 import decimal
-import hashlib
 import math
 import re
-import uuid
 from collections.abc import Mapping
 from typing import Any, cast
 
-from leveret.broker.model.delayed_store import FOLDER, TRANSIENT, DelayedStore
+from leveret.broker.model.delayed_ids import ID_HEADER
+from leveret.broker.model.delayed_log import DelayedLog, DelayedLogs, digest
+from leveret.broker.model.delayed_store import DelayedStore
 from leveret.broker.model.errors import InternalError, PreconditionFailed
 from leveret.broker.model.exchange import Exchange
 from leveret.broker.model.message import Confirm, InboundMessage
@@ -69,43 +69,53 @@ def held_delay(headers: Mapping[str, Any]) -> int | None:
 
 
 class DelayedMixin:
-    """What a delayed exchange adds to its routing type: the store and the hold."""
+    """What a delayed exchange adds to its routing type: the hold, through its log."""
 
-    store: DelayedStore | None = None
+    delayed_log: DelayedLog | None = None  # its own log (one node), else None
+    delayed_logs: DelayedLogs | None = None  # where its log is (the vhost's port)
+    _vhost: Any = None
 
     def hold(self, message: InboundMessage, confirm: Confirm | None) -> bool:
         delay = held_delay(message.headers)
         if delay is None:
             return False
-        store = self.store
-        if store is None:
-            raise InternalError("delayed exchange has no store")
-        store.hold(message, store.scheduler.now_ms() + delay, confirm)
+        logs = self.delayed_logs
+        target = logs.log_for(self, self._vhost) if logs is not None else None
+        if target is None:
+            raise InternalError("delayed exchange has no log")
+        if not target.publish(message, confirm) and confirm is not None:
+            confirm.reject()
         return True
 
-    def opened(self, vhost: Any) -> None:
-        env = vhost.exchange_env
-        if env is None:
-            raise InternalError("this vhost keeps no delayed messages")
-        x: Exchange = self  # type: ignore[assignment]
-        folder = directory_name(x.vhost, x.name) if x.durable else TRANSIENT + uuid.uuid4().hex
-        self.store = DelayedStore(
-            vhost.scheduler, env, env.root / FOLDER / folder,
-            lambda batch: self._route_due(vhost, batch), name=x.name)
+    @property
+    def store(self) -> DelayedStore | None:
+        """The store of the log this node holds for the exchange (None: held elsewhere)."""
+        logs = self.delayed_logs
+        target = logs.log_for(self, self._vhost) if logs is not None else None
+        return target.store if isinstance(target, DelayedLog) else None
 
-    def _route_due(self, vhost: Any, batch: list[tuple[int, InboundMessage]]) -> None:
+    def opened(self, vhost: Any) -> None:
+        if vhost.exchange_env is None:
+            raise InternalError("this vhost keeps no delayed messages")
+        self._vhost = vhost
+        self.delayed_logs = vhost.delayed_logs
+        self.delayed_log = self.delayed_logs.opened(self, vhost)
+
+    def route_due(self, vhost: Any, batch: list[tuple[int, InboundMessage]],
+                  log_id: str) -> None:
         """Messages fell due: each goes through this exchange's routing with x-delay set to
-        minus its delay, as the plugin's swap_delay_header does; one finding no queue (even
-        through the alternate exchange) is counted unroutable."""
+        minus its delay, as the plugin's swap_delay_header does, and stamped with its id in
+        the log (delayed_ids.py: a target takes it once, whichever leader routes it); one
+        finding no queue (even through the alternate exchange) is counted unroutable."""
         store = self.store
-        assert store is not None
-        for _offset, message in batch:
-            delay = delay_of(message.headers)
+        for offset, message in batch:
+            headers = dict(message.headers)
+            delay = delay_of(headers)
             if delay is not None:
-                headers = dict(message.headers)
                 headers["x-delay"] = -delay
-                message = message.replace(headers=headers)
-            if not vhost.route_held(self, message):
+            headers[ID_HEADER] = f"{log_id}:{offset}"
+            message = message.replace(headers=headers)
+            if not vhost.route_held(self, message) and store is not None:
                 store.unroutable_total += 1
 
     def held_info(self) -> dict[str, Any]:
@@ -117,27 +127,28 @@ class DelayedMixin:
                 "delayed_unroutable": store.unroutable_total}
 
     def commit_pending(self) -> None:
-        if self.store is not None:
-            self.store.commit_pending()
+        if self.delayed_log is not None:
+            self.delayed_log.commit_pending()
 
     def close(self) -> None:
-        if self.store is None:
+        own = self.delayed_log
+        if own is None:
             return
         if self.durable:  # type: ignore[attr-defined]
-            self.store.close()
+            own.close()
         else:  # a transient exchange and what it holds end with the broker
-            self.store.destroy()
+            own.store.destroy()
 
     def removed(self) -> None:
-        if self.store is not None:
-            self.store.destroy()
-            self.store = None
+        if self.delayed_log is not None:
+            self.delayed_log.store.destroy()
+            self.delayed_log = None
 
 
 def directory_name(vhost: str, name: str) -> str:
     """A durable delayed exchange's folder: a digest of its vhost and name (never the name
     itself: names are user input), stable across restarts with no metadata to keep."""
-    return hashlib.sha256(f"{vhost}\0{name}".encode()).hexdigest()[:32]
+    return digest(vhost, name)
 
 
 _VARIANTS: dict[tuple[type[Exchange], str | None], type[Exchange]] = {}

@@ -196,7 +196,7 @@ class DelayedStore:
 
     def __init__(self, scheduler: Scheduler, env: StorageEnv, directory: Path,
                  route: Callable[[list[tuple[int, InboundMessage]]], None], *, name: str = "",
-                 replication: Appends = ONE_NODE) -> None:
+                 replication: Appends = ONE_NODE, leading: bool = True) -> None:
         self.scheduler = scheduler
         self.env = env
         self.directory = directory
@@ -220,8 +220,37 @@ class DelayedStore:
         self._reader: Reader | None = None
         self._chunk: tuple[int, list[bytes]] | None = None  # (first offset, records)
         self.closed = False
+        self.leading = leading  # only the leader (or the one node) indexes and routes
+        if leading:
+            self._recover()
+            self.scheduler.call_soon(self._kick)  # after the rest of the topology is restored
+
+    # -- the role (a replicated log's: delayed_log.py) ------------------------------------------
+
+    def lead(self) -> None:
+        """Lead: the index and the routed set are rebuilt from the log (ROUTED records up to
+        what it holds are skipped) and what is due is routed once committed."""
+        self._forget()
+        self.leading = True
+        (self.directory / CLEAN).unlink(missing_ok=True)  # a replica's bucket files are stale
+        self.floor = self.log.first_offset
         self._recover()
-        self.scheduler.call_soon(self._kick)  # after the rest of the topology is restored
+        self.scheduler.call_soon(self._kick)
+
+    def follow(self) -> None:
+        """A replica, or no role: no index, no routing (the leader's log comes in as is)."""
+        self._forget()
+        self.leading = False
+
+    def _forget(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._timer_due = None
+        if self._reader is not None:
+            self._reader.close()
+        self._reader = self._chunk = None
+        self.routed = IntervalSet()
+        self.index.reset()
 
     # -- holding -------------------------------------------------------------------------------
 
@@ -315,7 +344,7 @@ class DelayedStore:
         """Route what is due and committed (at most ROUTE_PER_TURN, then yield to the loop);
         arm the timer for the next due time."""
         self._soon = False
-        if self.closed:
+        if self.closed or not self.leading:
             return
         now = self.scheduler.now_ms()
         committed = self.writer.committer.committed

@@ -14,7 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from leveret.broker.model import args as qargs
+from leveret.broker.model import delayed_ids
 from leveret.broker.model.consumer import Consumer
+from leveret.broker.model.delayed_ids import TakenIds
 from leveret.broker.model.errors import AccessRefused, PreconditionFailed, resource
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.store import MemoryStore, MessageStore, PriorityStore
@@ -90,6 +92,7 @@ class Queue:
         self.had_consumers = False
         self.deleted = False
         self.dedup: DedupCache | None = None  # a queue-level deduplication cache
+        self.taken_ids = TakenIds()  # the delayed copies it took (delayed_ids.py)
         self.stats_published = 0
         self.stats_delivered = 0
 
@@ -174,6 +177,11 @@ class Queue:
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
         """Take one routed message; False if the queue refused it."""
         raise NotImplementedError
+
+    def delayed_copy(self, message: InboundMessage) -> InboundMessage | None:
+        """The message to keep (a delayed exchange's copy loses its id), or None for a
+        delayed copy this queue took already (delayed_ids.py)."""
+        return delayed_ids.take(self.taken_ids, message)
 
     def dispatch(self) -> None:
         """Deliver to consumers that have credit."""
@@ -327,6 +335,10 @@ class ClassicQueue(Queue):
         """
         if self.dedup is not None and self.dedup.seen(message.headers):
             return False
+        kept = self.delayed_copy(message)
+        if kept is None:
+            return True  # taken already: a delayed exchange's new leader routed it again
+        message = kept
         if self.overflow != "drop-head" and self._would_overflow(message):
             if confirm is not None:
                 confirm.reject()

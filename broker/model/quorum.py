@@ -325,6 +325,10 @@ class QuorumQueue(DurableClassicQueue):
         (`committed_moved`), as RabbitMQ's quorum queue applies only what a quorum holds."""
         if self.dedup is not None and self.dedup.seen(message.headers):
             return False
+        kept = self.delayed_copy(message)
+        if kept is None:
+            return True  # taken already: a delayed exchange's new leader routed it again
+        message = kept
         if self.overflow != "drop-head" and self._would_overflow(message):
             if confirm is not None:
                 confirm.reject()

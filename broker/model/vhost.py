@@ -26,6 +26,7 @@ from leveret.broker.model.deadletter import (
     routing_keys_of,
     string_list,
 )
+from leveret.broker.model.delayed_log import DelayedLogs, OwnLogs
 from leveret.broker.model.errors import (
     AccessRefused,
     BrokerError,
@@ -98,10 +99,13 @@ class VHost:
         observer: Observer | None = None,
         default_queue_type: str = default_type.FALLBACK,
         exchange_env: StorageEnv | None = None,
+        delayed_logs: DelayedLogs | None = None,
     ) -> None:
         self.name = name
         # where exchanges that keep messages (delayed exchanges) keep them; None: none may
         self.exchange_env = exchange_env
+        # where a delayed exchange's log is: its own (one node), or the topology's (a cluster)
+        self.delayed_logs: DelayedLogs = delayed_logs or OwnLogs()
         self.scheduler = scheduler
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
