@@ -23,11 +23,12 @@ Threading: single-threaded, on the event loop.
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from leveret.broker.model.delayed_store import DelayedStore
+from leveret.broker.model.delayed_store import FOLDER, TRANSIENT, DelayedStore
 from leveret.broker.model.errors import PreconditionFailed
 from leveret.broker.model.fields import FieldTable
 from leveret.broker.model.message import Confirm, InboundMessage
@@ -205,18 +206,11 @@ class DelayedLogs(Protocol):
         RemoteQueue of its leader); None: none yet."""
         ...
 
-    def in_topology(self, exchange_type: str, arguments: FieldTable) -> bool:
-        """Whether a declaration of this exchange needs a hidden log record too."""
-        ...
-
 
 class OwnLogs:
     """One node: each delayed exchange makes its own one-member log."""
 
     def opened(self, exchange: Any, vhost: Any) -> DelayedLog | None:
-        import uuid
-
-        from leveret.broker.model.delayed_store import FOLDER, TRANSIENT
         env = vhost.exchange_env
         folder = digest(vhost.name, exchange.name) if exchange.durable else (
             TRANSIENT + uuid.uuid4().hex)
@@ -228,8 +222,6 @@ class OwnLogs:
         own: Queue | None = exchange.delayed_log
         return own
 
-    def in_topology(self, exchange_type: str, arguments: FieldTable) -> bool:
-        return False
 
 
 class TopologyLogs:
@@ -243,7 +235,10 @@ class TopologyLogs:
         queue: Queue | None = vhost.queues.get(log_name(vhost.name, exchange.name))
         return queue
 
-    def in_topology(self, exchange_type: str, arguments: FieldTable) -> bool:
-        from leveret.broker.model.delayed_exchange import LAVINMQ_ARG
-        from leveret.broker.model.delayed_exchange import TYPE as DELAYED
-        return exchange_type == DELAYED or arguments.get(LAVINMQ_ARG) is True
+
+def is_delayed(exchange_type: str, arguments: FieldTable) -> bool:
+    """Whether an exchange so declared is a delayed one (its log is a record of its own in a
+    cluster's topology)."""
+    from leveret.broker.model.delayed_exchange import LAVINMQ_ARG
+    from leveret.broker.model.delayed_exchange import TYPE as DELAYED
+    return exchange_type == DELAYED or arguments.get(LAVINMQ_ARG) is True
