@@ -22,7 +22,13 @@ from leveret.broker.metadata.recorder import MetadataRecorder, restore
 from leveret.broker.metadata.store import Metastore
 from leveret.broker.model import default_type
 from leveret.broker.model.classic_kind import ClassicKind
-from leveret.broker.model.delayed_log import DelayedLogKind, DelayedLogs, OwnLogs, TopologyLogs
+from leveret.broker.model.delayed_log import (
+    DelayedLog,
+    DelayedLogKind,
+    DelayedLogs,
+    OwnLogs,
+    TopologyLogs,
+)
 from leveret.broker.model.delayed_store import remove_transient_stores
 from leveret.broker.model.durable import DurableClassicQueue
 from leveret.broker.model.queue_kind import QueueKinds
@@ -263,7 +269,7 @@ class Broker:
                     log.exception("committing an exchange failed", exchange=exchange.name,
                                   vhost=vhost.name)
             for queue in list(vhost.queues.values()):
-                if isinstance(queue, (StreamQueue, DurableClassicQueue)):
+                if isinstance(queue, (StreamQueue, DurableClassicQueue, DelayedLog)):
                     try:
                         queue.commit_pending()
                     except Exception:

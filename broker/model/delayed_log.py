@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -236,9 +236,15 @@ class TopologyLogs:
         return queue
 
 
-def is_delayed(exchange_type: str, arguments: FieldTable) -> bool:
+def is_delayed(exchange_type: str, arguments: Mapping[str, Any]) -> bool:
     """Whether an exchange so declared is a delayed one (its log is a record of its own in a
     cluster's topology)."""
     from leveret.broker.model.delayed_exchange import LAVINMQ_ARG
     from leveret.broker.model.delayed_exchange import TYPE as DELAYED
     return exchange_type == DELAYED or arguments.get(LAVINMQ_ARG) is True
+
+
+def hidden(queue: object) -> bool:
+    """A delayed exchange's log (or the RemoteQueue of its leader): the broker's, not listed
+    with the queues nor exported with the definitions."""
+    return getattr(queue, "type", None) == TYPE

@@ -124,7 +124,8 @@ def run_kill_round(abc: Three, etcd: EtcdServer, cluster: str, exchange: str, qu
     leader, members = log_leader(etcd, cluster, exchange)
     others = [nodes[name] for name in sorted(nodes) if name != leader]
     due: dict[str, float] = {}
-    for via, delay_ms in ((others[0], 1000), (nodes[leader], 6000), (others[1], 6000),
+    # the ones due in 6 s first: none is due before the kill
+    for via, delay_ms in ((nodes[leader], 6000), (others[1], 6000), (others[0], 1000),
                           (nodes[leader], 1000)):
         ids = [f"{tag}-{via.node_name}-{delay_ms}-{i}" for i in range(count // 4)]
         due.update(publish_delayed(via, exchange, ids, delay_ms))
