@@ -19,7 +19,9 @@ Threading: single-threaded, on the event loop.
 
 from __future__ import annotations
 
+import struct
 from collections import OrderedDict
+from collections.abc import Callable
 
 from leveret.broker.model.message import InboundMessage
 
@@ -67,14 +69,31 @@ def parse(message: InboundMessage) -> tuple[str, int] | None:
     return (log_id, int(offset)) if log_id and offset.isdigit() else None
 
 
-def take(ids: TakenIds, message: InboundMessage) -> InboundMessage | None:
+def take(ids: TakenIds, message: InboundMessage,
+         took: Callable[[str, int], None] | None = None) -> InboundMessage | None:
     """The message a queue keeps: itself, or without the id header if it is a delayed copy
-    not taken yet; None: a copy this queue already took (drop it)."""
+    not taken yet (`took` is told its id); None: a copy this queue already took (drop it)."""
     found = parse(message)
     if found is None:
         return message
     if ids.seen(*found):
         return None
+    if took is not None:
+        took(*found)
     headers = dict(message.headers)
     del headers[ID_HEADER]
     return message.replace(headers=headers)
+
+
+_TAKEN = struct.Struct(">QH")  # offset, length of the log id that follows
+
+
+def pack_taken(log_id: str, offset: int) -> bytes:
+    """A record of a copy taken (a quorum queue keeps them in its log: quorum.py)."""
+    raw = log_id.encode()
+    return _TAKEN.pack(offset, len(raw)) + raw
+
+
+def unpack_taken(record: bytes) -> tuple[str, int]:
+    offset, size = _TAKEN.unpack_from(record, 0)
+    return bytes(record[_TAKEN.size:_TAKEN.size + size]).decode(), int(offset)

@@ -181,7 +181,10 @@ class Queue:
     def delayed_copy(self, message: InboundMessage) -> InboundMessage | None:
         """The message to keep (a delayed exchange's copy loses its id), or None for a
         delayed copy this queue took already (delayed_ids.py)."""
-        return delayed_ids.take(self.taken_ids, message)
+        return delayed_ids.take(self.taken_ids, message, self.took_delayed)
+
+    def took_delayed(self, log_id: str, offset: int) -> None:
+        """A delayed copy was taken (a quorum queue records its id in its log)."""
 
     def dispatch(self) -> None:
         """Deliver to consumers that have credit."""

@@ -222,3 +222,49 @@ def test_rounds_of_kill_and_restart_route_every_delayed_message_once(
         nodes[leader].start()
         wait_until(lambda: all(linked(node, 2) for node in abc), timeout=60)
     print(f"\nlateness max per round: {[round(x, 2) for x in worst]}")
+
+
+def test_a_quorum_queue_keeps_the_ids_it_took_across_its_leader_change(
+        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+    """The ids of delayed copies a quorum queue took are records of its log (replicated
+    with the messages): after `kill -9` of its leader, the new leader drops a second copy
+    of an id the old one took. (The copies are published here with the id header, as a
+    delayed exchange's leader routes them, to reach the target's leader change directly.)"""
+    nodes = dict(zip("abc", abc, strict=True))
+    conn = connect(nodes["a"])
+    conn.channel().queue_declare("qids", durable=True, arguments={
+        "x-queue-type": "quorum", "x-queue-leader-locator": "client-local"})
+    conn.close()
+
+    def send(node: ClusterNode, body: bytes, ident: str) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                conn = connect(node)
+                ch = conn.channel()
+                ch.confirm_delivery()
+                ch.basic_publish("", "qids", body, pika.BasicProperties(
+                    headers={"x-leveret-delayed-id": ident}))
+                conn.close()
+                return
+            except (pika.exceptions.AMQPError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+
+    send(nodes["b"], b"first", "somelog:41")
+    nodes["a"].kill()
+    wait_until(lambda: in_etcd(etcd, cluster, "qids")[0].node != "a",  # type: ignore[union-attr]
+               timeout=60)
+    send(nodes["c"], b"again", "somelog:41")
+    send(nodes["c"], b"next", "somelog:42")
+    conn = connect(nodes["b"])
+    ch = conn.channel()
+    got = []
+    while True:
+        method, props, body = ch.basic_get("qids", auto_ack=True)
+        if method is None:
+            break
+        got.append((body, props.headers or {}))
+    conn.close()
+    assert got == [(b"first", {}), (b"next", {})]

@@ -330,3 +330,23 @@ def test_kombu_producer_and_consumer(broker: InProcessBroker) -> None:
         assert message.headers["x-delay"] == -200
         message.ack()
         simple.close()
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_a_queue_takes_a_delayed_copy_once_by_its_id(  # type: ignore[no-untyped-def]
+        ch, queue_type: str) -> None:
+    """A routed delayed copy carries its id (x-leveret-delayed-id: exchange log and offset)
+    to its target queues, which keep it without the header and drop a second copy with the
+    same id (what a delayed exchange's new leader routes again after a failover:
+    tests/cluster/test_delayed_cluster.py forces that); a copy of another id is taken."""
+    name = f"ids-{queue_type}"
+    ch.queue_declare(name, durable=True, arguments={"x-queue-type": queue_type})
+    for body, ident in ((b"first", "log1:7"), (b"again", "log1:7"), (b"other", "log1:8"),
+                        (b"other log", "log2:7")):
+        ch.basic_publish("", name, body, pika.BasicProperties(
+            headers={"x-leveret-delayed-id": ident, "h": 1}))
+    got = []
+    while (row := get(ch, name)) is not None:
+        got.append((row[1], row[0].headers))
+    assert got == [(b"first", {"h": 1}), (b"other", {"h": 1}), (b"other log", {"h": 1})]
+
