@@ -6,24 +6,22 @@ texts when that argument is missing or wrong), and LavinMQ's `x-delayed-exchange
 exchange of any type. Either way the exchange is an instance of `delayed_variant(cls)`: the
 routing type's class with `DelayedMixin` in front, so its bindings and routing are that type's.
 
-`x-delay` is read as the plugin reads it (`delay_of`): an integer of any AMQP integer type as
-it is; a string as Erlang's binary_to_integer reads it; a float or decimal truncated; anything
-else means no delay. A delay above 0 and at most 2^32 - 1 ms holds the message; any other
-routes it at once, untouched. A held message is routed at its due time with its properties as
+`x-delay` is read as the plugin reads it (x_delay.py): a delay above 0 and at most 2^32 - 1
+ms holds the message; any other routes it at once, untouched. A held message is routed at its due time with its properties as
 published, except that `x-delay` then reads minus the delay (the plugin's marker that the
 message went through the delay).
 
-The held messages are the exchange's `DelayedStore` (delayed_store.py), in a folder of the
-vhost's `exchange_env`; the vhost's `route_held` routes them. This module must not know AMQP
+The held messages are in the exchange's log (delayed_log.py), found through the vhost's
+`delayed_logs` port: on one node the exchange's own, in a folder of the vhost's
+`exchange_env`; in a cluster a replicated log of the topology, whose leader routes what falls
+due through this exchange (`route_due`, with each copy's id for its targets: delayed_ids.py)
+and the vhost's `route_held`. This module must not know AMQP
 encodings, the session or the storage engine's files.
 Threading: single-threaded, on the event loop.
 """
 
 from __future__ import annotations
 
-import decimal
-import math
-import re
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -33,39 +31,11 @@ from leveret.broker.model.delayed_store import DelayedStore
 from leveret.broker.model.errors import InternalError, PreconditionFailed
 from leveret.broker.model.exchange import Exchange
 from leveret.broker.model.message import Confirm, InboundMessage
+from leveret.broker.model.x_delay import MAX_DELAY_MS, delay_of, held_delay
 
 TYPE = "x-delayed-message"
 TYPE_ARG = "x-delayed-type"
 LAVINMQ_ARG = "x-delayed-exchange"
-MAX_DELAY_MS = 4294967295  # the plugin's ERL_MAX_T: a longer delay routes at once
-_ERLANG_INT = re.compile(r"[+-]?[0-9]+")
-
-
-def delay_of(headers: Mapping[str, Any]) -> int | None:
-    """The plugin's get_delay: the x-delay header as an integer, or None (no delay)."""
-    if "x-delay" not in headers:
-        return None
-    value = headers["x-delay"]
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, bytes | str):
-        text = value.decode("latin-1") if isinstance(value, bytes) else value
-        # binary_to_integer: the plugin's route crashes on anything else; Leveret routes it
-        # at once instead (docs/DELAYED-MESSAGES.md)
-        return int(text) if _ERLANG_INT.fullmatch(text) else None
-    if isinstance(value, float):
-        return math.trunc(value) if math.isfinite(value) else None
-    if isinstance(value, decimal.Decimal):
-        return math.trunc(value) if value.is_finite() else None
-    return None
-
-
-def held_delay(headers: Mapping[str, Any]) -> int | None:
-    """The delay a message is held for, or None when it is routed at once."""
-    delay = delay_of(headers)
-    return delay if delay is not None and 0 < delay <= MAX_DELAY_MS else None
 
 
 class DelayedMixin:
@@ -199,3 +169,12 @@ def delayed_message_type(types: Mapping[str, type[Exchange]]) -> type[Exchange]:
             inner_cls.validate(arguments)
 
     return DelayedMessageType
+
+
+def is_delayed(exchange_type: str, arguments: Mapping[str, Any]) -> bool:
+    """Whether an exchange so declared is a delayed one (in a cluster its log is a record of
+    its own in the topology: broker/topology/cluster.py)."""
+    return exchange_type == TYPE or arguments.get(LAVINMQ_ARG) is True
+
+
+__all__ = ["MAX_DELAY_MS", "delay_of", "held_delay"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,6 +36,7 @@ from leveret.broker.model.queue import Queue, QueueOwner
 from leveret.broker.model.queue_kind import DeclareRules
 from leveret.broker.model.replication import ONE_NODE, Replication
 from leveret.broker.model.storage_env import StorageEnv
+from leveret.broker.model.x_delay import held_delay
 
 if TYPE_CHECKING:
     from leveret.broker.model.exchange import Exchange
@@ -83,8 +84,6 @@ class DelayedLog(Queue):
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
         """Hold `message` (its x-delay from now) on the leader; a replica forwards it there.
         False: no delay to hold it for (never routed into a delayed exchange's log)."""
-        from leveret.broker.model.delayed_exchange import held_delay
-
         leader = self.replication.forward_to
         if leader is not None:
             return bool(leader.publish(message, confirm))
@@ -234,14 +233,6 @@ class TopologyLogs:
     def log_for(self, exchange: Any, vhost: Any) -> Queue | None:
         queue: Queue | None = vhost.queues.get(log_name(vhost.name, exchange.name))
         return queue
-
-
-def is_delayed(exchange_type: str, arguments: Mapping[str, Any]) -> bool:
-    """Whether an exchange so declared is a delayed one (its log is a record of its own in a
-    cluster's topology)."""
-    from leveret.broker.model.delayed_exchange import LAVINMQ_ARG
-    from leveret.broker.model.delayed_exchange import TYPE as DELAYED
-    return exchange_type == DELAYED or arguments.get(LAVINMQ_ARG) is True
 
 
 def hidden(queue: object) -> bool:

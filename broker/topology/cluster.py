@@ -39,6 +39,7 @@ from leveret.broker.cluster.runtime import SETTLE_TIMEOUT_S
 from leveret.broker.cluster.topology import Created
 from leveret.broker.cluster.topology_records import BindingRecord, ExchangeRecord, QueueRecord
 from leveret.broker.model import delayed_log
+from leveret.broker.model.delayed_exchange import is_delayed
 from leveret.broker.process import logs
 from leveret.broker.remote.remote_queue import RemoteQueue
 from leveret.broker.topology import placement
@@ -177,7 +178,7 @@ class ClusterTopology:
         async with self._store():
             result = await self.cluster.store.declare_exchange(record, lease)
         await self._settle(result.revision)
-        if delayed_log.is_delayed(spec.type, spec.arguments):
+        if is_delayed(spec.type, spec.arguments):
             await self._declare_delayed_log(vhost, spec.name)
         return isinstance(result, Created)
 
