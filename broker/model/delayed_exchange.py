@@ -7,9 +7,9 @@ exchange of any type. Either way the exchange is an instance of `delayed_variant
 routing type's class with `DelayedMixin` in front, so its bindings and routing are that type's.
 
 `x-delay` is read as the plugin reads it (x_delay.py): a delay above 0 and at most 2^32 - 1
-ms holds the message; any other routes it at once, untouched. A held message is routed at its due time with its properties as
-published, except that `x-delay` then reads minus the delay (the plugin's marker that the
-message went through the delay).
+ms holds the message; any other routes it at once, untouched. A held message is routed at its
+due time with its properties as published, except that `x-delay` then reads minus the delay
+(the plugin's marker that the message went through the delay).
 
 The held messages are in the exchange's log (delayed_log.py), found through the vhost's
 `delayed_logs` port: on one node the exchange's own, in a folder of the vhost's
@@ -53,8 +53,7 @@ class DelayedMixin:
         target = logs.log_for(self, self._vhost) if logs is not None else None
         if target is None:
             raise InternalError("delayed exchange has no log")
-        if not target.publish(message, confirm) and confirm is not None:
-            confirm.reject()
+        target.publish(message, confirm)
         return True
 
     @property

@@ -40,9 +40,11 @@ from leveret.broker.model.x_delay import held_delay
 
 if TYPE_CHECKING:
     from leveret.broker.model.exchange import Exchange
+    from leveret.broker.model.scheduler import Timer
 
 TYPE = "x-delayed-log"
 PREFIX = "amq.delayed."  # a client cannot declare an amq. queue: the name is the broker's
+FOLLOW_MS = 1000  # how often a replica follows the leader's ROUTED records
 EXCHANGE_ARG = "x-delayed-log-exchange"  # the hidden record's argument naming its exchange
 
 
@@ -76,6 +78,7 @@ class DelayedLog(Queue):
         self.storage_id = storage_id
         self.replication = replication
         self.alone = alone  # one node's own log: it leads from the start, with no election
+        self._follow_timer: Timer | None = None
         self.store = DelayedStore(vhost.scheduler, env, directory, self._route, name=exchange,
                                   replication=replication, leading=alone)
 
@@ -83,7 +86,10 @@ class DelayedLog(Queue):
 
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
         """Hold `message` (its x-delay from now) on the leader; a replica forwards it there.
-        False: no delay to hold it for (never routed into a delayed exchange's log)."""
+        False: not a publish into its exchange (a client that names the log through the
+        default exchange), or no delay to hold it for."""
+        if message.exchange != self.exchange_name:
+            return False  # published to the log by its name (the default exchange): refused
         leader = self.replication.forward_to
         if leader is not None:
             return bool(leader.publish(message, confirm))
@@ -127,7 +133,17 @@ class DelayedLog(Queue):
         return self.replication.forward_to
 
     def dispatch(self) -> None:
-        """A replica's commit point moved: nothing to do (it routes nothing)."""
+        """A replica's commit point moved: it routes nothing, but follows the ROUTED records
+        to delete its log's head as the leader does (at most once a second)."""
+        if self._follow_timer is None and not self.deleted:
+            self._follow_timer = self.vhost.scheduler.call_later(FOLLOW_MS, self._follow)
+
+    def _follow(self) -> None:
+        self._follow_timer = None
+        bound = self.replication.commit_bound
+        if self.deleted or self.store.closed or self.role != "replica" or bound is None:
+            return
+        self.store.follow_commit(bound)
 
     def took_role(self) -> None:
         """A leader rebuilds its index from the log and routes what is due; any other role

@@ -221,6 +221,7 @@ class DelayedStore:
         self._chunk: tuple[int, list[bytes]] | None = None  # (first offset, records)
         self.closed = False
         self.leading = leading  # only the leader (or the one node) indexes and routes
+        self._followed = 0  # a replica: where its reading of ROUTED records got to
         if leading:
             self._recover()
             self.scheduler.call_soon(self._kick)  # after the rest of the topology is restored
@@ -242,7 +243,31 @@ class DelayedStore:
         self._forget()
         self.leading = False
 
+    def follow_commit(self, bound: int) -> None:
+        """A replica: take the ROUTED records up to the commit point `bound` and delete whole
+        segments below the lowest offset not routed yet, as the leader does, so that disk use
+        follows the held messages on every member."""
+        try:
+            reader = self.log.reader(OffsetSpec.offset(max(self._followed, self.log.first_offset)),
+                                     chunk_types=(ROUTED,))
+        except StorageError:
+            return
+        try:
+            for chunk in reader:
+                if chunk.next_offset - 1 > bound:
+                    break
+                self.routed.add(chunk.first_offset)
+                for record in chunk.records:
+                    for start, end in _parse_ranges(record):
+                        self.routed.add_range(start, end)
+                self._followed = chunk.next_offset
+        finally:
+            reader.close()
+        self._truncate()
+
     def _forget(self) -> None:
+        self._followed = 0
+        self.floor = self.log.first_offset
         if self._timer is not None:
             self._timer.cancel()
         self._timer = self._timer_due = None

@@ -150,6 +150,16 @@ def test_the_log_is_placed_like_a_quorum_queue_and_survives_kill_of_its_leader(
     assert sorted(members) == ["a", "b", "c"]
     target = next(node for name, node in nodes.items() if name != leader)
     setup(a, target, "dx", "dq")
+    # the log is the broker's: a publish naming it through the default exchange is not held
+    # (it is unroutable: returned when mandatory), on the leader's node as on another
+    for node in (nodes[leader], target):
+        conn = connect(node)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        with pytest.raises(pika.exceptions.UnroutableError):
+            ch.basic_publish("", log_name("/", "dx"), b"sneak", pika.BasicProperties(
+                headers={"x-delay": 100}), mandatory=True)
+        conn.close()
     run_kill_round(abc, etcd, cluster, "dx", "dq", count=100, tag="r0")
 
 
