@@ -8,6 +8,7 @@ queue logs before confirming (LEVERET_QUEUE_FSYNC=always)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,10 @@ from support.brokers import BrokerProcess
 from support.cluster import ClusterNode, connect, in_etcd, linked, make_node, paused, wait_until
 from support.etcd import EtcdServer
 
+from leveret.broker.cluster.etcd import EtcdClient
+from leveret.broker.cluster.membership import ClusterKeys
+from leveret.broker.cluster.topology import TopologyStore
+from leveret.broker.cluster.topology_keys import TopologyKeys
 from leveret.broker.model.delayed_log import TYPE, log_name
 
 Three = tuple[ClusterNode, ClusterNode, ClusterNode]
@@ -278,3 +283,38 @@ def test_a_quorum_queue_keeps_the_ids_it_took_across_its_leader_change(
         got.append((body, props.headers or {}))
     conn.close()
     assert got == [(b"first", {}), (b"next", {})]
+
+
+def test_a_delayed_exchange_without_its_log_refuses_to_hold_until_declared_again(
+        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+    """An exchange whose log record is missing (its declaration's second step failed, or
+    the record was deleted): a delayed publish closes the connection with 541, a publish
+    without x-delay still routes; declaring the exchange again makes the log."""
+    a, b, _c = abc
+    setup(a, b, "dx3", "dq3")
+
+    async def drop_log() -> None:
+        async with EtcdClient([etcd.url], timeout_s=5.0) as client:
+            keys = TopologyKeys(ClusterKeys(cluster).root + "topology/")
+            assert await TopologyStore(client, keys).delete_queue("/", log_name("/", "dx3"))
+
+    asyncio.run(drop_log())
+    time.sleep(1)  # every node's sync removes its member of the log
+    conn = connect(a)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("dx3", "k", b"now")  # no x-delay: routed at once
+    with pytest.raises(pika.exceptions.ConnectionClosed) as closed:
+        ch.basic_publish("dx3", "k", b"later", pika.BasicProperties(headers={"x-delay": 50}))
+    assert closed.value.reply_code == 541
+    assert "delayed exchange has no log" in closed.value.reply_text
+    conn = connect(a)
+    conn.channel().exchange_declare("dx3", "x-delayed-message", durable=True,
+                                    arguments={"x-delayed-type": "direct"})
+    conn.close()
+    assert log_leader(etcd, cluster, "dx3")[0] in ("a", "b", "c")
+    due = publish_delayed(b, "dx3", ["after"], 50)
+    got = collect(a, "dq3", 2, timeout=30, settle_s=0.5)
+    assert sorted(row[0] for row in got if row[0]) == ["after"]
+    assert len(got) == 2  # "now" and "after"
+    check_once([row for row in got if row[0]], due)
