@@ -26,7 +26,7 @@ from collections.abc import Callable
 from leveret.broker.model.message import InboundMessage
 
 ID_HEADER = "x-leveret-delayed-id"
-_MARK = ID_HEADER.encode()
+MARK = ID_HEADER.encode()  # callers look for it in the header bytes first (cheap)
 WINDOW = 100_000  # ids kept per (queue, exchange log): many turns of routing (2,000 a turn)
 
 
@@ -58,7 +58,7 @@ class TakenIds:
 def parse(message: InboundMessage) -> tuple[str, int] | None:
     """The id a routed delayed copy carries, or None (a cheap look at the header bytes
     first: most messages are not delayed copies)."""
-    if _MARK not in message.header:
+    if MARK not in message.header:
         return None
     value = message.headers.get(ID_HEADER)
     if isinstance(value, bytes):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from leveret.broker.model import args as qargs
 from leveret.broker.model import delayed_ids
 from leveret.broker.model.consumer import Consumer
-from leveret.broker.model.delayed_ids import TakenIds
+from leveret.broker.model.delayed_ids import MARK, TakenIds
 from leveret.broker.model.errors import AccessRefused, PreconditionFailed, resource
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.store import MemoryStore, MessageStore, PriorityStore
@@ -338,10 +338,11 @@ class ClassicQueue(Queue):
         """
         if self.dedup is not None and self.dedup.seen(message.headers):
             return False
-        kept = self.delayed_copy(message)
-        if kept is None:
-            return True  # taken already: a delayed exchange's new leader routed it again
-        message = kept
+        if MARK in message.header:  # a delayed exchange's copy (delayed_ids.py)
+            kept = self.delayed_copy(message)
+            if kept is None:
+                return True  # taken already: a delayed exchange's new leader routed it again
+            message = kept
         if self.overflow != "drop-head" and self._would_overflow(message):
             if confirm is not None:
                 confirm.reject()

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker.model.consumer import Consumer
-from leveret.broker.model.delayed_ids import TakenIds, pack_taken, unpack_taken
+from leveret.broker.model.delayed_ids import MARK, TakenIds, pack_taken, unpack_taken
 from leveret.broker.model.delayed_retry import DelayedRetry, resolve
 from leveret.broker.model.durable import (
     ACKS,
@@ -331,10 +331,11 @@ class QuorumQueue(DurableClassicQueue):
         (`committed_moved`), as RabbitMQ's quorum queue applies only what a quorum holds."""
         if self.dedup is not None and self.dedup.seen(message.headers):
             return False
-        kept = self.delayed_copy(message)
-        if kept is None:
-            return True  # taken already: a delayed exchange's new leader routed it again
-        message = kept
+        if MARK in message.header:  # a delayed exchange's copy (delayed_ids.py)
+            kept = self.delayed_copy(message)
+            if kept is None:
+                return True  # taken already: a delayed exchange's new leader routed it again
+            message = kept
         if self.overflow != "drop-head" and self._would_overflow(message):
             if confirm is not None:
                 confirm.reject()

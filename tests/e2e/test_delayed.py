@@ -350,3 +350,26 @@ def test_a_queue_takes_a_delayed_copy_once_by_its_id(  # type: ignore[no-untyped
         got.append((row[1], row[0].headers))
     assert got == [(b"first", {"h": 1}), (b"other", {"h": 1}), (b"other log", {"h": 1})]
 
+
+
+def test_a_stream_takes_a_delayed_copy_once_by_its_id(broker: InProcessBroker) -> None:
+    """As a queue does (above), in memory on the stream's leader: a second copy with the
+    same id is not appended, and the kept copy has no id header."""
+    conn = connect(broker.port)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("ids-stream", durable=True, arguments={"x-queue-type": "stream"})
+    for body, ident in ((b"first", "log1:7"), (b"again", "log1:7"), (b"other", "log1:8")):
+        ch.basic_publish("", "ids-stream", body, pika.BasicProperties(
+            headers={"x-leveret-delayed-id": ident, "h": 1}))
+    ch.basic_qos(prefetch_count=10)
+    got: list[tuple[bytes, dict[str, Any]]] = []
+    ch.basic_consume("ids-stream", lambda _c, _m, props, body: got.append(
+        (body, {k: v for k, v in props.headers.items() if k != "x-stream-offset"})),
+        arguments={"x-stream-offset": "first"})
+    deadline = time.monotonic() + 5
+    while len(got) < 2 and time.monotonic() < deadline:
+        conn.process_data_events(0.1)
+    conn.process_data_events(0.5)
+    conn.close()
+    assert got == [(b"first", {"h": 1}), (b"other", {"h": 1})]
