@@ -181,7 +181,8 @@ class DelayedLog(Queue):
 
 
 class DelayedLogKind(DeclareRules):
-    """The hidden type: made from the topology only; a client's declaration is refused."""
+    """The hidden type: made from the topology only (a client's declaration of it is refused
+    before any kind is asked: args.py knows no such type)."""
 
     server_named = False
     durable_only = True
@@ -190,10 +191,6 @@ class DelayedLogKind(DeclareRules):
         super().__init__(TYPE)
         self.env = env
         self.replication = replication
-
-    def validate_arguments(self, rs: str, *, durable: bool, exclusive: bool, auto_delete: bool,
-                           arguments: FieldTable) -> None:
-        raise PreconditionFailed(f"invalid queue type '{TYPE}' for {rs}: it is internal")
 
     def create(self, owner: QueueOwner, name: str, *, durable: bool, exclusive_owner: object,
                auto_delete: bool, arguments: FieldTable, storage_id: str | None) -> Queue:

@@ -373,3 +373,10 @@ def test_a_stream_takes_a_delayed_copy_once_by_its_id(broker: InProcessBroker) -
     conn.process_data_events(0.5)
     conn.close()
     assert got == [(b"first", {"h": 1}), (b"other", {"h": 1})]
+
+
+def test_a_client_cannot_declare_a_delayed_log(ch) -> None:  # type: ignore[no-untyped-def]
+    """The type of a delayed exchange's log in a cluster's topology is the broker's."""
+    code, text = channel_error(lambda: ch.queue_declare(
+        "mine", durable=True, arguments={"x-queue-type": "x-delayed-log"}))
+    assert code == 406 and "unsupported queue type 'x-delayed-log'" in text
