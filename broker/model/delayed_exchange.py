@@ -32,6 +32,11 @@ from leveret.broker.model.errors import InternalError, PreconditionFailed
 from leveret.broker.model.exchange import Exchange
 from leveret.broker.model.message import Confirm, InboundMessage
 from leveret.broker.model.x_delay import MAX_DELAY_MS, delay_of, held_delay
+from leveret.broker.process import logs
+
+log = logs.get("leveret.delayed")
+RETRY_MS = 1_000  # a copy a target refused is held again for this long
+RETRIES = 120  # then it is dropped (logged, counted): two minutes of refusals
 
 TYPE = "x-delayed-message"
 TYPE_ARG = "x-delayed-type"
@@ -44,6 +49,7 @@ class DelayedMixin:
     delayed_log: DelayedLog | None = None  # its own log (one node), else None
     delayed_logs: DelayedLogs | None = None  # where its log is (the vhost's port)
     _vhost: Any = None
+    _tries: dict[object, int] = {}
 
     def hold(self, message: InboundMessage, confirm: Confirm | None) -> bool:
         delay = held_delay(message.headers)
@@ -67,6 +73,7 @@ class DelayedMixin:
         if vhost.exchange_env is None:
             raise InternalError("this vhost keeps no delayed messages")
         self._vhost = vhost
+        self._tries = {}  # refused copies held again, by id: how often
         self.delayed_logs = vhost.delayed_logs
         self.delayed_log = self.delayed_logs.opened(self, vhost)
 
@@ -77,15 +84,46 @@ class DelayedMixin:
         the log (delayed_ids.py: a target takes it once, whichever leader routes it); one
         finding no queue (even through the alternate exchange) is counted unroutable."""
         store = self.store
-        for offset, message in batch:
-            headers = dict(message.headers)
+        for offset, held in batch:
+            headers = dict(held.headers)
+            ident = headers.setdefault(ID_HEADER, f"{log_id}:{offset}")  # (kept if held again)
             delay = delay_of(headers)
             if delay is not None:
                 headers["x-delay"] = -delay
-            headers[ID_HEADER] = f"{log_id}:{offset}"
-            message = message.replace(headers=headers)
-            if not vhost.route_held(self, message) and store is not None:
+            confirm = Confirm(0, self._retry_refused(held, ident))
+            if not vhost.route_held(self, held.replace(headers=headers), confirm) and (
+                    store is not None):
                 store.unroutable_total += 1
+            confirm.seal()
+
+    def _retry_refused(self, held: InboundMessage, ident: object) -> Any:
+        """The callback of a routed copy's confirm: when a target refused it (its node down,
+        a write failed), the message is held again, with its id, RETRY_MS from now, to be
+        routed again to every target (those that took it drop the second copy), at most
+        RETRIES times by this leader."""
+
+        def settled(confirm: Confirm) -> None:
+            tries = self._tries
+            if not confirm.rejected:
+                if tries:
+                    tries.pop(ident, None)
+                return
+            store = self.store
+            if store is None or not store.leading or store.closed:
+                return  # deposed, or gone: a new leader routes it again, or nothing does
+            count = tries.get(ident, 0) + 1
+            if count > RETRIES:
+                tries.pop(ident, None)
+                store.refused_total += 1
+                log.error("a delayed message's target kept refusing it; it is dropped",
+                          exchange=getattr(self, "name", ""), id=str(ident), tries=count - 1)
+                return
+            tries[ident] = count
+            headers = dict(held.headers)
+            headers[ID_HEADER] = ident
+            store.hold(held.replace(headers=headers), store.scheduler.now_ms() + RETRY_MS, None)
+
+        return settled
 
     def held_info(self) -> dict[str, Any]:
         store = self.store
@@ -93,7 +131,8 @@ class DelayedMixin:
             return {}
         return {"messages_delayed": store.count, "next_due_ms": store.next_due(),
                 "delayed_routed": store.routed_total,
-                "delayed_unroutable": store.unroutable_total}
+                "delayed_unroutable": store.unroutable_total,
+                "delayed_refused": store.refused_total}
 
     def commit_pending(self) -> None:
         if self.delayed_log is not None:

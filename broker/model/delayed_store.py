@@ -214,6 +214,7 @@ class DelayedStore:
         self.index = DueIndex(directory / "index")
         self.routed_total = 0
         self.unroutable_total = 0
+        self.refused_total = 0  # dropped after a target refused every retry
         self._timer: Timer | None = None
         self._timer_due: int | None = None
         self._soon = False

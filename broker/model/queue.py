@@ -338,11 +338,6 @@ class ClassicQueue(Queue):
         """
         if self.dedup is not None and self.dedup.seen(message.headers):
             return False
-        if MARK in message.header:  # a delayed exchange's copy (delayed_ids.py)
-            kept = self.delayed_copy(message)
-            if kept is None:
-                return True  # taken already: a delayed exchange's new leader routed it again
-            message = kept
         if self.overflow != "drop-head" and self._would_overflow(message):
             if confirm is not None:
                 confirm.reject()
@@ -350,6 +345,11 @@ class ClassicQueue(Queue):
                 self.vhost.dead_letter(self, QueuedMessage(message, 0), "maxlen")
             # Routed all the same: RabbitMQ sends no basic.return for it; the nack tells.
             return True
+        if MARK in message.header:  # a delayed exchange's copy (delayed_ids.py), taken
+            kept = self.delayed_copy(message)
+            if kept is None:
+                return True  # taken already: a delayed exchange's new leader routed it again
+            message = kept
         now = self.vhost.scheduler.now_ms()
         self._seq += 1
         entry = QueuedMessage(

@@ -331,15 +331,15 @@ class QuorumQueue(DurableClassicQueue):
         (`committed_moved`), as RabbitMQ's quorum queue applies only what a quorum holds."""
         if self.dedup is not None and self.dedup.seen(message.headers):
             return False
-        if MARK in message.header:  # a delayed exchange's copy (delayed_ids.py)
-            kept = self.delayed_copy(message)
-            if kept is None:
-                return True  # taken already: a delayed exchange's new leader routed it again
-            message = kept
         if self.overflow != "drop-head" and self._would_overflow(message):
             if confirm is not None:
                 confirm.reject()
             return True  # routed all the same: no basic.return, the nack tells
+        if MARK in message.header:  # a delayed exchange's copy (delayed_ids.py), taken
+            kept = self.delayed_copy(message)
+            if kept is None:
+                return True  # taken already: a delayed exchange's new leader routed it again
+            message = kept
         self._seq += 1
         entry = QueuedMessage(message, self._seq, self._expires_at(message),
                               self.priority_of(message))

@@ -318,3 +318,30 @@ def test_a_delayed_exchange_without_its_log_refuses_to_hold_until_declared_again
     assert sorted(row[0] for row in got if row[0]) == ["after"]
     assert len(got) == 2  # "now" and "after"
     check_once([row for row in got if row[0]], due)
+
+
+def test_a_copy_a_target_refuses_is_routed_again_until_taken(
+        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+    """The target (a durable classic queue) is on a node that is down when the messages fall
+    due: its forwarding refuses the copies (as a publish to a queue whose node is down is
+    nacked), so they are held again and routed once a second until the node is back; each
+    arrives once."""
+    nodes = dict(zip("abc", abc, strict=True))
+    conn = connect(nodes["a"])
+    conn.channel().exchange_declare("dx4", "x-delayed-message", durable=True,
+                                    arguments={"x-delayed-type": "direct"})
+    conn.close()
+    leader, _members = log_leader(etcd, cluster, "dx4")
+    target = next(node for name, node in nodes.items() if name != leader)
+    conn = connect(target)
+    ch = conn.channel()
+    ch.queue_declare("dq4", durable=True)
+    ch.queue_bind("dq4", "dx4", "k")
+    conn.close()
+    due = publish_delayed(nodes[leader], "dx4", [f"refused-{i}" for i in range(10)], 1500)
+    target.kill()
+    time.sleep(4)  # due while the target's node is down: refused, held again
+    target.start()
+    got = collect(target, "dq4", len(due), timeout=60, settle_s=3.0)
+    ids = sorted(row[0] for row in got)
+    assert ids == sorted(due), ids
