@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,36 @@ LATE_S = 30.0  # the bound asserted (generous: a shared machine); docs/DELAYED-M
 @pytest.fixture
 def node_env() -> dict[str, str]:
     return {"LEVERET_QUEUE_FSYNC": "always"}
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory,
+           etcd: EtcdServer) -> Iterator[tuple[Three, str]]:
+    """One three-node cluster for the module's short tests (each uses names of its own):
+    (the nodes, the cluster's name)."""
+    cluster = f"c{uuid.uuid4().hex[:10]}"
+    tmp = tmp_path_factory.mktemp("delayed-cluster")
+    three = tuple(make_node(tmp, etcd.url, cluster, name, management=True,
+                            env={"LEVERET_QUEUE_FSYNC": "always"}) for name in "abc")
+    try:
+        for node in three:
+            node.start()
+        yield (three[0], three[1], three[2]), cluster
+    finally:
+        for node in three:
+            if node.proc is not None and node.proc.poll() is None:
+                node.stop()
+
+
+@pytest.fixture
+def abc3(shared: tuple[Three, str]) -> Three:
+    """The shared cluster, every node running (a test may have killed one) and linked."""
+    three, _cluster = shared
+    for node in three:
+        if node.proc is None or node.proc.poll() is not None:
+            node.start()
+    wait_until(lambda: all(linked(node, 2) for node in three), timeout=60)
+    return three
 
 
 def setup(via: ClusterNode, target_node: ClusterNode, exchange: str, queue: str) -> None:
@@ -144,7 +176,8 @@ def run_kill_round(abc: Three, etcd: EtcdServer, cluster: str, exchange: str, qu
 
 
 def test_the_log_is_placed_like_a_quorum_queue_and_survives_kill_of_its_leader(
-        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
+    abc, cluster = abc3, shared[1]
     a, b, c = abc
     nodes = {"a": a, "b": b, "c": c}
     conn = connect(a)
@@ -240,11 +273,12 @@ def test_rounds_of_kill_and_restart_route_every_delayed_message_once(
 
 
 def test_a_quorum_queue_keeps_the_ids_it_took_across_its_leader_change(
-        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
     """The ids of delayed copies a quorum queue took are records of its log (replicated
     with the messages): after `kill -9` of its leader, the new leader drops a second copy
     of an id the old one took. (The copies are published here with the id header, as a
     delayed exchange's leader routes them, to reach the target's leader change directly.)"""
+    abc, cluster = abc3, shared[1]
     nodes = dict(zip("abc", abc, strict=True))
     conn = connect(nodes["a"])
     conn.channel().queue_declare("qids", durable=True, arguments={
@@ -286,10 +320,11 @@ def test_a_quorum_queue_keeps_the_ids_it_took_across_its_leader_change(
 
 
 def test_a_delayed_exchange_without_its_log_refuses_to_hold_until_declared_again(
-        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
     """An exchange whose log record is missing (its declaration's second step failed, or
     the record was deleted): a delayed publish closes the connection with 541, a publish
     without x-delay still routes; declaring the exchange again makes the log."""
+    abc, cluster = abc3, shared[1]
     a, b, _c = abc
     setup(a, b, "dx3", "dq3")
 
@@ -321,11 +356,12 @@ def test_a_delayed_exchange_without_its_log_refuses_to_hold_until_declared_again
 
 
 def test_a_copy_a_target_refuses_is_routed_again_until_taken(
-        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
     """The target (a durable classic queue) is on a node that is down when the messages fall
     due: its forwarding refuses the copies (as a publish to a queue whose node is down is
     nacked), so they are held again and routed once a second until the node is back; each
     arrives once."""
+    abc, cluster = abc3, shared[1]
     nodes = dict(zip("abc", abc, strict=True))
     conn = connect(nodes["a"])
     conn.channel().exchange_declare("dx4", "x-delayed-message", durable=True,
