@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from leveret.broker.model.delayed_ids import ID_HEADER
-from leveret.broker.model.delayed_log import DelayedLog, DelayedLogs, digest
+from leveret.broker.model.delayed_log import DelayedLog, DelayedLogs
 from leveret.broker.model.delayed_store import DelayedStore
 from leveret.broker.model.errors import InternalError, PreconditionFailed
 from leveret.broker.model.exchange import Exchange
@@ -151,12 +151,6 @@ class DelayedMixin:
         if self.delayed_log is not None:
             self.delayed_log.store.destroy()
             self.delayed_log = None
-
-
-def directory_name(vhost: str, name: str) -> str:
-    """A durable delayed exchange's folder: a digest of its vhost and name (never the name
-    itself: names are user input), stable across restarts with no metadata to keep."""
-    return digest(vhost, name)
 
 
 _VARIANTS: dict[tuple[type[Exchange], str | None], type[Exchange]] = {}
