@@ -172,8 +172,12 @@ class DelayedLog(Queue):
         self.store.commit_pending()
 
     def close(self) -> None:
-        if not self.deleted:
+        if self.deleted:
+            return
+        if self.durable:
             self.store.close()
+        else:  # a transient exchange's log ends with the broker (its record with the lease)
+            self.store.destroy()
 
     def on_delete(self) -> None:
         super().on_delete()
@@ -202,7 +206,7 @@ class DelayedLogKind(DeclareRules):
         return DelayedLog(owner, name, env=self.env, directory=self.env.directory(storage_id),
                           exchange=str(exchange), storage_id=storage_id,
                           replication=replication, alone=replication is ONE_NODE,
-                          durable=True, arguments=arguments)
+                          durable=durable, arguments=arguments)
 
 
 class DelayedLogs(Protocol):

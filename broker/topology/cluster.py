@@ -179,19 +179,20 @@ class ClusterTopology:
             result = await self.cluster.store.declare_exchange(record, lease)
         await self._settle(result.revision)
         if is_delayed(spec.type, spec.arguments):
-            await self._declare_delayed_log(vhost, spec.name)
+            await self._declare_delayed_log(vhost, spec)
         return isinstance(result, Created)
 
-    async def _declare_delayed_log(self, vhost: VHost, exchange: str) -> None:
+    async def _declare_delayed_log(self, vhost: VHost, spec: ExchangeSpec) -> None:
         """A delayed exchange's log: a hidden queue record beside it, placed as a quorum
         queue is (3 members by default, capped at the running nodes), whose leader holds and
-        routes the exchange's messages (model/delayed_log.py)."""
-        name = delayed_log.log_name(vhost.name, exchange)
+        routes the exchange's messages (model/delayed_log.py). A transient exchange's is
+        transient too: put with this node's lease, as the exchange is, it goes with it."""
+        name = delayed_log.log_name(vhost.name, spec.name)
         if self.cluster.cache.queue(vhost.name, name) is not None:
             return
         await self.declare_queue(vhost, QueueSpec(
-            name, delayed_log.TYPE, durable=True,
-            arguments={delayed_log.EXCHANGE_ARG: exchange}))
+            name, delayed_log.TYPE, durable=spec.durable,
+            arguments={delayed_log.EXCHANGE_ARG: spec.name}))
 
     async def delete_exchange(self, vhost: VHost, name: str) -> bool:
         await _own_turn()

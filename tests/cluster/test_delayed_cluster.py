@@ -381,3 +381,27 @@ def test_a_copy_a_target_refuses_is_routed_again_until_taken(
     got = collect(target, "dq4", len(due), timeout=60, settle_s=3.0)
     ids = sorted(row[0] for row in got)
     assert ids == sorted(due), ids
+
+
+def test_a_transient_delayed_exchange_and_its_log_go_with_the_declaring_node(
+        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
+    """Both records are put with the declaring node's lease: killed, both are gone."""
+    abc, cluster = abc3, shared[1]
+    b = abc[1]
+    conn = connect(b)
+    conn.channel().exchange_declare("tdx", "x-delayed-message", durable=False,
+                                    arguments={"x-delayed-type": "direct"})
+    conn.close()
+    assert log_leader(etcd, cluster, "tdx")[0] in ("a", "b", "c")
+
+    async def records() -> tuple[object, object]:
+        async with EtcdClient([etcd.url], timeout_s=5.0) as client:
+            store = TopologyStore(client, TopologyKeys(ClusterKeys(cluster).root + "topology/"))
+            return (await store.get_exchange("/", "tdx"),
+                    await store.get_queue("/", log_name("/", "tdx")))
+
+    found = asyncio.run(records())
+    assert all(record is not None for record in found)
+    b.kill()
+    time.sleep(12)
+    assert asyncio.run(records()) == (None, None)
