@@ -70,6 +70,75 @@ def delayed_exchange(conn: Connection, name: str) -> None:
         arguments={"x-delayed-type": "direct"}), "Exchange.DeclareOk")
 
 
+def rates(nodes: dict[str, Any], etcd: Any, cluster: str, args: argparse.Namespace,
+          figures: dict[str, Any]) -> None:
+    """Publish rates with confirms: a quorum queue, and the delayed exchange via its log's
+    leader and via another node."""
+    conn = channel(nodes["a"].port)
+    declare(conn, commands.Exchange.Declare(exchange="qx", exchange_type="direct",
+                                            durable=True), "Exchange.DeclareOk")
+    declare(conn, commands.Queue.Declare(
+        queue="qq", durable=True, arguments={"x-queue-type": "quorum",
+                                             "x-queue-leader-locator": "client-local"}),
+        "Queue.DeclareOk")
+    declare(conn, commands.Queue.Bind(queue="qq", exchange="qx", routing_key="k"),
+            "Queue.BindOk")
+    figures["quorum_publish_per_s"] = round(publish(
+        conn, template("qx", "k", args.body_size, None), args.rate_count, args.window))
+    delayed_exchange(conn, "rate-x")
+    conn.close()
+    leader = log_leader(etcd, cluster, "rate-x")
+    other = next(name for name in nodes if name != leader)
+    for label, name in (("leader", leader), ("other_node", other)):
+        conn = channel(nodes[name].port)
+        figures[f"delayed_publish_per_s_via_{label}"] = round(publish(
+            conn, template("rate-x", "k", args.body_size, DAY_MS), args.rate_count,
+            args.window))
+        conn.close()
+    print(f"publish: quorum {figures['quorum_publish_per_s']}/s, delayed via leader "
+          f"{figures['delayed_publish_per_s_via_leader']}/s, via another node "
+          f"{figures['delayed_publish_per_s_via_other_node']}/s", flush=True)
+
+
+def failover_round(nodes: dict[str, Any], etcd: Any, cluster: str,
+                   args: argparse.Namespace, round_: int) -> tuple[str, float]:
+    """Held and due messages, the log's leader killed 2 s before T: (the leader killed, the
+    seconds from T until all due messages are in the target queue)."""
+    exchange, queue = f"fail-x{round_}", f"fail-q{round_}"
+    conn = channel(nodes["a"].port)
+    delayed_exchange(conn, exchange)
+    conn.close()
+    leader = log_leader(etcd, cluster, exchange)
+    survivors = [name for name in sorted(nodes) if name != leader]
+    conn = channel(nodes[survivors[0]].port)
+    conn.declare_queue(queue)
+    declare(conn, commands.Queue.Bind(queue=queue, exchange=exchange,
+                                      routing_key="k"), "Queue.BindOk")
+    if args.held:
+        publish(conn, template(exchange, "k", args.body_size, DAY_MS), args.held,
+                args.window)
+    due_at = int(time.time() * 1000) + 10_000 + args.due // 5
+    publish(conn, template(exchange, "k", args.body_size,
+                           due_at - int(time.time() * 1000)), args.due, args.window)
+    conn.close()
+    wait_s = due_at / 1000 - time.time() - 2.0
+    if wait_s > 0:
+        time.sleep(wait_s)
+    nodes[leader].kill()  # T is 2 s away: it falls due during the election
+    time.sleep(max(0.0, due_at / 1000 - time.time()))
+    t0 = time.monotonic()
+    probe = connect("127.0.0.1", nodes[survivors[0]].port)
+    while (count := queue_count(probe, queue)) < args.due:
+        if time.monotonic() - t0 > 300:
+            raise RuntimeError(f"only {count} of {args.due} routed after 5 min")
+        time.sleep(0.05)
+    took = time.monotonic() - t0
+    probe.close()
+    print(f"round {round_}: leader {leader} killed 2 s before T; all {args.due} "
+          f"routed {took:.2f} s after T ({args.held} held besides)", flush=True)
+    return leader, took
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate-count", type=int, default=50_000)
@@ -107,66 +176,11 @@ def main() -> None:
         for node in nodes.values():
             node.start(timeout=60)
         wait_linked()
-        conn = channel(nodes["a"].port)
-        declare(conn, commands.Exchange.Declare(exchange="qx", exchange_type="direct",
-                                                durable=True), "Exchange.DeclareOk")
-        declare(conn, commands.Queue.Declare(
-            queue="qq", durable=True, arguments={"x-queue-type": "quorum",
-                                                 "x-queue-leader-locator": "client-local"}),
-            "Queue.DeclareOk")
-        declare(conn, commands.Queue.Bind(queue="qq", exchange="qx", routing_key="k"),
-                "Queue.BindOk")
-        figures["quorum_publish_per_s"] = round(publish(
-            conn, template("qx", "k", args.body_size, None), args.rate_count, args.window))
-        delayed_exchange(conn, "rate-x")
-        conn.close()
-        leader = log_leader(etcd, cluster, "rate-x")
-        other = next(name for name in nodes if name != leader)
-        for label, name in (("leader", leader), ("other_node", other)):
-            conn = channel(nodes[name].port)
-            figures[f"delayed_publish_per_s_via_{label}"] = round(publish(
-                conn, template("rate-x", "k", args.body_size, DAY_MS), args.rate_count,
-                args.window))
-            conn.close()
-        print(f"publish: quorum {figures['quorum_publish_per_s']}/s, delayed via leader "
-              f"{figures['delayed_publish_per_s_via_leader']}/s, via another node "
-              f"{figures['delayed_publish_per_s_via_other_node']}/s", flush=True)
-
+        rates(nodes, etcd, cluster, args, figures)
         late: list[float] = []
         for round_ in range(args.rounds):
-            exchange, queue = f"fail-x{round_}", f"fail-q{round_}"
-            conn = channel(nodes["a"].port)
-            delayed_exchange(conn, exchange)
-            conn.close()
-            leader = log_leader(etcd, cluster, exchange)
-            survivors = [name for name in sorted(nodes) if name != leader]
-            conn = channel(nodes[survivors[0]].port)
-            conn.declare_queue(queue)
-            declare(conn, commands.Queue.Bind(queue=queue, exchange=exchange,
-                                              routing_key="k"), "Queue.BindOk")
-            if args.held:
-                publish(conn, template(exchange, "k", args.body_size, DAY_MS), args.held,
-                        args.window)
-            due_at = int(time.time() * 1000) + 10_000 + args.due // 5
-            publish(conn, template(exchange, "k", args.body_size,
-                                   due_at - int(time.time() * 1000)), args.due, args.window)
-            conn.close()
-            wait_s = due_at / 1000 - time.time() - 2.0
-            if wait_s > 0:
-                time.sleep(wait_s)
-            nodes[leader].kill()  # T is 2 s away: it falls due during the election
-            time.sleep(max(0.0, due_at / 1000 - time.time()))
-            t0 = time.monotonic()
-            probe = connect("127.0.0.1", nodes[survivors[0]].port)
-            while (count := queue_count(probe, queue)) < args.due:
-                if time.monotonic() - t0 > 300:
-                    raise RuntimeError(f"only {count} of {args.due} routed after 5 min")
-                time.sleep(0.05)
-            took = time.monotonic() - t0
-            probe.close()
+            leader, took = failover_round(nodes, etcd, cluster, args, round_)
             late.append(round(took, 2))
-            print(f"round {round_}: leader {leader} killed 2 s before T; all {args.due} "
-                  f"routed {took:.2f} s after T ({args.held} held besides)", flush=True)
             nodes[leader].start(timeout=120)
             wait_linked()
         figures["failover_all_routed_s_after_due"] = late
