@@ -91,14 +91,15 @@ class DelayedMixin:
             if delay is not None:
                 headers["x-delay"] = -delay
             confirm = Confirm(0, self._retry_refused(held, ident))
-            if not vhost.route_held(self, held.replace(headers=headers), confirm) and (
-                    store is not None):
+            if not vhost.route_held(self, held.replace(headers=headers), confirm,
+                                    remote_only=True) and store is not None:
                 store.unroutable_total += 1
             confirm.seal()
 
     def _retry_refused(self, held: InboundMessage, ident: object) -> Any:
-        """The callback of a routed copy's confirm: when a target refused it (its node down,
-        a write failed), the message is held again, with its id, RETRY_MS from now, to be
+        """The callback of a routed copy's confirm, which waits for its targets on other
+        nodes only (a queue of this node takes it or refuses it as before): when one refused
+        it (its node down), the message is held again, with its id, RETRY_MS from now, to be
         routed again to every target (those that took it drop the second copy), at most
         RETRIES times by this leader."""
 

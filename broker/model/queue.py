@@ -111,6 +111,12 @@ class Queue:
         return None
 
     @property
+    def written_elsewhere(self) -> bool:
+        """Whether a message published here is written by another node: a queue held by
+        another node, or a replica of one whose leader is elsewhere."""
+        return self.holder is not None or getattr(self, "forward_to", None) is not None
+
+    @property
     def message_count(self) -> int:
         return 0
 

@@ -619,22 +619,25 @@ class VHost:
         return self.route_held(exchange, message, confirm)
 
     def route_held(self, exchange: Exchange, message: InboundMessage,
-                   confirm: Confirm | None = None) -> int:
+                   confirm: Confirm | None = None, *, remote_only: bool = False) -> int:
         """Route and enqueue with no deduplication or hold (a held message falling due is
-        not checked again); returns how many queues took it."""
+        not checked again); returns how many queues took it. `remote_only`: `confirm` waits
+        for the queues held by other nodes only."""
         queues = self.route(exchange, message)
         if queues and "BCC" in message.headers:
             headers = dict(message.headers)
             del headers["BCC"]
             message = message.replace(headers=headers)
-        return self.publish_to(queues, message, confirm)
+        return self.publish_to(queues, message, confirm, remote_only)
 
     @staticmethod
-    def publish_to(queues: list[Queue], message: InboundMessage, confirm: Confirm | None) -> int:
+    def publish_to(queues: list[Queue], message: InboundMessage, confirm: Confirm | None,
+                   remote_only: bool = False) -> int:
         """Enqueue a routed message; returns how many of `queues` took it."""
         taken = 0
         for queue in queues:
-            if queue.publish(message, confirm):
+            use = None if remote_only and not queue.written_elsewhere else confirm
+            if queue.publish(message, use):
                 taken += 1
         return taken
 

@@ -18,7 +18,16 @@ from typing import Any
 import pika
 import pytest
 from support.brokers import BrokerProcess
-from support.cluster import ClusterNode, connect, in_etcd, linked, make_node, paused, wait_until
+from support.cluster import (
+    ClusterNode,
+    api_get,
+    connect,
+    in_etcd,
+    linked,
+    make_node,
+    paused,
+    wait_until,
+)
 from support.etcd import EtcdServer
 
 from leveret.broker.cluster.etcd import EtcdClient
@@ -405,3 +414,28 @@ def test_a_transient_delayed_exchange_and_its_log_go_with_the_declaring_node(
     b.kill()
     time.sleep(12)
     assert asyncio.run(records()) == (None, None)
+
+
+@pytest.mark.slow
+def test_a_copy_refused_for_two_minutes_is_dropped_and_counted(
+        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+    """The target's node stays down: the copy is held again once a second, 120 times, then
+    dropped and counted in the exchange's `delayed_refused` (on the log's leader)."""
+    nodes = dict(zip("abc", abc, strict=True))
+    conn = connect(nodes["a"])
+    conn.channel().exchange_declare("dx5", "x-delayed-message", durable=True,
+                                    arguments={"x-delayed-type": "direct"})
+    conn.close()
+    leader, _members = log_leader(etcd, cluster, "dx5")
+    target = next(node for name, node in nodes.items() if name != leader)
+    conn = connect(target)
+    ch = conn.channel()
+    ch.queue_declare("dq5", durable=True)
+    ch.queue_bind("dq5", "dx5", "k")
+    conn.close()
+    publish_delayed(nodes[leader], "dx5", ["gone"], 500)
+    target.kill()
+    wait_until(lambda: api_get(nodes[leader], "/api/exchanges/%2F/dx5")["delayed_refused"] == 1,
+               timeout=200)
+    view = api_get(nodes[leader], "/api/exchanges/%2F/dx5")
+    assert view["messages_delayed"] == 0
