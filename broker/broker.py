@@ -22,6 +22,13 @@ from leveret.broker.metadata.recorder import MetadataRecorder, restore
 from leveret.broker.metadata.store import Metastore
 from leveret.broker.model import default_type
 from leveret.broker.model.classic_kind import ClassicKind
+from leveret.broker.model.delayed_log import (
+    DelayedLog,
+    DelayedLogKind,
+    DelayedLogs,
+    OwnLogs,
+    TopologyLogs,
+)
 from leveret.broker.model.delayed_store import remove_transient_stores
 from leveret.broker.model.durable import DurableClassicQueue
 from leveret.broker.model.queue_kind import QueueKinds
@@ -126,7 +133,11 @@ class Broker:
             ClassicKind(self.queue_env),
             StreamKind(self.stream_env, self._stream_replication),
             QuorumKind(self.queue_env, self._stream_replication),
+            DelayedLogKind(self.queue_env, self._stream_replication),
         ])
+        # where a delayed exchange's log is: its own one-member log on one node; in a cluster
+        # a hidden queue of the topology, placed and replicated as a quorum queue's log
+        self.delayed_logs: DelayedLogs = TopologyLogs() if config.etcd else OwnLogs()
         # a new vhost's default queue type unless it is given one (RabbitMQ's node-wide
         # default_queue_type); Config.load has checked it
         self.default_queue_type = (default_type.parse(config.default_queue_type,
@@ -160,6 +171,7 @@ class Broker:
                 queue_kinds=self.queue_kinds,
                 observer=self.recorder,
                 exchange_env=self.queue_env,
+                delayed_logs=self.delayed_logs,
                 default_queue_type=default_queue_type or self.default_queue_type,
             )
             self.vhosts[name] = vhost
@@ -264,7 +276,7 @@ class Broker:
                     log.exception("committing an exchange failed", exchange=exchange.name,
                                   vhost=vhost.name)
             for queue in list(vhost.queues.values()):
-                if isinstance(queue, (StreamQueue, DurableClassicQueue)):
+                if isinstance(queue, (StreamQueue, DurableClassicQueue, DelayedLog)):
                     try:
                         queue.commit_pending()
                     except Exception:

@@ -32,6 +32,7 @@ from leveret.broker.access import admin
 from leveret.broker.access.access_store import AccessStore, TopologyUnavailable, access_store
 from leveret.broker.management.views import jsonable as _json
 from leveret.broker.model import default_type
+from leveret.broker.model.delayed_log import hidden
 from leveret.broker.model.errors import BrokerError
 from leveret.broker.model.exchange_types import exchange_class
 from leveret.broker.process import logs
@@ -90,7 +91,7 @@ def _queues(vhost: VHost) -> list[dict[str, Any]]:
             "arguments": _queue_arguments(q.type, q.arguments),
         }
         for q in vhost.queues.values()
-        if not q.exclusive
+        if not q.exclusive and not hidden(q)  # (a delayed exchange's log comes with it)
     ]
 
 

@@ -52,6 +52,7 @@ from leveret.broker.cluster.stream_leadership import _decode as decode_leadershi
 from leveret.broker.cluster.stream_leadership import _encode as encode_leadership
 from leveret.broker.cluster.stream_led import Led
 from leveret.broker.cluster.topology_records import QueueRecord, decode, encode
+from leveret.broker.model.delayed_log import TYPE as DELAYED_LOG
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.runtime import ClusterRuntime
@@ -72,7 +73,7 @@ ALREADY_LEADER_TEXT = "The target node is already the leader of this queue"
 UNKNOWN_MEMBER_TEXT = "unknown_member: node '{node}' is not a member of {what} '{name}'"
 NOT_IN_SYNC_TEXT = ("not_in_sync: the member of {what} '{name}' on node '{node}' does not hold "
                     "everything its leader committed; try again once it is in sync")
-REPLICATED = ("stream", "quorum")
+REPLICATED = ("stream", "quorum", DELAYED_LOG)
 
 # RabbitMQ's texts by queue type, where they differ (a quorum queue's are rabbit_quorum_queue's
 # reasons, with what they mean)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from leveret.broker.cluster.topology_records import QueueRecord
+from leveret.broker.model.delayed_log import TYPE as DELAYED_LOG
 
 
 def cluster_size(argument: object, running: int) -> int:
@@ -33,7 +34,7 @@ def place_stream(this_node: str, running: Iterable[str], records: Iterable[Queue
     leaders = dict.fromkeys(nodes, 0)
     held = dict.fromkeys(nodes, 0)
     for record in records:
-        if record.type not in ("stream", "quorum"):
+        if record.type not in ("stream", "quorum", DELAYED_LOG):
             continue
         if record.node in leaders:
             leaders[record.node] += 1

@@ -48,6 +48,7 @@ from leveret.broker.cluster.stream_led import Led
 from leveret.broker.cluster.stream_member import StreamMember, member_of
 from leveret.broker.cluster.stream_membership import StreamMembership
 from leveret.broker.cluster.topology_records import QueueRecord
+from leveret.broker.model.delayed_log import TYPE as DELAYED_LOG
 from leveret.broker.model.log_queue import LogQueue
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.model.syncer import Syncer
@@ -64,7 +65,8 @@ RETRY_S = 1.0
 OFFSETS = "stream.offsets"  # a replica's consumers' offsets, for the leader to store
 
 
-REPLICATED_TYPES = ("stream", "quorum")  # the queue types a cluster replicates by their log
+# the queue types a cluster replicates by their log (a delayed exchange's log is one)
+REPLICATED_TYPES = ("stream", "quorum", DELAYED_LOG)
 
 
 def _log_queue(queue: object) -> LogQueue | None:

@@ -43,6 +43,8 @@ from leveret.broker.cluster.topology_records import (
 )
 from leveret.broker.metadata.store import Metastore, MetastoreError
 from leveret.broker.model.binding import Binding
+from leveret.broker.model.delayed_log import EXCHANGE_ARG, log_name
+from leveret.broker.model.delayed_log import TYPE as DELAYED_LOG
 from leveret.broker.model.errors import BrokerError
 from leveret.broker.model.exchange import Exchange
 from leveret.broker.model.queue import Queue
@@ -187,6 +189,21 @@ class TopologySync:
                 vhost.remove_exchange(record.name)
             finally:
                 self._applying_exchange = None
+        log_record = self.cluster.cache.queue(record.vhost, log_name(record.vhost, record.name))
+        if log_record is not None:
+            self._drop_orphan_log(log_record)
+
+    def _drop_orphan_log(self, record: QueueRecord) -> None:
+        """A delayed exchange's log whose exchange is gone (deleted, or a transient one whose
+        node's lease ended): its leader deletes it in etcd. A failover that re-put the record
+        meanwhile brings it back here with the new leader, who deletes it then."""
+        if record.type != DELAYED_LOG or record.node != self.cluster.node:
+            return
+        exchange = record.arguments.get(EXCHANGE_ARG)
+        if isinstance(exchange, bytes):
+            exchange = exchange.decode()
+        if self.cluster.cache.exchange(record.vhost, str(exchange)) is None:
+            self._delete_in_etcd(record)
 
     # -- queues -----------------------------------------------------------------------------------
 
@@ -203,6 +220,7 @@ class TopologySync:
         vhost = self._vhost(record.vhost)
         if vhost is None:
             return
+        self._drop_orphan_log(record)
         existing = vhost.queues.get(record.name)
         if existing is not None:
             if self._same(existing, record):

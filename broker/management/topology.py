@@ -41,6 +41,7 @@ from leveret.broker.management.http import (
     visible_vhosts,
 )
 from leveret.broker.management.nodes import nodes_of
+from leveret.broker.model.delayed_log import hidden
 from leveret.broker.model.errors import PreconditionFailed
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ def _consumer_details(request: web.Request, queue: Any) -> list[dict[str, Any]]:
 async def _queues(request: web.Request, vhosts: list[VHost]) -> list[dict[str, Any]]:
     """Every queue of `vhosts`, with its `node`: in cluster mode those held elsewhere too, with
     their holder's counts (the nodes port)."""
-    queues = [q for v in vhosts for q in v.queues.values()]
+    queues = [q for v in vhosts for q in v.queues.values() if not hidden(q)]
     return await nodes_of(request).queue_views(queues)
 
 
@@ -251,7 +252,8 @@ async def get_messages(request: web.Request) -> web.Response:
 
 
 def _bindings(vhost: VHost) -> list[dict[str, Any]]:
-    items = [views.default_binding_view(vhost.name, q) for q in vhost.queues.values()]
+    items = [views.default_binding_view(vhost.name, q) for q in vhost.queues.values()
+             if not hidden(q)]
     for exchange in vhost.exchanges.values():
         items.extend(views.binding_view(vhost.name, b) for b in exchange.bindings.values())
     return items

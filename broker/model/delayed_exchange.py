@@ -6,107 +6,125 @@ texts when that argument is missing or wrong), and LavinMQ's `x-delayed-exchange
 exchange of any type. Either way the exchange is an instance of `delayed_variant(cls)`: the
 routing type's class with `DelayedMixin` in front, so its bindings and routing are that type's.
 
-`x-delay` is read as the plugin reads it (`delay_of`): an integer of any AMQP integer type as
-it is; a string as Erlang's binary_to_integer reads it; a float or decimal truncated; anything
-else means no delay. A delay above 0 and at most 2^32 - 1 ms holds the message; any other
-routes it at once, untouched. A held message is routed at its due time with its properties as
-published, except that `x-delay` then reads minus the delay (the plugin's marker that the
-message went through the delay).
+`x-delay` is read as the plugin reads it (x_delay.py): a delay above 0 and at most 2^32 - 1
+ms holds the message; any other routes it at once, untouched. A held message is routed at its
+due time with its properties as published, except that `x-delay` then reads minus the delay
+(the plugin's marker that the message went through the delay).
 
-The held messages are the exchange's `DelayedStore` (delayed_store.py), in a folder of the
-vhost's `exchange_env`; the vhost's `route_held` routes them. This module must not know AMQP
+The held messages are in the exchange's log (delayed_log.py), found through the vhost's
+`delayed_logs` port: on one node the exchange's own, in a folder of the vhost's
+`exchange_env`; in a cluster a replicated log of the topology, whose leader routes what falls
+due through this exchange (`route_due`, with each copy's id for its targets: delayed_ids.py)
+and the vhost's `route_held`. This module must not know AMQP
 encodings, the session or the storage engine's files.
 Threading: single-threaded, on the event loop.
 """
 
 from __future__ import annotations
 
-import decimal
-import hashlib
-import math
-import re
-import uuid
 from collections.abc import Mapping
 from typing import Any, cast
 
-from leveret.broker.model.delayed_store import FOLDER, TRANSIENT, DelayedStore
+from leveret.broker.model.delayed_ids import ID_HEADER
+from leveret.broker.model.delayed_log import DelayedLog, DelayedLogs
+from leveret.broker.model.delayed_store import DelayedStore
 from leveret.broker.model.errors import InternalError, PreconditionFailed
 from leveret.broker.model.exchange import Exchange
 from leveret.broker.model.message import Confirm, InboundMessage
+from leveret.broker.model.x_delay import MAX_DELAY_MS, delay_of, held_delay
+from leveret.broker.process import logs
+
+log = logs.get("leveret.delayed")
+RETRY_MS = 1_000  # a copy a target refused is held again for this long
+RETRIES = 120  # then it is dropped (logged, counted): two minutes of refusals
 
 TYPE = "x-delayed-message"
 TYPE_ARG = "x-delayed-type"
 LAVINMQ_ARG = "x-delayed-exchange"
-MAX_DELAY_MS = 4294967295  # the plugin's ERL_MAX_T: a longer delay routes at once
-_ERLANG_INT = re.compile(r"[+-]?[0-9]+")
-
-
-def delay_of(headers: Mapping[str, Any]) -> int | None:
-    """The plugin's get_delay: the x-delay header as an integer, or None (no delay)."""
-    if "x-delay" not in headers:
-        return None
-    value = headers["x-delay"]
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, bytes | str):
-        text = value.decode("latin-1") if isinstance(value, bytes) else value
-        # binary_to_integer: the plugin's route crashes on anything else; Leveret routes it
-        # at once instead (docs/DELAYED-MESSAGES.md)
-        return int(text) if _ERLANG_INT.fullmatch(text) else None
-    if isinstance(value, float):
-        return math.trunc(value) if math.isfinite(value) else None
-    if isinstance(value, decimal.Decimal):
-        return math.trunc(value) if value.is_finite() else None
-    return None
-
-
-def held_delay(headers: Mapping[str, Any]) -> int | None:
-    """The delay a message is held for, or None when it is routed at once."""
-    delay = delay_of(headers)
-    return delay if delay is not None and 0 < delay <= MAX_DELAY_MS else None
 
 
 class DelayedMixin:
-    """What a delayed exchange adds to its routing type: the store and the hold."""
+    """What a delayed exchange adds to its routing type: the hold, through its log."""
 
-    store: DelayedStore | None = None
+    delayed_log: DelayedLog | None = None  # its own log (one node), else None
+    delayed_logs: DelayedLogs | None = None  # where its log is (the vhost's port)
+    _vhost: Any = None
+    _tries: dict[object, int] = {}
 
     def hold(self, message: InboundMessage, confirm: Confirm | None) -> bool:
         delay = held_delay(message.headers)
         if delay is None:
             return False
-        store = self.store
-        if store is None:
-            raise InternalError("delayed exchange has no store")
-        store.hold(message, store.scheduler.now_ms() + delay, confirm)
+        logs = self.delayed_logs
+        target = logs.log_for(self, self._vhost) if logs is not None else None
+        if target is None:
+            raise InternalError("delayed exchange has no log")
+        target.publish(message, confirm)
         return True
 
-    def opened(self, vhost: Any) -> None:
-        env = vhost.exchange_env
-        if env is None:
-            raise InternalError("this vhost keeps no delayed messages")
-        x: Exchange = self  # type: ignore[assignment]
-        folder = directory_name(x.vhost, x.name) if x.durable else TRANSIENT + uuid.uuid4().hex
-        self.store = DelayedStore(
-            vhost.scheduler, env, env.root / FOLDER / folder,
-            lambda batch: self._route_due(vhost, batch), name=x.name)
+    @property
+    def store(self) -> DelayedStore | None:
+        """The store of the log this node holds for the exchange (None: held elsewhere)."""
+        logs = self.delayed_logs
+        target = logs.log_for(self, self._vhost) if logs is not None else None
+        return target.store if isinstance(target, DelayedLog) else None
 
-    def _route_due(self, vhost: Any, batch: list[tuple[int, InboundMessage]]) -> None:
+    def opened(self, vhost: Any) -> None:
+        if vhost.exchange_env is None:
+            raise InternalError("this vhost keeps no delayed messages")
+        self._vhost = vhost
+        self._tries = {}  # refused copies held again, by id: how often
+        self.delayed_logs = vhost.delayed_logs
+        self.delayed_log = self.delayed_logs.opened(self, vhost)
+
+    def route_due(self, vhost: Any, batch: list[tuple[int, InboundMessage]],
+                  log_id: str) -> None:
         """Messages fell due: each goes through this exchange's routing with x-delay set to
-        minus its delay, as the plugin's swap_delay_header does; one finding no queue (even
-        through the alternate exchange) is counted unroutable."""
+        minus its delay, as the plugin's swap_delay_header does, and stamped with its id in
+        the log (delayed_ids.py: a target takes it once, whichever leader routes it); one
+        finding no queue (even through the alternate exchange) is counted unroutable."""
         store = self.store
-        assert store is not None
-        for _offset, message in batch:
-            delay = delay_of(message.headers)
+        for offset, held in batch:
+            headers = dict(held.headers)
+            ident = headers.setdefault(ID_HEADER, f"{log_id}:{offset}")  # (kept if held again)
+            delay = delay_of(headers)
             if delay is not None:
-                headers = dict(message.headers)
                 headers["x-delay"] = -delay
-                message = message.replace(headers=headers)
-            if not vhost.route_held(self, message):
+            confirm = Confirm(0, self._retry_refused(held, ident))
+            if not vhost.route_held(self, held.replace(headers=headers), confirm,
+                                    remote_only=True) and store is not None:
                 store.unroutable_total += 1
+            confirm.seal()
+
+    def _retry_refused(self, held: InboundMessage, ident: object) -> Any:
+        """The callback of a routed copy's confirm, which waits for its targets on other
+        nodes only (a queue of this node takes it or refuses it as before): when one refused
+        it (its node down), the message is held again, with its id, RETRY_MS from now, to be
+        routed again to every target (those that took it drop the second copy), at most
+        RETRIES times by this leader."""
+
+        def settled(confirm: Confirm) -> None:
+            tries = self._tries
+            if not confirm.rejected:
+                if tries:
+                    tries.pop(ident, None)
+                return
+            store = self.store
+            if store is None or not store.leading or store.closed:
+                return  # deposed, or gone: a new leader routes it again, or nothing does
+            count = tries.get(ident, 0) + 1
+            if count > RETRIES:
+                tries.pop(ident, None)
+                store.refused_total += 1
+                log.error("a delayed message's target kept refusing it; it is dropped",
+                          exchange=getattr(self, "name", ""), id=str(ident), tries=count - 1)
+                return
+            tries[ident] = count
+            headers = dict(held.headers)
+            headers[ID_HEADER] = ident
+            store.hold(held.replace(headers=headers), store.scheduler.now_ms() + RETRY_MS, None)
+
+        return settled
 
     def held_info(self) -> dict[str, Any]:
         store = self.store
@@ -114,30 +132,26 @@ class DelayedMixin:
             return {}
         return {"messages_delayed": store.count, "next_due_ms": store.next_due(),
                 "delayed_routed": store.routed_total,
-                "delayed_unroutable": store.unroutable_total}
+                "delayed_unroutable": store.unroutable_total,
+                "delayed_refused": store.refused_total}
 
     def commit_pending(self) -> None:
-        if self.store is not None:
-            self.store.commit_pending()
+        if self.delayed_log is not None:
+            self.delayed_log.commit_pending()
 
     def close(self) -> None:
-        if self.store is None:
+        own = self.delayed_log
+        if own is None:
             return
         if self.durable:  # type: ignore[attr-defined]
-            self.store.close()
+            own.close()
         else:  # a transient exchange and what it holds end with the broker
-            self.store.destroy()
+            own.store.destroy()
 
     def removed(self) -> None:
-        if self.store is not None:
-            self.store.destroy()
-            self.store = None
-
-
-def directory_name(vhost: str, name: str) -> str:
-    """A durable delayed exchange's folder: a digest of its vhost and name (never the name
-    itself: names are user input), stable across restarts with no metadata to keep."""
-    return hashlib.sha256(f"{vhost}\0{name}".encode()).hexdigest()[:32]
+        if self.delayed_log is not None:
+            self.delayed_log.store.destroy()
+            self.delayed_log = None
 
 
 _VARIANTS: dict[tuple[type[Exchange], str | None], type[Exchange]] = {}
@@ -188,3 +202,12 @@ def delayed_message_type(types: Mapping[str, type[Exchange]]) -> type[Exchange]:
             inner_cls.validate(arguments)
 
     return DelayedMessageType
+
+
+def is_delayed(exchange_type: str, arguments: Mapping[str, Any]) -> bool:
+    """Whether an exchange so declared is a delayed one (in a cluster its log is a record of
+    its own in the topology: broker/topology/cluster.py)."""
+    return exchange_type == TYPE or arguments.get(LAVINMQ_ARG) is True
+
+
+__all__ = ["MAX_DELAY_MS", "delay_of", "held_delay"]

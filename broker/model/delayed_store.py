@@ -196,7 +196,7 @@ class DelayedStore:
 
     def __init__(self, scheduler: Scheduler, env: StorageEnv, directory: Path,
                  route: Callable[[list[tuple[int, InboundMessage]]], None], *, name: str = "",
-                 replication: Appends = ONE_NODE) -> None:
+                 replication: Appends = ONE_NODE, leading: bool = True) -> None:
         self.scheduler = scheduler
         self.env = env
         self.directory = directory
@@ -214,14 +214,69 @@ class DelayedStore:
         self.index = DueIndex(directory / "index")
         self.routed_total = 0
         self.unroutable_total = 0
+        self.refused_total = 0  # dropped after a target refused every retry
         self._timer: Timer | None = None
         self._timer_due: int | None = None
         self._soon = False
         self._reader: Reader | None = None
         self._chunk: tuple[int, list[bytes]] | None = None  # (first offset, records)
         self.closed = False
+        self.leading = leading  # only the leader (or the one node) indexes and routes
+        self._followed = 0  # a replica: where its reading of ROUTED records got to
+        if leading:
+            self._recover()
+            self.scheduler.call_soon(self._kick)  # after the rest of the topology is restored
+
+    # -- the role (a replicated log's: delayed_log.py) ------------------------------------------
+
+    def lead(self) -> None:
+        """Lead: the index and the routed set are rebuilt from the log (ROUTED records up to
+        what it holds are skipped) and what is due is routed once committed."""
+        self._forget()
+        self.leading = True
+        (self.directory / CLEAN).unlink(missing_ok=True)  # a replica's bucket files are stale
+        self.floor = self.log.first_offset
         self._recover()
-        self.scheduler.call_soon(self._kick)  # after the rest of the topology is restored
+        self.scheduler.call_soon(self._kick)
+
+    def follow(self) -> None:
+        """A replica, or no role: no index, no routing (the leader's log comes in as is)."""
+        self._forget()
+        self.leading = False
+
+    def follow_commit(self, bound: int) -> None:
+        """A replica: take the ROUTED records up to the commit point `bound` and delete whole
+        segments below the lowest offset not routed yet, as the leader does, so that disk use
+        follows the held messages on every member."""
+        try:
+            reader = self.log.reader(OffsetSpec.offset(max(self._followed, self.log.first_offset)),
+                                     chunk_types=(ROUTED,))
+        except StorageError:
+            return
+        try:
+            for chunk in reader:
+                if chunk.next_offset - 1 > bound:
+                    break
+                self.routed.add(chunk.first_offset)
+                for record in chunk.records:
+                    for start, end in _parse_ranges(record):
+                        self.routed.add_range(start, end)
+                self._followed = chunk.next_offset
+        finally:
+            reader.close()
+        self._truncate()
+
+    def _forget(self) -> None:
+        self._followed = 0
+        self.floor = self.log.first_offset
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._timer_due = None
+        if self._reader is not None:
+            self._reader.close()
+        self._reader = self._chunk = None
+        self.routed = IntervalSet()
+        self.index.reset()
 
     # -- holding -------------------------------------------------------------------------------
 
@@ -315,7 +370,7 @@ class DelayedStore:
         """Route what is due and committed (at most ROUTE_PER_TURN, then yield to the loop);
         arm the timer for the next due time."""
         self._soon = False
-        if self.closed:
+        if self.closed or not self.leading:
             return
         now = self.scheduler.now_ms()
         committed = self.writer.committer.committed

@@ -80,6 +80,7 @@ class _Batch:
     dead_lettered: list[QueuedMessage] = field(default_factory=list)  # held (quorum)
     sends: list[tuple[Consumer, QueuedMessage]] = field(default_factory=list)  # (quorum)
     settled_entries: dict[int, QueuedMessage] = field(default_factory=dict)  # by offset
+    taken: list[tuple[str, int]] = field(default_factory=list)  # delayed copies (quorum)
 
 
 _ranges = pack_ranges  # a record of [start, end) pairs
@@ -368,6 +369,11 @@ class DurableClassicQueue(ClassicQueue):
         following.delivered_early += batch.delivered_early
         following.dead_lettered += batch.dead_lettered
         following.sends += batch.sends
+        if written:
+            following.taken += batch.taken
+        else:  # those copies are not kept: a new leader of their exchange may route them
+            for log_id, offset in batch.taken:
+                self.taken_ids.forget(log_id, offset)
         return written
 
     def _write(self, batch: _Batch) -> None:

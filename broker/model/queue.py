@@ -14,7 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from leveret.broker.model import args as qargs
+from leveret.broker.model import delayed_ids
 from leveret.broker.model.consumer import Consumer
+from leveret.broker.model.delayed_ids import MARK, TakenIds
 from leveret.broker.model.errors import AccessRefused, PreconditionFailed, resource
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.store import MemoryStore, MessageStore, PriorityStore
@@ -90,6 +92,7 @@ class Queue:
         self.had_consumers = False
         self.deleted = False
         self.dedup: DedupCache | None = None  # a queue-level deduplication cache
+        self.taken_ids = TakenIds()  # the delayed copies it took (delayed_ids.py)
         self.stats_published = 0
         self.stats_delivered = 0
 
@@ -106,6 +109,12 @@ class Queue:
         """The node of the cluster that holds this queue when it is another one; None when it
         is held here."""
         return None
+
+    @property
+    def written_elsewhere(self) -> bool:
+        """Whether a message published here is written by another node: a queue held by
+        another node, or a replica of one whose leader is elsewhere."""
+        return self.holder is not None or getattr(self, "forward_to", None) is not None
 
     @property
     def message_count(self) -> int:
@@ -174,6 +183,14 @@ class Queue:
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
         """Take one routed message; False if the queue refused it."""
         raise NotImplementedError
+
+    def delayed_copy(self, message: InboundMessage) -> InboundMessage | None:
+        """The message to keep (a delayed exchange's copy loses its id), or None for a
+        delayed copy this queue took already (delayed_ids.py)."""
+        return delayed_ids.take(self.taken_ids, message, self.took_delayed)
+
+    def took_delayed(self, log_id: str, offset: int) -> None:
+        """A delayed copy was taken (a quorum queue records its id in its log)."""
 
     def dispatch(self) -> None:
         """Deliver to consumers that have credit."""
@@ -334,6 +351,11 @@ class ClassicQueue(Queue):
                 self.vhost.dead_letter(self, QueuedMessage(message, 0), "maxlen")
             # Routed all the same: RabbitMQ sends no basic.return for it; the nack tells.
             return True
+        if MARK in message.header:  # a delayed exchange's copy (delayed_ids.py), taken
+            kept = self.delayed_copy(message)
+            if kept is None:
+                return True  # taken already: a delayed exchange's new leader routed it again
+            message = kept
         now = self.vhost.scheduler.now_ms()
         self._seq += 1
         entry = QueuedMessage(

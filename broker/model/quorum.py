@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker.model.consumer import Consumer
+from leveret.broker.model.delayed_ids import MARK, TakenIds, pack_taken, unpack_taken
 from leveret.broker.model.delayed_retry import DelayedRetry, resolve
 from leveret.broker.model.durable import (
     ACKS,
@@ -75,6 +76,7 @@ TOP_PRIORITY = 31
 DEFAULT_DELIVERY_LIMIT = 20
 RESUME_RETRY_MS = 250  # how soon a consumer that lost its leader tries the next one
 HOLD_MS = 30_000  # how long a publish waits for a leader before it is nack'ed
+TAKEN = 20  # chunk type: ids of delayed exchanges' copies taken (delayed_ids.py)
 DEAD_LETTERS = 19  # chunk type: messages dead-lettered at least once, until their targets have them
 _DEAD = struct.Struct(">QB")  # offset, reason
 REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
@@ -106,8 +108,8 @@ def _ms(value: object) -> int | None:
 
 class QuorumQueue(DurableClassicQueue):
     type = "quorum"
-    CHUNK_TYPES = (*DurableClassicQueue.CHUNK_TYPES, RETURNS, DEAD_LETTERS)
-    STATE_TYPES = (*DurableClassicQueue.STATE_TYPES, RETURNS, DEAD_LETTERS)
+    CHUNK_TYPES = (*DurableClassicQueue.CHUNK_TYPES, RETURNS, DEAD_LETTERS, TAKEN)
+    STATE_TYPES = (*DurableClassicQueue.STATE_TYPES, RETURNS, DEAD_LETTERS, TAKEN)
     paged_level = DEFAULT_PRIORITY
 
     def __init__(self, vhost: QueueOwner, name: str, *, env: StorageEnv,
@@ -279,7 +281,11 @@ class QuorumQueue(DurableClassicQueue):
             reader.close()
         self._truncate()
 
+    def took_delayed(self, log_id: str, offset: int) -> None:
+        self.writer.batch.taken.append((log_id, offset))
+
     def _drop_state(self) -> None:
+        self.taken_ids = TakenIds()  # a leader's recovery reads them back from the log
         for consumer in list(self.consumers):
             consumer.sink.server_cancel(consumer)
         self.consumers.clear()
@@ -329,6 +335,11 @@ class QuorumQueue(DurableClassicQueue):
             if confirm is not None:
                 confirm.reject()
             return True  # routed all the same: no basic.return, the nack tells
+        if MARK in message.header:  # a delayed exchange's copy (delayed_ids.py), taken
+            kept = self.delayed_copy(message)
+            if kept is None:
+                return True  # taken already: a delayed exchange's new leader routed it again
+            message = kept
         self._seq += 1
         entry = QueuedMessage(message, self._seq, self._expires_at(message),
                               self.priority_of(message))
@@ -764,11 +775,18 @@ class QuorumQueue(DurableClassicQueue):
                                        REASONS.index(self.dead_letters[entry])))
         if dead:
             self._append_settled(dead, DEAD_LETTERS)
+        self._write_taken(batch)
         if batch.sends:
             last = self.log.next_offset - 1
             self._unsent.append((last, batch.sends))
             if self.replication.local:  # written is enough on one node: a crash keeps it
                 self._send_recorded(last)
+
+    def _write_taken(self, batch: _Batch) -> None:
+        """The ids of the delayed copies taken in this batch, replicated with the messages:
+        a new leader drops the same copies (delayed_ids.py)."""
+        if batch.taken:
+            self._append_settled([pack_taken(*taken) for taken in batch.taken], TAKEN)
 
     def _append_settled(self, records: list[bytes], chunk_type: int) -> None:
         """A chunk of the queue's own records: its offsets are settled at once (they hold no
@@ -795,6 +813,9 @@ class QuorumQueue(DurableClassicQueue):
         few records, read in full at every restart (a snapshot leaves them to their chunks).
         A return whose delayed retry is not due yet holds its message until then (it cannot
         have been delivered again since)."""
+        if chunk_type == TAKEN:
+            self.taken_ids.seen(*unpack_taken(bytes(record)))
+            return None
         if chunk_type == RETURNS:
             offset, delivered, acquired, ready_at = _returned(bytes(record))
             self.recovered_counts[offset] = (delivered, acquired)

@@ -33,6 +33,7 @@ from leveret.broker.model import args as qargs
 from leveret.broker.model import stream_args as sargs
 from leveret.broker.model import superstream
 from leveret.broker.model.consumer import Consumer
+from leveret.broker.model.delayed_ids import MARK
 from leveret.broker.model.errors import NotImplementedFeature, PreconditionFailed
 from leveret.broker.model.message import Confirm, InboundMessage
 from leveret.broker.model.queue import Queue, QueueOwner
@@ -292,6 +293,11 @@ class StreamQueue(Queue):
         leader = self.replication.forward_to
         if leader is not None:  # a replica: the leader writes, and confirms
             return bool(leader.publish(message, confirm))
+        if MARK in message.header:  # a delayed exchange's copy (delayed_ids.py)
+            kept = self.delayed_copy(message)
+            if kept is None:
+                return True  # taken already: a delayed exchange's new leader routed it again
+            message = kept
         writer = self.writer
         batch = writer.batch
         headers = message.headers

@@ -26,6 +26,7 @@ from leveret.broker.model.deadletter import (
     routing_keys_of,
     string_list,
 )
+from leveret.broker.model.delayed_log import DelayedLogs, OwnLogs
 from leveret.broker.model.errors import (
     AccessRefused,
     BrokerError,
@@ -98,10 +99,13 @@ class VHost:
         observer: Observer | None = None,
         default_queue_type: str = default_type.FALLBACK,
         exchange_env: StorageEnv | None = None,
+        delayed_logs: DelayedLogs | None = None,
     ) -> None:
         self.name = name
         # where exchanges that keep messages (delayed exchanges) keep them; None: none may
         self.exchange_env = exchange_env
+        # where a delayed exchange's log is: its own (one node), or the topology's (a cluster)
+        self.delayed_logs: DelayedLogs = delayed_logs or OwnLogs()
         self.scheduler = scheduler
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
@@ -615,22 +619,25 @@ class VHost:
         return self.route_held(exchange, message, confirm)
 
     def route_held(self, exchange: Exchange, message: InboundMessage,
-                   confirm: Confirm | None = None) -> int:
+                   confirm: Confirm | None = None, *, remote_only: bool = False) -> int:
         """Route and enqueue with no deduplication or hold (a held message falling due is
-        not checked again); returns how many queues took it."""
+        not checked again); returns how many queues took it. `remote_only`: `confirm` waits
+        for the queues held by other nodes only."""
         queues = self.route(exchange, message)
         if queues and "BCC" in message.headers:
             headers = dict(message.headers)
             del headers["BCC"]
             message = message.replace(headers=headers)
-        return self.publish_to(queues, message, confirm)
+        return self.publish_to(queues, message, confirm, remote_only)
 
     @staticmethod
-    def publish_to(queues: list[Queue], message: InboundMessage, confirm: Confirm | None) -> int:
+    def publish_to(queues: list[Queue], message: InboundMessage, confirm: Confirm | None,
+                   remote_only: bool = False) -> int:
         """Enqueue a routed message; returns how many of `queues` took it."""
         taken = 0
         for queue in queues:
-            if queue.publish(message, confirm):
+            use = None if remote_only and not queue.written_elsewhere else confirm
+            if queue.publish(message, use):
                 taken += 1
         return taken
 

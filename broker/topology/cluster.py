@@ -38,6 +38,8 @@ from leveret.broker.cluster.etcd import EtcdException, EtcdUnavailable
 from leveret.broker.cluster.runtime import SETTLE_TIMEOUT_S
 from leveret.broker.cluster.topology import Created
 from leveret.broker.cluster.topology_records import BindingRecord, ExchangeRecord, QueueRecord
+from leveret.broker.model import delayed_log
+from leveret.broker.model.delayed_exchange import is_delayed
 from leveret.broker.process import logs
 from leveret.broker.remote.remote_queue import RemoteQueue
 from leveret.broker.topology import placement
@@ -176,7 +178,21 @@ class ClusterTopology:
         async with self._store():
             result = await self.cluster.store.declare_exchange(record, lease)
         await self._settle(result.revision)
+        if is_delayed(spec.type, spec.arguments):
+            await self._declare_delayed_log(vhost, spec)
         return isinstance(result, Created)
+
+    async def _declare_delayed_log(self, vhost: VHost, spec: ExchangeSpec) -> None:
+        """A delayed exchange's log: a hidden queue record beside it, placed as a quorum
+        queue is (3 members by default, capped at the running nodes), whose leader holds and
+        routes the exchange's messages (model/delayed_log.py). A transient exchange's is
+        transient too: put with this node's lease, as the exchange is, it goes with it."""
+        name = delayed_log.log_name(vhost.name, spec.name)
+        if self.cluster.cache.queue(vhost.name, name) is not None:
+            return
+        await self.declare_queue(vhost, QueueSpec(
+            name, delayed_log.TYPE, durable=spec.durable,
+            arguments={delayed_log.EXCHANGE_ARG: spec.name}))
 
     async def delete_exchange(self, vhost: VHost, name: str) -> bool:
         await _own_turn()
@@ -185,6 +201,12 @@ class ClusterTopology:
         if revision is None:
             return False
         await self._settle(revision)
+        hidden = delayed_log.log_name(vhost.name, name)
+        if self.cluster.cache.queue(vhost.name, hidden) is not None:
+            async with self._store():
+                revision = await self.cluster.store.delete_queue(vhost.name, hidden)
+            if revision is not None:
+                await self._settle(revision)
         return True
 
     async def bind(self, vhost: VHost, spec: BindingSpec) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from leveret.broker.cluster import running_nodes
 from leveret.broker.cluster.topology_records import QueueRecord
 from leveret.broker.model import args as qargs
+from leveret.broker.model.delayed_log import TYPE as DELAYED_LOG
 from leveret.broker.model.policy import effective
 from leveret.broker.topology.port import Placement, QueueSpec
 
@@ -36,6 +37,7 @@ LEADER_LOCATORS = qargs.LEADER_LOCATORS
 REPLICATED_SIZES: dict[str, tuple[str, int | None]] = {
     "stream": ("x-initial-cluster-size", None),
     "quorum": ("x-quorum-initial-group-size", 3),
+    DELAYED_LOG: ("x-quorum-initial-group-size", 3),  # a delayed exchange's (delayed_log.py)
 }
 
 

@@ -330,3 +330,76 @@ def test_kombu_producer_and_consumer(broker: InProcessBroker) -> None:
         assert message.headers["x-delay"] == -200
         message.ack()
         simple.close()
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_a_queue_takes_a_delayed_copy_once_by_its_id(  # type: ignore[no-untyped-def]
+        ch, queue_type: str) -> None:
+    """A routed delayed copy carries its id (x-leveret-delayed-id: exchange log and offset)
+    to its target queues, which keep it without the header and drop a second copy with the
+    same id (what a delayed exchange's new leader routes again after a failover:
+    tests/cluster/test_delayed_cluster.py forces that); a copy of another id is taken."""
+    name = f"ids-{queue_type}"
+    ch.queue_declare(name, durable=True, arguments={"x-queue-type": queue_type})
+    for body, ident in ((b"first", "log1:7"), (b"again", "log1:7"), (b"other", "log1:8"),
+                        (b"other log", "log2:7")):
+        ch.basic_publish("", name, body, pika.BasicProperties(
+            headers={"x-leveret-delayed-id": ident, "h": 1}))
+    got = []
+    while (row := get(ch, name)) is not None:
+        got.append((row[1], row[0].headers))
+    assert got == [(b"first", {"h": 1}), (b"other", {"h": 1}), (b"other log", {"h": 1})]
+
+
+
+def test_a_stream_takes_a_delayed_copy_once_by_its_id(broker: InProcessBroker) -> None:
+    """As a queue does (above), in memory on the stream's leader: a second copy with the
+    same id is not appended, and the kept copy has no id header."""
+    conn = connect(broker.port)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("ids-stream", durable=True, arguments={"x-queue-type": "stream"})
+    for body, ident in ((b"first", "log1:7"), (b"again", "log1:7"), (b"other", "log1:8")):
+        ch.basic_publish("", "ids-stream", body, pika.BasicProperties(
+            headers={"x-leveret-delayed-id": ident, "h": 1}))
+    ch.basic_qos(prefetch_count=10)
+    got: list[tuple[bytes, dict[str, Any]]] = []
+    ch.basic_consume("ids-stream", lambda _c, _m, props, body: got.append(
+        (body, {k: v for k, v in props.headers.items() if k != "x-stream-offset"})),
+        arguments={"x-stream-offset": "first"})
+    deadline = time.monotonic() + 5
+    while len(got) < 2 and time.monotonic() < deadline:
+        conn.process_data_events(0.1)
+    conn.process_data_events(0.5)
+    conn.close()
+    assert got == [(b"first", {"h": 1}), (b"other", {"h": 1})]
+
+
+def test_a_client_cannot_declare_a_delayed_log(ch) -> None:  # type: ignore[no-untyped-def]
+    """The type of a delayed exchange's log in a cluster's topology is the broker's."""
+    code, text = channel_error(lambda: ch.queue_declare(
+        "mine", durable=True, arguments={"x-queue-type": "x-delayed-log"}))
+    assert code == 406 and "unsupported queue type 'x-delayed-log'" in text
+
+
+def test_a_copy_a_full_queue_of_this_node_refuses_is_dropped_as_before(
+        managed_broker: InProcessBroker) -> None:
+    """A queue of this node at its limit with reject-publish refuses the copy: it is dropped
+    (as the plugin's, and as before); only a copy to a queue written by another node is
+    routed again (tests/cluster/test_delayed_cluster.py)."""
+    conn = connect(managed_broker.port)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    delayed(ch, "dx-full")
+    ch.queue_declare("full", durable=True, arguments={"x-max-length": 1,
+                                                      "x-overflow": "reject-publish"})
+    ch.queue_bind("full", "dx-full", "k")
+    ch.basic_publish("", "full", b"filler")
+    send(ch, "dx-full", b"later", 100)
+    time.sleep(1)
+    assert [body for _props, body in [get(ch, "full")]] == [b"filler"]
+    time.sleep(2)
+    assert get(ch, "full") is None
+    view = Http.of(managed_broker).ok("/api/exchanges/%2F/dx-full")
+    assert view["messages_delayed"] == 0 and view["delayed_refused"] == 0
+    conn.close()

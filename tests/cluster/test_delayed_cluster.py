@@ -1,0 +1,440 @@
+"""Delayed exchanges on a three-node cluster (real etcd, three real `leveret serve` nodes,
+pika): the exchange's log is a hidden replicated log placed as a quorum queue is; delayed
+messages published with confirms through a node that is not its leader survive `kill -9` of
+the leader, and each is routed exactly once, within a stated lateness of its due time, by the
+new leader. And a copy routed twice (the leader killed after routing, before its ROUTED
+record could be committed: both replicas paused) is delivered once. The nodes fsync their
+queue logs before confirming (LEVERET_QUEUE_FSYNC=always)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+from support.brokers import BrokerProcess
+from support.cluster import (
+    ClusterNode,
+    api_get,
+    connect,
+    in_etcd,
+    linked,
+    make_node,
+    paused,
+    wait_until,
+)
+from support.etcd import EtcdServer
+
+from leveret.broker.cluster.etcd import EtcdClient
+from leveret.broker.cluster.membership import ClusterKeys
+from leveret.broker.cluster.topology import TopologyStore
+from leveret.broker.cluster.topology_keys import TopologyKeys
+from leveret.broker.model.delayed_log import TYPE, log_name
+
+Three = tuple[ClusterNode, ClusterNode, ClusterNode]
+LATE_S = 30.0  # the bound asserted (generous: a shared machine); docs/DELAYED-MESSAGES.md
+# records the lateness measured
+
+
+@pytest.fixture
+def node_env() -> dict[str, str]:
+    return {"LEVERET_QUEUE_FSYNC": "always"}
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory,
+           etcd: EtcdServer) -> Iterator[tuple[Three, str]]:
+    """One three-node cluster for the module's short tests (each uses names of its own):
+    (the nodes, the cluster's name)."""
+    cluster = f"c{uuid.uuid4().hex[:10]}"
+    tmp = tmp_path_factory.mktemp("delayed-cluster")
+    three = tuple(make_node(tmp, etcd.url, cluster, name, management=True,
+                            env={"LEVERET_QUEUE_FSYNC": "always"}) for name in "abc")
+    try:
+        for node in three:
+            node.start()
+        yield (three[0], three[1], three[2]), cluster
+    finally:
+        for node in three:
+            if node.proc is not None and node.proc.poll() is None:
+                node.stop()
+
+
+@pytest.fixture
+def abc3(shared: tuple[Three, str]) -> Three:
+    """The shared cluster, every node running (a test may have killed one) and linked."""
+    three, _cluster = shared
+    for node in three:
+        if node.proc is None or node.proc.poll() is not None:
+            node.start()
+    wait_until(lambda: all(linked(node, 2) for node in three), timeout=60)
+    return three
+
+
+def setup(via: ClusterNode, target_node: ClusterNode, exchange: str, queue: str) -> None:
+    """A delayed direct exchange declared through `via`, and a quorum queue led by
+    `target_node`, bound to it with the key "k"."""
+    conn = connect(via)
+    conn.channel().exchange_declare(exchange, "x-delayed-message", durable=True,
+                                    arguments={"x-delayed-type": "direct"})
+    conn.close()
+    conn = connect(target_node)
+    ch = conn.channel()
+    ch.queue_declare(queue, durable=True, arguments={
+        "x-queue-type": "quorum", "x-queue-leader-locator": "client-local"})
+    ch.queue_bind(queue, exchange, "k")
+    conn.close()
+
+
+def publish_delayed(node: ClusterNode, exchange: str, ids: list[str],
+                    delay_ms: int) -> dict[str, float]:
+    """Publish with confirms (each returns once acked); the due time of each, wall clock."""
+    conn = connect(node)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    due: dict[str, float] = {}
+    for message_id in ids:
+        ch.basic_publish(exchange, "k", message_id.encode(), pika.BasicProperties(
+            message_id=message_id, delivery_mode=2, headers={"x-delay": delay_ms}))
+        due[message_id] = time.time() + delay_ms / 1000
+    conn.close()
+    return due
+
+
+def collect(node: ClusterNode, queue: str, want: int, timeout: float,
+            settle_s: float = 2.0) -> list[tuple[str, float, dict[str, Any]]]:
+    """(message id, arrival, headers) of every delivery through `node` until `want` came and
+    `settle_s` more passed (to see a duplicate), or `timeout`."""
+    got: list[tuple[str, float, dict[str, Any]]] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            conn = connect(node)
+            break
+        except pika.exceptions.AMQPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=200)
+
+    def on_message(channel: Any, method: Any, props: Any, _body: bytes) -> None:
+        got.append((props.message_id, time.time(), dict(props.headers or {})))
+        channel.basic_ack(method.delivery_tag)
+
+    ch.basic_consume(queue, on_message)
+    complete_at: float | None = None
+    while time.monotonic() < deadline:
+        conn.process_data_events(0.1)
+        if len({row[0] for row in got}) >= want and complete_at is None:
+            complete_at = time.monotonic()
+        if complete_at is not None and time.monotonic() - complete_at > settle_s:
+            break
+    conn.close()
+    return got
+
+
+def log_leader(etcd: EtcdServer, cluster: str, exchange: str) -> tuple[str, tuple[str, ...]]:
+    record, _ = in_etcd(etcd, cluster, log_name("/", exchange))
+    assert record is not None and record.type == TYPE
+    return record.node, tuple(record.members)
+
+
+def check_once(got: list[tuple[str, float, dict[str, Any]]],
+               due: dict[str, float]) -> float:
+    """Every confirmed id delivered exactly once, none other, x-delay as the plugin sets it
+    and no id header; the greatest lateness (s)."""
+    ids = [row[0] for row in got]
+    assert sorted(ids) == sorted(due), (len(ids), len(due),
+                                        sorted(set(ids) ^ set(due))[:10])
+    for _id, _at, headers in got:
+        assert "x-leveret-delayed-id" not in headers
+        assert headers.get("x-delay", 0) < 0
+    lateness = max(at - due[message_id] for message_id, at, _ in got)
+    assert lateness < LATE_S, lateness
+    return lateness
+
+
+def run_kill_round(abc: Three, etcd: EtcdServer, cluster: str, exchange: str, queue: str,
+                   count: int, tag: str) -> float:
+    """One round: publish `count` delayed messages with confirms, half through a node that
+    is not the log's leader and half through the leader's own, half due in 1 s (during the
+    election) and half in 6 s; kill -9 the leader before any is due; collect them through a
+    survivor. The greatest lateness (s)."""
+    nodes = dict(zip("abc", abc, strict=True))
+    leader, members = log_leader(etcd, cluster, exchange)
+    others = [nodes[name] for name in sorted(nodes) if name != leader]
+    due: dict[str, float] = {}
+    # the ones due in 6 s first: none is due before the kill
+    for via, delay_ms in ((nodes[leader], 6000), (others[1], 6000), (others[0], 1000),
+                          (nodes[leader], 1000)):
+        ids = [f"{tag}-{via.node_name}-{delay_ms}-{i}" for i in range(count // 4)]
+        due.update(publish_delayed(via, exchange, ids, delay_ms))
+    nodes[leader].kill()
+    wait_until(lambda: log_leader(etcd, cluster, exchange)[0] != leader, timeout=60)
+    got = collect(others[1], queue, len(due), timeout=LATE_S + 40)
+    lateness = check_once(got, due)
+    print(f"\nround {tag}: {len(due)} delayed messages, leader {leader} killed "
+          f"(members {members}), lateness max {lateness:.2f} s")
+    return lateness
+
+
+def test_the_log_is_placed_like_a_quorum_queue_and_survives_kill_of_its_leader(
+        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
+    abc, cluster = abc3, shared[1]
+    a, b, c = abc
+    nodes = {"a": a, "b": b, "c": c}
+    conn = connect(a)
+    conn.channel().exchange_declare("dx", "x-delayed-message", durable=True,
+                                    arguments={"x-delayed-type": "direct"})
+    conn.close()
+    leader, members = log_leader(etcd, cluster, "dx")
+    assert sorted(members) == ["a", "b", "c"]
+    target = next(node for name, node in nodes.items() if name != leader)
+    setup(a, target, "dx", "dq")
+    # the log is the broker's: a publish naming it through the default exchange is not held
+    # (it is unroutable: returned when mandatory), on the leader's node as on another
+    for node in (nodes[leader], target):
+        conn = connect(node)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        with pytest.raises(pika.exceptions.UnroutableError):
+            ch.basic_publish("", log_name("/", "dx"), b"sneak", pika.BasicProperties(
+                headers={"x-delay": 100}), mandatory=True)
+        conn.close()
+    run_kill_round(abc, etcd, cluster, "dx", "dq", count=100, tag="r0")
+
+
+@pytest.fixture
+def abcd(tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
+         node_env: dict[str, str]) -> tuple[ClusterNode, ...]:
+    """Four nodes: a delayed log has three members, so one node holds none of it."""
+    four = [make_node(tmp_path, etcd.url, cluster, name, management=True, env=node_env)
+            for name in ("a", "b", "c", "d")]
+    for node in four:
+        nodes.append(node.start())
+    wait_until(lambda: all(linked(node, 3) for node in four), timeout=60)
+    return tuple(four)
+
+
+def test_a_copy_routed_twice_is_delivered_once(
+        abcd: tuple[ClusterNode, ...], etcd: EtcdServer, cluster: str) -> None:
+    """The target is a classic queue on the node that holds no member of the log. Both
+    replicas of the log paused: once the leader's links to them time out (2 s of silence),
+    it appends nothing more (a leader out of contact with a quorum writes nothing), so its
+    ROUTED record waits unwritten while it routes what falls due (committed before the
+    pause) to the target, which takes the copies. The leader is killed while they are
+    paused, so the new leader's log has no ROUTED record for them and routes them again:
+    the target drops the second copies by their id."""
+    nodes = dict(zip("abcd", abcd, strict=True))
+    conn = connect(nodes["a"])
+    conn.channel().exchange_declare("dx2", "x-delayed-message", durable=True,
+                                    arguments={"x-delayed-type": "direct"})
+    conn.close()
+    leader, members = log_leader(etcd, cluster, "dx2")
+    assert len(members) == 3
+    replicas = [nodes[name] for name in members if name != leader]
+    outside = next(node for name, node in nodes.items() if name not in members)
+    conn = connect(outside)
+    ch = conn.channel()
+    ch.queue_declare("dq2", durable=True)
+    ch.queue_bind("dq2", "dx2", "k")
+    conn.close()
+    # one copy first, so that the leader's tunnel to the target's node is open
+    warm = publish_delayed(outside, "dx2", ["warm"], 100)
+    check_once(collect(outside, "dq2", 1, timeout=30, settle_s=0.5), warm)
+    due = publish_delayed(outside, "dx2", [f"twice-{i}" for i in range(20)], 5000)
+    with paused(*replicas):
+        time.sleep(8)  # links dropped at ~2 s; due at 5 s, routed; ROUTED not written
+        nodes[leader].kill()
+    wait_until(lambda: log_leader(etcd, cluster, "dx2")[0] != leader, timeout=60)
+    got = collect(outside, "dq2", len(due), timeout=60, settle_s=5.0)
+    check_once(got, due)
+
+
+@pytest.mark.slow
+def test_rounds_of_kill_and_restart_route_every_delayed_message_once(
+        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+    """Five rounds on one cluster: each kills the log's current leader with delayed messages
+    held, checks each is routed once within the bound, then restarts the killed node (its
+    member catches up from its own log) before the next round."""
+    nodes = dict(zip("abc", abc, strict=True))
+    conn = connect(abc[0])
+    conn.channel().exchange_declare("dxs", "x-delayed-message", durable=True,
+                                    arguments={"x-delayed-type": "direct"})
+    conn.close()
+    leader, _members = log_leader(etcd, cluster, "dxs")
+    target = next(node for name, node in nodes.items() if name != leader)
+    setup(abc[0], target, "dxs", "dqs")
+    worst = []
+    for round_ in range(5):
+        leader, _members = log_leader(etcd, cluster, "dxs")
+        worst.append(run_kill_round(abc, etcd, cluster, "dxs", "dqs", count=200,
+                                    tag=f"s{round_}"))
+        nodes[leader].start()
+        wait_until(lambda: all(linked(node, 2) for node in abc), timeout=60)
+    print(f"\nlateness max per round: {[round(x, 2) for x in worst]}")
+
+
+def test_a_quorum_queue_keeps_the_ids_it_took_across_its_leader_change(
+        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
+    """The ids of delayed copies a quorum queue took are records of its log (replicated
+    with the messages): after `kill -9` of its leader, the new leader drops a second copy
+    of an id the old one took. (The copies are published here with the id header, as a
+    delayed exchange's leader routes them, to reach the target's leader change directly.)"""
+    abc, cluster = abc3, shared[1]
+    nodes = dict(zip("abc", abc, strict=True))
+    conn = connect(nodes["a"])
+    conn.channel().queue_declare("qids", durable=True, arguments={
+        "x-queue-type": "quorum", "x-queue-leader-locator": "client-local"})
+    conn.close()
+
+    def send(node: ClusterNode, body: bytes, ident: str) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                conn = connect(node)
+                ch = conn.channel()
+                ch.confirm_delivery()
+                ch.basic_publish("", "qids", body, pika.BasicProperties(
+                    headers={"x-leveret-delayed-id": ident}))
+                conn.close()
+                return
+            except (pika.exceptions.AMQPError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+
+    send(nodes["b"], b"first", "somelog:41")
+    nodes["a"].kill()
+    wait_until(lambda: in_etcd(etcd, cluster, "qids")[0].node != "a",  # type: ignore[union-attr]
+               timeout=60)
+    send(nodes["c"], b"again", "somelog:41")
+    send(nodes["c"], b"next", "somelog:42")
+    conn = connect(nodes["b"])
+    ch = conn.channel()
+    got = []
+    while True:
+        method, props, body = ch.basic_get("qids", auto_ack=True)
+        if method is None:
+            break
+        got.append((body, props.headers or {}))
+    conn.close()
+    assert got == [(b"first", {}), (b"next", {})]
+
+
+def test_a_delayed_exchange_without_its_log_refuses_to_hold_until_declared_again(
+        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
+    """An exchange whose log record is missing (its declaration's second step failed, or
+    the record was deleted): a delayed publish closes the connection with 541, a publish
+    without x-delay still routes; declaring the exchange again makes the log."""
+    abc, cluster = abc3, shared[1]
+    a, b, _c = abc
+    setup(a, b, "dx3", "dq3")
+
+    async def drop_log() -> None:
+        async with EtcdClient([etcd.url], timeout_s=5.0) as client:
+            keys = TopologyKeys(ClusterKeys(cluster).root + "topology/")
+            assert await TopologyStore(client, keys).delete_queue("/", log_name("/", "dx3"))
+
+    asyncio.run(drop_log())
+    time.sleep(1)  # every node's sync removes its member of the log
+    conn = connect(a)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("dx3", "k", b"now")  # no x-delay: routed at once
+    with pytest.raises(pika.exceptions.ConnectionClosed) as closed:
+        ch.basic_publish("dx3", "k", b"later", pika.BasicProperties(headers={"x-delay": 50}))
+    assert closed.value.reply_code == 541
+    assert "delayed exchange has no log" in closed.value.reply_text
+    conn = connect(a)
+    conn.channel().exchange_declare("dx3", "x-delayed-message", durable=True,
+                                    arguments={"x-delayed-type": "direct"})
+    conn.close()
+    assert log_leader(etcd, cluster, "dx3")[0] in ("a", "b", "c")
+    due = publish_delayed(b, "dx3", ["after"], 50)
+    got = collect(a, "dq3", 2, timeout=30, settle_s=0.5)
+    assert sorted(row[0] for row in got if row[0]) == ["after"]
+    assert len(got) == 2  # "now" and "after"
+    check_once([row for row in got if row[0]], due)
+
+
+def test_a_copy_a_target_refuses_is_routed_again_until_taken(
+        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
+    """The target (a durable classic queue) is on a node that is down when the messages fall
+    due: its forwarding refuses the copies (as a publish to a queue whose node is down is
+    nacked), so they are held again and routed once a second until the node is back; each
+    arrives once."""
+    abc, cluster = abc3, shared[1]
+    nodes = dict(zip("abc", abc, strict=True))
+    conn = connect(nodes["a"])
+    conn.channel().exchange_declare("dx4", "x-delayed-message", durable=True,
+                                    arguments={"x-delayed-type": "direct"})
+    conn.close()
+    leader, _members = log_leader(etcd, cluster, "dx4")
+    target = next(node for name, node in nodes.items() if name != leader)
+    conn = connect(target)
+    ch = conn.channel()
+    ch.queue_declare("dq4", durable=True)
+    ch.queue_bind("dq4", "dx4", "k")
+    conn.close()
+    due = publish_delayed(nodes[leader], "dx4", [f"refused-{i}" for i in range(10)], 1500)
+    target.kill()
+    time.sleep(4)  # due while the target's node is down: refused, held again
+    target.start()
+    got = collect(target, "dq4", len(due), timeout=60, settle_s=3.0)
+    ids = sorted(row[0] for row in got)
+    assert ids == sorted(due), ids
+
+
+def test_a_transient_delayed_exchange_and_its_log_go_with_the_declaring_node(
+        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
+    """Both records are put with the declaring node's lease: killed, both are gone."""
+    abc, cluster = abc3, shared[1]
+    b = abc[1]
+    conn = connect(b)
+    conn.channel().exchange_declare("tdx", "x-delayed-message", durable=False,
+                                    arguments={"x-delayed-type": "direct"})
+    conn.close()
+    assert log_leader(etcd, cluster, "tdx")[0] in ("a", "b", "c")
+
+    async def records() -> tuple[object, object]:
+        async with EtcdClient([etcd.url], timeout_s=5.0) as client:
+            store = TopologyStore(client, TopologyKeys(ClusterKeys(cluster).root + "topology/"))
+            return (await store.get_exchange("/", "tdx"),
+                    await store.get_queue("/", log_name("/", "tdx")))
+
+    found = asyncio.run(records())
+    assert all(record is not None for record in found)
+    b.kill()
+    wait_until(lambda: asyncio.run(records()) == (None, None), timeout=30)
+
+
+@pytest.mark.slow
+def test_a_copy_refused_for_two_minutes_is_dropped_and_counted(
+        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+    """The target's node stays down: the copy is held again once a second, 120 times, then
+    dropped and counted in the exchange's `delayed_refused` (on the log's leader)."""
+    nodes = dict(zip("abc", abc, strict=True))
+    conn = connect(nodes["a"])
+    conn.channel().exchange_declare("dx5", "x-delayed-message", durable=True,
+                                    arguments={"x-delayed-type": "direct"})
+    conn.close()
+    leader, _members = log_leader(etcd, cluster, "dx5")
+    target = next(node for name, node in nodes.items() if name != leader)
+    conn = connect(target)
+    ch = conn.channel()
+    ch.queue_declare("dq5", durable=True)
+    ch.queue_bind("dq5", "dx5", "k")
+    conn.close()
+    publish_delayed(nodes[leader], "dx5", ["gone"], 500)
+    target.kill()
+    wait_until(lambda: api_get(nodes[leader], "/api/exchanges/%2F/dx5")["delayed_refused"] == 1,
+               timeout=200)
+    view = api_get(nodes[leader], "/api/exchanges/%2F/dx5")
+    assert view["messages_delayed"] == 0
