@@ -200,7 +200,11 @@ class ThreadSyncer:
         pool = self._pool
         assert pool is not None
         began_each = time.monotonic()
-        pending = [pool.submit(ticket.run) for _log, ticket, _d in this.each]
+        # with no syncfs to make here, the first on this thread and the others on the pool's
+        # (a round of one log, the usual one-queue round, wakes no second thread)
+        inline = this.each[0][1] if this.each and not this.fs_wide else None
+        pending = [pool.submit(ticket.run) for _log, ticket, _d in this.each
+                   if ticket is not inline]
         self.fdatasync_calls += len(this.each)
         by_fs: dict[int, list[SyncTicket]] = {}
         for device, _log, ticket, _d in this.fs_wide:
@@ -220,9 +224,13 @@ class ThreadSyncer:
                 continue
             for ticket in tickets:
                 ticket.covered()
-        for future in pending:
-            future.result()
-        if pending and not this.fs_wide:  # (else the syncfs ran meanwhile: not comparable)
+        try:
+            if inline is not None:
+                inline.run()
+        finally:
+            for future in pending:
+                future.result()
+        if this.each and not this.fs_wide:  # (else the syncfs ran meanwhile: not comparable)
             this.each_s = time.monotonic() - began_each
 
     def _round_ended(self, this: _Round, _future: asyncio.Future[None]) -> None:

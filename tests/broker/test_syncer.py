@@ -57,6 +57,47 @@ def test_fsyncs_run_off_the_loop_one_at_a_time_per_log(tmp_path: Path,
     log.close()
 
 
+def test_a_round_of_one_log_wakes_one_thread(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The usual round of one queue's log: its fdatasync runs on the thread that runs the
+    round, not handed to a second one (a wake-up of the pool per round); rounds of several
+    logs still fdatasync them at once on the pool's threads."""
+    logs = [Log.open(tmp_path / f"q{i}", QUEUE_LOG) for i in range(3)]
+    threads: list[str] = []
+    real = os.fdatasync
+
+    def watched(fd: int) -> None:
+        threads.append(threading.current_thread().name)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", watched)
+    syncer = ThreadSyncer()
+    results: list[bool] = []
+
+    async def scenario() -> None:
+        for batch in range(5):
+            logs[0].append([b"m%d" % batch])
+            await _sync_and_wait(syncer, logs[0], results)
+            results.clear()
+        pool = syncer._pool
+        assert pool is not None and len(pool._threads) == 1  # (a second one, before)
+        for log in logs:
+            log.append([b"x"])
+            syncer.sync(log, results.append)
+        for _ in range(200):
+            if len(results) == 3:
+                return
+            await asyncio.sleep(0.01)
+
+    asyncio.run(scenario())
+    syncer.close()
+    assert results == [True, True, True] and len(threads) == 8
+    assert all(name.startswith("fsync") for name in threads)
+    for log in logs:
+        assert log.sync_ticket() is None
+        log.close()
+
+
 async def _sync_and_wait(syncer: InlineSyncer | ThreadSyncer, log: Log,
                          results: list[bool]) -> None:
     syncer.sync(log, results.append)
