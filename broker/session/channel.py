@@ -595,15 +595,17 @@ class Channel:
 
     def _publish_many(self, queues: list[Any], exchange: Exchange, exchange_name: str,
                       routing_key: str, run: list[Any]) -> bool:
-        """A run of plain messages that routes to one stream, taken in one call to the
-        stream (`StreamQueue.publish_many`), with the stats and confirms `_route` keeps.
-        False, having done nothing, for any other run. One queue only, so that the order of
-        what other queues deliver is never changed."""
+        """A run of plain messages that routes to one queue that takes a run in one call
+        (a stream, or a quorum queue that would take each of them: `takes_run`), taken so
+        (`publish_many`), with the stats and confirms `_route` keeps. False, having done
+        nothing, for any other run. One queue only, so that the order of what other queues
+        deliver is never changed."""
         if len(queues) != 1:
             return False
-        publish_many = getattr(queues[0], "publish_many", None)
-        if publish_many is None:
+        takes_run = getattr(queues[0], "takes_run", None)
+        if takes_run is None or not takes_run():
             return False
+        publish_many = queues[0].publish_many
         messages = [Message(exchange_name, routing_key, run[j], run[j + 1])
                     for j in range(2, len(run), 2)]
         confirms = self.confirms
