@@ -641,9 +641,12 @@ class QuorumQueue(DurableClassicQueue):
         while unsent and unsent[0][0] <= up_to:
             _last, sends = unsent.popleft()
             self._unsent_count -= len(sends)
+            if not gone:
+                self._send_runs(sends)
+                continue
             for consumer, entry in sends:
                 consumer.unacked -= 1
-                if gone and consumer in gone:
+                if consumer in gone:
                     entry.acquired -= 1
                     self.messages.requeue(entry)
                     back = True
@@ -653,6 +656,30 @@ class QuorumQueue(DurableClassicQueue):
             gone.clear()
         if back or was_full:
             self.vhost.scheduler.call_soon(self.dispatch)
+
+    def _send_runs(self, sends: list[tuple[Consumer, QueuedMessage]]) -> None:
+        """`ClassicQueue.deliver_to` for each of `sends`, in order, with each run of them to
+        one consumer with acks whose sink takes a run (`send_many`) handed over at once."""
+        send = ClassicQueue.deliver_to
+        count = len(sends)
+        i = 0
+        while i < count:
+            consumer, entry = sends[i]
+            send_many = None if consumer.no_ack else getattr(consumer.sink, "send_many", None)
+            if send_many is None:
+                consumer.unacked -= 1
+                send(self, consumer, entry)
+                i += 1
+                continue
+            j = i + 1
+            while j < count and sends[j][0] is consumer:
+                j += 1
+            run = [entry for _consumer, entry in sends[i:j]]
+            consumer.unacked -= len(run)
+            self.stats_delivered += len(run)
+            self.unacked += len(run)
+            send_many(consumer, run, self)
+            i = j
 
     def _unsend_all(self, sends: list[tuple[Consumer, QueuedMessage]]) -> None:
         """A deposed leader's or a deleted queue's deliveries not sent: forgotten (the log,

@@ -459,7 +459,8 @@ def quorum_burst(port: int) -> tuple[list[int], list[bytes], list[tuple[int, boo
     with priority 9 among the others; five to a queue with a message TTL of 300 ms that
     dead-letters. The acks; the bodies of the first queue in the order a consumer gets them;
     (delivery tag, redelivered, body) of that consumer's deliveries, unacked, and of a second
-    consumer's after the first channel closed; how many the TTL queue holds after 1.5 s; the
+    consumer's after the first channel closed (deliveries of one write go out as one run:
+    `Channel.send_many`); how many the TTL queue holds after 1.5 s; the
     bodies dead-lettered, in order."""
     from pamqp import commands
     from pamqp.commands import Basic
