@@ -359,6 +359,10 @@ class Channel:
         number, consumer_tag, frame_max = self.number, consumer.tag_bytes, session.frame_max
         parts: list[bytes | memoryview] = []
         size = 0
+        # the last message's names, usually the next one's too (a run from one publisher)
+        exchange: str | None = None
+        routing_key: str | None = None
+        names = b""
         for entry in entries:
             unacked[tag] = Unacked(entry, queue, consumer)
             redelivered = entry.redelivered
@@ -367,8 +371,10 @@ class Channel:
                 queue.stats_redeliver += 1
             message = entry.message
             body = message.body
-            parts += deliver_parts(number, consumer_tag, tag, redelivered,
-                                   deliver_names(message.exchange, message.routing_key),
+            if message.exchange is not exchange or message.routing_key is not routing_key:
+                exchange, routing_key = message.exchange, message.routing_key
+                names = deliver_names(message.exchange, message.routing_key)
+            parts += deliver_parts(number, consumer_tag, tag, redelivered, names,
                                    message.header, body, frame_max)
             size += len(body) + FRAMING_BYTES
             tag += 1
