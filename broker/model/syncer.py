@@ -260,7 +260,7 @@ class ThreadSyncer:
             loop, this = item
             try:
                 self._run(this)
-            except Exception as error:  # the thread must go on serving the next rounds
+            except Exception as error:  # noqa: BLE001 - the thread goes on serving rounds
                 log.error("fsync round failed", error=repr(error))
             try:
                 loop.call_soon_threadsafe(self._ended, this)

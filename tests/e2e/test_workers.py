@@ -456,14 +456,13 @@ def test_a_run_through_an_exchange_that_hashes_a_property_routes_each_message(
 def quorum_burst(port: int) -> tuple[list[int], list[bytes], list[tuple[Any, ...]],
                                      list[tuple[Any, ...]], int, list[bytes]]:
     """Confirmed publishes in one write, as a worker gathers them into runs, taken by quorum
-    queues in one call (`QuorumQueue.publish_many`): nine plain ones to a queue (three through
-    amq.direct with other routing keys), three of them
-    with priority 9 among the others; five to a queue with a message TTL of 300 ms that
-    dead-letters. The acks; the bodies of the first queue in the order a consumer gets them;
-    (delivery tag, redelivered, body, exchange, routing key) of that consumer's deliveries, unacked, and of a second
-    consumer's after the first channel closed (deliveries of one write go out as one run:
-    `Channel.send_many`); how many the TTL queue holds after 1.5 s; the
-    bodies dead-lettered, in order."""
+    queues in one call (`QuorumQueue.publish_many`): nine plain ones to a queue (three of them
+    through amq.direct by two other routing keys, three others with priority 9); five to a
+    queue with a message TTL of 300 ms that dead-letters. The acks; the bodies of the first
+    queue in the order a consumer gets them; (delivery tag, redelivered, body, exchange,
+    routing key) of that consumer's deliveries, unacked, and of a second consumer's after the
+    first channel closed (deliveries of one write go out as one run: `Channel.send_many`); how
+    many the TTL queue holds after 1.5 s; the bodies dead-lettered, in order."""
     from pamqp import commands
     from pamqp.commands import Basic
     from support.rawamqp import RawClient
