@@ -143,7 +143,8 @@ def test_the_rounds_thread_outlives_a_round_that_raised_and_a_closed_loop(
             break
         time.sleep(0.01)
     time.sleep(0.1)  # the thread's answer to the closed loop (refused, and passed by)
-    assert orphan == [] and syncer._round_thread.is_alive()
+    thread = syncer._round_thread
+    assert orphan == [] and thread is not None and thread.is_alive()
     syncer._round = None  # (that loop's answer never came: a new loop starts afresh)
     log.append([b"c"])
     last: list[bool] = []

@@ -500,7 +500,7 @@ def quorum_burst(port: int) -> tuple[list[int], list[bytes], list[tuple[Any, ...
     for _ in range(2):
         consumer = setup.channel()
         consumer.basic_qos(prefetch_count=100)
-        got: list[tuple[int, bool, bytes]] = []
+        got: list[tuple[int, bool, bytes, str, str]] = []
         for method, _props, body in consumer.consume("burst-qq", inactivity_timeout=1):
             if method is None:
                 break
