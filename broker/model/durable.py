@@ -384,8 +384,10 @@ class DurableClassicQueue(ClassicQueue):
             first = self.log.append([self._pack(e) for e in entries])
             for offset, entry in enumerate(entries, first):
                 entry.store_ref = offset
-                if ledger is not None:
-                    ledger.written(offset, *self._kind_of(entry), entry.seq)
+            if ledger is not None:
+                kind_of = self._kind_of
+                ledger.written_many(first, [kind_of(e) for e in entries],
+                                    max(e.seq for e in entries))
         for entry in batch.entries:
             if entry.store_ref is SETTLED_EARLY:
                 entry.store_ref = None
@@ -394,14 +396,15 @@ class DurableClassicQueue(ClassicQueue):
                 offset = self.log.append([_ranges(ranges)], chunk_type=chunk_type)
                 self.settled_offsets.add(offset)
         if ledger is not None and batch.settled.range_count:
-            settled, held, known = self.settled_offsets, self.held_offsets, batch.settled_entries
+            known = batch.settled_entries
 
             def what(offset: int) -> tuple[int, int] | None:
                 entry = known.get(offset)
                 return None if entry is None else self._kind_of(entry)
 
+            out = (self.settled_offsets, self.held_offsets)
             for start, end in batch.settled.ranges():
-                ledger.settle(start, end, lambda o: o in settled or o in held, what)
+                ledger.settle(start, end, out, what if known else None)
         for start, end in batch.settled.ranges():
             self.settled_offsets.add_range(start, end)
         self._truncate()
@@ -623,7 +626,7 @@ class DurableClassicQueue(ClassicQueue):
             return offset in settled_before or offset in held_before
 
         for low, high in settled_after.ranges():
-            ledger.settle(low, high, out, lambda offset: None)
+            ledger.settle(low, high, (settled_before, held_before), None)
         for low, high in held_after.ranges():
             for offset in range(low, high):
                 if not out(offset):

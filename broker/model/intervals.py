@@ -63,6 +63,22 @@ class IntervalSet:
             return self._ends[index]
         return value
 
+    def gaps_in(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The ranges of [start, end) that are not in the set, in order."""
+        starts, ends = self._starts, self._ends
+        gaps: list[tuple[int, int]] = []
+        index = bisect.bisect_right(ends, start)  # the first range that ends after start
+        count = len(starts)
+        while start < end:
+            if index >= count or starts[index] >= end:
+                gaps.append((start, end))
+                break
+            if starts[index] > start:
+                gaps.append((start, starts[index]))
+            start = ends[index]
+            index += 1
+        return gaps
+
     def count_in(self, start: int, end: int) -> int:
         """How many members lie in [start, end)."""
         total = 0

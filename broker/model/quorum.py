@@ -348,6 +348,40 @@ class QuorumQueue(DurableClassicQueue):
         self.accept(entry, confirm)
         return True
 
+    def takes_run(self) -> bool:
+        """Whether `publish_many` may take a run of plain messages (no headers, expiration
+        or user id) now: when each would go straight to `_enqueue` and be taken there, with
+        no deduplication and no reject-publish limit to look at message by message."""
+        return (not self.held and self.replication.forward_to is None and self.dedup is None
+                and self.overflow != "reject-publish")
+
+    def publish_many(self, messages: list[InboundMessage],
+                     confirms: list[Confirm] | None) -> None:
+        """`_enqueue` for each of a run of plain messages (`takes_run` said yes), in one go:
+        the same entries, seqs, expiries and priorities, in the same order, into this turn's
+        batch, each confirm settled with it."""
+        ttl = self.ttl_ms
+        now_ms = self.vhost.scheduler.now_ms
+        priority_of = self.priority_of
+        uncommitted = self.uncommitted
+        writer = self.writer
+        entries = writer.batch.entries
+        seq = self._seq
+        for message in messages:
+            seq += 1
+            entry = QueuedMessage(message, seq, None if ttl is None else now_ms() + ttl,
+                                  priority_of(message))
+            entry.store_ref = PENDING
+            uncommitted.append(entry)
+            entries.append(entry)
+        self._seq = seq
+        self.stats_published += len(messages)
+        if confirms is not None:
+            for confirm in confirms:
+                confirm.defer()
+            writer.confirms += confirms
+        writer.schedule()
+
     def committed_moved(self) -> None:
         """What the commit point now covers becomes ready, in order, and is delivered; the
         deliveries whose records it covers are sent."""
@@ -618,9 +652,12 @@ class QuorumQueue(DurableClassicQueue):
         while unsent and unsent[0][0] <= up_to:
             _last, sends = unsent.popleft()
             self._unsent_count -= len(sends)
+            if not gone:
+                self._send_runs(sends)
+                continue
             for consumer, entry in sends:
                 consumer.unacked -= 1
-                if gone and consumer in gone:
+                if consumer in gone:
                     entry.acquired -= 1
                     self.messages.requeue(entry)
                     back = True
@@ -630,6 +667,30 @@ class QuorumQueue(DurableClassicQueue):
             gone.clear()
         if back or was_full:
             self.vhost.scheduler.call_soon(self.dispatch)
+
+    def _send_runs(self, sends: list[tuple[Consumer, QueuedMessage]]) -> None:
+        """`ClassicQueue.deliver_to` for each of `sends`, in order, with each run of them to
+        one consumer with acks whose sink takes a run (`send_many`) handed over at once."""
+        send = ClassicQueue.deliver_to
+        count = len(sends)
+        i = 0
+        while i < count:
+            consumer, entry = sends[i]
+            send_many = None if consumer.no_ack else getattr(consumer.sink, "send_many", None)
+            if send_many is None:
+                consumer.unacked -= 1
+                send(self, consumer, entry)
+                i += 1
+                continue
+            j = i + 1
+            while j < count and sends[j][0] is consumer:
+                j += 1
+            run = [entry for _consumer, entry in sends[i:j]]
+            consumer.unacked -= len(run)
+            self.stats_delivered += len(run)
+            self.unacked += len(run)
+            send_many(consumer, run, self)
+            i = j
 
     def _unsend_all(self, sends: list[tuple[Consumer, QueuedMessage]]) -> None:
         """A deposed leader's or a deleted queue's deliveries not sent: forgotten (the log,

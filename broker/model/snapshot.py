@@ -32,7 +32,7 @@ import struct
 import sys
 import zlib
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,8 +52,8 @@ _HEAD = struct.Struct(">8sQQQQIBI")  # magic, covers, seq, chunk first, epoch, c
 
 Kinds = Callable[[Iterable[tuple[int, int]]], Iterator[tuple[int, int, int]]]
 """Given ranges of offsets, the (offset, kind, size) of the records in them, in order."""
-Out = Callable[[int], bool]
-"""Whether an offset was already not ready (settled or held) before."""
+Out = Sequence[IntervalSet]
+"""The offsets that were already not ready (settled or held) before."""
 
 
 class SnapshotError(Exception):
@@ -89,6 +89,28 @@ class Ledger:
             self.seq = seq
         self.changes += 1
 
+    def written_many(self, first: int, kinds: Iterable[tuple[int, int]], seq: int) -> None:
+        """`written` for the records at `first`, `first` + 1, ... of the (kind, size) pairs
+        `kinds`, the highest seq among them `seq`: one write's messages."""
+        buckets = self.buckets
+        offset = first
+        for kind, size in kinds:
+            if kind == PAGED:
+                bucket = buckets.get(offset // BUCKET)
+                if bucket is None:
+                    buckets[offset // BUCKET] = [1, size]
+                else:
+                    bucket[0] += 1
+                    bucket[1] += size
+            elif kind == OTHER:
+                self.leveled.add(offset)
+            elif kind == TRANSIENT:
+                self.transient.add(offset)
+            offset += 1
+        if seq > self.seq:
+            self.seq = seq
+        self.changes += offset - first
+
     def gone(self, offset: int, kind: int, size: int) -> None:
         """A ready message of the ledger's is settled or held: its count is taken out."""
         if kind != PAGED:
@@ -103,27 +125,35 @@ class Ledger:
             del self.buckets[index]
 
     def settle(self, start: int, end: int, out: Out,
-               known: Callable[[int], tuple[int, int] | None]) -> None:
+               known: Callable[[int], tuple[int, int] | None] | None) -> None:
         """[start, end) is settled: what was ready there is taken out (`known` gives the kind
-        and size of an offset the queue still holds in memory; the others are read later)."""
+        and size of an offset the queue still holds in memory, None if it knows none; the
+        others are read later). Range by range: what `out`, the leveled and the transient
+        offsets cover is passed by without a look at each offset."""
         if end <= start:
             return
         self.changes += end - start
         index = start // BUCKET
+        skips = (*out, self.leveled, self.transient)
         while index * BUCKET < end:
             low, high = max(start, index * BUCKET), min(end, (index + 1) * BUCKET)
             if low == index * BUCKET and high == (index + 1) * BUCKET:
                 self.buckets.pop(index, None)  # every record of the bucket is settled now
             elif index in self.buckets:
-                leveled, transient = self.leveled, self.transient
-                for offset in range(low, high):
-                    if out(offset) or offset in leveled or offset in transient:
+                pieces = [(low, high)]
+                for skip in skips:
+                    if skip.range_count:
+                        pieces = [gap for s, e in pieces for gap in skip.gaps_in(s, e)]
+                for s, e in pieces:
+                    if known is None:
+                        self.dirty.add_range(s, e)
                         continue
-                    what = known(offset)
-                    if what is None:
-                        self.dirty.add(offset)
-                    else:
-                        self.gone(offset, *what)
+                    for offset in range(s, e):
+                        what = known(offset)
+                        if what is None:
+                            self.dirty.add(offset)
+                        else:
+                            self.gone(offset, *what)
             index += 1
 
     # -- before a snapshot is written, and at a restart ----------------------------------------

@@ -341,6 +341,10 @@ class StreamQueue(Queue):
         writer.schedule()
         return True
 
+    def takes_run(self) -> bool:
+        """Whether `publish_many` takes a run of plain messages now: always."""
+        return True
+
     def publish_many(self, messages: list[InboundMessage],
                      confirms: list[Confirm] | None) -> None:
         """`publish` for messages without headers (so with nothing to deduplicate, no

@@ -51,15 +51,18 @@ scheduler, and wherever no event loop runs.
 
 Must not know: AMQP, queues, the cluster. It sees storage Logs and asyncio.
 Threading: `sync` and the callbacks run on the event loop's thread; only a round's syncs
-(`SyncTicket.run`, `syncfs`) run on the pool's threads, on descriptors of their own.
+(`SyncTicket.run`, `syncfs`) run off it: on the rounds' own thread (one round at a time, its
+first fdatasync or its syncfs) and, for the other logs of a round, on the pool's threads, on
+descriptors of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
-import functools
 import os
+import queue
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -144,6 +147,10 @@ class ThreadSyncer:
         self._pool: ThreadPoolExecutor | None = None
         self._waiting: dict[Log, list[Done]] = {}  # for the next round
         self._round: _Round | None = None  # in flight
+        # the rounds' own thread and what it is handed (a round and the loop to answer on)
+        self._rounds: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, _Round] | None] | None \
+            = None
+        self._round_thread: threading.Thread | None = None
         # logs that had their first round (an fdatasync of their own), with their st_dev
         self._seen: weakref.WeakKeyDictionary[Log, int] = weakref.WeakKeyDictionary()
         self._fs_fds: dict[int, int] = {}  # st_dev -> a descriptor to syncfs it by
@@ -186,8 +193,7 @@ class ThreadSyncer:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="fsync")
                 self.rounds += 1
-                future = loop.run_in_executor(self._pool, self._run, this)
-                future.add_done_callback(functools.partial(self._round_ended, this))
+                self._post(loop, this)
             else:
                 self._round = None
             for done in answered:  # (they may sync again: into _waiting, for the next round)
@@ -216,7 +222,11 @@ class ThreadSyncer:
         pool = self._pool
         assert pool is not None
         began_each = time.monotonic()
-        pending = [pool.submit(ticket.run) for _log, ticket, _d in this.each]
+        # with no syncfs to make here, the first on this thread and the others on the pool's
+        # (a round of one log, the usual one-queue round, wakes no second thread)
+        inline = this.each[0][1] if this.each and not this.fs_wide else None
+        pending = [pool.submit(ticket.run) for _log, ticket, _d in this.each
+                   if ticket is not inline]
         self.fdatasync_calls += len(this.each)
         by_fs: dict[int, list[SyncTicket]] = {}
         for device, _log, ticket, _d in this.fs_wide:
@@ -236,13 +246,42 @@ class ThreadSyncer:
                 continue
             for ticket in tickets:
                 ticket.covered()
-        for future in pending:
-            future.result()
-        if pending and not this.fs_wide:  # (else the syncfs ran meanwhile: not comparable)
+        try:
+            if inline is not None:
+                inline.run()
+        finally:
+            for future in pending:
+                future.result()
+        if this.each and not this.fs_wide:  # (else the syncfs ran meanwhile: not comparable)
             this.each_s = time.monotonic() - began_each
 
-    def _round_ended(self, this: _Round, _future: asyncio.Future[None]) -> None:
-        self._ended(this)
+    def _post(self, loop: asyncio.AbstractEventLoop, this: _Round) -> None:
+        """Hand a round to the rounds' own thread, which answers on `loop` when it ended: a
+        queue put and a call_soon_threadsafe, with no futures chained per round."""
+        if self._rounds is None:
+            self._rounds = queue.SimpleQueue()
+            self._round_thread = threading.Thread(
+                target=self._serve, args=(self._rounds,), name="fsync-rounds", daemon=True)
+            self._round_thread.start()
+        self._rounds.put((loop, this))
+
+    def _serve(self, rounds: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, _Round] | None]
+               ) -> None:
+        """The rounds' thread: each round's syncs, then its end on the loop that asked. A
+        round that raised ends all the same (its tickets' errors are their logs' to report)."""
+        while True:
+            item = rounds.get()
+            if item is None:
+                return
+            loop, this = item
+            try:
+                self._run(this)
+            except Exception as error:  # noqa: BLE001 - the thread goes on serving rounds
+                log.error("fsync round failed", error=repr(error))
+            try:
+                loop.call_soon_threadsafe(self._ended, this)
+            except RuntimeError:  # that loop is closed: nobody waits for the answer
+                pass
 
     def _ended(self, this: _Round) -> None:
         self._round = None
@@ -273,7 +312,11 @@ class ThreadSyncer:
             self._batch_s = batch_s if not self._batch_s else 0.9 * self._batch_s + 0.1 * batch_s
 
     def close(self) -> None:
-        """At shutdown, once the logs are closed: let the pool's threads end."""
+        """At shutdown, once the logs are closed: let the rounds' and the pool's threads end."""
+        if self._rounds is not None and self._round_thread is not None:
+            self._rounds.put(None)
+            self._round_thread.join()
+            self._rounds = self._round_thread = None
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None

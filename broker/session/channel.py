@@ -350,6 +350,38 @@ class Channel:
             len(body) + FRAMING_BYTES,
         )
 
+    def send_many(self, consumer: Consumer, entries: list[QueuedMessage], queue: Any) -> None:
+        """`send` for each of `entries` in order, to a consumer with acks (a quorum queue's
+        deliveries of one write): the same tags and frames, written in one go."""
+        tag = self.next_tag
+        unacked = self.unacked
+        session = self.session
+        number, consumer_tag, frame_max = self.number, consumer.tag_bytes, session.frame_max
+        parts: list[bytes | memoryview] = []
+        size = 0
+        # the last message's names, usually the next one's too (a run from one publisher)
+        exchange: str | None = None
+        routing_key: str | None = None
+        names = b""
+        for entry in entries:
+            unacked[tag] = Unacked(entry, queue, consumer)
+            redelivered = entry.redelivered
+            if redelivered:
+                self.stats_redeliver += 1
+                queue.stats_redeliver += 1
+            message = entry.message
+            body = message.body
+            if message.exchange is not exchange or message.routing_key is not routing_key:
+                exchange, routing_key = message.exchange, message.routing_key
+                names = deliver_names(message.exchange, message.routing_key)
+            parts += deliver_parts(number, consumer_tag, tag, redelivered, names,
+                                   message.header, body, frame_max)
+            size += len(body) + FRAMING_BYTES
+            tag += 1
+        self.next_tag = tag
+        consumer.unacked += len(entries)
+        session.write_many(parts, size)
+
     def credit(self, consumer: Consumer) -> int:
         """How many more deliveries this consumer may take now (streams)."""
         if not self.session.writable or self.closed:
@@ -595,15 +627,17 @@ class Channel:
 
     def _publish_many(self, queues: list[Any], exchange: Exchange, exchange_name: str,
                       routing_key: str, run: list[Any]) -> bool:
-        """A run of plain messages that routes to one stream, taken in one call to the
-        stream (`StreamQueue.publish_many`), with the stats and confirms `_route` keeps.
-        False, having done nothing, for any other run. One queue only, so that the order of
-        what other queues deliver is never changed."""
+        """A run of plain messages that routes to one queue that takes a run in one call
+        (a stream, or a quorum queue that would take each of them: `takes_run`), taken so
+        (`publish_many`), with the stats and confirms `_route` keeps. False, having done
+        nothing, for any other run. One queue only, so that the order of what other queues
+        deliver is never changed."""
         if len(queues) != 1:
             return False
-        publish_many = getattr(queues[0], "publish_many", None)
-        if publish_many is None:
+        takes_run = getattr(queues[0], "takes_run", None)
+        if takes_run is None or not takes_run():
             return False
+        publish_many = queues[0].publish_many
         messages = [Message(exchange_name, routing_key, run[j], run[j + 1])
                     for j in range(2, len(run), 2)]
         confirms = self.confirms

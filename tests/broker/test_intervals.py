@@ -45,3 +45,16 @@ def test_matches_a_plain_set(operations, probe, lo, width) -> None:  # type: ign
     assert intervals.count_in(lo, lo + width) == len([v for v in model if lo <= v < lo + width])
     ranges = list(intervals.ranges())
     assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges))  # merged, sorted
+
+
+def test_gaps_in_are_the_parts_of_a_range_outside_the_set() -> None:
+    intervals = IntervalSet()
+    for low, high in ((2, 4), (8, 22), (25, 26), (40, 50)):
+        intervals.add_range(low, high)
+    assert intervals.gaps_in(0, 30) == [(0, 2), (4, 8), (22, 25), (26, 30)]
+    assert intervals.gaps_in(9, 20) == []
+    assert intervals.gaps_in(3, 9) == [(4, 8)]
+    assert intervals.gaps_in(22, 25) == [(22, 25)]
+    assert intervals.gaps_in(45, 60) == [(50, 60)]
+    assert intervals.gaps_in(5, 5) == []
+    assert IntervalSet().gaps_in(1, 3) == [(1, 3)]

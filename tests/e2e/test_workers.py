@@ -21,6 +21,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pika
 import pika.exceptions
@@ -450,3 +451,90 @@ def test_a_run_through_an_exchange_that_hashes_a_property_routes_each_message(
     one_by_one = hashed_burst(workers_broker.port, "hashed-1", kind, one_by_one=True)
     assert sum(one_by_one) == 30 and len([n for n in one_by_one if n]) >= 2
     assert hashed_burst(workers_broker.port, "hashed-2", kind, one_by_one=False) == one_by_one
+
+
+def quorum_burst(port: int) -> tuple[list[int], list[bytes], list[tuple[Any, ...]],
+                                     list[tuple[Any, ...]], int, list[bytes]]:
+    """Confirmed publishes in one write, as a worker gathers them into runs, taken by quorum
+    queues in one call (`QuorumQueue.publish_many`): nine plain ones to a queue (three of them
+    through amq.direct by two other routing keys, three others with priority 9); five to a
+    queue with a message TTL of 300 ms that dead-letters. The acks; the bodies of the first
+    queue in the order a consumer gets them; (delivery tag, redelivered, body, exchange,
+    routing key) of that consumer's deliveries, unacked, and of a second consumer's after the
+    first channel closed (deliveries of one write go out as one run: `Channel.send_many`); how
+    many the TTL queue holds after 1.5 s; the bodies dead-lettered, in order."""
+    from pamqp import commands
+    from pamqp.commands import Basic
+    from support.rawamqp import RawClient
+
+    setup = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    channel = setup.channel()
+    channel.queue_declare("burst-qq", durable=True, arguments={"x-queue-type": "quorum"})
+    routes = {b"a1": ("amq.direct", "alt"), b"a2": ("amq.direct", "alt2"),
+              b"a3": ("amq.direct", "alt")}  # the others: ("", "burst-qq")
+    for key in ("alt", "alt2"):
+        channel.queue_bind("burst-qq", "amq.direct", key)
+    channel.queue_declare("burst-dead", durable=True)
+    channel.queue_declare("burst-ttl", durable=True, arguments={
+        "x-queue-type": "quorum", "x-message-ttl": 300, "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": "burst-dead"})
+    plain = commands.Basic.Properties(content_type="text/plain", delivery_mode=2)
+    urgent = commands.Basic.Properties(content_type="text/plain", delivery_mode=2, priority=9)
+    bodies = [b"a0", b"a1", b"p0", b"a2", b"p1", b"a3", b"a4", b"p2", b"a5"]
+    sends = ([(*routes.get(body, ("", "burst-qq")), body,
+               urgent if body.startswith(b"p") else plain) for body in bodies]
+             + [("", "burst-ttl", b"t%d" % n, plain) for n in range(5)])
+    with RawClient(port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send_method(1, commands.Confirm.Select())
+        raw.expect(commands.Confirm.SelectOk, 1)
+        raw.send(b"".join(b"".join(RawClient.publish_frames(1, body, exchange, key, props))
+                          for exchange, key, body, props in sends))
+        confirmed: set[int] = set()
+        while len(confirmed) < len(sends):  # acks may come in any grouping and order
+            ack = raw.expect(Basic.Ack, 1)
+            confirmed.update(range(1, ack.delivery_tag + 1) if ack.multiple
+                             else [ack.delivery_tag])
+    deliveries: list[list[tuple[int, bool, bytes, str, str]]] = []
+    for _ in range(2):
+        consumer = setup.channel()
+        consumer.basic_qos(prefetch_count=100)
+        got: list[tuple[int, bool, bytes, str, str]] = []
+        for method, _props, body in consumer.consume("burst-qq", inactivity_timeout=1):
+            if method is None:
+                break
+            got.append((method.delivery_tag, method.redelivered, body, method.exchange,
+                        method.routing_key))
+        deliveries.append(got)
+        consumer.close()  # unacked: back, redelivered, to the next consumer
+    time.sleep(1.5)
+    left = channel.queue_declare("burst-ttl", passive=True).method.message_count
+    dead: list[bytes] = []
+    while True:
+        _method, _props, body = channel.basic_get("burst-dead", auto_ack=True)
+        if body is None:
+            break
+        dead.append(body)
+    for queue in ("burst-qq", "burst-ttl", "burst-dead"):
+        channel.queue_delete(queue)
+    setup.close()
+    order = [delivery[2] for delivery in deliveries[0]]
+    return sorted(confirmed), order, deliveries[0], deliveries[1], left, dead
+
+
+def test_runs_into_quorum_queues_keep_priorities_ttl_and_delivery_tags(
+        workers_broker: BrokerProcess) -> None:
+    acked, order, first, second, left, dead = quorum_burst(workers_broker.port)
+    assert acked == list(range(1, 15))
+    assert order == [b"p0", b"p1", b"p2", b"a0", b"a1", b"a2", b"a3", b"a4", b"a5"]
+    def names(body: bytes) -> tuple[str, str]:
+        return {b"a1": ("amq.direct", "alt"), b"a2": ("amq.direct", "alt2"),
+                b"a3": ("amq.direct", "alt")}.get(body, ("", "burst-qq"))
+
+    assert first == [(tag, False, body, *names(body)) for tag, body in enumerate(order, 1)]
+    # returned, they come back in the order they were published (as RabbitMQ's returns)
+    assert second == [(tag, True, body, *names(body)) for tag, body in enumerate(
+        [b"a0", b"a1", b"p0", b"a2", b"p1", b"a3", b"a4", b"p2", b"a5"], 1)]
+    assert left == 0
+    assert dead == [b"t0", b"t1", b"t2", b"t3", b"t4"]
