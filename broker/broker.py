@@ -36,6 +36,7 @@ from leveret.broker.process import logs
 from leveret.broker.process.alarms import Alarms
 from leveret.broker.process.config import Config
 from leveret.broker.topology.local import LocalTopology
+from leveret.storage.wal import WriteAheadLog
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.membership import Membership
@@ -108,8 +109,10 @@ class Broker:
                                      config.stream_chunk_min_records,
                                      config.stream_chunk_max_records,
                                      config.stream_chunk_max_bytes)
-        # fsyncs the queues' logs (under "always") on threads, off the event loop
-        self.syncer = ThreadSyncer()
+        # fsyncs the queues' logs (under "always") on threads, off the event loop; a round of
+        # many logs is one fdatasync of the node's write-ahead log (server.py replays it)
+        self.syncer = ThreadSyncer(wal=WriteAheadLog(config.data_dir / WAL_FOLDER)
+                                   if config.queue_fsync == "always" else None)
         self.queue_env = StorageEnv(queues_dir, encode, decode_record,
                                     _fsync(config.queue_fsync), syncer=self.syncer,
                                     # the server's flock covers every queue folder
@@ -281,6 +284,9 @@ class Broker:
                     log.exception("closing a queue failed", queue=queue.name, vhost=vhost.name)
         self.syncer.close()
         self.metastore.close()
+
+
+WAL_FOLDER = "wal"  # the node's write-ahead log, under its data directory (storage/wal.py)
 
 
 def _fsync(policy: str) -> str | int:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from leveret.storage import chunk as ck
-from leveret.storage import fence, inspect, layout, recovery, retention, shipping, tracking
+from leveret.storage import fence, inspect, layout, recovery, retention, shipping, tracking, wal
 from leveret.storage import segment as seg
 from leveret.storage.cache import ChunkCache
 from leveret.storage.config import LogConfig, check_retention
@@ -47,16 +47,28 @@ RECENT_BYTES = 256 * 1024
 
 class SyncTicket:
     """An fsync of a log's active segment that may run on any thread: it holds its own
-    duplicate of the file's descriptor, so a roll or a close of the log meanwhile cannot
-    close it under the fsync. `run` once, then hand it to the log's `synced`."""
+    duplicate of the file's descriptor (open for reading too), so a roll or a close of the log
+    meanwhile cannot close it under the fsync. `run` once (or have a syncer make its bytes
+    durable otherwise, then `covered`), then hand it to the log's `synced`.
 
-    __slots__ = ("_fd", "error", "generation", "offset", "path")
+    `start`..`end` is the byte range of the segment written since the log last knew it durable
+    (`start` None when it does not know: its first sync since it was opened), for a syncer that
+    copies those bytes to a write-ahead log (storage/wal.py) instead of fsyncing the segment."""
 
-    def __init__(self, fd: int, offset: int, generation: int, path: Path) -> None:
+    __slots__ = ("_fd", "base", "end", "error", "folder", "generation", "offset", "path",
+                 "start")
+
+    def __init__(self, fd: int, offset: int, generation: int, path: Path, *,
+                 base: int = 0, start: int | None = None, end: int = 0,
+                 folder: str = "") -> None:
         self._fd = fd
         self.offset = offset  # the last offset written when it was taken
         self.generation = generation
         self.path = path
+        self.base = base  # the segment's base offset
+        self.start = start
+        self.end = end
+        self.folder = folder  # the log's folder (realpath): its key in the WAL
         self.error: OSError | None = None
 
     def run(self) -> None:
@@ -76,9 +88,21 @@ class SyncTicket:
         """The file system the segment is on (st_dev), for a sync of that whole file system."""
         return os.fstat(self._fd).st_dev
 
+    def read(self) -> bytes | None:
+        """(On any thread.) The bytes of `start`..`end`; None if they cannot all be read (the
+        syncer then fsyncs the segment instead)."""
+        if self.start is None:
+            return None
+        try:
+            data = os.pread(self._fd, self.end - self.start, self.start)
+        except OSError:
+            return None
+        return data if len(data) == self.end - self.start else None
+
     def covered(self) -> None:
-        """A sync of the segment's whole file system (syncfs), begun after this ticket was
-        taken, ended without error: what it covers is durable; release the descriptor."""
+        """A sync that covers the ticket's bytes (a syncfs of the segment's file system, or a
+        write-ahead log's fdatasync), begun after this ticket was taken, ended without error:
+        what it covers is durable; release the descriptor."""
         os.close(self._fd)
 
 
@@ -130,6 +154,10 @@ class Log:
         self._fence = fence.read(directory)
         self._last_sync_ms = config.clock()
         self._unsynced = False
+        # the active segment's size known durable (in place, or in a write-ahead log); None
+        # until its first fsync since the log was loaded (what recovery found may be only in
+        # the page cache of a process that was killed)
+        self._durable_size: int | None = None
         self._generation = getattr(self, "_generation", 0) + 1  # a SyncTicket's log state
         # (segment base, position, the chunk's bytes, its next offset), oldest first; kept
         # only once the log ships (read_chunks), so a replica or a lone log pays nothing
@@ -382,6 +410,7 @@ class Log:
         self._check_writable()
         if offset < 0:
             raise ValueError(f"offset {offset} is negative")
+        self._forget()
         os.close(self._fd)
         os.close(self._ifd)
         self._cache.clear()
@@ -405,6 +434,7 @@ class Log:
             return
         if offset < self.first_offset:
             raise ValueError(f"cannot truncate below the log's first offset {self.first_offset}")
+        self._forget()
         os.close(self._fd)
         os.close(self._ifd)
         self._cache.clear()  # its keys (segment, position) are about to name other chunks
@@ -412,6 +442,33 @@ class Log:
             recovery.truncate_from(self._dir, [s.base for s in self._segments], offset)
         finally:
             self._load()
+
+    def _forget(self) -> None:
+        """Before bytes of this log are removed or rewritten: if a write-ahead log may hold
+        records of it (storage/wal.py), make its active segment durable in place (older ones
+        were at their roll), then have the WAL write a FORGET of it, so that a replay never
+        writes removed bytes back. OSError is raised as a LogIOError (the log is broken)."""
+        folder = self._open_key or os.path.realpath(self._dir)
+        owner = wal.holding(folder)
+        if owner is None:
+            return
+        path = layout.segment_path(self._dir, self._segments[-1].base)
+        try:
+            os.fdatasync(self._fd)
+            self._durable_size = self._segments[-1].size
+            owner.forget(folder)
+        except OSError as exc:
+            self._broken = io_error(path, exc)
+            raise self._broken from exc
+
+    def discard(self) -> None:
+        """Close the log before its folder is deleted: a write-ahead log's records of it are
+        forgotten first, so a log made again in the same folder never gets them back."""
+        try:
+            if not self._closed:
+                self._forget()
+        finally:
+            self.close()
 
     def _chunks_from(self, offset: int) -> bool:
         """Whether any chunk starts at `offset` or later (at the next offset: tracking ones)."""
@@ -512,6 +569,8 @@ class Log:
         os.close(self._ifd)
         self._fd, self._ifd = fd, ifd
         self._segments.append(seg.SegmentInfo(self._next, seg.FIRST_CHUNK_POSITION, self._next, 0))
+        # its header is durable (seg.create fdatasynced it and its folder), the old one too
+        self._durable_size = seg.FIRST_CHUNK_POSITION if durable else None
         self._snapshot_due = True
 
     def _write_snapshot(self, timestamp_ms: int) -> None:
@@ -552,8 +611,11 @@ class Log:
         if (self._config.fsync != "always" or self._config.fsync_on_write
                 or not self._unsynced or self._broken is not None or self._closed):
             return None
+        active = self._segments[-1]
         return SyncTicket(os.dup(self._fd), self._next - 1, self._generation,
-                          layout.segment_path(self._dir, self._segments[-1].base))
+                          layout.segment_path(self._dir, active.base), base=active.base,
+                          start=self._durable_size, end=active.size,
+                          folder=self._open_key or os.path.realpath(self._dir))
 
     def synced(self, ticket: SyncTicket) -> bool:
         """The fsync of `ticket` ended: commit what it covered. True if the committed offset
@@ -569,6 +631,8 @@ class Log:
         if moved:
             self._committed = ticket.offset
             self._last_sync_ms = self._config.clock()
+        if ticket.base == self._segments[-1].base:  # (after a roll, the new one's is known)
+            self._durable_size = max(self._durable_size or 0, ticket.end)
         if self._committed >= self._next - 1:
             self._unsynced = False
         return moved
@@ -596,6 +660,7 @@ class Log:
             raise self._broken from exc
         self._last_sync_ms = self._config.clock()
         self._unsynced = False
+        self._durable_size = self._segments[-1].size
         moved = self._committed != self._next - 1
         self._committed = self._next - 1
         return moved

@@ -62,6 +62,7 @@ from typing import Protocol
 from leveret.broker.process import logs
 from leveret.storage import Log, StorageError
 from leveret.storage.log import SyncTicket
+from leveret.storage.wal import Write, WriteAheadLog
 
 log = logs.get("leveret.syncer")
 
@@ -117,7 +118,7 @@ INLINE = InlineSyncer()
 class _Round:
     """One group commit: the tickets taken when it started, and whose callbacks wait on each."""
 
-    __slots__ = ("each", "each_s", "fs_wide", "started", "syncfs_s")
+    __slots__ = ("each", "each_s", "fs_wide", "started", "syncfs_s", "walled")
 
     def __init__(self) -> None:
         self.started = 0.0
@@ -126,13 +127,17 @@ class _Round:
         self.each: list[tuple[Log, SyncTicket, list[Done]]] = []  # fdatasynced one by one
         # covered by one syncfs of their file system (st_dev first)
         self.fs_wide: list[tuple[int, Log, SyncTicket, list[Done]]] = []
+        # copied to the write-ahead log, one fdatasync of it (with the log's FORGET count)
+        self.walled: list[tuple[int, Log, SyncTicket, list[Done]]] = []
 
 
 class ThreadSyncer:
     """A node-wide group commit on a pool of threads: one round at a time."""
 
-    def __init__(self, threads: int = THREADS, syncfs_from: int = SYNCFS_FROM) -> None:
+    def __init__(self, threads: int = THREADS, syncfs_from: int = SYNCFS_FROM,
+                 wal: WriteAheadLog | None = None) -> None:
         self._threads = threads
+        self._wal = wal  # with one, a round of many logs is a WAL write instead of a syncfs
         self._syncfs_from = syncfs_from
         self._pool: ThreadPoolExecutor | None = None
         self._waiting: dict[Log, list[Done]] = {}  # for the next round
@@ -145,6 +150,7 @@ class ThreadSyncer:
         self._syncfs_after = 0.0  # (loop time) a slow syncfs: fdatasync each until then
         self._backoff_s = BACKOFF_S
         self.rounds = self.syncfs_calls = self.fdatasync_calls = 0  # (for tests and figures)
+        self.wal_rounds = 0
 
     def sync(self, log_: Log, done: Done) -> None:
         self._waiting.setdefault(log_, []).append(done)
@@ -161,6 +167,9 @@ class ThreadSyncer:
                 if ticket is None:  # nothing left to fsync (a roll or a close synced it)
                     answered += dones
                     continue
+                if self._wal is not None:  # (the WAL replaces syncfs: see _plan_wal)
+                    this.each.append((log_, ticket, dones))
+                    continue
                 device = self._seen.get(log_)
                 if device is None or self._degraded:
                     this.each.append((log_, ticket, dones))
@@ -168,9 +177,12 @@ class ThreadSyncer:
                         self._first(log_, ticket)
                 else:
                     this.fs_wide.append((device, log_, ticket, dones))
-            loop = asyncio.get_running_loop() if this.each or this.fs_wide else None
+            busy = this.each or this.fs_wide or this.walled
+            loop = asyncio.get_running_loop() if busy else None
             this.started = loop.time() if loop is not None else 0.0
-            if len(this.fs_wide) < self._syncfs_from or this.started < self._syncfs_after:
+            if self._wal is not None:
+                self._plan_wal(this)
+            elif len(this.fs_wide) < self._syncfs_from or this.started < self._syncfs_after:
                 # few (fdatasync each is cheaper), or syncfs was slow here lately
                 this.each += [(log_, ticket, dones) for _d, log_, ticket, dones in this.fs_wide]
                 this.fs_wide = []
@@ -184,6 +196,22 @@ class ThreadSyncer:
                 self._round = None
             for done in answered:  # (they may sync again: into _waiting, for the next round)
                 done(True)
+
+    def _plan_wal(self, this: _Round) -> None:
+        """With a write-ahead log: a round of `syncfs_from` logs or more whose durable point
+        is known (not their first sync since they opened) copies their new bytes to the WAL,
+        one fdatasync in all; the others, and every log of a smaller round, fdatasync each
+        (cheaper than writing the bytes twice; a log synced in place needs no WAL record)."""
+        wal = self._wal
+        assert wal is not None
+        if self._degraded:
+            return
+        known = [entry for entry in this.each if entry[1].start is not None]
+        if len(known) < self._syncfs_from:
+            return
+        this.walled = [(wal.forgets(ticket.folder), log_, ticket, dones)
+                       for log_, ticket, dones in known]
+        this.each = [entry for entry in this.each if entry[1].start is None]
 
     def _first(self, log_: Log, ticket: SyncTicket) -> None:
         """`log_`'s first round, an fdatasync of its own. The descriptor its file system is
@@ -202,6 +230,8 @@ class ThreadSyncer:
         began_each = time.monotonic()
         pending = [pool.submit(ticket.run) for _log, ticket, _d in this.each]
         self.fdatasync_calls += len(this.each)
+        if this.walled:
+            self._run_wal(this)
         by_fs: dict[int, list[SyncTicket]] = {}
         for device, _log, ticket, _d in this.fs_wide:
             by_fs.setdefault(device, []).append(ticket)
@@ -222,8 +252,39 @@ class ThreadSyncer:
                 ticket.covered()
         for future in pending:
             future.result()
-        if pending and not this.fs_wide:  # (else the syncfs ran meanwhile: not comparable)
+        if pending and not this.fs_wide and not this.walled:  # (else not comparable)
             this.each_s = time.monotonic() - began_each
+
+    def _run_wal(self, this: _Round) -> None:
+        """On a pool thread: the WAL tickets' bytes (read back from the page cache through
+        their own descriptors), one WAL write and fdatasync. A ticket whose bytes cannot be
+        read is fdatasynced in place; if the WAL fails, every ticket is, and the syncer
+        fdatasyncs each from then on."""
+        wal = self._wal
+        assert wal is not None
+        writes: list[Write] = []
+        in_place: list[SyncTicket] = []
+        for forgets, _log, ticket, _d in this.walled:
+            data = ticket.read()
+            if data is None or ticket.start is None:
+                in_place.append(ticket)
+            else:
+                writes.append(Write(ticket.folder, str(ticket.path), ticket.start, data, forgets))
+        try:
+            wal.append(writes)
+        except OSError as error:
+            log.error("WAL write failed; fdatasync of each log from now on", error=str(error))
+            self._degraded = True
+            in_place = [ticket for _f, _log, ticket, _d in this.walled]
+        else:
+            self.wal_rounds += 1
+            skipped = {id(ticket) for ticket in in_place}
+            for _f, _log, ticket, _d in this.walled:
+                if id(ticket) not in skipped:
+                    ticket.covered()
+        for ticket in in_place:
+            ticket.run()
+        self.fdatasync_calls += len(in_place)
 
     def _round_ended(self, this: _Round, _future: asyncio.Future[None]) -> None:
         self._ended(this)
@@ -231,7 +292,8 @@ class ThreadSyncer:
     def _ended(self, this: _Round) -> None:
         self._round = None
         self._learn(this)
-        for log_, ticket, dones in this.each + [(g, t, d) for _v, g, t, d in this.fs_wide]:
+        for log_, ticket, dones in this.each + [(g, t, d) for _v, g, t, d in
+                                                this.fs_wide + this.walled]:
             ok = _commit(log_, ticket)
             for done in dones:
                 done(ok)
@@ -264,3 +326,5 @@ class ThreadSyncer:
         for fd in self._fs_fds.values():
             os.close(fd)
         self._fs_fds.clear()
+        if self._wal is not None:
+            self._wal.close()
