@@ -30,7 +30,7 @@ from leveret.broker.model.replication import ONE_NODE, Replication
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.model.stream_kind import StreamKind
-from leveret.broker.model.syncer import ThreadSyncer
+from leveret.broker.model.syncer import SYNCFS_FROM, ThreadSyncer
 from leveret.broker.model.vhost import Observer, VHost
 from leveret.broker.process import logs
 from leveret.broker.process.alarms import Alarms
@@ -111,8 +111,10 @@ class Broker:
                                      config.stream_chunk_max_bytes)
         # fsyncs the queues' logs (under "always") on threads, off the event loop; a round of
         # many logs is one fdatasync of the node's write-ahead log (server.py replays it)
-        self.syncer = ThreadSyncer(wal=WriteAheadLog(config.data_dir / WAL_FOLDER)
-                                   if config.queue_fsync == "always" else None)
+        walled = config.queue_fsync == "always" and config.queue_wal_from > 0
+        self.syncer = ThreadSyncer(
+            syncfs_from=config.queue_wal_from if walled else SYNCFS_FROM,
+            wal=WriteAheadLog(config.data_dir / WAL_FOLDER) if walled else None)
         self.queue_env = StorageEnv(queues_dir, encode, decode_record,
                                     _fsync(config.queue_fsync), syncer=self.syncer,
                                     # the server's flock covers every queue folder

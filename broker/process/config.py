@@ -52,6 +52,9 @@ class Config:
     stream_chunk_max_records: int = 8192
     stream_chunk_max_bytes: int = 8_388_608
     queue_fsync: str = "never"  # for durable classic queues: never | always | <ms>
+    # under queue_fsync = always, a group-commit round of this many queue logs or more is one
+    # fdatasync of the node's write-ahead log (storage/wal.py); 0 = none (one syncfs instead)
+    queue_wal_from: int = 8
     definitions: Path | None = None
     tls_port: int = 0  # 0 = no amqps listener
     tls_certfile: Path | None = None
@@ -205,6 +208,9 @@ def load(
     for name in ("stream_chunk_min_records", "stream_chunk_max_records", "stream_chunk_max_bytes"):
         if values.get(name, 1) < 1:
             raise ConfigError(f"invalid value {values[name]} for setting '{name}': 1 or more")
+    if values.get("queue_wal_from", 0) < 0:
+        raise ConfigError(f"invalid value {values['queue_wal_from']} for setting "
+                          "'queue_wal_from': a number of logs, or 0 for no write-ahead log")
     if values.get("workers", 0) < 0:
         raise ConfigError(f"invalid value {values['workers']} for setting 'workers': "
                           "a number of processes, or 0 for one per core")
