@@ -39,12 +39,29 @@ fdatasyncs each of its logs (each file's own error is still unseen: its descript
 syncfs one), and the syncer keeps to fdatasync each from then on (the consumed error may have
 been of a log not in that round).
 
+With a write-ahead log (`ThreadSyncer(wal=...)`, the broker's under `queue_fsync = always`
+unless `queue_wal_from` is 0; storage/wal.py), a round of `syncfs_from` logs or more
+(`queue_wal_from`, 8 by default) is neither: on a pool thread, each log's bytes written since
+its last durable point (`SyncTicket.start`..`end`, read back from the page cache through the
+ticket's own descriptor) become one WRITE record of the node's WAL file, then ONE fdatasync of
+that file makes them all durable, whatever else is dirty on the file system. A log whose durable
+point is not known (its first sync since it was opened or truncated) and every log of a smaller
+round fdatasyncs its segment in place instead (cheaper than writing its bytes twice; a log
+synced in place needs no WAL record). The WAL is replayed at `leveret serve`'s start before any
+log opens (broker/server.py); before a log removes or rewrites bytes (truncate_from, reset_to,
+a deleted log: `Log.discard`) it makes its segment durable in place and the WAL writes a
+FORGET of it, so that replay never brings removed bytes back; a WAL file past 64 MB is
+checkpointed in the background. If the WAL fails to write or fdatasync, the round fdatasyncs
+each of its logs and the syncer keeps to that from then on. The invariants and the tests that
+prove them: docs/QUORUM-QUEUES.md, "Many queues".
+
 `InlineSyncer` fsyncs at once on the caller's thread: for the model's tests on a manual
 scheduler, and wherever no event loop runs.
 
 Must not know: AMQP, queues, the cluster. It sees storage Logs and asyncio.
 Threading: `sync` and the callbacks run on the event loop's thread; only a round's syncs
-(`SyncTicket.run`, `syncfs`) run on the pool's threads, on descriptors of their own.
+(`SyncTicket.run`, `syncfs`, the WAL's reads, write and fdatasync) run on the pool's threads,
+on descriptors of their own.
 """
 
 from __future__ import annotations
