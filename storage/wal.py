@@ -110,7 +110,6 @@ class WriteAheadLog:
         self._fd = -1
         self._size = 0
         self._segments: set[str] = set()  # segment files the current file has records of
-        self._folders: set[str] = set()  # log folders the current file has records of
         self._last_seq: dict[str, int] = {}  # a folder -> the newest file with its records
         self._forgets: dict[str, int] = {}
         self._checkpoint: threading.Thread | None = None
@@ -130,7 +129,7 @@ class WriteAheadLog:
             os.close(fd)
             raise
         self._fd, self._size = fd, len(FILE_MAGIC)
-        self._segments, self._folders = set(), set()
+        self._segments = set()
 
     def _relative(self, path: str) -> str:
         relative = os.path.relpath(path, self.base)
@@ -139,6 +138,20 @@ class WriteAheadLog:
     def forgets(self, folder: str) -> int:
         """How many FORGET records `folder` has had: a round takes it with a log's bytes."""
         return self._forgets.get(folder, 0)
+
+    def reserve(self, folders: Iterable[str]) -> None:
+        """Before their bytes are taken for a record (on the thread that owns the logs, the
+        one that truncates them): mark these logs' folders as held, so that a truncation from
+        now on writes a FORGET first and the record, if not yet written, is left out. (Marked
+        only when the record is written, a truncation in between would find no mark, write no
+        FORGET, and the record written after it would bring the removed bytes back.)"""
+        marked = list(folders)
+        with self._lock:
+            for folder in marked:
+                self._last_seq[folder] = self._seq
+            with _holding_lock:
+                for folder in marked:
+                    _holding[folder] = self
 
     def append(self, writes: Sequence[Write]) -> int:
         """WRITE records for `writes`, then one fdatasync: their bytes are durable when it
@@ -156,13 +169,9 @@ class WriteAheadLog:
             os.fdatasync(self._fd)
             self._size += len(data)
             self.appends += 1
-            for w in kept:
+            for w in kept:  # (each folder reserved, on the logs' thread: `reserve`)
                 self._segments.add(w.segment)
-                self._folders.add(w.folder)
                 self._last_seq[w.folder] = self._seq
-            with _holding_lock:
-                for w in kept:
-                    _holding[w.folder] = self
             if self._size >= self.max_bytes and self._checkpoint is None:
                 self._rotate()
             return len(kept)

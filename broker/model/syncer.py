@@ -226,6 +226,7 @@ class ThreadSyncer:
         known = [entry for entry in this.each if entry[1].start is not None]
         if len(known) < self._syncfs_from:
             return
+        wal.reserve(ticket.folder for _log, ticket, _d in known)  # (before a truncation)
         this.walled = [(wal.forgets(ticket.folder), log_, ticket, dones)
                        for log_, ticket, dones in known]
         this.each = [entry for entry in this.each if entry[1].start is None]

@@ -254,3 +254,28 @@ def test_a_write_taken_before_a_forget_is_not_written_after_it(tmp_path: Path) -
     assert log_wal.append([fresh]) == 1
     log_wal.close()
     assert wal.replay(tmp_path / "wal").records == 1
+
+
+def test_a_log_taken_for_a_round_forgets_if_truncated_before_its_record_is_written(
+        tmp_path: Path) -> None:
+    """The syncer reserves a round's logs when it takes their bytes (on the loop's thread, the
+    one that truncates them), not when the pool's thread writes their records: a truncation in
+    between then writes a FORGET, and the record is left out."""
+    log_wal = WriteAheadLog(tmp_path / "wal", base=tmp_path)
+    log = Log.open(tmp_path / "queues" / "q", QUEUE_LOG)
+    log.append([b"a"])
+    log.sync()
+    log.append([b"b"])
+    folder = os.path.realpath(log.directory)
+    ticket = log.sync_ticket()
+    assert ticket is not None and ticket.start is not None
+    log_wal.reserve([folder])
+    taken = wal.Write(folder, str(ticket.path), ticket.start, ticket.read() or b"",
+                      log_wal.forgets(folder))
+    log.truncate_from(1)  # (a new leader lacks "b")
+    assert log_wal.forgets(folder) == 1
+    assert log_wal.append([taken]) == 0
+    ticket.covered()
+    log.close()
+    log_wal.close()
+    assert wal.replay(tmp_path / "wal").forgotten == 0  # (the FORGET came first: nothing to drop)
