@@ -443,30 +443,34 @@ class Log:
         finally:
             self._load()
 
-    def _forget(self) -> None:
+    def _forget(self, keep: bool = True) -> None:
         """Before bytes of this log are removed or rewritten: if a write-ahead log may hold
         records of it (storage/wal.py), make its active segment durable in place (older ones
-        were at their roll), then have the WAL write a FORGET of it, so that a replay never
-        writes removed bytes back. OSError is raised as a LogIOError (the log is broken)."""
+        were at their roll; not when nothing is kept: `keep` False), then have the WAL write a
+        FORGET of it, so that a replay never writes removed bytes back. OSError is raised as a
+        LogIOError (the log is broken)."""
         folder = self._open_key or os.path.realpath(self._dir)
         owner = wal.holding(folder)
         if owner is None:
             return
         path = layout.segment_path(self._dir, self._segments[-1].base)
         try:
-            os.fdatasync(self._fd)
-            self._durable_size = self._segments[-1].size
+            if keep:
+                os.fdatasync(self._fd)
+                self._durable_size = self._segments[-1].size
             owner.forget(folder)
         except OSError as exc:
             self._broken = io_error(path, exc)
             raise self._broken from exc
 
     def discard(self) -> None:
-        """Close the log before its folder is deleted: a write-ahead log's records of it are
-        forgotten first, so a log made again in the same folder never gets them back."""
+        """Close the log before its folder is deleted, when a log may be made again in the
+        same folder (a delayed exchange's store: its folder is named by the exchange): a
+        write-ahead log's records of it are forgotten first, so the new log never gets them
+        back. (A queue's folder is a uuid, never reused: its delete just closes.)"""
         try:
             if not self._closed:
-                self._forget()
+                self._forget(keep=False)
         finally:
             self.close()
 
