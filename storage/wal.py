@@ -130,10 +130,16 @@ class WriteAheadLog:
             raise
         self._fd, self._size = fd, len(FILE_MAGIC)
         self._segments = set()
+        self._names: dict[str, str] = {}  # a segment's path -> as records name it (a cache)
 
     def _relative(self, path: str) -> str:
-        relative = os.path.relpath(path, self.base)
-        return path if relative.startswith("..") else relative
+        relative = self._names.get(path)
+        if relative is None:
+            relative = os.path.relpath(path, self.base)
+            if relative.startswith(".."):
+                relative = path
+            self._names[path] = relative
+        return relative
 
     def forgets(self, folder: str) -> int:
         """How many FORGET records `folder` has had: a round takes it with a log's bytes."""

@@ -135,7 +135,7 @@ INLINE = InlineSyncer()
 class _Round:
     """One group commit: the tickets taken when it started, and whose callbacks wait on each."""
 
-    __slots__ = ("each", "each_s", "fs_wide", "started", "syncfs_s", "walled")
+    __slots__ = ("each", "each_s", "fs_wide", "started", "syncfs_s", "wal_ok", "walled")
 
     def __init__(self) -> None:
         self.started = 0.0
@@ -144,8 +144,9 @@ class _Round:
         self.each: list[tuple[Log, SyncTicket, list[Done]]] = []  # fdatasynced one by one
         # covered by one syncfs of their file system (st_dev first)
         self.fs_wide: list[tuple[int, Log, SyncTicket, list[Done]]] = []
-        # copied to the write-ahead log, one fdatasync of it (with the log's FORGET count)
-        self.walled: list[tuple[int, Log, SyncTicket, list[Done]]] = []
+        # copied to the write-ahead log, one fdatasync of it (their bytes, read at the start)
+        self.walled: list[tuple[Write, Log, SyncTicket, list[Done]]] = []
+        self.wal_ok = False  # the WAL made them durable (else each was fdatasynced in place)
 
 
 class ThreadSyncer:
@@ -226,10 +227,19 @@ class ThreadSyncer:
         known = [entry for entry in this.each if entry[1].start is not None]
         if len(known) < self._syncfs_from:
             return
-        wal.reserve(ticket.folder for _log, ticket, _d in known)  # (before a truncation)
-        this.walled = [(wal.forgets(ticket.folder), log_, ticket, dones)
-                       for log_, ticket, dones in known]
-        this.each = [entry for entry in this.each if entry[1].start is None]
+        # their bytes are read here, on the loop's thread (from the page cache, a few
+        # microseconds each): read on a pool thread, each pread would give up the GIL and wait
+        # up to a switch interval (5 ms) for the busy loop to hand it back, hundreds per round
+        walled, each = [], [entry for entry in this.each if entry[1].start is None]
+        for log_, ticket, dones in known:
+            data = ticket.read()
+            if data is None or ticket.start is None:  # (cut under it: fdatasync it instead)
+                each.append((log_, ticket, dones))
+            else:
+                walled.append((Write(ticket.folder, str(ticket.path), ticket.start, data,
+                                     wal.forgets(ticket.folder)), log_, ticket, dones))
+        wal.reserve(write.folder for write, _log, _t, _d in walled)  # (before a truncation)
+        this.walled, this.each = walled, each
 
     def _first(self, log_: Log, ticket: SyncTicket) -> None:
         """`log_`'s first round, an fdatasync of its own. The descriptor its file system is
@@ -274,35 +284,23 @@ class ThreadSyncer:
             this.each_s = time.monotonic() - began_each
 
     def _run_wal(self, this: _Round) -> None:
-        """On a pool thread: the WAL tickets' bytes (read back from the page cache through
-        their own descriptors), one WAL write and fdatasync. A ticket whose bytes cannot be
-        read is fdatasynced in place; if the WAL fails, every ticket is, and the syncer
-        fdatasyncs each from then on."""
+        """On a pool thread: one WAL write of the round's records and one fdatasync (their
+        tickets' descriptors are closed on the loop's thread, at the round's end: a close here
+        would wait for the GIL as a pread would). If the WAL fails, each ticket's segment is
+        fdatasynced in place, and the syncer fdatasyncs each from then on."""
         wal = self._wal
         assert wal is not None
-        writes: list[Write] = []
-        in_place: list[SyncTicket] = []
-        for forgets, _log, ticket, _d in this.walled:
-            data = ticket.read()
-            if data is None or ticket.start is None:
-                in_place.append(ticket)
-            else:
-                writes.append(Write(ticket.folder, str(ticket.path), ticket.start, data, forgets))
         try:
-            wal.append(writes)
+            wal.append([write for write, _log, _t, _d in this.walled])
         except OSError as error:
             log.error("WAL write failed; fdatasync of each log from now on", error=str(error))
             self._degraded = True
-            in_place = [ticket for _f, _log, ticket, _d in this.walled]
+            for _w, _log, ticket, _d in this.walled:
+                ticket.run()
+            self.fdatasync_calls += len(this.walled)
         else:
+            this.wal_ok = True
             self.wal_rounds += 1
-            skipped = {id(ticket) for ticket in in_place}
-            for _f, _log, ticket, _d in this.walled:
-                if id(ticket) not in skipped:
-                    ticket.covered()
-        for ticket in in_place:
-            ticket.run()
-        self.fdatasync_calls += len(in_place)
 
     def _round_ended(self, this: _Round, _future: asyncio.Future[None]) -> None:
         self._ended(this)
@@ -310,6 +308,9 @@ class ThreadSyncer:
     def _ended(self, this: _Round) -> None:
         self._round = None
         self._learn(this)
+        if this.wal_ok:
+            for _w, _log, ticket, _d in this.walled:
+                ticket.covered()
         for log_, ticket, dones in this.each + [(g, t, d) for _v, g, t, d in
                                                 this.fs_wide + this.walled]:
             ok = _commit(log_, ticket)
