@@ -67,8 +67,9 @@ on descriptors of their own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
-import functools
+import errno
 import os
 import time
 import weakref
@@ -97,8 +98,8 @@ def syncfs(fd: int) -> None:
     OSError with the first writeback error on that file system since `fd` was opened (or since
     it last reported one), of any file (Linux 5.8 and later)."""
     if _LIBC.syncfs(fd) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno))
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
 
 
 class Syncer(Protocol):
@@ -208,8 +209,7 @@ class ThreadSyncer:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="fsync")
                 self.rounds += 1
-                future = loop.run_in_executor(self._pool, self._run, this)
-                future.add_done_callback(functools.partial(self._round_ended, this))
+                self._pool.submit(self._run_then_answer, this, loop)
             else:
                 self._round = None
             for done in answered:  # (they may sync again: into _waiting, for the next round)
@@ -302,8 +302,22 @@ class ThreadSyncer:
             this.wal_ok = True
             self.wal_rounds += 1
 
-    def _round_ended(self, this: _Round, _future: asyncio.Future[None]) -> None:
-        self._ended(this)
+    def _run_then_answer(self, this: _Round, loop: asyncio.AbstractEventLoop) -> None:
+        """On a pool thread: the round, then its end handed straight to the loop (one turn of
+        a busy loop, where an executor future's result and then its callback took two)."""
+        try:
+            self._run(this)
+        except BaseException as error:  # (a bug, not a disk's error: those are OSErrors kept)
+            log.exception("a sync round failed; its logs are taken for broken")
+            for ticket in [t for _l, t, _d in this.each] + [t for _v, _l, t, _d in
+                                                            this.fs_wide + this.walled]:
+                if ticket.error is None:  # whatever it did, nothing of it is known durable
+                    ticket.error = OSError(errno.EIO, f"sync round failed: {error!r}")
+            this.wal_ok = False
+            raise
+        finally:
+            with contextlib.suppress(RuntimeError):  # (the loop closed meanwhile: at exit)
+                loop.call_soon_threadsafe(self._ended, this)
 
     def _ended(self, this: _Round) -> None:
         self._round = None

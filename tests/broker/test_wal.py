@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from leveret.broker.model.syncer import ThreadSyncer
-from leveret.storage import Log, LogConfig, OffsetSpec, wal
+from leveret.storage import Log, LogConfig, LogIOError, OffsetSpec, wal
 from leveret.storage.wal import WriteAheadLog
 
 # the queues' logs: fsynced by the syncer; one clock value, so that a chunk brought back
@@ -279,3 +279,34 @@ def test_a_log_taken_for_a_round_forgets_if_truncated_before_its_record_is_writt
     log.close()
     log_wal.close()
     assert wal.replay(tmp_path / "wal").forgotten == 0  # (the FORGET came first: nothing to drop)
+
+
+def test_a_round_that_fails_unexpectedly_commits_nothing(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in a round (not a disk error, which is an OSError handled per log): its logs are
+    answered False and broken, never committed as if durable."""
+    node = Node(tmp_path)
+    first_rounds(node)
+
+    def broken(self: WriteAheadLog, writes: object) -> int:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(WriteAheadLog, "append", broken)
+    results: list[bool] = []
+
+    async def scenario() -> None:
+        node.starter.append([b"start"])
+        node.syncer.sync(node.starter, results.append)
+        for log in node.logs:
+            log.append([b"m"])
+            node.syncer.sync(log, results.append)
+        async with asyncio.timeout(10):
+            while len(results) < LOGS + 1:
+                await asyncio.sleep(0.005)
+
+    asyncio.run(scenario())
+    assert results == [True] + [False] * LOGS
+    assert all(log.committed_offset == 0 for log in node.logs)
+    with pytest.raises(LogIOError):
+        node.logs[0].append([b"after"])
+    node.close()
