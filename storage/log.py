@@ -174,7 +174,10 @@ class Log:
         directory = Path(directory)
         config = config or LogConfig()
         try:
+            made = not directory.is_dir()
             directory.mkdir(parents=True, exist_ok=True)
+            if made and config.fsync != "never":  # its name durable in its parent, as its
+                seg.sync_directory(directory.parent)  # files are in it (seg.create)
             lock_fd = (os.open(directory, os.O_RDONLY | os.O_DIRECTORY) if config.folder_lock
                        else -1)
             key = os.path.realpath(directory)
