@@ -305,7 +305,7 @@ def test_a_round_that_fails_unexpectedly_commits_nothing(tmp_path: Path,
                 await asyncio.sleep(0.005)
 
     asyncio.run(scenario())
-    assert results == [True] + [False] * LOGS
+    assert sorted(results) == [False] * LOGS + [True]  # (the starter's round may end last)
     assert all(log.committed_offset == 0 for log in node.logs)
     with pytest.raises(LogIOError):
         node.logs[0].append([b"after"])
