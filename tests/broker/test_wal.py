@@ -310,3 +310,39 @@ def test_a_round_that_fails_unexpectedly_commits_nothing(tmp_path: Path,
     with pytest.raises(LogIOError):
         node.logs[0].append([b"after"])
     node.close()
+
+
+def test_with_a_wal_a_second_round_runs_while_one_is_in_flight(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The starter's round is stuck on the disk (its fdatasync waits): the logs that ask
+    meanwhile do not wait for it, their WAL round runs and answers them."""
+    node = Node(tmp_path)
+    first_rounds(node)
+    release = threading.Event()
+    real = os.fdatasync
+    starter_segment = next(node.starter.directory.glob("*.segment"))
+
+    def slow_for_the_starter(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(starter_segment):
+            release.wait(5)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_for_the_starter)
+    order: list[str] = []
+
+    async def scenario() -> None:
+        node.starter.append([b"start"])
+        node.syncer.sync(node.starter, lambda ok: order.append("starter"))
+        for log in node.logs:
+            log.append([b"m"])
+            node.syncer.sync(log, lambda ok: order.append("log"))
+        async with asyncio.timeout(10):
+            while len(order) < LOGS:
+                await asyncio.sleep(0.005)
+            release.set()
+            while len(order) < LOGS + 1:
+                await asyncio.sleep(0.005)
+
+    asyncio.run(scenario())
+    assert order == ["log"] * LOGS + ["starter"] and node.syncer.wal_rounds == 1
+    node.close()
