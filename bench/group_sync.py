@@ -1,7 +1,11 @@
 """What making many small appends durable costs on this machine: one fdatasync per file (one
 after another, and on a pool of threads, as broker/model/syncer.py did) against one syncfs(2)
 of the whole file system per round (what the syncer does now), with and without other dirty
-data on the same file system (another process's unsynced writes, which syncfs also writes).
+data on the same file system (another process's unsynced writes, which syncfs also writes), and
+against what the syncer does with a write-ahead log (storage/wal.py): read each file's new bytes
+back (pread), append them all to one WAL file, one fdatasync of it; the WAL file growing (as
+built), or preallocated by writing zeros first (so that an fdatasync has no size or extent
+change to journal).
 
     python bench/group_sync.py                       # 100 and 300 files, 5 rounds each
     python bench/group_sync.py --files 300 --dirty-mb 64 --rounds 10
@@ -61,11 +65,35 @@ def run(args: argparse.Namespace) -> None:
             for fd in fds:
                 os.write(fd, record)
                 os.fdatasync(fd)  # allocated: later appends are like a log's
+            readers = [os.open(folder / f"log{i}", os.O_RDONLY) for i in range(files)]
+            wal_fd = os.open(folder / "wal", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            zeroed = os.open(folder / "wal-zeroed", os.O_WRONLY | os.O_CREAT, 0o644)
+            for _ in range(64):  # 64 MB of zeros, durable: later writes only overwrite blocks
+                os.write(zeroed, bytes(1 << 20))
+            os.fdatasync(zeroed)
+            at = [0]
+
+            def wal(fds: list[int] = readers, wal_fd: int = wal_fd) -> None:
+                size = len(record)
+                os.write(wal_fd, b"".join(os.pread(fd, size, os.fstat(fd).st_size - size)
+                                          for fd in fds))
+                os.fdatasync(wal_fd)
+
+            def wal_zeroed(fds: list[int] = readers, zeroed: int = zeroed,
+                           at: list[int] = at) -> None:
+                size = len(record)
+                data = b"".join(os.pread(fd, size, os.fstat(fd).st_size - size) for fd in fds)
+                os.pwrite(zeroed, data, at[0] % (60 << 20))
+                at[0] += len(data)
+                os.fdatasync(zeroed)
+
             ways = {
                 "fdatasync each, one after another":
                     lambda fds=fds: [os.fdatasync(fd) for fd in fds],
                 "fdatasync each, 16 threads": lambda fds=fds: list(pool.map(os.fdatasync, fds)),
                 "one syncfs": lambda: syncfs(dir_fd),
+                "WAL: pread each, one append, one fdatasync": wal,
+                "WAL preallocated (zeros written first)": wal_zeroed,
             }
             for dirty_mb in (0, args.dirty_mb):
                 for name, way in ways.items():
@@ -81,8 +109,10 @@ def run(args: argparse.Namespace) -> None:
                             (folder / "other").unlink()
                             syncfs(dir_fd)
                     rows.append((files, dirty_mb, name, statistics.median(times), max(times)))
-            for fd in fds:
+            for fd in [*fds, *readers, wal_fd, zeroed]:
                 os.close(fd)
+            for name in ("wal", "wal-zeroed"):
+                (folder / name).unlink()
         os.close(dir_fd)
     print("| files | other dirty data | how | per round: median | max | per file (median) |")
     print("|---|---|---|---|---|---|")

@@ -37,13 +37,14 @@ from leveret.broker.model.replication import ONE_NODE, Replication
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.stream import StreamQueue
 from leveret.broker.model.stream_kind import StreamKind
-from leveret.broker.model.syncer import ThreadSyncer
+from leveret.broker.model.syncer import SYNCFS_FROM, ThreadSyncer
 from leveret.broker.model.vhost import Observer, VHost
 from leveret.broker.process import logs
 from leveret.broker.process.alarms import Alarms
 from leveret.broker.process.config import Config
 from leveret.broker.topology.local import LocalTopology
 from leveret.storage.openlogs import OpenLogs
+from leveret.storage.wal import WriteAheadLog
 
 if TYPE_CHECKING:
     from leveret.broker.cluster.membership import Membership
@@ -121,8 +122,12 @@ class Broker:
                                      # (the server's flock covers the streams' folders too)
                                      folder_locks=not queues_locked,
                                      open_logs=self.open_logs)
-        # fsyncs the queues' logs (under "always") on threads, off the event loop
-        self.syncer = ThreadSyncer()
+        # fsyncs the queues' logs (under "always") on threads, off the event loop; a round of
+        # many logs is one fdatasync of the node's write-ahead log (server.py replays it)
+        walled = config.queue_fsync == "always" and config.queue_wal_from > 0
+        self.syncer = ThreadSyncer(
+            syncfs_from=config.queue_wal_from if walled else SYNCFS_FROM,
+            wal=WriteAheadLog(config.data_dir / WAL_FOLDER) if walled else None)
         self.queue_env = StorageEnv(queues_dir, encode, decode_record,
                                     _fsync(config.queue_fsync), syncer=self.syncer,
                                     # the server's flock covers every queue folder
@@ -306,6 +311,9 @@ class Broker:
                      round_fdatasyncs=self.syncer.fdatasync_calls,
                      round_syncfs=self.syncer.syncfs_calls)
         self.metastore.close()
+
+
+WAL_FOLDER = "wal"  # the node's write-ahead log, under its data directory (storage/wal.py)
 
 
 def _fsync(policy: str) -> str | int:

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from leveret.broker.access.definitions import DefinitionsError, load_file
-from leveret.broker.broker import VERSION, Broker
+from leveret.broker.broker import VERSION, WAL_FOLDER, Broker
 from leveret.broker.cluster import access_sync, topology_sync
 from leveret.broker.cluster.etcd import EtcdClient, EtcdException
 from leveret.broker.cluster.link import LinkConfig
@@ -57,6 +57,7 @@ from leveret.broker.streamproto import server as stream_listeners
 from leveret.broker.streamproto.server import StreamServer
 from leveret.broker.topology.cluster import ClusterTopology
 from leveret.broker.workers.pool import Listener, WorkerPool, usable_cores
+from leveret.storage import wal
 
 log = logs.get("leveret.server")
 
@@ -91,6 +92,22 @@ def lock_queues(data_dir: Path) -> int:
         raise ServerError(f"data directory {data_dir} is in use by another leveret "
                           "serve") from None
     return fd
+
+
+def replay_wal(data_dir: Path) -> None:
+    """Before any log opens (and after lock_queues: no other process writes them): the bytes
+    the node's write-ahead log made durable go back into their segment files (storage/wal.py),
+    then the logs' own recovery runs as always. A failure stops the start: opening the logs
+    without those bytes would lose what was confirmed."""
+    try:
+        done = wal.replay(data_dir / WAL_FOLDER)
+    except OSError as exc:
+        raise ServerError(f"cannot replay the write-ahead log in {data_dir / WAL_FOLDER}: "
+                          f"{exc.strerror}") from None
+    if done.files:
+        log.info("write-ahead log replayed", files=done.files, records=done.records,
+                 applied=done.applied, missing=done.missing, forgotten=done.forgotten,
+                 torn=",".join(done.torn))
 
 
 class Server:
@@ -129,6 +146,7 @@ class Server:
         check_writable(config.data_dir)
         self._queues_lock = lock_queues(config.data_dir)
         try:
+            replay_wal(config.data_dir)
             context = tls_context(config) if config.tls_port else None
             await self._join_cluster()
             try:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from leveret.storage import chunk as ck
-from leveret.storage import fence, inspect, layout, recovery, retention, shipping, tracking
+from leveret.storage import fence, inspect, layout, recovery, retention, shipping, tracking, wal
 from leveret.storage import segment as seg
 from leveret.storage.cache import ChunkCache
 from leveret.storage.config import LogConfig, check_retention
@@ -54,21 +54,32 @@ RECENT_BYTES = 256 * 1024
 
 class SyncTicket:
     """An fsync of a log's active segment that may run on any thread. A held ticket has its
-    own duplicate of the file's descriptor, so a roll, a close or a release of the log's files
-    meanwhile (storage/openlogs.py) cannot close it under the fdatasync; a ticket taken with
-    `hold` False has none, for a round that syncs the whole file system (syncfs, by a
-    descriptor of its own that sees every writeback error there). `run` once, or `covered`,
-    then hand it to the log's `synced`."""
+    own duplicate of the file's descriptor (open for reading too), so a roll, a close or a
+    release of the log's files meanwhile (storage/openlogs.py) cannot close it under the
+    fdatasync; a ticket taken with `hold` False has none, for a round that syncs the whole file
+    system (syncfs, by a descriptor of its own that sees every writeback error there). `run`
+    once (or have a syncer make its bytes durable otherwise, then `covered`), then hand it to
+    the log's `synced`.
 
-    __slots__ = ("_device", "_fd", "error", "generation", "offset", "path")
+    `start`..`end` is the byte range of the segment written since the log last knew it durable
+    (`start` None when it does not know: its first sync since it was opened), for a syncer that
+    copies those bytes to a write-ahead log (storage/wal.py) instead of fsyncing the segment."""
 
-    def __init__(self, fd: int, offset: int, generation: int, path: Path,
-                 device: int) -> None:
+    __slots__ = ("_device", "_fd", "base", "end", "error", "folder", "generation", "offset",
+                 "path", "start")
+
+    def __init__(self, fd: int, offset: int, generation: int, path: Path, device: int, *,
+                 base: int = 0, start: int | None = None, end: int = 0,
+                 folder: str = "") -> None:
         self._fd = fd  # -1: not held
         self._device = device
         self.offset = offset  # the last offset written when it was taken
         self.generation = generation
         self.path = path
+        self.base = base  # the segment's base offset
+        self.start = start
+        self.end = end
+        self.folder = folder  # the log's folder (realpath): its key in the WAL
         self.error: OSError | None = None
 
     def run(self) -> None:
@@ -83,7 +94,7 @@ class SyncTicket:
         except OSError as exc:
             self.error = exc
         finally:
-            self._close()
+            self.release()
 
     @property
     def fd(self) -> int:
@@ -97,12 +108,26 @@ class SyncTicket:
         """The file system the segment is on (st_dev), for a sync of that whole file system."""
         return self._device
 
-    def covered(self) -> None:
-        """A sync of the segment's whole file system (syncfs), begun after this ticket was
-        taken, ended without error: what it covers is durable; release the descriptor."""
-        self._close()
+    def read(self) -> bytes | None:
+        """(On any thread.) The bytes of `start`..`end`; None if they cannot all be read (the
+        syncer then fsyncs the segment instead)."""
+        if self.start is None or self._fd < 0:
+            return None
+        try:
+            data = os.pread(self._fd, self.end - self.start, self.start)
+        except OSError:
+            return None
+        return data if len(data) == self.end - self.start else None
 
-    def _close(self) -> None:
+    def covered(self) -> None:
+        """A sync that covers the ticket's bytes (a syncfs of the segment's file system, or a
+        write-ahead log's fdatasync), begun after this ticket was taken, ended without error:
+        what it covers is durable; release the descriptor."""
+        self.release()
+
+    def release(self) -> None:
+        """Close the ticket's descriptor, if it holds one (`run` then opens the segment by
+        its path)."""
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             os.close(fd)
@@ -163,6 +188,10 @@ class Log:
         self._fence = fence.read(directory)
         self._last_sync_ms = config.clock()
         self._unsynced = False
+        # the active segment's size known durable (in place, or in a write-ahead log); None
+        # until its first fsync since the log was loaded (what recovery found may be only in
+        # the page cache of a process that was killed)
+        self._durable_size: int | None = None
         self._generation = getattr(self, "_generation", 0) + 1  # a SyncTicket's log state
         # (segment base, position, the chunk's bytes, its next offset), oldest first; kept
         # only once the log ships (read_chunks), so a replica or a lone log pays nothing
@@ -245,7 +274,10 @@ class Log:
         directory = Path(directory)
         config = config or LogConfig()
         try:
+            made = not directory.is_dir()
             directory.mkdir(parents=True, exist_ok=True)
+            if made and config.fsync != "never":  # its name durable in its parent, as its
+                seg.sync_directory(directory.parent)  # files are in it (seg.create)
             lock_fd = (os.open(directory, os.O_RDONLY | os.O_DIRECTORY) if config.folder_lock
                        else -1)
             key = os.path.realpath(directory)
@@ -481,6 +513,7 @@ class Log:
         self._check_writable()
         if offset < 0:
             raise ValueError(f"offset {offset} is negative")
+        self._forget()
         self._close_files()
         self._cache.clear()
         try:
@@ -503,12 +536,44 @@ class Log:
             return
         if offset < self.first_offset:
             raise ValueError(f"cannot truncate below the log's first offset {self.first_offset}")
+        self._forget()
         self._close_files()
         self._cache.clear()  # its keys (segment, position) are about to name other chunks
         try:
             recovery.truncate_from(self._dir, [s.base for s in self._segments], offset)
         finally:
             self._load()
+
+    def _forget(self, keep: bool = True) -> None:
+        """Before bytes of this log are removed or rewritten: if a write-ahead log may hold
+        records of it (storage/wal.py), make its active segment durable in place (older ones
+        were at their roll; not when nothing is kept: `keep` False), then have the WAL write a
+        FORGET of it, so that a replay never writes removed bytes back. OSError is raised as a
+        LogIOError (the log is broken)."""
+        folder = self._open_key or os.path.realpath(self._dir)
+        owner = wal.holding(folder)
+        if owner is None:
+            return
+        path = layout.segment_path(self._dir, self._segments[-1].base)
+        try:
+            if keep:
+                os.fdatasync(self._files()[0])
+                self._durable_size = self._segments[-1].size
+            owner.forget(folder)
+        except OSError as exc:
+            self._broken = io_error(path, exc)
+            raise self._broken from exc
+
+    def discard(self) -> None:
+        """Close the log before its folder is deleted, when a log may be made again in the
+        same folder (a delayed exchange's store: its folder is named by the exchange): a
+        write-ahead log's records of it are forgotten first, so the new log never gets them
+        back. (A queue's folder is a uuid, never reused: its delete just closes.)"""
+        try:
+            if not self._closed:
+                self._forget(keep=False)
+        finally:
+            self.close()
 
     def _chunks_from(self, offset: int) -> bool:
         """Whether any chunk starts at `offset` or later (at the next offset: tracking ones)."""
@@ -611,6 +676,8 @@ class Log:
         if self._open_logs is not None:
             self._open_logs.opened(self)
         self._segments.append(seg.SegmentInfo(self._next, seg.FIRST_CHUNK_POSITION, self._next, 0))
+        # its header is durable (seg.create fdatasynced it and its folder), the old one too
+        self._durable_size = seg.FIRST_CHUNK_POSITION if durable else None
         self._snapshot_due = True
 
     def _write_snapshot(self, timestamp_ms: int) -> None:
@@ -655,9 +722,11 @@ class Log:
                 or not self._unsynced or self._broken is not None or self._closed):
             return None
         fd = os.dup(self._files()[0]) if hold else -1
+        active = self._segments[-1]
         ticket = SyncTicket(fd, self._next - 1, self._generation,
-                            layout.segment_path(self._dir, self._segments[-1].base),
-                            self._device)
+                            layout.segment_path(self._dir, active.base), self._device,
+                            base=active.base, start=self._durable_size, end=active.size,
+                            folder=self._open_key or os.path.realpath(self._dir))
         self._ticketed = self._written_to()
         self._over_cap()
         return ticket
@@ -676,6 +745,8 @@ class Log:
         if moved:
             self._committed = ticket.offset
             self._last_sync_ms = self._config.clock()
+        if ticket.base == self._segments[-1].base:  # (after a roll, the new one's is known)
+            self._durable_size = max(self._durable_size or 0, ticket.end)
         if self._committed >= self._next - 1:
             self._unsynced = False
             self._over_cap()
@@ -704,6 +775,7 @@ class Log:
             raise self._broken from exc
         self._last_sync_ms = self._config.clock()
         self._unsynced = False
+        self._durable_size = self._segments[-1].size
         moved = self._committed != self._next - 1
         self._committed = self._next - 1
         return moved

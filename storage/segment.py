@@ -81,7 +81,7 @@ def create(directory: Path, base: int, durable: bool) -> tuple[int, int]:
     try:
         for path, magic in ((seg, layout.SEGMENT_MAGIC), (idx, layout.INDEX_MAGIC)):
             current = path
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
             fds.append(fd)
             os.write(fd, layout.file_header(magic))
             if durable:
@@ -99,7 +99,7 @@ def create(directory: Path, base: int, durable: bool) -> tuple[int, int]:
 
 def open_append(path: Path) -> int:
     try:
-        return os.open(path, os.O_WRONLY | os.O_APPEND)
+        return os.open(path, os.O_RDWR | os.O_APPEND)
     except OSError as exc:
         raise io_error(path, exc) from exc
 

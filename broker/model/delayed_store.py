@@ -510,5 +510,5 @@ class DelayedStore:
         self.writer.delete()
         if self._reader is not None:
             self._reader.close()
-        self.log.close()
+        self.log.discard()  # its folder is made again for an exchange of the same name
         shutil.rmtree(self.directory, ignore_errors=True)

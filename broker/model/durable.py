@@ -798,7 +798,7 @@ class DurableClassicQueue(ClassicQueue):
     def on_delete(self) -> None:
         self.writer.delete()  # first: what the purge of the tail would write is dropped
         super().on_delete()
-        self.log.close()
+        self.log.close()  # (its folder, a uuid, is never made again: no WAL FORGET needed)
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def close(self) -> None:

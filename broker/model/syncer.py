@@ -46,23 +46,46 @@ fdatasyncs each of its logs (each file's own error is still unseen: its descript
 syncfs one), and the syncer keeps to fdatasync each from then on (the consumed error may have
 been of a log not in that round).
 
+With a write-ahead log (`ThreadSyncer(wal=...)`, the broker's under `queue_fsync = always`
+unless `queue_wal_from` is 0; storage/wal.py), a round of `syncfs_from` logs or more
+(`queue_wal_from`, 8 by default) is neither: each log's bytes written since its last durable
+point (`SyncTicket.start`..`end`, read back from the page cache through the ticket's own
+descriptor on the loop's thread) become one WRITE record of the node's WAL file, written on a
+pool thread, then ONE fdatasync of
+that file makes them all durable, whatever else is dirty on the file system. A log whose durable
+point is not known (its first sync since it was opened or truncated) and every log of a smaller
+round fdatasyncs its segment in place instead (cheaper than writing its bytes twice; a log
+synced in place needs no WAL record). The WAL is replayed at `leveret serve`'s start before any
+log opens (broker/server.py); before a log removes or rewrites bytes (truncate_from, reset_to,
+a deleted log: `Log.discard`) it makes its segment durable in place and the WAL writes a
+FORGET of it, so that replay never brings removed bytes back; a WAL file past 64 MB is
+checkpointed in the background. If the WAL fails to write or fdatasync, the round fdatasyncs
+each of its logs and the syncer keeps to that from then on. With a WAL, a second round may
+start while one is in flight (at the loop's next turn, so that it gathers what that turn's
+callbacks ask): traced in bench/quorum_many.py, a WAL round's disk time was 10-25 ms but it then
+waited 30-150 ms for the busy loop to take its end, and everything asked meanwhile waited for
+that; two rounds may write the same log's bytes twice (a ticket's range starts at the log's
+durable point, which only a round's end advances), which is harmless. The invariants and the
+tests that prove them: docs/QUORUM-QUEUES.md, "Many queues".
+
 `InlineSyncer` fsyncs at once on the caller's thread: for the model's tests on a manual
 scheduler, and wherever no event loop runs.
 
 Must not know: AMQP, queues, the cluster. It sees storage Logs and asyncio.
-Threading: `sync` and the callbacks run on the event loop's thread; only a round's syncs
-(`SyncTicket.run`, `syncfs`) run off it: on the rounds' own thread (one round at a time, its
-first fdatasync or its syncfs) and, for the other logs of a round, on the pool's threads, on
-descriptors of their own.
+Threading: `sync`, the callbacks and the WAL's reads run on the event loop's thread; only a
+round's syncs (`SyncTicket.run`, `syncfs`, the WAL's write and fdatasync) run on the pool's
+threads, on descriptors of their own: a round on one thread of the pool, which fdatasyncs its
+first log itself (a round of one log, the usual one-queue round, wakes no second thread) and
+hands the others to the pool at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
+import errno
 import os
-import queue
-import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -72,6 +95,7 @@ from typing import Protocol
 from leveret.broker.process import logs
 from leveret.storage import Log, StorageError
 from leveret.storage.log import SyncTicket
+from leveret.storage.wal import Write, WriteAheadLog
 
 log = logs.get("leveret.syncer")
 
@@ -89,8 +113,8 @@ def syncfs(fd: int) -> None:
     OSError with the first writeback error on that file system since `fd` was opened (or since
     it last reported one), of any file (Linux 5.8 and later)."""
     if _LIBC.syncfs(fd) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno))
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
 
 
 class Syncer(Protocol):
@@ -127,7 +151,7 @@ INLINE = InlineSyncer()
 class _Round:
     """One group commit: the tickets taken when it started, and whose callbacks wait on each."""
 
-    __slots__ = ("each", "each_s", "fs_wide", "started", "syncfs_s")
+    __slots__ = ("each", "each_s", "fs_wide", "started", "syncfs_s", "wal_ok", "walled")
 
     def __init__(self) -> None:
         self.started = 0.0
@@ -136,21 +160,26 @@ class _Round:
         self.each: list[tuple[Log, SyncTicket, list[Done]]] = []  # fdatasynced one by one
         # covered by one syncfs of their file system (st_dev first)
         self.fs_wide: list[tuple[int, Log, SyncTicket, list[Done]]] = []
+        # copied to the write-ahead log, one fdatasync of it (their bytes, read at the start)
+        self.walled: list[tuple[Write, Log, SyncTicket, list[Done]]] = []
+        self.wal_ok = False  # the WAL made them durable (else each was fdatasynced in place)
 
 
 class ThreadSyncer:
-    """A node-wide group commit on a pool of threads: one round at a time."""
+    """A node-wide group commit on a pool of threads: one round at a time (two with a WAL)."""
 
-    def __init__(self, threads: int = THREADS, syncfs_from: int = SYNCFS_FROM) -> None:
+    def __init__(self, threads: int = THREADS, syncfs_from: int = SYNCFS_FROM,
+                 wal: WriteAheadLog | None = None) -> None:
         self._threads = threads
+        self._wal = wal  # with one, a round of many logs is a WAL write instead of a syncfs
         self._syncfs_from = syncfs_from
         self._pool: ThreadPoolExecutor | None = None
         self._waiting: dict[Log, list[Done]] = {}  # for the next round
-        self._round: _Round | None = None  # in flight
-        # the rounds' own thread and what it is handed (a round and the loop to answer on)
-        self._rounds: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, _Round] | None] | None \
-            = None
-        self._round_thread: threading.Thread | None = None
+        self._in_flight = 0  # rounds
+        # with a WAL, a second round may start while one waits for the loop to take its end
+        # (a WAL round's disk time is one fdatasync; a busy loop's turn is often longer)
+        self._max_in_flight = 2 if wal is not None else 1
+        self._start_soon = False
         # logs that had their first round (an fdatasync of their own), with their st_dev
         self._seen: weakref.WeakKeyDictionary[Log, int] = weakref.WeakKeyDictionary()
         self._fs_fds: dict[int, int] = {}  # st_dev -> a descriptor to syncfs it by
@@ -159,21 +188,31 @@ class ThreadSyncer:
         self._syncfs_after = 0.0  # (loop time) a slow syncfs: fdatasync each until then
         self._backoff_s = BACKOFF_S
         self.rounds = self.syncfs_calls = self.fdatasync_calls = 0  # (for tests and figures)
+        self.wal_rounds = 0
 
     def sync(self, log_: Log, done: Done) -> None:
         self._waiting.setdefault(log_, []).append(done)
-        if self._round is None:
+        if not self._in_flight:
             self._start()
+        elif self._in_flight < self._max_in_flight and not self._start_soon:
+            # at the loop's next turn: with what else this turn's callbacks ask
+            self._start_soon = True
+            asyncio.get_running_loop().call_soon(self._start_deferred)
+
+    def _start_deferred(self) -> None:
+        self._start_soon = False
+        self._start()
 
     def _start(self) -> None:
-        while self._waiting and self._round is None:
+        while self._waiting and self._in_flight < self._max_in_flight:
             waiting, self._waiting = self._waiting, {}
-            this = self._round = _Round()
+            this = _Round()
             answered: list[Done] = []
             # decided before the tickets are taken: a syncfs round's tickets hold no
             # descriptor (the round's syncfs needs none of theirs), so the logs it covers may
-            # release their files at once under the node's cap on open logs (OpenLogs)
-            wide = (not self._degraded and self._now() >= self._syncfs_after
+            # release their files at once under the node's cap on open logs (OpenLogs); with a
+            # WAL there is no syncfs (see _plan_wal)
+            wide = (self._wal is None and not self._degraded and self._now() >= self._syncfs_after
                     and sum(log_ in self._seen for log_ in waiting) >= self._syncfs_from)
             for log_, dones in waiting.items():
                 device = self._seen.get(log_)
@@ -187,15 +226,17 @@ class ThreadSyncer:
                         self._first(log_, ticket)
                 else:
                     this.fs_wide.append((device, log_, ticket, dones))
-            loop = asyncio.get_running_loop() if this.each or this.fs_wide else None
+            busy = this.each or this.fs_wide or this.walled
+            loop = asyncio.get_running_loop() if busy else None
             this.started = loop.time() if loop is not None else 0.0
+            if self._wal is not None:
+                self._plan_wal(this)
             if loop is not None:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="fsync")
                 self.rounds += 1
-                self._post(loop, this)
-            else:
-                self._round = None
+                self._in_flight += 1
+                self._pool.submit(self._run_then_answer, this, loop)
             for done in answered:  # (they may sync again: into _waiting, for the next round)
                 done(True)
 
@@ -206,6 +247,33 @@ class ThreadSyncer:
             return asyncio.get_running_loop().time()
         except RuntimeError:
             return 0.0
+
+    def _plan_wal(self, this: _Round) -> None:
+        """With a write-ahead log: a round of `syncfs_from` logs or more whose durable point
+        is known (not their first sync since they opened) copies their new bytes to the WAL,
+        one fdatasync in all; the others, and every log of a smaller round, fdatasync each
+        (cheaper than writing the bytes twice; a log synced in place needs no WAL record)."""
+        wal = self._wal
+        assert wal is not None
+        if self._degraded:
+            return
+        known = [entry for entry in this.each if entry[1].start is not None]
+        if len(known) < self._syncfs_from:
+            return
+        # their bytes are read here, on the loop's thread (from the page cache, a few
+        # microseconds each): read on a pool thread, each pread would give up the GIL and wait
+        # up to a switch interval (5 ms) for the busy loop to hand it back, hundreds per round
+        walled, each = [], [entry for entry in this.each if entry[1].start is None]
+        for log_, ticket, dones in known:
+            data = ticket.read()
+            ticket.release()  # (read: a WAL round needs no descriptor of its logs, OpenLogs)
+            if data is None or ticket.start is None:  # (cut under it: fdatasync it instead)
+                each.append((log_, ticket, dones))
+            else:
+                walled.append((Write(ticket.folder, str(ticket.path), ticket.start, data,
+                                     wal.forgets(ticket.folder)), log_, ticket, dones))
+        wal.reserve(write.folder for write, _log, _t, _d in walled)  # (before a truncation)
+        this.walled, this.each = walled, each
 
     def _first(self, log_: Log, ticket: SyncTicket) -> None:
         """`log_`'s first round, an fdatasync of its own. The descriptor its file system is
@@ -228,6 +296,8 @@ class ThreadSyncer:
         pending = [pool.submit(ticket.run) for _log, ticket, _d in this.each
                    if ticket is not inline]
         self.fdatasync_calls += len(this.each)
+        if this.walled:
+            self._run_wal(this)
         by_fs: dict[int, list[SyncTicket]] = {}
         for device, _log, ticket, _d in this.fs_wide:
             by_fs.setdefault(device, []).append(ticket)
@@ -252,41 +322,53 @@ class ThreadSyncer:
         finally:
             for future in pending:
                 future.result()
-        if this.each and not this.fs_wide:  # (else the syncfs ran meanwhile: not comparable)
+        if this.each and not this.fs_wide and not this.walled:  # (else not comparable)
             this.each_s = time.monotonic() - began_each
 
-    def _post(self, loop: asyncio.AbstractEventLoop, this: _Round) -> None:
-        """Hand a round to the rounds' own thread, which answers on `loop` when it ended: a
-        queue put and a call_soon_threadsafe, with no futures chained per round."""
-        if self._rounds is None:
-            self._rounds = queue.SimpleQueue()
-            self._round_thread = threading.Thread(
-                target=self._serve, args=(self._rounds,), name="fsync-rounds", daemon=True)
-            self._round_thread.start()
-        self._rounds.put((loop, this))
+    def _run_wal(self, this: _Round) -> None:
+        """On a pool thread: one WAL write of the round's records and one fdatasync (their
+        tickets' descriptors are closed on the loop's thread, at the round's end: a close here
+        would wait for the GIL as a pread would). If the WAL fails, each ticket's segment is
+        fdatasynced in place, and the syncer fdatasyncs each from then on."""
+        wal = self._wal
+        assert wal is not None
+        try:
+            wal.append([write for write, _log, _t, _d in this.walled])
+        except OSError as error:
+            log.error("WAL write failed; fdatasync of each log from now on", error=str(error))
+            self._degraded = True
+            for _w, _log, ticket, _d in this.walled:
+                ticket.run()
+            self.fdatasync_calls += len(this.walled)
+        else:
+            this.wal_ok = True
+            self.wal_rounds += 1
 
-    def _serve(self, rounds: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, _Round] | None]
-               ) -> None:
-        """The rounds' thread: each round's syncs, then its end on the loop that asked. A
-        round that raised ends all the same (its tickets' errors are their logs' to report)."""
-        while True:
-            item = rounds.get()
-            if item is None:
-                return
-            loop, this = item
-            try:
-                self._run(this)
-            except Exception as error:  # noqa: BLE001 - the thread goes on serving rounds
-                log.error("fsync round failed", error=repr(error))
-            try:
+    def _run_then_answer(self, this: _Round, loop: asyncio.AbstractEventLoop) -> None:
+        """On a pool thread: the round, then its end handed straight to the loop (one turn of
+        a busy loop, where an executor future's result and then its callback took two)."""
+        try:
+            self._run(this)
+        except BaseException as error:  # (a bug, not a disk's error: those are OSErrors kept)
+            log.exception("a sync round failed; its logs are taken for broken")
+            for ticket in [t for _l, t, _d in this.each] + [t for _v, _l, t, _d in
+                                                            this.fs_wide + this.walled]:
+                if ticket.error is None:  # whatever it did, nothing of it is known durable
+                    ticket.error = OSError(errno.EIO, f"sync round failed: {error!r}")
+            this.wal_ok = False
+            raise
+        finally:
+            with contextlib.suppress(RuntimeError):  # (the loop closed meanwhile: at exit)
                 loop.call_soon_threadsafe(self._ended, this)
-            except RuntimeError:  # that loop is closed: nobody waits for the answer
-                pass
 
     def _ended(self, this: _Round) -> None:
-        self._round = None
+        self._in_flight -= 1
         self._learn(this)
-        for log_, ticket, dones in this.each + [(g, t, d) for _v, g, t, d in this.fs_wide]:
+        if this.wal_ok:
+            for _w, _log, ticket, _d in this.walled:
+                ticket.covered()
+        for log_, ticket, dones in this.each + [(g, t, d) for _v, g, t, d in
+                                                this.fs_wide + this.walled]:
             ok = _commit(log_, ticket)
             for done in dones:
                 done(ok)
@@ -312,14 +394,12 @@ class ThreadSyncer:
             self._batch_s = batch_s if not self._batch_s else 0.9 * self._batch_s + 0.1 * batch_s
 
     def close(self) -> None:
-        """At shutdown, once the logs are closed: let the rounds' and the pool's threads end."""
-        if self._rounds is not None and self._round_thread is not None:
-            self._rounds.put(None)
-            self._round_thread.join()
-            self._rounds = self._round_thread = None
+        """At shutdown, once the logs are closed: let the pool's threads end."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
         for fd in self._fs_fds.values():
             os.close(fd)
         self._fs_fds.clear()
+        if self._wal is not None:
+            self._wal.close()

@@ -56,6 +56,9 @@ class Config:
     # (two descriptors each; docs/CONFIGURATION.md#open-files): the least recently used close
     # theirs past 3/4 of it, and reopen them when next written; 0: no cap
     open_logs: int = 2048
+    # under queue_fsync = always, a group-commit round of this many queue logs or more is one
+    # fdatasync of the node's write-ahead log (storage/wal.py); 0 = none (one syncfs instead)
+    queue_wal_from: int = 8
     definitions: Path | None = None
     tls_port: int = 0  # 0 = no amqps listener
     tls_certfile: Path | None = None
@@ -209,9 +212,10 @@ def load(
     for name in ("stream_chunk_min_records", "stream_chunk_max_records", "stream_chunk_max_bytes"):
         if values.get(name, 1) < 1:
             raise ConfigError(f"invalid value {values[name]} for setting '{name}': 1 or more")
-    if values.get("open_logs", 0) < 0:
-        raise ConfigError(f"invalid value {values['open_logs']} for setting 'open_logs': "
-                          "a number of logs, or 0 for no cap")
+    for name, zero in (("open_logs", "no cap"), ("queue_wal_from", "no write-ahead log")):
+        if values.get(name, 0) < 0:
+            raise ConfigError(f"invalid value {values[name]} for setting '{name}': "
+                              f"a number of logs, or 0 for {zero}")
     if values.get("workers", 0) < 0:
         raise ConfigError(f"invalid value {values['workers']} for setting 'workers': "
                           "a number of processes, or 0 for one per core")

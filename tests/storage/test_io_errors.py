@@ -50,7 +50,7 @@ def _writer_fd(path: Path) -> int:
             flags = int(Path(f"/proc/self/fdinfo/{name}").read_text().split()[3], 8)
         except OSError:
             continue
-        if flags & os.O_WRONLY:
+        if flags & (os.O_WRONLY | os.O_RDWR):  # (segments are opened O_RDWR: a WAL reads)
             return int(name)
     raise AssertionError(f"no writer descriptor for {path}")
 
