@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from leveret.broker.model.delayed_store import FOLDER, TRANSIENT, DelayedStore
 from leveret.broker.model.errors import PreconditionFailed
 from leveret.broker.model.fields import FieldTable
+from leveret.broker.model.log_queue import MemberAnswers
 from leveret.broker.model.message import Confirm, InboundMessage
 from leveret.broker.model.queue import Queue, QueueOwner
 from leveret.broker.model.queue_kind import DeclareRules
@@ -65,7 +66,7 @@ class Router(Protocol):
                   log_id: str) -> None: ...
 
 
-class DelayedLog(Queue):
+class DelayedLog(MemberAnswers, Queue):
     """One delayed exchange's held messages: a store over a log, led here or replicated."""
 
     type = TYPE
@@ -115,22 +116,6 @@ class DelayedLog(Queue):
     @property
     def writer(self) -> Any:
         return self.store.writer
-
-    @property
-    def role(self) -> str:
-        return self.replication.role
-
-    @property
-    def members(self) -> tuple[str, ...]:
-        return self.replication.members
-
-    @property
-    def commit_bound(self) -> int | None:
-        return self.replication.commit_bound
-
-    @property
-    def forward_to(self) -> Queue | None:
-        return self.replication.forward_to
 
     def dispatch(self) -> None:
         """A replica's commit point moved: it routes nothing, but follows the ROUTED records

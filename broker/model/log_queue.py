@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from leveret.broker.model.queue import QueueOwner
+from leveret.broker.model.queue import Queue, QueueOwner
 from leveret.broker.model.replication import Replication
 from leveret.broker.model.writer import Writer
 from leveret.storage import Log
@@ -46,3 +46,30 @@ class LogQueue(Protocol):
     def took_role(self) -> None:
         """The replication made this copy the leader, a replica, or neither (`role`)."""
         ...
+
+
+class MemberAnswers:
+    """What a log queue answers from its replication, one place for streams, quorum queues and
+    delayed exchanges' logs: put it first among a queue class's bases."""
+
+    replication: Replication
+
+    @property
+    def role(self) -> str:
+        """"" on one node (or not a member yet), "leader" or "replica"."""
+        return self.replication.role
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return self.replication.members
+
+    @property
+    def commit_bound(self) -> int | None:
+        """The commit point readers, counts and deliveries stop at (what a majority holds);
+        None: the log's own committed offset."""
+        return self.replication.commit_bound
+
+    @property
+    def forward_to(self) -> Queue | None:
+        """A replica's: the leader's queue, which serves everything but the log."""
+        return self.replication.forward_to

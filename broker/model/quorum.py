@@ -55,6 +55,7 @@ from leveret.broker.model.durable import (
 )
 from leveret.broker.model.errors import NotImplementedFeature, ResourceLocked
 from leveret.broker.model.intervals import IntervalSet
+from leveret.broker.model.log_queue import MemberAnswers
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.queue import ClassicQueue, Queue, QueueOwner
 from leveret.broker.model.replication import ONE_NODE, Replication
@@ -106,7 +107,7 @@ def _ms(value: object) -> int | None:
     return None
 
 
-class QuorumQueue(DurableClassicQueue):
+class QuorumQueue(MemberAnswers, DurableClassicQueue):
     type = "quorum"
     CHUNK_TYPES = (*DurableClassicQueue.CHUNK_TYPES, RETURNS, DEAD_LETTERS, TAKEN)
     STATE_TYPES = (*DurableClassicQueue.STATE_TYPES, RETURNS, DEAD_LETTERS, TAKEN)
@@ -211,24 +212,6 @@ class QuorumQueue(DurableClassicQueue):
         return self.dlx is not None and self.dead_letter_strategy == "at-least-once"
 
     # -- the replication's answers (a cluster's member: docs/QUORUM-QUEUES.md) -----------------
-
-    @property
-    def role(self) -> str:
-        """"" on one node (or not a member yet), "leader" or "replica"."""
-        return self.replication.role
-
-    @property
-    def members(self) -> tuple[str, ...]:
-        return self.replication.members
-
-    @property
-    def commit_bound(self) -> int | None:
-        return self.replication.commit_bound
-
-    @property
-    def forward_to(self) -> Queue | None:
-        """A replica's: the leader's queue, which serves everything but the log."""
-        return self.replication.forward_to
 
     def took_role(self) -> None:
         """A new leader's state is its log's, read again (what it inherited included); a

@@ -35,6 +35,7 @@ from leveret.broker.model import superstream
 from leveret.broker.model.consumer import Consumer
 from leveret.broker.model.delayed_ids import MARK
 from leveret.broker.model.errors import NotImplementedFeature, PreconditionFailed
+from leveret.broker.model.log_queue import MemberAnswers
 from leveret.broker.model.message import Confirm, InboundMessage
 from leveret.broker.model.queue import Queue, QueueOwner
 from leveret.broker.model.replication import ONE_NODE, Replication
@@ -157,7 +158,7 @@ class _Batch:
             self.bound.ran_dry()
 
 
-class StreamQueue(Queue):
+class StreamQueue(MemberAnswers, Queue):
     type = "stream"
 
     def __init__(
@@ -244,26 +245,6 @@ class StreamQueue(Queue):
 
     def took_role(self) -> None:
         """A new role changes nothing here: the role is asked when it matters."""
-
-    @property
-    def role(self) -> str:
-        """"" on one node (or not a member yet), "leader" or "replica"."""
-        return self.replication.role
-
-    @property
-    def members(self) -> tuple[str, ...]:
-        return self.replication.members
-
-    @property
-    def commit_bound(self) -> int | None:
-        """The commit point readers and counts stop at (what a majority holds); None: the
-        log's own committed offset."""
-        return self.replication.commit_bound
-
-    @property
-    def forward_to(self) -> Queue | None:
-        """A replica's: the leader's queue, to which publishes go."""
-        return self.replication.forward_to
 
     # -- counts -------------------------------------------------------------------------------
 
