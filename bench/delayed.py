@@ -246,8 +246,13 @@ def main() -> None:
         broker.kill()
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
+    save_figures("delayed", figures)
+
+
+def save_figures(name: str, figures: dict[str, Any]) -> None:
+    """bench/results/<name>-<timestamp>.json, and the figures as a table."""
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"delayed-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out = RESULTS / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(figures, indent=2))
     print("\n| figure | value |\n|---|---|")
     for key, value in figures.items():

@@ -27,7 +27,6 @@ Prints a Markdown table; writes bench/results/delayed-cluster-<timestamp>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -38,11 +37,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-RESULTS = HERE / "results"
 if str(ROOT / "tests") not in sys.path:
     sys.path.append(str(ROOT / "tests"))  # appended: tests/ must not shadow anything
 
-from delayed import DAY_MS, declare, publish, queue_count, template  # noqa: E402
+from delayed import DAY_MS, declare, publish, queue_count, save_figures, template  # noqa: E402
 from loadgen.client import Connection, connect  # noqa: E402
 from loadgen.report import median  # noqa: E402
 from pamqp import commands  # noqa: E402
@@ -192,13 +190,7 @@ def main() -> None:
         etcd.stop()
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"delayed-cluster-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps(figures, indent=2))
-    print("\n| figure | value |\n|---|---|")
-    for key, value in figures.items():
-        print(f"| {key} | {value} |")
-    print(f"\nwritten to {out}")
+    save_figures("delayed-cluster", figures)
 
 
 if __name__ == "__main__":
