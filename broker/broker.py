@@ -304,7 +304,9 @@ class Broker:
                 except Exception:
                     log.exception("closing a queue failed", queue=queue.name, vhost=vhost.name)
         self.syncer.close()
-        if self.open_logs is not None:  # (what the cap cost over this run: figures)
+        used = self.syncer.rounds or (self.open_logs is not None and self.open_logs.released)
+        if self.open_logs is not None and used:  # (what the cap cost over this run: figures;
+            # nothing from a start that failed, whose one line is the error)
             log.info("open logs at stop", cap=self.open_logs.capacity,
                      released=self.open_logs.released, refused=self.open_logs.refused,
                      fsynced_to_release=self.open_logs.synced, rounds=self.syncer.rounds,
