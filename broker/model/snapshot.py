@@ -74,20 +74,7 @@ class Ledger:
     # -- what the queue tells it as it writes --------------------------------------------------
 
     def written(self, offset: int, kind: int, size: int, seq: int) -> None:
-        if kind == PAGED:
-            bucket = self.buckets.get(offset // BUCKET)
-            if bucket is None:
-                self.buckets[offset // BUCKET] = [1, size]
-            else:
-                bucket[0] += 1
-                bucket[1] += size
-        elif kind == OTHER:
-            self.leveled.add(offset)
-        elif kind == TRANSIENT:
-            self.transient.add(offset)
-        if seq > self.seq:
-            self.seq = seq
-        self.changes += 1
+        self.written_many(offset, ((kind, size),), seq)
 
     def written_many(self, first: int, kinds: Iterable[tuple[int, int]], seq: int) -> None:
         """`written` for the records at `first`, `first` + 1, ... of the (kind, size) pairs
