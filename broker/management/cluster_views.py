@@ -14,7 +14,12 @@ cluster mode `/api/queues` on any node lists every queue, and `/api/connections`
 - `mgmt.close_connection` `{"name", "reason"}`: close one of its connections with 320, or
   a stream-protocol one (the asking node has checked that the user may);
 - `mgmt.purge` and `mgmt.get` `{"vhost", "name", ...}`: the API's purge and get of a queue it
-  holds (the asking node has checked the user's permissions), through `on_holder`.
+  holds (the asking node has checked the user's permissions), through `on_holder`;
+- `mgmt.delayed_figures`, `mgmt.delayed_list`, `mgmt.delayed_delete` (delayed.py): a delayed
+  exchange's figures, listing and deletion of held messages on the node that leads its log
+  (the hidden log queue's leader, as its record names it), through `delayed_figures` and
+  `on_log_leader`. While that node does not answer (down, an election not over), the figures
+  are null and a listing or deletion is refused with 503 (delayed.py).
 
 A replicated stream (or quorum queue) is shown on every node as its leader shows it: `node`
 and `leader` the leader, `members` as its queue record in etcd names them (the leader first,
@@ -38,9 +43,11 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from leveret.broker.cluster.link import LinkError, RemoteError
 from leveret.broker.cluster.stream_membership import REPLICATED
-from leveret.broker.management import messages, quorum_queues, stream_connections, views
+from leveret.broker.management import delayed, messages, quorum_queues, stream_connections, views
 from leveret.broker.management.http import ApiError
 from leveret.broker.management.nodes import ApiView
+from leveret.broker.model.delayed_exchange import UNKNOWN, holds_delayed
+from leveret.broker.model.delayed_log import log_name
 from leveret.broker.model.errors import InternalError, NotFound
 from leveret.broker.process import logs
 
@@ -48,7 +55,9 @@ if TYPE_CHECKING:
     from leveret.broker.broker import Broker
     from leveret.broker.cluster.link import Link
     from leveret.broker.cluster.runtime import ClusterRuntime
+    from leveret.broker.model.exchange import Exchange
     from leveret.broker.model.queue import Queue
+    from leveret.broker.model.vhost import VHost
     from leveret.broker.session.connection import Session
 
 log = logs.get("leveret.management")
@@ -157,6 +166,7 @@ def install(broker: Broker, cluster: ClusterRuntime) -> None:
     handlers.on_request(CHANNELS, channels)
     stream_connections.install(broker, handlers)  # mgmt.stream_publishers, mgmt.stream_consumers
     quorum_queues.install(broker, handlers)  # mgmt.quorum_peek: the leader's peek
+    delayed.install(broker, handlers)  # mgmt.delayed_*: a delayed exchange's log leader's
 
 
 class ClusterNodes:
@@ -284,6 +294,59 @@ class ClusterNodes:
         except LinkError:
             raise ApiError(503, "service_unavailable",
                            f"{queue.resource}: its node {node} does not answer") from None
+
+    def log_leader(self, vhost: VHost, exchange: Exchange) -> str | None:
+        """The node that leads a delayed exchange's log, as its record names it (an old
+        leader until the election's winner puts it); None: no log record."""
+        queue = vhost.queues.get(log_name(vhost.name, exchange.name))
+        placed = self.stream_placement(queue) if queue is not None else None
+        return placed[0] if placed is not None else None
+
+    async def delayed_figures(self, exchanges: list[tuple[VHost, Exchange]]) -> list[ApiView]:
+        """Each delayed exchange's figures from its log's leader (asked once per node, all
+        at once); nulls where no leader answers."""
+        this = self.node
+        leaders = [self.log_leader(v, x) if holds_delayed(x) else this for v, x in exchanges]
+        remote: dict[str, list[list[str]]] = {}
+        for (vhost, exchange), leader in zip(exchanges, leaders, strict=True):
+            if leader is not None and leader != this:
+                remote.setdefault(leader, []).append([vhost.name, exchange.name])
+
+        async def ask(node: str, link: Link) -> Any:
+            return await link.call(delayed.FIGURES, {"exchanges": remote[node]})
+
+        answers = await self._ask_all(ask, sorted(remote))
+        found: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for node, wanted in remote.items():
+            answer = answers.get(node)
+            if isinstance(answer, list) and len(answer) == len(wanted):
+                found.update(((node, v, x), info) for (v, x), info in zip(wanted, answer,
+                                                                            strict=True)
+                             if isinstance(info, dict))
+        out: list[ApiView] = []
+        for (vhost, exchange), leader in zip(exchanges, leaders, strict=True):
+            info = (exchange.held_info() if leader == this
+                    else found.get((str(leader), vhost.name, exchange.name)))
+            out.append(info or (dict(UNKNOWN) if holds_delayed(exchange) else {}))
+        return out
+
+    async def on_log_leader(self, vhost: VHost, exchange: Exchange, kind: str, body: ApiView,
+                            local: Callable[[], object]) -> object:
+        """`local()` if this node leads the exchange's log, else `kind` asked of the node
+        that does; None if there is none or it does not answer."""
+        leader = self.log_leader(vhost, exchange)
+        if leader == self.node:
+            return local()
+        link = self.cluster.links.link_to(leader) if leader is not None else None
+        if link is None or link.closed:
+            return None
+        try:
+            return await link.call(kind, {**body, "vhost": vhost.name, "name": exchange.name},
+                                   timeout=ASK_TIMEOUT_S)
+        except LinkError as exc:  # RemoteError included: the leader could not answer
+            log.warning("a delayed exchange's log leader did not answer", node=leader,
+                        error=str(exc) or type(exc).__name__)
+            return None
 
     async def close_remote(self, node: str, name: str, reason: str) -> None:
         """Close a connection another node holds: 404 if it has no such connection any more,

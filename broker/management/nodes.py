@@ -4,7 +4,9 @@ differ for the HTTP API.
 `NodesView` answers what the views would otherwise ask the cluster: which node holds a queue
 and shows its view, the views of a list of queues (another node's from that node), the other
 nodes' connections, channels and consumers, a purge or get or close run on the node that holds
-the object, the running nodes a vhost lists, and the labels every `/metrics` series carries.
+the object, a delayed exchange's figures and its listing and deletion of held messages from
+the node that leads its log, the running nodes a vhost lists, and the labels every `/metrics`
+series carries.
 
 Two implementations, chosen once when the management app is built (`app.create_app`, the one
 place that asks whether the broker runs in a cluster; the views reach it with `nodes_of`):
@@ -17,6 +19,7 @@ Must not know: the cluster's links or etcd (that is `cluster_views`). Runs on th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from aiohttp import web
@@ -25,7 +28,9 @@ from leveret.broker.management import views
 from leveret.broker.management.http import ApiError
 
 if TYPE_CHECKING:
+    from leveret.broker.model.exchange import Exchange
     from leveret.broker.model.queue import Queue
+    from leveret.broker.model.vhost import VHost
 
 ApiView: TypeAlias = dict[str, Any]  # one object as the API shows it, in RabbitMQ's names
 
@@ -52,6 +57,18 @@ class NodesView(Protocol):
 
     async def close_remote(self, node: str, name: str, reason: str) -> None:
         """Close a connection that another node holds."""
+
+    async def delayed_figures(self, exchanges: list[tuple[VHost, Exchange]]) -> list[ApiView]:
+        """Each exchange's delayed figures (`Exchange.held_info`) as the node that leads its
+        log has them: {} for a plain exchange, `delayed_exchange.UNKNOWN` (nulls) for a
+        delayed one while no leader answers."""
+
+    async def on_log_leader(self, vhost: VHost, exchange: Exchange, kind: str, body: ApiView,
+                            local: Callable[[], object]) -> object:
+        """`local()` on the node that leads the delayed exchange's log: run here if this node
+        leads it, else `kind` (`delayed.LIST`, `DELETE`, with `body`) asked of the leader's
+        node, which runs the same. None when no leader answers (or the one asked leads no
+        longer)."""
 
     async def remote_items(self, kind: str) -> list[ApiView]:
         """Every other running node's connections, channels or consumers (`kind`: one of
@@ -97,6 +114,13 @@ class OneNodeView:
 
     async def remote_items(self, kind: str) -> list[ApiView]:
         return []
+
+    async def delayed_figures(self, exchanges: list[tuple[VHost, Exchange]]) -> list[ApiView]:
+        return [exchange.held_info() for _vhost, exchange in exchanges]
+
+    async def on_log_leader(self, vhost: VHost, exchange: Exchange, kind: str, body: ApiView,
+                            local: Callable[[], object]) -> object:
+        return local()  # each delayed exchange leads its own log
 
     def running_nodes(self) -> dict[str, str]:
         return {self._node: "running"}

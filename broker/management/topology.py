@@ -55,16 +55,20 @@ def _flag(request: web.Request, name: str) -> bool:
 # -- exchanges --------------------------------------------------------------------------------
 
 
-def _exchanges(vhosts: list[VHost]) -> list[dict[str, Any]]:
-    return [views.exchange_view(v, x) for v in vhosts for x in v.exchanges.values()]
+async def _exchanges(request: web.Request, vhosts: list[VHost]) -> list[dict[str, Any]]:
+    """The exchanges' views, a delayed one's figures from the node that leads its log."""
+    pairs = [(v, x) for v in vhosts for x in v.exchanges.values()]
+    held = await nodes_of(request).delayed_figures(pairs)
+    return [views.exchange_view(v, x, info) for (v, x), info in zip(pairs, held, strict=True)]
 
 
 async def list_exchanges(request: web.Request) -> web.Response:
-    return listing(request, _exchanges(visible_vhosts(request)))
+    return listing(request, await _exchanges(request, visible_vhosts(request)))
 
 
 async def list_vhost_exchanges(request: web.Request) -> web.Response:
-    return listing(request, _exchanges([vhost_for_read(request, request.match_info["vhost"])]))
+    vhosts = [vhost_for_read(request, request.match_info["vhost"])]
+    return listing(request, await _exchanges(request, vhosts))
 
 
 async def get_exchange(request: web.Request) -> web.Response:
@@ -72,7 +76,8 @@ async def get_exchange(request: web.Request) -> web.Response:
     exchange = vhost.exchanges.get(exchange_name(request.match_info["name"]))
     if exchange is None:
         raise not_found()
-    return ok(views.exchange_view(vhost, exchange))
+    held = (await nodes_of(request).delayed_figures([(vhost, exchange)]))[0]
+    return ok(views.exchange_view(vhost, exchange, held))
 
 
 async def put_exchange(request: web.Request) -> web.Response:

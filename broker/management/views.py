@@ -178,7 +178,10 @@ def policy_view(vhost: str, policy: Policy) -> dict[str, Any]:
 # -- exchanges, queues, bindings ----------------------------------------------------------------
 
 
-def exchange_view(vhost: VHost, exchange: Exchange) -> dict[str, Any]:
+def exchange_view(vhost: VHost, exchange: Exchange,
+                  held: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An exchange as the API shows it; `held`: a delayed exchange's figures as its log's
+    leader has them (nodes.NodesView.delayed_figures; by default this node's)."""
     policy = vhost.policy_for("exchanges", exchange.name) if exchange.name else None
     view: dict[str, Any] = {
         "name": exchange.name,
@@ -193,7 +196,7 @@ def exchange_view(vhost: VHost, exchange: Exchange) -> dict[str, Any]:
         "message_stats": with_details({"publish_in": exchange.stats_publish_in,
                                        "publish_out": exchange.stats_publish_out}),
     }
-    view.update(exchange.held_info())  # a delayed exchange's counts (delayed_exchange.py)
+    view.update(exchange.held_info() if held is None else held)  # delayed_exchange.py
     if isinstance(exchange, SuperStreamExchange):
         view["super_stream"] = {"partitions": [q.name for q in exchange.partitions()]}
     return view

@@ -127,8 +127,10 @@ class DelayedMixin:
         return settled
 
     def held_info(self) -> dict[str, Any]:
+        """The figures of the log this node leads ({} elsewhere: a replica keeps no index, a
+        node without a member nothing; the management API asks the leader's node)."""
         store = self.store
-        if store is None:
+        if store is None or not store.leading:
             return {}
         return {"messages_delayed": store.count, "next_due_ms": store.next_due(),
                 "delayed_routed": store.routed_total,
@@ -202,6 +204,16 @@ def delayed_message_type(types: Mapping[str, type[Exchange]]) -> type[Exchange]:
             inner_cls.validate(arguments)
 
     return DelayedMessageType
+
+
+UNKNOWN: dict[str, Any] = dict.fromkeys((
+    "messages_delayed", "next_due_ms", "delayed_routed", "delayed_unroutable",
+    "delayed_refused"))  # the figures while no leader of the exchange's log answers
+
+
+def holds_delayed(exchange: object) -> bool:
+    """Whether `exchange` is a delayed one (its figures are its log leader's)."""
+    return isinstance(exchange, DelayedMixin)
 
 
 def is_delayed(exchange_type: str, arguments: Mapping[str, Any]) -> bool:

@@ -12,6 +12,11 @@ function when(ms) {
   return ms ? new Date(ms).toISOString() : 'none';
 }
 
+// null while no leader of the exchange's log answers (a cluster's election)
+export function figure(n) {
+  return n === null ? 'unknown' : fmtNum(n ?? 0);
+}
+
 function Held({m, vhost, name, reload}) {
   return html`<tr data-testid="held"><td>${when(m.due_ms)}</td><td>${m.id}</td>
     <td>${m.routing_key}</td><td>${fmtNum(m.payload_bytes)} bytes, ${m.payload_encoding}</td>
@@ -34,9 +39,10 @@ export function DelayedPage({vhost, name}) {
   return html`<div class="page"><h1>Delayed messages of ${name}</h1>
     <p class="sub">Exchange ${name} in virtual host ${vhost}</p>
     <${Err} error=${exchange.error} />
-    ${x && html`<p data-testid="delayed-summary">${fmtNum(x.messages_delayed ?? 0)} held,${' '}
-      next due ${when(x.next_due_ms)}; ${fmtNum(x.delayed_routed ?? 0)} routed,${' '}
-      ${fmtNum(x.delayed_unroutable ?? 0)} unroutable since the broker started</p>`}
+    ${x && html`<p data-testid="delayed-summary">${figure(x.messages_delayed)} held,${' '}
+      next due ${x.messages_delayed === null ? 'unknown' : when(x.next_due_ms)};${' '}
+      ${figure(x.delayed_routed)} routed,${' '}
+      ${figure(x.delayed_unroutable)} unroutable since the broker started</p>`}
     <form class="inline" onSubmit=${list} aria-label="list held messages">
       <label>The first <input name="count" type="number" min="0" max="1000" value=${count}
         onInput=${(e) => setCount(e.target.value)} /></label>

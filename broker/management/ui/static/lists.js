@@ -2,7 +2,7 @@
 // filtered by the server; the forms declare and delete through the API.
 
 import {del, enc, put} from './api.js';
-import {delayedHref} from './delayed.js';
+import {delayedHref, figure} from './delayed.js';
 import {Confirm, fmtBytes, fmtNum, html, jsonText, PagedList, queueHref, useState, useSubmit,
   VhostSelect} from './lib.js';
 
@@ -54,7 +54,7 @@ function DeclareExchange() {
 function delayed(x) {
   if (x.messages_delayed === undefined) return '';
   const next = x.next_due_ms ? `, next due ${new Date(x.next_due_ms).toISOString()}` : '';
-  return html`<a href=${delayedHref(x.vhost, x.name)}>delayed: ${fmtNum(x.messages_delayed)}${' '}
+  return html`<a href=${delayedHref(x.vhost, x.name)}>delayed: ${figure(x.messages_delayed)}${' '}
     held${next}</a>`;
 }
 
