@@ -12,11 +12,14 @@ import asyncio
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.request import urlopen
 
 import pika
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from support.brokers import BrokerProcess
 from support.cluster import (
     ClusterNode,
@@ -28,6 +31,7 @@ from support.cluster import (
     paused,
     wait_until,
 )
+from support.cluster_api import api, ok
 from support.etcd import EtcdServer
 
 from leveret.broker.cluster.etcd import EtcdClient
@@ -37,6 +41,8 @@ from leveret.broker.cluster.topology_keys import TopologyKeys
 from leveret.broker.model.delayed_log import TYPE, log_name
 
 Three = tuple[ClusterNode, ClusterNode, ClusterNode]
+FIGURES = ("messages_delayed", "next_due_ms", "delayed_routed", "delayed_unroutable",
+           "delayed_refused")  # a delayed exchange's figures in its API view
 LATE_S = 30.0  # the bound asserted (generous: a shared machine); docs/DELAYED-MESSAGES.md
 # records the lateness measured
 
@@ -249,6 +255,8 @@ def test_a_copy_routed_twice_is_delivered_once(
     warm = publish_delayed(outside, "dx2", ["warm"], 100)
     check_once(collect(outside, "dq2", 1, timeout=30, settle_s=0.5), warm)
     due = publish_delayed(outside, "dx2", [f"twice-{i}" for i in range(20)], 5000)
+    # the node that holds no member of the log shows its leader's figures
+    assert api_get(outside, "/api/exchanges/%2F/dx2")["messages_delayed"] == 20
     with paused(*replicas):
         time.sleep(8)  # links dropped at ~2 s; due at 5 s, routed; ROUTED not written
         nodes[leader].kill()
@@ -344,6 +352,11 @@ def test_a_delayed_exchange_without_its_log_refuses_to_hold_until_declared_again
 
     asyncio.run(drop_log())
     time.sleep(1)  # every node's sync removes its member of the log
+    # no log, so no leader: figures unknown (null), the listing refused with 503
+    view = api_get(a, "/api/exchanges/%2F/dx3")
+    assert {key: view[key] for key in FIGURES} == dict.fromkeys(FIGURES)
+    status, answer = api(a, "GET", "/api/leveret/exchanges/%2F/dx3/delayed")
+    assert (status, answer["error"]) == (503, "service_unavailable"), (status, answer)
     conn = connect(a)
     ch = conn.channel()
     ch.confirm_delivery()
@@ -438,3 +451,68 @@ def test_a_copy_refused_for_two_minutes_is_dropped_and_counted(
                timeout=200)
     view = api_get(nodes[leader], "/api/exchanges/%2F/dx5")
     assert view["messages_delayed"] == 0
+
+
+def delayed_metric(node: ClusterNode, exchange: str) -> list[float]:
+    """The node's leveret_exchange_messages_delayed samples of `exchange` (/metrics)."""
+    with urlopen(f"http://127.0.0.1:{node.management_port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return [sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "leveret_exchange_messages_delayed"
+            and sample.labels.get("exchange") == exchange]
+
+
+def test_every_node_shows_lists_and_deletes_what_the_log_leader_holds(
+        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
+    """The figures, the listing and a deletion asked of the nodes that do not lead the
+    exchange's log (its replicas: they keep no index) are the leader's, forwarded over the
+    node links; /metrics has the figures on the leader's node only. With the leader stopped
+    (SIGSTOP) before the election, the other nodes answer the figures as null and refuse a
+    listing or a deletion with 503; once a new leader is elected they answer its figures.
+    (Last of the shared cluster's tests: it leaves the old leader killed.)"""
+    abc, cluster = abc3, shared[1]
+    nodes = dict(zip("abc", abc, strict=True))
+    conn = connect(abc[0])
+    conn.channel().exchange_declare("dxm", "x-delayed-message", durable=True,
+                                    arguments={"x-delayed-type": "direct"})
+    conn.close()
+    leader, _members = log_leader(etcd, cluster, "dxm")
+    others = [nodes[name] for name in sorted(nodes) if name != leader]
+    for message_id, delay_ms in (("m0", 3_600_000), ("m1", 3_500_000), ("m2", 3_700_000)):
+        publish_delayed(others[0], "dxm", [message_id], delay_ms)  # none falls due
+    path, held_path = "/api/exchanges/%2F/dxm", "/api/leveret/exchanges/%2F/dxm/delayed"
+    want = ok(nodes[leader], "GET", path)
+    assert want["messages_delayed"] == 3 and want["next_due_ms"] is not None
+    for node in others:
+        view = ok(node, "GET", path)
+        assert {key: view[key] for key in FIGURES} == {key: want[key] for key in FIGURES}
+        listed = {x["name"]: x for x in ok(node, "GET", "/api/exchanges/%2F")}["dxm"]
+        assert listed["messages_delayed"] == 3
+    held = ok(others[0], "GET", held_path + "?count=10")
+    assert [m["properties"]["message_id"] for m in held] == ["m1", "m0", "m2"]
+    assert held == ok(nodes[leader], "GET", held_path + "?count=10")
+    assert api(others[1], "DELETE", f"{held_path}/{held[0]['id']}")[0] == 204
+    assert api(others[0], "DELETE", f"{held_path}/{held[0]['id']}")[0] == 404  # not held
+    assert [m["properties"]["message_id"] for m in ok(others[1], "GET", held_path)] == [
+        "m0", "m2"]
+    assert ok(others[0], "GET", path)["messages_delayed"] == 2
+    assert {name: delayed_metric(node, "dxm") for name, node in nodes.items()} == {
+        name: [2.0] if name == leader else [] for name in nodes}
+    with paused(nodes[leader]):  # its links stay up until they time out: no election yet
+        with ThreadPoolExecutor(3) as pool:
+            view_f = pool.submit(ok, others[0], "GET", path)
+            list_f = pool.submit(api, others[1], "GET", held_path)
+            delete_f = pool.submit(api, others[0], "DELETE", f"{held_path}/{held[1]['id']}")
+            view, listing, deleted = view_f.result(), list_f.result(), delete_f.result()
+        nodes[leader].kill()
+    assert {key: view[key] for key in FIGURES} == dict.fromkeys(FIGURES)
+    assert (listing[0], listing[1]["error"]) == (503, "service_unavailable"), listing
+    assert "no leader of its log answers" in listing[1]["reason"]
+    assert (deleted[0], deleted[1]["error"]) == (503, "service_unavailable"), deleted
+    wait_until(lambda: log_leader(etcd, cluster, "dxm")[0] != leader, timeout=60)
+    new_leader = log_leader(etcd, cluster, "dxm")[0]
+    asked = next(node for node in others if node.node_name != new_leader)
+    wait_until(lambda: ok(asked, "GET", path)["messages_delayed"] == 2, timeout=30)
+    assert [m["properties"]["message_id"] for m in ok(asked, "GET", held_path)] == [
+        "m0", "m2"]
