@@ -100,9 +100,7 @@ def install(broker: Any, handlers: Any) -> None:
 
     async def answer_figures(_link: Any, body: object) -> list[dict[str, Any] | None]:
         wanted = fields(body).get("exchanges")
-        if not isinstance(wanted, list):
-            raise ValueError(f"{FIGURES} takes {{'exchanges': [[vhost, name], ...]}}")
-        return [figures(broker, str(item[0]), str(item[1])) for item in wanted]
+        return [figures(broker, str(item[0]), str(item[1])) for item in wanted or ()]
 
     async def answer_list(_link: Any, body: object) -> list[dict[str, Any]] | None:
         f = fields(body)

@@ -140,7 +140,9 @@ class BrokerCollector:
 
     @staticmethod
     def _delayed(vhosts: list[Any]) -> Iterator[Metric]:
-        """Each delayed exchange's held messages and what it routed at their due time."""
+        """Each delayed exchange's held messages and what it routed at their due time, on
+        the node that leads its log only (held_info is {} elsewhere), as a queue's series
+        come from the node that hosts its leader."""
         labels = ["vhost", "exchange"]
         held = _gauge("leveret_exchange_messages_delayed", "Messages a delayed exchange holds",
                       None, labels)
