@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from support.brokers import BrokerProcess, InProcessBroker
-from support.ports import free_port
-from support.reference import Reference, running, start_reference
+from support.ports import free_port, wait_for_port
+from support.reference import Reference, running, start_reference, start_stream_management_reference
 
 from leveret.broker.process import logs
 
@@ -65,6 +65,33 @@ def broker_process(tmp_path: Path) -> Iterator[BrokerProcess]:
 def reference() -> Iterator[Reference]:
     """The reference RabbitMQ, started once per test session."""
     yield from running(start_reference)
+
+
+@pytest.fixture(scope="session")
+def stream_reference() -> Iterator[Reference]:
+    """RabbitMQ 3.10.8 with its stream, management and stream management plugins, once for the
+    whole session (or a skip): the stream protocol's reference and the management API's. Its
+    node is `...@localhost`, and no advertised host is set: it announces `localhost`, as
+    RabbitMQ announces the host of its node name. Its management API shows a new connection,
+    and a queue's message counts, within a second (its collectors sample every 500 ms, not
+    every 5 s). Tests leave nothing behind in it that another test could see."""
+    reference = start_stream_management_reference(
+        "collect_statistics_interval = 500\n"
+        "management.sample_retention_policies.global.minute = 1\n"
+        "management.sample_retention_policies.basic.minute = 1\n"
+        "management.sample_retention_policies.detailed.10 = 1\n")
+    if isinstance(reference, str):
+        pytest.skip(reference)
+    try:
+        wait_for_port(reference.stream_port, 60)
+        wait_for_port(reference.management_port, 60)
+    except TimeoutError:
+        if reference.stop is not None:
+            reference.stop()
+        pytest.skip("the reference RabbitMQ's stream or management listener did not start")
+    yield reference
+    if reference.stop is not None:
+        reference.stop()
 
 
 @pytest.fixture(params=["leveret", "rabbitmq"])

@@ -16,9 +16,6 @@ import http.client
 import json
 import shutil
 import subprocess
-import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,7 +25,7 @@ from typing import Any
 import pytest
 from support.brokers import InProcessBroker
 from support.ports import free_port
-from support.reference import start_management_reference
+from support.reference import Reference
 
 pytestmark = pytest.mark.reference
 
@@ -84,33 +81,10 @@ class Api:
         return f"http://127.0.0.1:{self.port}{path}"
 
 
-def _wait_http(port: int, timeout: float = 60.0) -> None:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/overview",
-                                     headers={"Authorization": AUTH})
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(request, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except (OSError, urllib.error.URLError):
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"RabbitMQ's management API did not answer on port {port}")
-        time.sleep(0.3)
-
-
-@pytest.fixture(scope="module")
-def rabbitmq_api_port() -> Iterator[int]:
-    """A reference RabbitMQ with rabbitmq_management, started once for this module."""
-    ref = start_management_reference()
-    if isinstance(ref, str):
-        pytest.skip(ref)
-    try:
-        _wait_http(ref.management_port)
-        yield ref.management_port
-    finally:
-        ref.stop()
+@pytest.fixture
+def rabbitmq_api_port(stream_reference: Reference) -> int:
+    """The shared reference RabbitMQ's management API (it has rabbitmq_management)."""
+    return stream_reference.management_port
 
 
 @pytest.fixture(params=["leveret", "rabbitmq"])

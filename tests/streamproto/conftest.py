@@ -13,7 +13,6 @@ import pytest
 from support import npm
 from support.brokers import BrokerProcess
 from support.ports import free_port, wait_for_port
-from support.reference import Reference, start_stream_management_reference
 
 from .raw import RawStream
 
@@ -62,31 +61,6 @@ def lev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StreamBroker]:
 @pytest.fixture
 def name() -> str:
     return f"s-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture(scope="session")
-def stream_reference() -> Iterator[Reference]:
-    """RabbitMQ 3.10.8 with its stream and management plugins, once for the whole session (or
-    a skip). Its node is `...@localhost`, and no advertised host is set: it announces
-    `localhost`, as RabbitMQ announces the host of its node name. Its management API lists a
-    new connection within a second (its collectors sample every second, not every 5 s)."""
-    reference = start_stream_management_reference(
-        "collect_statistics_interval = 500\n"
-        "management.sample_retention_policies.global.minute = 1\n"
-        "management.sample_retention_policies.basic.minute = 1\n"
-        "management.sample_retention_policies.detailed.10 = 1\n")
-    if isinstance(reference, str):
-        pytest.skip(reference)
-    try:
-        wait_for_port(reference.stream_port, 60)
-        wait_for_port(reference.management_port, 60)
-    except TimeoutError:
-        if reference.stop is not None:
-            reference.stop()
-        pytest.skip("the reference RabbitMQ's stream or management listener did not start")
-    yield reference
-    if reference.stop is not None:
-        reference.stop()
 
 
 NODE_DIR = Path(__file__).parent / "node"

@@ -34,7 +34,7 @@ class Reference:
     version: str = ""
     ctl_env: dict[str, str] | None = None  # set for a local rabbitmq-server: rabbitmqctl works
     stream_port: int = 0  # the stream protocol's listener (start_stream_reference)
-    management_port: int = 0  # the management HTTP API (start_management_reference)
+    management_port: int = 0  # the management HTTP API (start_stream_management_reference)
     restart_node: Callable[[], None] | None = None  # a local node: stop, start on its data
 
     def restart(self) -> None:
@@ -226,19 +226,6 @@ def start_stream_management_reference(conf: str = "") -> Reference | str:
                              f"management.tcp.port = {management_port}\n"
                              "management.tcp.ip = 127.0.0.1\n" + conf)
     reference.stream_port = stream_port
-    reference.management_port = management_port
-    return reference
-
-
-def start_management_reference() -> Reference | str:
-    """A local rabbitmq-server with its management plugin (the HTTP API on a free port,
-    management_port), or the reason there is none."""
-    if not RABBITMQ_SERVER.exists():
-        return "no local rabbitmq-server for the management API (apt-get install rabbitmq-server)"
-    management_port = free_port()
-    reference = _start_local(("rabbitmq_management",),
-                             f"management.tcp.port = {management_port}\n"
-                             "management.tcp.ip = 127.0.0.1\n")
     reference.management_port = management_port
     return reference
 

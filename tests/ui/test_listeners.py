@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 from support.brokers import BrokerProcess
-from support.ports import free_port, wait_for_port
-from support.reference import start_stream_management_reference
+from support.ports import free_port
+from support.reference import Reference
 
 from .conftest import UiBroker, log_in
 
@@ -83,20 +83,11 @@ def test_the_ui_shows_every_listener(page: Any, ui_broker: ListenersBroker) -> N
 
 
 @pytest.mark.reference
-def test_rabbitmq_lists_its_stream_listener_too() -> None:
-    reference = start_stream_management_reference()
-    if isinstance(reference, str):
-        pytest.skip(reference)
-    try:
-        wait_for_port(reference.management_port, 60)
-        wait_for_port(reference.stream_port, 60)
-        data = overview(reference.management_port)
-        found = {entry["protocol"]: entry["port"] for entry in data["listeners"]}
-        assert found["stream"] == reference.stream_port
-        assert found["http"] == reference.management_port
-        assert {"amqp", "clustering"} <= set(found)
-        assert [entry["protocol"] for entry in data["listeners"]] == sorted(found)
-        assert {entry["node"] for entry in data["listeners"]} == {data["node"]}
-    finally:
-        if reference.stop is not None:
-            reference.stop()
+def test_rabbitmq_lists_its_stream_listener_too(stream_reference: Reference) -> None:
+    data = overview(stream_reference.management_port)
+    found = {entry["protocol"]: entry["port"] for entry in data["listeners"]}
+    assert found["stream"] == stream_reference.stream_port
+    assert found["http"] == stream_reference.management_port
+    assert {"amqp", "clustering"} <= set(found)
+    assert [entry["protocol"] for entry in data["listeners"]] == sorted(found)
+    assert {entry["node"] for entry in data["listeners"]} == {data["node"]}
