@@ -46,6 +46,7 @@ LAVINMQ_ARG = "x-delayed-exchange"
 class DelayedMixin:
     """What a delayed exchange adds to its routing type: the hold, through its log."""
 
+    keeps_messages = True
     delayed_log: DelayedLog | None = None  # its own log (one node), else None
     delayed_logs: DelayedLogs | None = None  # where its log is (the vhost's port)
     _vhost: Any = None
