@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import pika
 import pytest
 from support.brokers import BrokerProcess
@@ -208,6 +209,64 @@ def test_the_log_is_placed_like_a_quorum_queue_and_survives_kill_of_its_leader(
                 headers={"x-delay": 100}), mandatory=True)
         conn.close()
     run_kill_round(abc, etcd, cluster, "dx", "dq", count=100, tag="r0")
+
+
+def test_publishes_in_an_election_wait_for_the_new_leader_and_a_binding_reaches_the_log(
+        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
+    """A delayed exchange reached through an exchange-to-exchange binding holds the message
+    in its log, through a node that does not lead it, and the confirm covers the hold: the
+    messages so confirmed survive `kill -9` of the log's leader. Then, at once (as soon as
+    the publishing node lost its link to the dead leader, before the election), publishes
+    with confirms into the exchange and through the binding: each waits for the new leader
+    and is acked, not nacked. Every message is routed once, at its due time."""
+    abc, cluster = abc3, shared[1]
+    nodes = dict(zip("abc", abc, strict=True))
+    conn = connect(nodes["a"])
+    ch = conn.channel()
+    ch.exchange_declare("dx6", "x-delayed-message", durable=True,
+                        arguments={"x-delayed-type": "direct"})
+    ch.exchange_declare("src6", "direct", durable=True)
+    ch.exchange_bind("dx6", "src6", "k")
+    conn.close()
+    leader, members = log_leader(etcd, cluster, "dx6")
+    assert sorted(members) == ["a", "b", "c"]
+    via, target = (node for name, node in sorted(nodes.items()) if name != leader)
+    setup(nodes["a"], target, "dx6", "dq6")
+    due = publish_delayed(via, "src6", [f"e2e-{i}" for i in range(10)], 4000)
+    nodes[leader].kill()
+    wait_until(lambda: linked(via, 1), timeout=10)
+
+    async def publish_in_the_election() -> tuple[dict[str, float], str]:
+        connection = await aio_pika.connect(via.url)
+        async with connection:
+            channel = await connection.channel(publisher_confirms=True)
+            sent: dict[str, float] = {}
+            publishes = []
+            for exchange_name in ("dx6", "src6"):
+                exchange = await channel.get_exchange(exchange_name, ensure=False)
+                for i in range(20):
+                    message_id = f"election-{exchange_name}-{i}"
+                    sent[message_id] = time.time() + 1.5
+                    publishes.append(exchange.publish(aio_pika.Message(
+                        message_id.encode(), message_id=message_id, delivery_mode=2,
+                        headers={"x-delay": 1500}), "k"))
+            leader_then = (await asyncio.to_thread(log_leader, etcd, cluster, "dx6"))[0]
+            await asyncio.gather(*publishes)  # a nack raises DeliveryError
+            return sent, leader_then
+
+    sent, leader_then = asyncio.run(publish_in_the_election())
+    assert leader_then == leader  # they were published before the election
+    due.update(sent)
+    got = collect(target, "dq6", len(due), timeout=LATE_S + 40)
+    lateness = check_once(got, due)
+    print(f"\nelection: {len(sent)} publishes waited for the new leader, 10 held through "
+          f"a binding survived the kill; lateness max {lateness:.2f} s")
+    # the log is reached by the hold only: a client cannot bind it
+    conn = connect(via)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        conn.channel().queue_bind(log_name("/", "dx6"), "src6", "k")
+    assert refused.value.reply_code == 404
+    conn.close()
 
 
 @pytest.fixture
