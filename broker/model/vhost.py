@@ -26,6 +26,7 @@ from leveret.broker.model.deadletter import (
     routing_keys_of,
     string_list,
 )
+from leveret.broker.model.delayed_log import TYPE as DELAYED_LOG
 from leveret.broker.model.delayed_log import DelayedLogs, OwnLogs, hidden
 from leveret.broker.model.errors import (
     AccessRefused,
@@ -593,9 +594,10 @@ class VHost:
         if exchange.name == "":  # (a delayed exchange's log is the broker's: not by name)
             if isinstance(keys, str):
                 queue = self.queues.get(keys)
-                return ([queue] if queue is not None and not hidden(queue) else []), False
+                return ([queue] if queue is not None and queue.type != DELAYED_LOG else []), False
             found = (self.queues.get(key) for key in dict.fromkeys(keys))
-            return [queue for queue in found if queue is not None and not hidden(queue)], False
+            return [queue for queue in found
+                    if queue is not None and queue.type != DELAYED_LOG], False
         queues: dict[Queue, None] = {}
         seen: set[int] = set()
         pending = [exchange]
