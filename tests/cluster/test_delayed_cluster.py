@@ -269,6 +269,51 @@ def test_publishes_in_an_election_wait_for_the_new_leader_and_a_binding_reaches_
     conn.close()
 
 
+@pytest.mark.slow
+def test_a_publish_waits_for_a_leader_30_s_at_most_and_a_deleted_exchange_nacks_it(
+        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
+    """The leader and one replica of the log killed: no leader can be elected, so a delayed
+    publish through the last member waits HOLD_MS (30 s) and is nacked; one waiting when
+    the exchange is deleted is nacked at once."""
+    abc, cluster = abc3, shared[1]
+    nodes = dict(zip("abc", abc, strict=True))
+    conn = connect(nodes["a"])
+    conn.channel().exchange_declare("dx7", "x-delayed-message", durable=True,
+                                    arguments={"x-delayed-type": "direct"})
+    conn.close()
+    leader, _members = log_leader(etcd, cluster, "dx7")
+    survivor, other = (node for name, node in sorted(nodes.items()) if name != leader)
+    nodes[leader].kill()
+    other.kill()
+    wait_until(lambda: linked(survivor, 0), timeout=10)
+
+    async def publish_and_wait() -> tuple[float, float]:
+        connection = await aio_pika.connect(survivor.url)
+        async with connection:
+            channel = await connection.channel(publisher_confirms=True)
+            exchange = await channel.get_exchange("dx7", ensure=False)
+
+            async def one(body: bytes) -> float:
+                started = time.monotonic()
+                with pytest.raises(aio_pika.exceptions.DeliveryError):
+                    await exchange.publish(aio_pika.Message(body, headers={"x-delay": 1000}),
+                                           "k")
+                return time.monotonic() - started
+
+            waited = await one(b"no leader")
+            pending = asyncio.ensure_future(one(b"deleted"))
+            await asyncio.sleep(1)
+            other_channel = await connection.channel()
+            deleted_at = time.monotonic()
+            await other_channel.exchange_delete("dx7")
+            await pending
+            return waited, time.monotonic() - deleted_at
+
+    waited, after_delete = asyncio.run(publish_and_wait())
+    assert 29 <= waited < 40, waited
+    assert after_delete < 5, after_delete
+
+
 @pytest.fixture
 def abcd(tmp_path: Path, etcd: EtcdServer, cluster: str, nodes: list[BrokerProcess],
          node_env: dict[str, str]) -> tuple[ClusterNode, ...]:
