@@ -7,9 +7,11 @@ exchange of any type. Either way the exchange is an instance of `delayed_variant
 routing type's class with `DelayedMixin` in front, so its bindings and routing are that type's.
 
 `x-delay` is read as the plugin reads it (x_delay.py): a delay above 0 and at most 2^32 - 1
-ms holds the message; any other routes it at once, untouched. A held message is routed at its
-due time with its properties as published, except that `x-delay` then reads minus the delay
-(the plugin's marker that the message went through the delay).
+ms holds the message; any other routes it at once, untouched. The vhost's routing asks
+`hold` of every delayed exchange a publish reaches (`keeps_messages`), through a binding or
+as an alternate exchange too, as the plugin's route is called for each (vhost.py). A held
+message is routed at its due time with its properties as published, except that `x-delay`
+then reads minus the delay (the plugin's marker that the message went through the delay).
 
 The held messages are in the exchange's log (delayed_log.py), found through the vhost's
 `delayed_logs` port: on one node the exchange's own, in a folder of the vhost's
@@ -46,6 +48,7 @@ LAVINMQ_ARG = "x-delayed-exchange"
 class DelayedMixin:
     """What a delayed exchange adds to its routing type: the hold, through its log."""
 
+    keeps_messages = True
     delayed_log: DelayedLog | None = None  # its own log (one node), else None
     delayed_logs: DelayedLogs | None = None  # where its log is (the vhost's port)
     _vhost: Any = None

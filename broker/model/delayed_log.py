@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from leveret.broker.model.delayed_store import FOLDER, TRANSIENT, DelayedStore
 from leveret.broker.model.errors import PreconditionFailed
 from leveret.broker.model.fields import FieldTable
+from leveret.broker.model.leader_wait import WaitingPublishes
 from leveret.broker.model.log_queue import MemberAnswers
 from leveret.broker.model.message import Confirm, InboundMessage
 from leveret.broker.model.queue import Queue, QueueOwner
@@ -80,17 +81,25 @@ class DelayedLog(MemberAnswers, Queue):
         self.replication = replication
         self.alone = alone  # one node's own log: it leads from the start, with no election
         self._follow_timer: Timer | None = None
+        self.waiting = WaitingPublishes(vhost.scheduler, self.awaiting_leader, self._send)
         self.store = DelayedStore(vhost.scheduler, env, directory, self._route, name=exchange,
                                   replication=replication, leading=alone)
 
     # -- what the exchange asks -----------------------------------------------------------
 
     def publish(self, message: InboundMessage, confirm: Confirm | None) -> bool:
-        """Hold `message` (its x-delay from now) on the leader; a replica forwards it there.
-        False: not a publish into its exchange (a client that names the log through the
-        default exchange), or no delay to hold it for."""
-        if message.exchange != self.exchange_name:
-            return False  # published to the log by its name (the default exchange): refused
+        """Hold `message` (its x-delay from now) on the leader; a replica forwards it there;
+        between two leaders (an election) it waits for the next one, HOLD_MS at most, as a
+        quorum queue's publish does (leader_wait.py). The message may have been published
+        to another exchange and reached this one through a binding or as an alternate
+        exchange: only the vhost's routing hands it here (a client can neither route to the
+        log by its name nor bind it: vhost.py). False: no delay to hold it for."""
+        if self.waiting or self.awaiting_leader():
+            self.waiting.add(message, confirm)
+            return True
+        return self._send(message, confirm)
+
+    def _send(self, message: InboundMessage, confirm: Confirm | None) -> bool:
         leader = self.replication.forward_to
         if leader is not None:
             return bool(leader.publish(message, confirm))
@@ -99,6 +108,17 @@ class DelayedLog(MemberAnswers, Queue):
             return False
         self.store.hold(message, self.vhost.scheduler.now_ms() + delay, confirm)
         return True
+
+    def awaiting_leader(self) -> bool:
+        """Between two leaders: the leader's node lost and the next leader not known yet,
+        or this member between two roles (a one-member log never is)."""
+        if self.alone:
+            return False
+        leader = self.replication.forward_to
+        if leader is not None:
+            return not leader.reachable()
+        role = self.replication.role
+        return role == "replica" or (role == "" and bool(self.replication.members))
 
     def _route(self, batch: list[tuple[int, InboundMessage]]) -> None:
         exchange: Exchange | None = self.vhost.exchanges.get(self.exchange_name)
@@ -137,6 +157,8 @@ class DelayedLog(MemberAnswers, Queue):
             self.store.lead()
         else:
             self.store.follow()
+        if self.waiting:
+            self.waiting.release()  # publishes that waited for a leader: to it now
 
     # -- a queue nobody consumes ----------------------------------------------------------
 
@@ -157,6 +179,7 @@ class DelayedLog(MemberAnswers, Queue):
         self.store.commit_pending()
 
     def close(self) -> None:
+        self.waiting.drop()
         if self.deleted:
             return
         if self.durable:
@@ -165,6 +188,7 @@ class DelayedLog(MemberAnswers, Queue):
             self.store.destroy()
 
     def on_delete(self) -> None:
+        self.waiting.drop()
         super().on_delete()
         self.store.destroy()
 

@@ -98,6 +98,10 @@ class Exchange:
 
     # -- an exchange that keeps messages (a delayed exchange: delayed_exchange.py) ----------
 
+    # whether the vhost's routing asks `hold` of it wherever a publish reaches it (the
+    # exchange published to, through an exchange-to-exchange binding, as an alternate one)
+    keeps_messages = False
+
     def hold(self, message: Any, confirm: Any) -> bool:
         """Take `message` to route later instead of now (True); `confirm` is settled once it
         is kept. A plain exchange holds nothing."""

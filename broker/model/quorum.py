@@ -55,6 +55,7 @@ from leveret.broker.model.durable import (
 )
 from leveret.broker.model.errors import NotImplementedFeature, ResourceLocked
 from leveret.broker.model.intervals import IntervalSet
+from leveret.broker.model.leader_wait import HOLD_MS, RESUME_RETRY_MS
 from leveret.broker.model.log_queue import MemberAnswers
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.queue import ClassicQueue, Queue, QueueOwner
@@ -75,8 +76,6 @@ _COUNTS_AT = struct.Struct(">QIIq")  # the same, and when a delayed retry makes 
 DEFAULT_PRIORITY = 4  # a message without a priority (RabbitMQ 4.x)
 TOP_PRIORITY = 31
 DEFAULT_DELIVERY_LIMIT = 20
-RESUME_RETRY_MS = 250  # how soon a consumer that lost its leader tries the next one
-HOLD_MS = 30_000  # how long a publish waits for a leader before it is nack'ed
 TAKEN = 20  # chunk type: ids of delayed exchanges' copies taken (delayed_ids.py)
 DEAD_LETTERS = 19  # chunk type: messages dead-lettered at least once, until their targets have them
 _DEAD = struct.Struct(">QB")  # offset, reason

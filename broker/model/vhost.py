@@ -26,7 +26,8 @@ from leveret.broker.model.deadletter import (
     routing_keys_of,
     string_list,
 )
-from leveret.broker.model.delayed_log import DelayedLogs, OwnLogs
+from leveret.broker.model.delayed_log import TYPE as DELAYED_LOG
+from leveret.broker.model.delayed_log import DelayedLogs, OwnLogs, hidden
 from leveret.broker.model.errors import (
     AccessRefused,
     BrokerError,
@@ -48,6 +49,7 @@ from leveret.broker.model.superstream_exchange import (
     check_exchange_arguments,
     is_super_stream,
 )
+from leveret.broker.model.x_delay import held_delay
 from leveret.storage import StorageError
 
 PREDECLARED = (
@@ -513,6 +515,8 @@ class VHost:
         source = self.exchange(source_name)
         destination = self._destination(kind, destination_name)
         if kind == "queue":
+            if hidden(destination):  # a delayed exchange's log takes what it holds only
+                raise NotFound(f"no queue '{destination_name}' in vhost '{self.name}'")
             self.check_exclusive(destination, owner)
         arguments = dict(arguments or {})
         qargs.check_nesting(arguments, self.rs(kind, destination_name))
@@ -575,27 +579,41 @@ class VHost:
         queues, by_properties = self._route(exchange, message)
         return None if by_properties else queues
 
-    def _route(self, exchange: Exchange, message: InboundMessage) -> tuple[list[Queue], bool]:
-        """The queues, and whether an exchange that routes by properties was on the way."""
+    def _route(self, exchange: Exchange, message: InboundMessage,
+               holders: list[Exchange] | None = None) -> tuple[list[Queue], bool]:
+        """The queues, and whether an exchange that routes by properties was on the way.
+        `holders` given (a publish): a delayed exchange reached on the way, wherever (the one
+        published to, through an exchange-to-exchange binding, as an alternate exchange),
+        that holds the message (its x-delay) is put there and routes nothing now, as the
+        plugin's route answers no queues for it; each once. Not given (a held message
+        falling due, a dead letter): every exchange routes at once."""
         headers = message.headers
         keys: str | list[str] = message.routing_key
         if "CC" in headers or "BCC" in headers:
             keys = routing_keys_of(message) + string_list(headers.get("BCC"))
-        if exchange.name == "":
+        if exchange.name == "":  # (a delayed exchange's log is the broker's: not by name)
             if isinstance(keys, str):
                 queue = self.queues.get(keys)
-                return ([queue] if queue is not None else []), False
+                return ([queue] if queue is not None and queue.type != DELAYED_LOG else []), False
             found = (self.queues.get(key) for key in dict.fromkeys(keys))
-            return [queue for queue in found if queue is not None], False
+            return [queue for queue in found
+                    if queue is not None and queue.type != DELAYED_LOG], False
         queues: dict[Queue, None] = {}
         seen: set[int] = set()
         pending = [exchange]
         by_properties = False
+        held: bool | None = None  # whether the message is one to hold (known once asked)
         while pending:
             x = pending.pop()
             if id(x) in seen:
                 continue
             seen.add(id(x))
+            if x.keeps_messages and holders is not None:
+                if held is None:
+                    held = held_delay(headers) is not None
+                if held:
+                    holders.append(x)
+                    continue
             by_properties = by_properties or x.routes_by_properties
             destinations = x.route_message(keys, headers, message)
             if not destinations:
@@ -611,19 +629,30 @@ class VHost:
         return list(queues), by_properties
 
     def publish(self, exchange: Exchange, message: InboundMessage, confirm: Confirm | None) -> int:
-        """Route and enqueue; returns how many queues took it (0 for a duplicate)."""
+        """Route and enqueue; returns how many queues took it, each delayed exchange on the
+        way that holds it counted as one (0 for a duplicate). `confirm` covers the holds."""
         if exchange.dedup is not None and exchange.dedup.seen(message.headers):
             return 0
-        if exchange.hold(message, confirm):
-            return 1  # the exchange keeps it to route later (delayed_exchange.py)
-        return self.route_held(exchange, message, confirm)
+        holders: list[Exchange] = []
+        queues = self._route(exchange, message, holders)[0]
+        taken = 0
+        for holder in holders:  # it keeps the message to route later (delayed_exchange.py)
+            if holder.hold(message, confirm):
+                taken += 1
+        return taken + self._enqueue_routed(queues, message, confirm)
 
     def route_held(self, exchange: Exchange, message: InboundMessage,
                    confirm: Confirm | None = None, *, remote_only: bool = False) -> int:
         """Route and enqueue with no deduplication or hold (a held message falling due is
-        not checked again); returns how many queues took it. `remote_only`: `confirm` waits
+        not checked again, nor held again by a delayed exchange on its way: the plugin's
+        negative x-delay); returns how many queues took it. `remote_only`: `confirm` waits
         for the queues held by other nodes only."""
-        queues = self.route(exchange, message)
+        return self._enqueue_routed(self.route(exchange, message), message, confirm,
+                                    remote_only)
+
+    def _enqueue_routed(self, queues: list[Queue], message: InboundMessage,
+                        confirm: Confirm | None, remote_only: bool = False) -> int:
+        """Enqueue a routed message (without its BCC header) to `queues`."""
         if queues and "BCC" in message.headers:
             headers = dict(message.headers)
             del headers["BCC"]

@@ -229,6 +229,59 @@ def test_unroutable_at_due_time_is_counted_and_goes_to_the_alternate_exchange(
     conn.close()
 
 
+# -- exchange-to-exchange and alternate exchanges --------------------------------------------
+
+
+def test_a_delayed_exchange_reached_through_a_binding_or_as_an_alternate_holds_once(
+        broker: InProcessBroker) -> None:
+    """As the plugin (its route is called for every exchange RabbitMQ's routing reaches): a
+    message with x-delay that reaches a delayed exchange through an exchange-to-exchange
+    binding or as the alternate exchange is held by THAT exchange and routed through its type
+    at its due time, once; its other routes take it at once; once it comes out (x-delay now
+    minus the delay) a delayed exchange after it routes it at once instead of holding it
+    again. The publisher's confirm covers the hold; a held message is not returned."""
+    conn = connect(broker.port)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    returned: list[bytes] = []
+    ch.add_on_return_callback(lambda _c, _m, _p, body: returned.append(body))
+    ch.exchange_declare("src", "direct")
+    delayed(ch, "dx")
+    delayed(ch, "dx2", "fanout")
+    ch.exchange_bind("dx", "src", "k")
+    ch.exchange_bind("dx", "src", "k2")  # two paths to dx: held once all the same
+    ch.exchange_bind("dx2", "dx", "k")  # out of dx, through a second delayed exchange
+    at_once = bound_queue(ch, "src")
+    via_dx = bound_queue(ch, "dx")
+    via_dx2 = bound_queue(ch, "dx2", "")
+    ch.exchange_declare("lost", "direct", arguments={"alternate-exchange": "dx"})
+    started = time.monotonic()
+    for exchange, body in (("src", b"e2e"), ("lost", b"ae")):
+        ch.basic_publish(exchange, "k", body, pika.BasicProperties(headers={"x-delay": 1000}),
+                         mandatory=True)
+    assert get(ch, at_once)[1] == b"e2e"  # type: ignore[index]
+    assert get(ch, via_dx) is None and get(ch, via_dx2) is None  # held by dx
+    got: dict[str, list[tuple[bytes, str, Any, float]]] = {via_dx: [], via_dx2: []}
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline and not all(len(v) == 2 for v in got.values()):
+        for queue, rows in got.items():
+            method, props, body = ch.basic_get(queue, auto_ack=True)
+            if method is not None:
+                rows.append((body, method.exchange, props.headers, time.monotonic()))
+        time.sleep(0.02)
+    for queue in (via_dx, via_dx2):
+        assert sorted(row[:3] for row in got[queue]) == [
+            (b"ae", "lost", {"x-delay": -1000}), (b"e2e", "src", {"x-delay": -1000})]
+    assert min(row[3] for row in got[via_dx]) - started >= 1.0
+    # dx2 routed it as it came out of dx, not 1 s later (a second hold)
+    assert max(row[3] for row in got[via_dx2]) - max(row[3] for row in got[via_dx]) < 0.7
+    time.sleep(1.2)  # past a second hold's due time: nothing more comes
+    assert get(ch, via_dx) is None and get(ch, via_dx2) is None
+    assert get(ch, at_once) is None
+    assert returned == []
+    conn.close()
+
+
 # -- management and Prometheus ----------------------------------------------------------------
 
 

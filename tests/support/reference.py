@@ -24,6 +24,8 @@ from support.ports import free_port
 RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 RABBITMQCTL = Path("/usr/lib/rabbitmq/bin/rabbitmqctl")
 RABBITMQ_STREAMS = Path("/usr/lib/rabbitmq/bin/rabbitmq-streams")
+INSTALLED_PLUGINS = next(iter(sorted(
+    Path("/usr/lib/rabbitmq/lib").glob("rabbitmq_server-*/plugins"))), Path("/nonexistent"))
 
 
 @dataclass
@@ -114,8 +116,10 @@ def _start_container() -> Reference:
     return Reference(f"amqp://guest:guest@{host}:{port}/", "testcontainers", container.stop)
 
 
-def _start_local(plugins: tuple[str, ...] = (), conf: str = "", advanced: str = "") -> Reference:
-    """`advanced`: the terms of advanced.config (e.g. `[{rabbit, [...]}].`)."""
+def _start_local(plugins: tuple[str, ...] = (), conf: str = "", advanced: str = "",
+                 plugins_dir: Path | None = None) -> Reference:
+    """`advanced`: the terms of advanced.config (e.g. `[{rabbit, [...]}].`); `plugins_dir`:
+    one more folder of plugins, after the installed ones."""
     base = Path(tempfile.mkdtemp(prefix="leveret-rabbitmq-"))
     port, dist_port = free_port(), free_port()
     (base / "enabled_plugins").write_text(f"[{','.join(plugins)}].\n")
@@ -137,6 +141,8 @@ def _start_local(plugins: tuple[str, ...] = (), conf: str = "", advanced: str = 
         "RABBITMQ_PID_FILE": str(base / "rabbitmq.pid"),
         "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
     }
+    if plugins_dir is not None:
+        env["RABBITMQ_PLUGINS_DIR"] = f"{INSTALLED_PLUGINS}:{plugins_dir}"
     procs = [_launch(env, base)]
 
     def halt() -> None:
@@ -239,6 +245,63 @@ def start_consistent_hash_reference() -> Reference | str:
         return "no local rabbitmq-server (apt-get install rabbitmq-server)"
     return _start_local(("rabbitmq_consistent_hash_exchange", "rabbitmq_sharding"),
                         advanced="[{rabbit, [{default_worker_pool_size, 1}]}].")
+
+
+DELAYED_PLUGIN = "rabbitmq_delayed_message_exchange"
+DELAYED_PLUGIN_VERSION = "3.10.2"
+DELAYED_PLUGIN_SOURCE = Path(__file__).parent.parent / "fixtures" / DELAYED_PLUGIN / "src"
+ERLC = Path("/usr/bin/erlc")
+
+
+def start_delayed_reference() -> Reference | str:
+    """A local rabbitmq-server with the delayed-message plugin 3.10.2, compiled from its
+    source in tests/fixtures (Debian's package has no such plugin), or the reason there is
+    none."""
+    if not RABBITMQ_SERVER.exists() or not INSTALLED_PLUGINS.is_dir():
+        return "no local rabbitmq-server (apt-get install rabbitmq-server)"
+    if not ERLC.exists():
+        return "no erlc to compile the delayed-message plugin (apt-get install erlang-dev)"
+    deps = {name.split("-")[0]: INSTALLED_PLUGINS / name
+            for name in os.listdir(INSTALLED_PLUGINS)
+            if name.startswith(("rabbit_common-", "rabbit-"))}
+    if set(deps) != {"rabbit_common", "rabbit"}:
+        return "no rabbit and rabbit_common in the installed plugins to compile against"
+    plugins = Path(tempfile.mkdtemp(prefix="leveret-delayed-plugin-"))
+    ebin = plugins / f"{DELAYED_PLUGIN}-{DELAYED_PLUGIN_VERSION}" / "ebin"
+    ebin.mkdir(parents=True)
+    sources = sorted(DELAYED_PLUGIN_SOURCE.glob("*.erl"))
+    built = subprocess.run(
+        [str(ERLC), "-I", str(deps["rabbit_common"] / "include"), "-I", str(INSTALLED_PLUGINS),
+         "-pa", str(deps["rabbit_common"] / "ebin"), "-pa", str(deps["rabbit"] / "ebin"),
+         "-o", str(ebin), *map(str, sources)], capture_output=True, text=True, timeout=120)
+    if built.returncode != 0:
+        shutil.rmtree(plugins, ignore_errors=True)
+        return f"the delayed-message plugin did not compile: {built.stderr[-500:]}"
+    modules = ",".join(f"'{source.stem}'" for source in sources)
+    (ebin / f"{DELAYED_PLUGIN}.app").write_text(
+        f"{{application, '{DELAYED_PLUGIN}', [\n"
+        f"  {{description, \"RabbitMQ Delayed Message Exchange\"}},\n"
+        f"  {{vsn, \"{DELAYED_PLUGIN_VERSION}\"}},\n"
+        f"  {{modules, [{modules}]}},\n"
+        "  {registered, [rabbit_delayed_message_sup]},\n"
+        "  {applications, [kernel, stdlib, rabbit_common, rabbit]},\n"
+        "  {mod, {rabbit_delayed_message_app, []}},\n"
+        "  {env, []},\n"
+        '  {broker_version_requirements, ["3.10.0"]}\n'
+        "]}.\n")
+    try:
+        reference = _start_local((DELAYED_PLUGIN,), plugins_dir=plugins)
+    except BaseException:
+        shutil.rmtree(plugins, ignore_errors=True)
+        raise
+    stop = reference.stop
+
+    def stop_and_remove() -> None:
+        stop()
+        shutil.rmtree(plugins, ignore_errors=True)
+
+    reference.stop = stop_and_remove
+    return reference
 
 
 def running(start: Callable[[], Reference | str]) -> Iterator[Reference]:
