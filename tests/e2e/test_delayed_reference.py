@@ -1,6 +1,8 @@
 """Differential: a delayed exchange reached through an exchange-to-exchange binding or as an
-alternate exchange, against RabbitMQ 3.10.8 with the delayed-message plugin 3.10.2 (compiled
-from its source in tests/fixtures: Debian's package has no such plugin), with pika.
+alternate exchange, against RabbitMQ 3.10.8 with the delayed-message plugin 3.10.2, with pika.
+Debian's package has no such plugin: the test compiles it from the source that
+LEVERET_DELAYED_PLUGIN_SRC names (the src/ folder of a checkout of
+rabbitmq/rabbitmq-delayed-message-exchange at tag 3.10.2) and is skipped without it.
 
 Both must agree on what goes where and when: the message is held by the delayed exchange it
 reaches (its other routes take it at once), routed through that exchange's type once at its

@@ -249,14 +249,20 @@ def start_consistent_hash_reference() -> Reference | str:
 
 DELAYED_PLUGIN = "rabbitmq_delayed_message_exchange"
 DELAYED_PLUGIN_VERSION = "3.10.2"
-DELAYED_PLUGIN_SOURCE = Path(__file__).parent.parent / "fixtures" / DELAYED_PLUGIN / "src"
+# the plugin's src/ folder (a checkout of rabbitmq/rabbitmq-delayed-message-exchange at tag
+# 3.10.2): Debian's package has no such plugin, and its code is not part of this repository
+DELAYED_PLUGIN_SOURCE = os.environ.get("LEVERET_DELAYED_PLUGIN_SRC", "")
 ERLC = Path("/usr/bin/erlc")
 
 
 def start_delayed_reference() -> Reference | str:
-    """A local rabbitmq-server with the delayed-message plugin 3.10.2, compiled from its
-    source in tests/fixtures (Debian's package has no such plugin), or the reason there is
-    none."""
+    """A local rabbitmq-server with the delayed-message plugin 3.10.2, compiled from the
+    source LEVERET_DELAYED_PLUGIN_SRC names (Debian's package has no such plugin), or the
+    reason there is none."""
+    if not DELAYED_PLUGIN_SOURCE:
+        return ("the delayed-message plugin is not in Debian's rabbitmq-server: set "
+                "LEVERET_DELAYED_PLUGIN_SRC to the src/ folder of "
+                "rabbitmq-delayed-message-exchange 3.10.2 to compile it")
     if not RABBITMQ_SERVER.exists() or not INSTALLED_PLUGINS.is_dir():
         return "no local rabbitmq-server (apt-get install rabbitmq-server)"
     if not ERLC.exists():
@@ -269,7 +275,7 @@ def start_delayed_reference() -> Reference | str:
     plugins = Path(tempfile.mkdtemp(prefix="leveret-delayed-plugin-"))
     ebin = plugins / f"{DELAYED_PLUGIN}-{DELAYED_PLUGIN_VERSION}" / "ebin"
     ebin.mkdir(parents=True)
-    sources = sorted(DELAYED_PLUGIN_SOURCE.glob("*.erl"))
+    sources = sorted(Path(DELAYED_PLUGIN_SOURCE).glob("*.erl"))
     built = subprocess.run(
         [str(ERLC), "-I", str(deps["rabbit_common"] / "include"), "-I", str(INSTALLED_PLUGINS),
          "-pa", str(deps["rabbit_common"] / "ebin"), "-pa", str(deps["rabbit"] / "ebin"),
