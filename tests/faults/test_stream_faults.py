@@ -1,7 +1,7 @@
 """The fault suite for replicated streams: rounds of a nemesis against three real nodes in their
 own network namespaces, with publishers and consumers on every node, then the checker.
 
-The short variant runs LEVERET_FAULT_ROUNDS rounds (default 2) of each nemesis in every CI run;
+The short variant runs LEVERET_FAULT_ROUNDS rounds (default 1) of each nemesis in every CI run;
 the slow one (`pytest -m slow tests/faults`) runs LEVERET_FAULT_SLOW_ROUNDS rounds (default
 100), each with a nemesis drawn from its seed. Every round prints its seed; to replay one, set
 LEVERET_FAULT_SEED (one round with that seed, in each selected test), for instance:
@@ -25,7 +25,7 @@ from faults.nemesis import NEMESES
 from faults.net import Namespace
 from faults.rounds import RoundResult, plan, run_rounds
 
-SHORT_ROUNDS = int(os.environ.get("LEVERET_FAULT_ROUNDS", "2"))
+SHORT_ROUNDS = int(os.environ.get("LEVERET_FAULT_ROUNDS", "1"))
 SLOW_ROUNDS = int(os.environ.get("LEVERET_FAULT_SLOW_ROUNDS", "100"))
 
 
