@@ -175,6 +175,10 @@ class RoundKind:
     make_workload: WorkloadFactory
     verify: Verify
     keep_prefix: str = ""  # a failed round is kept as <keep_prefix><nemesis>-<seed>
+    # the replicated queue whose leader the nemesis strikes and the monitor watches, named
+    # from the round's queue: the queue itself, or (a delayed exchange's round) the hidden
+    # log that holds the exchange's messages
+    subject: Callable[[str], str] = lambda queue: queue
 
 
 def verify_stream(cluster: FaultCluster, workload: Workload, history: History,
@@ -206,14 +210,17 @@ def run_round(cluster: FaultCluster, nemesis: Nemesis, seed: int,
     workload = kind.make_workload(endpoints, queue)
     declared_on = rng.choice(cluster.names)
     workload.declare(declared_on)
+    subject = kind.subject(queue)
     result.violations += _placement(cluster, queue)
-    monitor = LeaderMonitor(cluster, queue)
+    if subject != queue:
+        result.violations += _placement(cluster, subject)
+    monitor = LeaderMonitor(cluster, subject)
     monitor.start()
     workload.start()
     fault: Fault | None = None
     try:
         time.sleep(rng.uniform(1.0, 2.0))
-        leader = cluster.leader_of(queue) or declared_on
+        leader = cluster.leader_of(subject) or declared_on
         fault = nemesis.inflict(cluster, leader, rng)
         result.description = f"{fault.description}; clients {workload.paths()}"
         result.seconds["fault"] = fault.healed_at - fault.applied_at

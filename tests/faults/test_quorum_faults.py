@@ -37,6 +37,8 @@ import pika
 import pika.exceptions
 import pytest
 from faults.cluster import AMQP_PORT, FaultCluster, wait_for
+from faults.delayed_rounds import DELAYED, delayed_table
+from faults.delayed_workload import DelayedWorkload
 from faults.nemesis import NEMESES
 from faults.queue_rounds import QUORUM, totals_table
 from faults.queue_workload import QuorumWorkload
@@ -52,6 +54,10 @@ PAUSE_ROUNDS = int(os.environ.get("LEVERET_FAULT_PAUSE_ROUNDS", "1"))
 SLOW_ROUNDS = int(os.environ.get("LEVERET_FAULT_SLOW_ROUNDS", "100"))
 PAUSE_SLOW_ROUNDS = int(os.environ.get("LEVERET_FAULT_PAUSE_SLOW_ROUNDS", "20"))
 SHORT_NEMESES = sorted(NEMESES) if os.environ.get("LEVERET_FAULT_QUORUM_ALL") else CI_NEMESES
+# the delayed workload's CI round: kill -9 of the delayed log's leader (a failover and a node
+# restarted with its log, every leader change a delayed log can see, in the shortest round)
+DELAYED_CI_NEMESIS = os.environ.get("LEVERET_FAULT_DELAYED_NEMESIS", "kill-leader")
+DELAYED_ROUNDS = int(os.environ.get("LEVERET_FAULT_DELAYED_ROUNDS", "3"))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -68,6 +74,31 @@ def test_a_quorum_queue_keeps_its_promises_under(
     test = test_a_quorum_queue_keeps_its_promises_under.__name__
     run_rounds(fault_cluster, plan(ROUNDS, name), f"LEVERET_FAULT_QUORUM_ALL=1 pytest "
                f"'{__file__}::{test}[{name}]' -s", round_results, QUORUM)
+
+
+@pytest.fixture(scope="module")
+def delayed_results() -> Iterator[list[RoundResult]]:
+    """The delayed workload's rounds of the module; at the end, its counts per nemesis."""
+    results: list[RoundResult] = []
+    yield results
+    if results:
+        print("\n" + delayed_table(results))
+
+
+# CI's delayed round: shorter delays (0.5-4 s, a fifth 4-6 s), so that the round waits less
+# for the last ones to fall due
+SHORT_DELAYED = replace(DELAYED, make_workload=partial(
+    DelayedWorkload, delay_s=(0.5, 4.0), late_s=(4.0, 6.0), late_share=0.2))
+
+
+def test_delayed_messages_are_routed_once_when_their_log_leader_fails(
+        fault_cluster: FaultCluster, delayed_results: list[RoundResult]) -> None:
+    """A delayed exchange's log led by the node the nemesis strikes (kill -9 in CI): every
+    confirmed delayed message delivered, none twice fresh, none early, none later than the
+    bound (faults/delayed_checker.py)."""
+    test = test_delayed_messages_are_routed_once_when_their_log_leader_fails.__name__
+    run_rounds(fault_cluster, plan(1, DELAYED_CI_NEMESIS), f"pytest '{__file__}::{test}' -s",
+               delayed_results, SHORT_DELAYED)
 
 
 # one publisher through one node and one consumer through another: the queue's order checked
@@ -144,3 +175,20 @@ def test_a_quorum_queue_keeps_its_promises_over_a_hundred_rounds(
     run_rounds(fault_cluster, plan(SLOW_ROUNDS),
                "pytest -m slow tests/faults/test_quorum_faults.py -k hundred -s", round_results,
                QUORUM)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(NEMESES))
+def test_delayed_messages_are_routed_once_under_every_nemesis(
+        fault_cluster: FaultCluster, delayed_results: list[RoundResult], name: str) -> None:
+    test = test_delayed_messages_are_routed_once_under_every_nemesis.__name__
+    run_rounds(fault_cluster, plan(DELAYED_ROUNDS, name),
+               f"pytest -m slow '{__file__}::{test}[{name}]' -s", delayed_results, DELAYED)
+
+
+@pytest.mark.slow
+def test_delayed_messages_are_routed_once_over_many_rounds(
+        fault_cluster: FaultCluster, delayed_results: list[RoundResult]) -> None:
+    run_rounds(fault_cluster, plan(SLOW_ROUNDS),
+               "pytest -m slow tests/faults/test_quorum_faults.py -k many_rounds -s",
+               delayed_results, DELAYED)
