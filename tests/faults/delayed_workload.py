@@ -10,9 +10,9 @@ In a cluster the exchange's messages are held in one hidden replicated log,
 
 - The exchange is `<queue>-dx`, the target queue `<queue>`, bound with the key `<queue>`; both
   are declared through the round's node (the log's first leader, placed client-local as a
-  quorum queue), the queue through that node or the next one, by the queue name's digest (so a
-  round's seed decides whether the routed copies stay on the log leader's node or cross to
-  another).
+  quorum queue), the queue through that node or the next one (`target_here`; by default the
+  queue name's digest, so a round's seed, decides whether the routed copies stay on the log
+  leader's node, where a nemesis strikes both, or cross to another).
 - A publisher per node (workload.Publisher: each id sent once, with confirms; a nack or a lost
   connection leaves it `nacked` or `unconfirmed`, never re-sent) sends each id with an `x-delay`
   drawn from `delay_s` (most: due while the nemesis runs) or, a `late_share` of them, from
@@ -99,11 +99,12 @@ class DelayedWorkload(QuorumWorkload):
     def __init__(self, endpoints: dict[str, tuple[str, int]], queue: str, *,
                  rate: float = 60.0, delay_s: tuple[float, float] = (0.5, 8.0),
                  late_s: tuple[float, float] = (8.0, 12.0), late_share: float = 0.15,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 target_here: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(endpoints, queue, rate=rate, consume_rate=None, clock=clock)
         self.history = DelayedHistory()
         self.delay_s, self.late_s, self.late_share = delay_s, late_s, late_share
         self.exchange = exchange_of(queue)
+        self.target_here = target_here
         self.target_on: str | None = None
 
     def delay(self, rng: random.Random) -> float:
@@ -112,11 +113,13 @@ class DelayedWorkload(QuorumWorkload):
 
     def declare(self, via: str) -> None:
         """The exchange through `via` (its log's first leader), the target queue through `via`
-        or the next node (the queue name's digest decides), and the binding."""
+        or the next node (`target_here`, or when None the queue name's digest, decides), and
+        the binding."""
         self.declared_on = via
         names = sorted(self.endpoints)
-        self.target_on = names[(names.index(via) + zlib.crc32(self.queue.encode()) % 2)
-                               % len(names)]
+        here = (zlib.crc32(self.queue.encode()) % 2 == 0 if self.target_here is None
+                else self.target_here)
+        self.target_on = names[(names.index(via) + (0 if here else 1)) % len(names)]
         self._on(via, lambda channel: channel.exchange_declare(
             self.exchange, "x-delayed-message", durable=True,
             arguments={"x-delayed-type": "direct"}))
