@@ -99,9 +99,10 @@ class DelayedWorkload(QuorumWorkload):
     def __init__(self, endpoints: dict[str, tuple[str, int]], queue: str, *,
                  rate: float = 60.0, delay_s: tuple[float, float] = (0.5, 8.0),
                  late_s: tuple[float, float] = (8.0, 12.0), late_share: float = 0.15,
-                 target_here: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 target_here: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(endpoints, queue, rate=rate, consume_rate=None, clock=clock)
-        self.history = DelayedHistory()
+        self.history = DelayedHistory()  # the quorum workload's, with due times
         self.delay_s, self.late_s, self.late_share = delay_s, late_s, late_share
         self.exchange = exchange_of(queue)
         self.target_here = target_here
