@@ -18,6 +18,13 @@ nothing confirmed is lost, nothing never sent appears, duplicates are counted an
 
       pytest -m slow tests/faults/test_quorum_faults.py -k hundred -s
 
+- delayed messages (delayed_rounds.py's kind: a delayed exchange whose hidden log's leader the
+  nemesis strikes, bound to a quorum queue; delayed_checker.py), on the same cluster:
+  `test_delayed_messages_are_routed_once_when_their_log_leader_fails`, CI's one round of
+  LEVERET_FAULT_DELAYED_NEMESIS (default kill-leader; LEVERET_FAULT_DELAYED_CI_ROUNDS rounds,
+  default 1); slow: `..._under_every_nemesis[<nemesis>]` (LEVERET_FAULT_DELAYED_ROUNDS each,
+  default 3) and `..._over_many_rounds` (LEVERET_FAULT_SLOW_ROUNDS, `-k many_rounds`).
+
 Every round prints its seed; LEVERET_FAULT_SEED replays one (test_stream_faults.py), and
 LEVERET_FAULT_REPORT and LEVERET_FAULT_KEEP work as for streams.
 """
