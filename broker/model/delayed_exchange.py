@@ -225,8 +225,8 @@ def _recorded(store: DelayedStore | None, offset: int) -> Callable[..., None]:
     """Called once by the copy's remote confirm and once by its local one: at the second, the
     held message is recorded as routed (a ROUTED record). Before that a new leader routes it
     again (its targets drop a copy they took, by its id): a ROUTED record committed before a
-    local quorum queue's copy is would lose the message with this node (issue 30's fault
-    suite, seed 3363717138)."""
+    local quorum queue's copy is, or before a copy held again is, would lose the message with
+    this node (issue 30's fault suite: docs/DELAYED-MESSAGES.md, "Under the fault suite")."""
     left = [2]
 
     def settled(_confirm: Confirm | None = None) -> None:
@@ -238,4 +238,3 @@ def _recorded(store: DelayedStore | None, offset: int) -> Callable[..., None]:
 
 
 __all__ = ["MAX_DELAY_MS", "delay_of", "held_delay"]
-

@@ -23,7 +23,9 @@ nothing confirmed is lost, nothing never sent appears, duplicates are counted an
   `test_delayed_messages_are_routed_once_when_their_log_leader_fails`, CI's one round of
   LEVERET_FAULT_DELAYED_NEMESIS (default kill-leader; LEVERET_FAULT_DELAYED_CI_ROUNDS rounds,
   default 1); slow: `..._under_every_nemesis[<nemesis>]` (LEVERET_FAULT_DELAYED_ROUNDS each,
-  default 3) and `..._over_many_rounds` (LEVERET_FAULT_SLOW_ROUNDS, `-k many_rounds`).
+  default 3) and `..._over_many_rounds` (LEVERET_FAULT_SLOW_ROUNDS, `-k many_rounds`), and
+  `test_delayed_copies_a_deaf_router_could_not_hand_over_are_routed_again`, the regression
+  test of a loss the rounds found (docs/DELAYED-MESSAGES.md, "Under the fault suite").
 
 Every round prints its seed; LEVERET_FAULT_SEED replays one (test_stream_faults.py), and
 LEVERET_FAULT_REPORT and LEVERET_FAULT_KEEP work as for streams.
