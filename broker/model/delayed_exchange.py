@@ -24,7 +24,7 @@ Threading: single-threaded, on the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from leveret.broker.model.delayed_ids import ID_HEADER
@@ -93,20 +93,31 @@ class DelayedMixin:
             delay = delay_of(headers)
             if delay is not None:
                 headers["x-delay"] = -delay
-            confirm = Confirm(0, self._retry_refused(held, ident))
+            done = _recorded(store, offset)
+            confirm = Confirm(0, self._retry_refused(held, ident, done))
+            local = Confirm(0, done)
             if not vhost.route_held(self, held.replace(headers=headers), confirm,
-                                    remote_only=True) and store is not None:
+                                    remote_only=True, local=local) and store is not None:
                 store.unroutable_total += 1
+            local.seal()
             confirm.seal()
 
-    def _retry_refused(self, held: InboundMessage, ident: object) -> Any:
+    def _retry_refused(self, held: InboundMessage, ident: object,
+                       done: Callable[..., None]) -> Any:
         """The callback of a routed copy's confirm, which waits for its targets on other
         nodes only (a queue of this node takes it or refuses it as before): when one refused
         it (its node down), the message is held again, with its id, RETRY_MS from now, to be
         routed again to every target (those that took it drop the second copy), at most
-        RETRIES times by this leader."""
+        RETRIES times by this leader. Then `done` (the copy may be recorded as routed: its
+        retry, if any, is in the same write, before the ROUTED record)."""
 
         def settled(confirm: Confirm) -> None:
+            try:
+                _retry(confirm)
+            finally:
+                done()
+
+        def _retry(confirm: Confirm) -> None:
             tries = self._tries
             if not confirm.rejected:
                 if tries:
@@ -223,6 +234,22 @@ def is_delayed(exchange_type: str, arguments: Mapping[str, Any]) -> bool:
     """Whether an exchange so declared is a delayed one (in a cluster its log is a record of
     its own in the topology: broker/topology/cluster.py)."""
     return exchange_type == TYPE or arguments.get(LAVINMQ_ARG) is True
+
+
+def _recorded(store: DelayedStore | None, offset: int) -> Callable[..., None]:
+    """Called once by the copy's remote confirm and once by its local one: at the second, the
+    held message is recorded as routed (a ROUTED record). Before that a new leader routes it
+    again (its targets drop a copy they took, by its id): a ROUTED record committed before a
+    local quorum queue's copy is, or before a copy held again is, would lose the message with
+    this node (issue 30's fault suite: docs/DELAYED-MESSAGES.md, "Under the fault suite")."""
+    left = [2]
+
+    def settled(_confirm: Confirm | None = None) -> None:
+        left[0] -= 1
+        if left[0] == 0 and store is not None:
+            store.routed_one(offset)
+
+    return settled
 
 
 __all__ = ["MAX_DELAY_MS", "delay_of", "held_delay"]

@@ -124,6 +124,8 @@ class DelayedLog(MemberAnswers, Queue):
         exchange: Exchange | None = self.vhost.exchanges.get(self.exchange_name)
         route_due = getattr(exchange, "route_due", None)
         if route_due is None:  # the exchange went first: its log goes with it
+            for offset, _message in batch:
+                self.store.routed_one(offset)
             return
         route_due(self.vhost, batch, self.storage_id)
 

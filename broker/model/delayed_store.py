@@ -4,9 +4,9 @@ One store per delayed exchange, in its own folder of the storage engine (like a 
 held message is a record of a HELD chunk (its due time, then the broker's encoding of the
 message as published); the store's writer (writer.py) appends a turn's held messages as one
 chunk, commits it at the fsync policy and only then settles their confirms. A message routed
-(or deleted by an operator) is recorded as a range of offsets in a ROUTED chunk, written by the
-same writer, so a restart does not route it again; whole segments below the lowest offset not
-yet routed are deleted.
+(once its targets hold it: `routed_one`) or deleted by an operator is recorded as a range of
+offsets in a ROUTED chunk, written by the same writer, so a restart does not route it again;
+whole segments below the lowest offset not yet routed are deleted.
 
 The index (`DueIndex`) does not keep every held message in memory: held messages are filed in
 buckets of `BUCKET_MS` of due time, each an append-only file of (due, offset) pairs beside the
@@ -388,10 +388,10 @@ class DelayedStore:
                 break  # the commit (on_commit) kicks again
             index.pop()
             message = self._fetch(offset)
-            self.writer.batch.routed.add(offset)
             if message is not None:
-                batch.append((offset, message))
+                batch.append((offset, message))  # recorded as routed once its targets hold it
             else:
+                self.writer.batch.routed.add(offset)
                 log.error("a held message could not be read; it is dropped", exchange=self.name,
                           offset=offset)
         else:
@@ -402,6 +402,15 @@ class DelayedStore:
             self.writer.schedule()
             self.routed_total += len(batch)
             self._route(batch)
+
+    def routed_one(self, offset: int) -> None:
+        """A message routed by `route` is held by its targets (or was held again, or dropped):
+        recorded as routed, in the next ROUTED record. Not by a deposed or closed store: the
+        next leader routes it again."""
+        if self.closed or not self.leading:
+            return
+        self.writer.batch.routed.add(offset)
+        self.writer.schedule()
 
     def _fetch(self, offset: int, fresh: bool = False) -> InboundMessage | None:
         """The held message at `offset`. Routing reads chunks forward from where its last read

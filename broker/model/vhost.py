@@ -42,6 +42,7 @@ from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.policy import Policy, effective
 from leveret.broker.model.queue import Queue
 from leveret.broker.model.queue_kind import QueueKinds
+from leveret.broker.model.replication import ONE_NODE
 from leveret.broker.model.scheduler import Scheduler
 from leveret.broker.model.storage_env import StorageEnv
 from leveret.broker.model.superstream_exchange import (
@@ -642,30 +643,38 @@ class VHost:
         return taken + self._enqueue_routed(queues, message, confirm)
 
     def route_held(self, exchange: Exchange, message: InboundMessage,
-                   confirm: Confirm | None = None, *, remote_only: bool = False) -> int:
+                   confirm: Confirm | None = None, *, remote_only: bool = False,
+                   local: Confirm | None = None) -> int:
         """Route and enqueue with no deduplication or hold (a held message falling due is
         not checked again, nor held again by a delayed exchange on its way: the plugin's
         negative x-delay); returns how many queues took it. `remote_only`: `confirm` waits
-        for the queues held by other nodes only."""
+        for the queues held by other nodes only, and `local` for this node's replicated ones
+        (a quorum queue or stream led here, whose copy is committed once other nodes hold
+        it: a delayed exchange's router records a copy as routed only then, but retries
+        only what another node refused; a copy in this node's own queue is written with the
+        ROUTED record, on the same disk)."""
         return self._enqueue_routed(self.route(exchange, message), message, confirm,
-                                    remote_only)
+                                    remote_only, local)
 
     def _enqueue_routed(self, queues: list[Queue], message: InboundMessage,
-                        confirm: Confirm | None, remote_only: bool = False) -> int:
+                        confirm: Confirm | None, remote_only: bool = False,
+                        local: Confirm | None = None) -> int:
         """Enqueue a routed message (without its BCC header) to `queues`."""
         if queues and "BCC" in message.headers:
             headers = dict(message.headers)
             del headers["BCC"]
             message = message.replace(headers=headers)
-        return self.publish_to(queues, message, confirm, remote_only)
+        return self.publish_to(queues, message, confirm, remote_only, local)
 
     @staticmethod
     def publish_to(queues: list[Queue], message: InboundMessage, confirm: Confirm | None,
-                   remote_only: bool = False) -> int:
+                   remote_only: bool = False, local: Confirm | None = None) -> int:
         """Enqueue a routed message; returns how many of `queues` took it."""
         taken = 0
         for queue in queues:
-            use = None if remote_only and not queue.written_elsewhere else confirm
+            use = confirm
+            if remote_only and not queue.written_elsewhere:
+                use = local if _with_peers(queue) else None
             if queue.publish(message, use):
                 taken += 1
         return taken
@@ -695,3 +704,7 @@ class VHost:
         return taken
 
 
+def _with_peers(queue: Queue) -> bool:
+    """Whether a message this node writes for `queue` is committed only once other nodes
+    hold it (a replicated queue led here)."""
+    return getattr(queue, "replication", ONE_NODE) is not ONE_NODE

@@ -1,13 +1,15 @@
 """One fault round, start to verdict, and the figures it yields; the rounds of a test.
 
 A round, all of it decided by its seed (`random.Random(seed)`), the same for every kind of
-queue (a `RoundKind`: the stream's here, the quorum queue's in queue_rounds.py):
+queue (a `RoundKind`: the stream's here, the quorum queue's in queue_rounds.py, the delayed
+exchange's in delayed_rounds.py):
 
 1. restore the cluster (heal, resume, restart; every node live in etcd and linked);
 2. declare a fresh queue of the kind, through a node chosen by the seed (its leader: placement
    is client-local) and check it got every node as a member;
 3. start the kind's workload (publishers and consumers on every node), let it run a moment,
-   inflict the nemesis on the queue's leader of that moment, heal, restore, let the clients see
+   inflict the nemesis on the leader of that moment of the kind's `subject` (the queue itself,
+   or a delayed exchange's hidden log: delayed_rounds.py), heal, restore, let the clients see
    the healed cluster a moment, and stop them (a cluster that did not recover fails the round
    as `unrecovered`, with nothing settled or compared);
 4. the kind's verdict. A stream (`verify_stream`): wait (polling) until the leader's
@@ -175,6 +177,10 @@ class RoundKind:
     make_workload: WorkloadFactory
     verify: Verify
     keep_prefix: str = ""  # a failed round is kept as <keep_prefix><nemesis>-<seed>
+    # the replicated queue whose leader the nemesis strikes and the monitor watches, named
+    # from the round's queue: the queue itself, or (a delayed exchange's round) the hidden
+    # log that holds the exchange's messages
+    subject: Callable[[str], str] = lambda queue: queue
 
 
 def verify_stream(cluster: FaultCluster, workload: Workload, history: History,
@@ -206,14 +212,17 @@ def run_round(cluster: FaultCluster, nemesis: Nemesis, seed: int,
     workload = kind.make_workload(endpoints, queue)
     declared_on = rng.choice(cluster.names)
     workload.declare(declared_on)
+    subject = kind.subject(queue)
     result.violations += _placement(cluster, queue)
-    monitor = LeaderMonitor(cluster, queue)
+    if subject != queue:
+        result.violations += _placement(cluster, subject)
+    monitor = LeaderMonitor(cluster, subject)
     monitor.start()
     workload.start()
     fault: Fault | None = None
     try:
         time.sleep(rng.uniform(1.0, 2.0))
-        leader = cluster.leader_of(queue) or declared_on
+        leader = cluster.leader_of(subject) or declared_on
         fault = nemesis.inflict(cluster, leader, rng)
         result.description = f"{fault.description}; clients {workload.paths()}"
         result.seconds["fault"] = fault.healed_at - fault.applied_at

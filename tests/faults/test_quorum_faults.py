@@ -18,6 +18,15 @@ nothing confirmed is lost, nothing never sent appears, duplicates are counted an
 
       pytest -m slow tests/faults/test_quorum_faults.py -k hundred -s
 
+- delayed messages (delayed_rounds.py's kind: a delayed exchange whose hidden log's leader the
+  nemesis strikes, bound to a quorum queue; delayed_checker.py), on the same cluster:
+  `test_delayed_messages_are_routed_once_when_their_log_leader_fails`, CI's one round of
+  LEVERET_FAULT_DELAYED_NEMESIS (default kill-leader; LEVERET_FAULT_DELAYED_CI_ROUNDS rounds,
+  default 1); slow: `..._under_every_nemesis[<nemesis>]` (LEVERET_FAULT_DELAYED_ROUNDS each,
+  default 3) and `..._over_many_rounds` (LEVERET_FAULT_SLOW_ROUNDS, `-k many_rounds`), and
+  `test_delayed_copies_a_deaf_router_could_not_hand_over_are_routed_again`, the regression
+  test of a loss the rounds found (docs/DELAYED-MESSAGES.md, "Under the fault suite").
+
 Every round prints its seed; LEVERET_FAULT_SEED replays one (test_stream_faults.py), and
 LEVERET_FAULT_REPORT and LEVERET_FAULT_KEEP work as for streams.
 """
@@ -37,11 +46,14 @@ import pika
 import pika.exceptions
 import pytest
 from faults.cluster import AMQP_PORT, FaultCluster, wait_for
+from faults.delayed_rounds import DELAYED, delayed_table
+from faults.delayed_workload import DelayedWorkload, delayed_body
+from faults.delayed_workload import subject as delayed_log_of
 from faults.nemesis import NEMESES
 from faults.queue_rounds import QUORUM, totals_table
 from faults.queue_workload import QuorumWorkload
 from faults.rounds import RoundResult, plan, run_rounds
-from faults.workload import parameters
+from faults.workload import id_of, parameters
 
 # CI's short variant: the faults that move a quorum queue's leader in the three ways a leader
 # can go (killed, paused past its lease, cut from its peers and etcd), and the one that cuts a
@@ -52,6 +64,11 @@ PAUSE_ROUNDS = int(os.environ.get("LEVERET_FAULT_PAUSE_ROUNDS", "1"))
 SLOW_ROUNDS = int(os.environ.get("LEVERET_FAULT_SLOW_ROUNDS", "100"))
 PAUSE_SLOW_ROUNDS = int(os.environ.get("LEVERET_FAULT_PAUSE_SLOW_ROUNDS", "20"))
 SHORT_NEMESES = sorted(NEMESES) if os.environ.get("LEVERET_FAULT_QUORUM_ALL") else CI_NEMESES
+# the delayed workload's CI round: kill -9 of the delayed log's leader (a failover and a node
+# restarted with its log, every leader change a delayed log can see, in the shortest round)
+DELAYED_CI_NEMESIS = os.environ.get("LEVERET_FAULT_DELAYED_NEMESIS", "kill-leader")
+DELAYED_CI_ROUNDS = int(os.environ.get("LEVERET_FAULT_DELAYED_CI_ROUNDS", "1"))
+DELAYED_ROUNDS = int(os.environ.get("LEVERET_FAULT_DELAYED_ROUNDS", "3"))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -68,6 +85,108 @@ def test_a_quorum_queue_keeps_its_promises_under(
     test = test_a_quorum_queue_keeps_its_promises_under.__name__
     run_rounds(fault_cluster, plan(ROUNDS, name), f"LEVERET_FAULT_QUORUM_ALL=1 pytest "
                f"'{__file__}::{test}[{name}]' -s", round_results, QUORUM)
+
+
+@pytest.fixture(scope="module")
+def delayed_results() -> Iterator[list[RoundResult]]:
+    """The delayed workload's rounds of the module; at the end, its counts per nemesis."""
+    results: list[RoundResult] = []
+    yield results
+    if results:
+        print("\n" + delayed_table(results))
+
+
+# CI's delayed round: shorter delays (0.5-4 s, a fifth 4-6 s), so that the round waits less
+# for the last ones to fall due; the target queue led by the log's leader, so that the nemesis
+# strikes the router and a target it writes to itself (where a copy routed, recorded as
+# routed, but not yet committed by the queue was lost with the node)
+SHORT_DELAYED = replace(DELAYED, make_workload=partial(
+    DelayedWorkload, delay_s=(0.5, 4.0), late_s=(4.0, 6.0), late_share=0.2, target_here=True))
+
+
+def test_delayed_messages_are_routed_once_when_their_log_leader_fails(
+        fault_cluster: FaultCluster, delayed_results: list[RoundResult]) -> None:
+    """A delayed exchange's log led by the node the nemesis strikes (kill -9 in CI): every
+    confirmed delayed message delivered, none twice fresh, none early, none later than the
+    bound (faults/delayed_checker.py)."""
+    test = test_delayed_messages_are_routed_once_when_their_log_leader_fails.__name__
+    run_rounds(fault_cluster, plan(DELAYED_CI_ROUNDS, DELAYED_CI_NEMESIS),
+               f"pytest '{__file__}::{test}' -s", delayed_results, SHORT_DELAYED)
+
+
+@pytest.mark.slow  # about 20 s: CI runs one delayed test, the round above
+def test_delayed_copies_a_deaf_router_could_not_hand_over_are_routed_again(
+        fault_cluster: FaultCluster) -> None:
+    """The delayed log's leader (the last node) stops hearing its peers (their packets to it
+    dropped; its own still go out) just before many large messages fall due for a quorum queue
+    led by the first node. Its copies stall in the link (no acks come back), its small ROUTED
+    record does not: the link times out, the copies are refused and held again by a leader
+    that can no longer commit anything, and a peer is elected. The new leader must route
+    them: a held message is recorded as routed only once its targets hold it, in the same
+    write as its new HELD record when it is held again. Before, the ROUTED record went out as
+    the copies did, the new leader skipped them, and they were lost (the fault suite's one-way
+    round, seed 2769654616)."""
+    cluster = fault_cluster
+    cluster.restore()
+    queue = f"dfaults-deaf-{uuid.uuid4().hex[:8]}"
+    endpoints = {name: (node.ns.ip, AMQP_PORT) for name, node in cluster.nodes.items()}
+    workload = DelayedWorkload(endpoints, queue, target_here=False)
+    router, target, other = cluster.names[-1], cluster.names[0], cluster.names[1]
+    workload.declare(router)  # the log led by `router`, the target queue by the next node
+    log = delayed_log_of(queue)
+    assert workload.target_on == target
+    wait_for(lambda: cluster.leader_of(log) == router, 10, f"{router} leads {log}")
+    wait_for(lambda: cluster.leader_of(queue) == target, 10, f"{target} leads {queue}")
+    ids = [f"deaf-{i}" for i in range(300)]
+    conn = pika.BlockingConnection(parameters(*endpoints[other]))
+    try:
+        channel = conn.channel()
+        channel.confirm_delivery()  # a nack raises
+        sent = time.monotonic()
+        for id_ in ids:
+            channel.basic_publish(workload.exchange, queue, delayed_body(id_, 0) + BULK,
+                                  pika.BasicProperties(delivery_mode=2,
+                                                       headers={"x-delay": 3000}))
+    finally:
+        with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+            conn.close()
+    time.sleep(max(0.0, sent + 2.7 - time.monotonic()))
+    peers = [cluster.nodes[n].ns.ip for n in cluster.names if n != router]
+    cluster.nodes[router].ns.cut(drop_in=peers)
+    try:
+        wait_for(lambda: cluster.leader_of(log) not in (None, router), 30,
+                 f"no new leader of {log}")
+    finally:
+        cluster.net.heal_all()
+    got: list[str | None] = []
+    conn = pika.BlockingConnection(parameters(*endpoints[other]))
+    try:
+        take(conn, conn.channel(), queue, got, len(ids), 30)
+    finally:
+        with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+            conn.close()
+        cluster.restore()
+    with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+        workload.delete(cluster.leader_of(queue) or other)
+    missing = sorted(set(ids) - set(got))
+    assert not missing and len(got) == len(ids), (
+        f"{len(missing)} missing ({missing[:5]}...), {len(got) - len(set(got))} twice")
+
+
+BULK = b"#" * 8192  # large copies: the router's link to the target stalls once acks stop
+
+
+def take(conn: pika.BlockingConnection, channel: Any, queue: str, got: list[str | None],
+         want: int, seconds: float) -> None:
+    """Consume `queue` until `got` holds `want` ids (then a second more, for a copy routed
+    twice) or `seconds` pass."""
+    def on_message(ch: Any, method: Any, _props: Any, body: bytes) -> None:
+        got.append(id_of(body))
+        ch.basic_ack(method.delivery_tag)
+
+    channel.basic_consume(queue, on_message)
+    pump(conn, lambda: len(got) >= want, seconds)
+    pump(conn, lambda: False, 1)
 
 
 # one publisher through one node and one consumer through another: the queue's order checked
@@ -144,3 +263,20 @@ def test_a_quorum_queue_keeps_its_promises_over_a_hundred_rounds(
     run_rounds(fault_cluster, plan(SLOW_ROUNDS),
                "pytest -m slow tests/faults/test_quorum_faults.py -k hundred -s", round_results,
                QUORUM)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(NEMESES))
+def test_delayed_messages_are_routed_once_under_every_nemesis(
+        fault_cluster: FaultCluster, delayed_results: list[RoundResult], name: str) -> None:
+    test = test_delayed_messages_are_routed_once_under_every_nemesis.__name__
+    run_rounds(fault_cluster, plan(DELAYED_ROUNDS, name),
+               f"pytest -m slow '{__file__}::{test}[{name}]' -s", delayed_results, DELAYED)
+
+
+@pytest.mark.slow
+def test_delayed_messages_are_routed_once_over_many_rounds(
+        fault_cluster: FaultCluster, delayed_results: list[RoundResult]) -> None:
+    run_rounds(fault_cluster, plan(SLOW_ROUNDS),
+               "pytest -m slow tests/faults/test_quorum_faults.py -k many_rounds -s",
+               delayed_results, DELAYED)

@@ -197,11 +197,15 @@ class Publisher(_Client):
         self.tag += 1
         self.inflight[self.tag] = publish
         try:
-            self.channel.basic_publish("", self.queue, body_of(id_),
-                                       pika.BasicProperties(delivery_mode=2))
+            self.channel.basic_publish(*self.outgoing(publish))
         except (pika.exceptions.AMQPError, AttributeError) as exc:
             self.note(f"publish failed: {exc!r}")
             self.close()
+
+    def outgoing(self, publish: Publish) -> tuple[str, str, bytes, pika.BasicProperties]:
+        """basic.publish's exchange, routing key, body and properties for a new id: persistent,
+        to the queue through the default exchange (a delayed publisher's differ)."""
+        return "", self.queue, body_of(publish.id), pika.BasicProperties(delivery_mode=2)
 
     def _confirmed(self, frame: Any) -> None:
         method = frame.method
