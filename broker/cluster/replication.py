@@ -330,6 +330,12 @@ class Shipper:
             self.on_fenced(fence)
 
     def _advance(self) -> None:
+        """Commit what a quorum of current-epoch members holds. The stall watch looks first:
+        an acknowledgement (or a sync's answer) read just before the loop stalled, and counted
+        after it, would commit in an epoch an election may have ended meanwhile, and a quorum
+        queue would then send deliveries that the new leader has already given out again."""
+        if self._watch is not None:
+            self._watch.check()
         current = [self.log.kept_next] if self.log.tail[0] == self.epoch else []
         current += [s.next_offset for s in self.replicas.values()
                     if s.synced and not s.confirming and s.last_epoch == self.epoch]

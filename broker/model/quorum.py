@@ -631,8 +631,10 @@ class QuorumQueue(MemberAnswers, DurableClassicQueue):
         gone = self._unsent_gone
         send = ClassicQueue.deliver_to
         back = False
+        sends_from: list[list[tuple[Consumer, QueuedMessage]]] = []
         while unsent and unsent[0][0] <= up_to:
             _last, sends = unsent.popleft()
+            sends_from.append(sends)
             self._unsent_count -= len(sends)
             if not gone:
                 self._send_runs(sends)
@@ -647,8 +649,27 @@ class QuorumQueue(MemberAnswers, DurableClassicQueue):
                     send(self, consumer, entry)
         if not self._unsent_count:
             gone.clear()
+        if not self.replication.local:
+            self._write_at_once(sends_from)
         if back or was_full:
             self.vhost.scheduler.call_soon(self.dispatch)
+
+    @staticmethod
+    def _write_at_once(sends_from: list[list[tuple[Consumer, QueuedMessage]]]) -> None:
+        """In a cluster, the deliveries just sent go to their connections' transports in the
+        callback that committed their records (after the stall watch's look: a leader whose
+        process was stopped may have been deposed meanwhile), not at the end of the loop's
+        turn: a stop (SIGSTOP) that fell between the two would write them on waking, after the
+        new leader had redelivered them, flagged, to other consumers (issue 28)."""
+        flushed: set[int] = set()
+        for sends in sends_from:
+            for consumer, _entry in sends:
+                sink = consumer.sink
+                if id(sink) not in flushed:
+                    flushed.add(id(sink))
+                    flush = getattr(sink, "flush", None)
+                    if flush is not None:
+                        flush()
 
     def _send_runs(self, sends: list[tuple[Consumer, QueuedMessage]]) -> None:
         """`ClassicQueue.deliver_to` for each of `sends`, in order, with each run of them to

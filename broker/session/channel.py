@@ -94,6 +94,8 @@ class Session(topology.Session, Protocol):
 
     def after_turn(self, callback: Callable[[], None]) -> None: ...
 
+    def flush_now(self) -> None: ...
+
     def check_permission(self, kind: str, resource_kind: str, name: str) -> None: ...
 
 
@@ -381,6 +383,10 @@ class Channel:
         self.next_tag = tag
         consumer.unacked += len(entries)
         session.write_many(parts, size)
+
+    def flush(self) -> None:
+        """What was sent so far goes to the connection's transport now (QuorumQueue)."""
+        self.session.flush_now()
 
     def credit(self, consumer: Consumer) -> int:
         """How many more deliveries this consumer may take now (streams)."""

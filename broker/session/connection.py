@@ -256,6 +256,13 @@ class Session(asyncio.Protocol):
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
+    def flush_now(self) -> None:
+        """Write what this turn gathered now rather than at its end (a replicated quorum
+        queue's deliveries, sent in the callback that saw their records committed: a stop of
+        the process must not fall between the two, docs/REPLICATION.md)."""
+        if self._out or self._after_turn:
+            self._flush()
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self._after_turn:

@@ -548,3 +548,43 @@ async def test_a_leader_deposed_while_its_loop_stalled_writes_nothing_on_its_old
 def test_the_stall_threshold_is_what_the_peers_failure_detection_allows() -> None:
     assert stall_s(0.5, 2.0) == 1.5  # the defaults: a peer drops a link silent for 2 s
     assert stall_s(0.1, 0.3) == 0.5  # never under two ticks of the watch
+
+
+async def test_an_acknowledgement_read_just_before_a_stall_commits_nothing_on_its_old_belief(
+        start_node: Callable[[str], asyncio.Future[Node]], tmp_path: Path) -> None:
+    """The leader's loop stalls past the threshold just after it read a replica's
+    acknowledgement, before counting it (a SIGSTOP at that instant: a pause-leader fault round
+    caught it, issue 28), and an election fences the replica meanwhile. Counted at once, the
+    acknowledgement commits the chunk in an epoch that is over: a quorum queue's deposed leader
+    then sends the deliveries that chunk records, which the new leader has already returned and
+    redelivered, so its consumer gets them unflagged after their redelivery. The leader must
+    notice the stall before it counts: nothing is committed, and the link's answer, after the
+    fenced acknowledgement, leaves the replica unsynced."""
+    leader, replica = await start_node("l"), await start_node("r")
+    await leader.dial(replica)
+    replica.replicas.add("s", open_log(tmp_path / "r"))
+    commits: list[int] = []
+    fences: list[int] = []
+    leader_log = open_log(tmp_path / "l")
+    shipper = leader.lead("s", leader_log, 1, ["r"], on_commit=commits.append,
+                          on_fenced=fences.append, stall_s_=0.5)
+    await until(shipper.may_write)
+    counted = leader.handlers.messages["stream.ack"]
+    stalled: list[Any] = []
+
+    async def stall_then_count(link: Link, body: Any) -> None:
+        if not stalled and body.get("next_offset") == 1:
+            stalled.append(body)
+            time.sleep(0.8)  # stalled, the acknowledgement read; the election meanwhile:
+            assert replica.replicas.fence("s", 2) is not None
+        await counted(link, body)
+
+    leader.handlers.messages["stream.ack"] = stall_then_count
+    leader_log.append([b"a delivery's record"])
+    shipper.appended()
+    await until(lambda: bool(stalled))
+    [state] = shipper.replicas.values()
+    await until(lambda: fences == [2] and not state.confirming)
+    assert commits == [], "an acknowledgement read before the stall committed after it"
+    assert not state.synced and shipper.committed == -1
+    await shipper.close()
