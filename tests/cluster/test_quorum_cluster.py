@@ -10,6 +10,7 @@ fsyncs run on the syncer's threads, and a confirm waits for a majority's."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -356,19 +357,54 @@ def test_a_restarted_replica_takes_only_what_it_lacks(
 
 def test_leader_and_a_replica_down_nothing_until_one_is_back_then_a_new_leader(
         abc: Three, etcd: EtcdServer, cluster: str) -> None:
+    """Two of three members down: nobody is elected, a publish through the third waits (it is
+    not confirmed), and once one member is back a leader is elected and the publish that
+    waited is confirmed; nothing confirmed is lost."""
     a, b, c = abc
     declare(a, "q.two-down")
     publish_confirmed(c, "q.two-down", [b"first"])
     a.kill()
     b.kill()
+    outcome: list[BaseException | None] = []
+    waiting = threading.Thread(target=lambda: outcome.append(
+        _raised(lambda: publish_confirmed(c, "q.two-down", [b"waited"]))))
+    waiting.start()
     time.sleep(4)  # both leases gone: c alone is no quorum, so nobody is elected
     assert leader_of(etcd, cluster, "q.two-down") == "a"
-    with pytest.raises(pika.exceptions.NackError):  # the leader's node is down: nack'ed
-        publish_confirmed(c, "q.two-down", [b"refused"])
+    assert waiting.is_alive() and not outcome  # neither confirmed nor refused: it waits
     b.restart()
     wait_until(lambda: leader_of(etcd, cluster, "q.two-down") in ("b", "c"), timeout=60)
+    waiting.join(60)
+    assert outcome == [None]  # confirmed by the new leader, within the 30 s a publish waits
     publish_until_confirmed(c, "q.two-down", b"second")
-    assert drain_all(b, "q.two-down") == [b"first", b"second"]
+    assert drain_all(b, "q.two-down") == [b"first", b"waited", b"second"]
+
+
+def _raised(action: Any) -> BaseException | None:
+    """What `action()` raised, or None."""
+    try:
+        action()
+    except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+        return exc
+    return None
+
+
+@pytest.mark.slow
+def test_with_no_member_to_elect_a_waiting_publish_is_nacked_after_30_s(
+        abc: Three, etcd: EtcdServer, cluster: str) -> None:
+    a, b, c = abc
+    declare(a, "q.none-to-elect")
+    publish_confirmed(c, "q.none-to-elect", [b"first"])
+    a.kill()
+    b.kill()
+    started = time.monotonic()
+    with pytest.raises(pika.exceptions.NackError):  # no leader for 30 s: nack'ed
+        publish_confirmed(c, "q.none-to-elect", [b"refused"])
+    assert time.monotonic() - started > 25
+    b.restart()
+    wait_until(lambda: leader_of(etcd, cluster, "q.none-to-elect") in ("b", "c"), timeout=60)
+    publish_until_confirmed(c, "q.none-to-elect", b"second")
+    assert drain_all(b, "q.none-to-elect") == [b"first", b"second"]
 
 
 def test_every_member_deletes_what_is_settled(abc: Three, etcd: EtcdServer,
