@@ -140,7 +140,8 @@ class BrokerCollector:
 
     @staticmethod
     def _delayed(vhosts: list[Any]) -> Iterator[Metric]:
-        """Each delayed exchange's held messages and what it routed at their due time, on
+        """Each delayed exchange's held messages and what it routed, found no queue for or
+        dropped after its targets kept refusing it at their due time, on
         the node that leads its log only (held_info is {} elsewhere), as a queue's series
         come from the node that hosts its leader."""
         labels = ["vhost", "exchange"]
@@ -151,6 +152,9 @@ class BrokerCollector:
         unroutable = CounterMetricFamily("leveret_exchange_delayed_unroutable",
                                          "Held messages that found no queue at their due time",
                                          labels=labels)
+        refused = CounterMetricFamily("leveret_exchange_delayed_refused",
+                                      "Held messages dropped after their targets refused "
+                                      "every retry", labels=labels)
         for vhost in vhosts:
             for exchange in vhost.exchanges.values():
                 info = exchange.held_info()
@@ -159,7 +163,8 @@ class BrokerCollector:
                     held.add_metric(key, info["messages_delayed"])
                     routed.add_metric(key, info["delayed_routed"])
                     unroutable.add_metric(key, info["delayed_unroutable"])
-        yield from (held, routed, unroutable)
+                    refused.add_metric(key, info["delayed_refused"])
+        yield from (held, routed, unroutable, refused)
 
     def _queues(self, vhosts: list[Any]) -> Iterator[Metric]:
         labels = ["vhost", "queue", "type"]

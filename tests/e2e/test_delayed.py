@@ -226,6 +226,13 @@ def test_unroutable_at_due_time_is_counted_and_goes_to_the_alternate_exchange(
         time.sleep(0.05)
     view = http.ok("/api/exchanges/%2F/dx")
     assert (view["delayed_unroutable"], view["delayed_routed"]) == (0, 1)  # the AE took it
+    samples = {(s.name, s.labels.get("exchange")): s.value
+               for f in text_string_to_metric_families(http.get("/metrics").text)
+               for s in f.samples}
+    assert {(name, exchange): samples.get((f"leveret_exchange_delayed_{name}_total", exchange))
+            for name in ("routed", "unroutable", "refused") for exchange in ("dx", "lost")} == {
+        ("routed", "dx"): 1, ("unroutable", "dx"): 0, ("refused", "dx"): 0,
+        ("routed", "lost"): 1, ("unroutable", "lost"): 1, ("refused", "lost"): 0}
     conn.close()
 
 
