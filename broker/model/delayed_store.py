@@ -223,6 +223,7 @@ class DelayedStore:
         self.closed = False
         self.leading = leading  # only the leader (or the one node) indexes and routes
         self._followed = 0  # a replica: where its reading of ROUTED records got to
+        self.in_flight: set[int] = set()  # routed, its targets' answers awaited (`routed_one`)
         if leading:
             self._recover()
             self.scheduler.call_soon(self._kick)  # after the rest of the topology is restored
@@ -268,6 +269,7 @@ class DelayedStore:
 
     def _forget(self) -> None:
         self._followed = 0
+        self.in_flight.clear()
         self.floor = self.log.first_offset
         if self._timer is not None:
             self._timer.cancel()
@@ -311,7 +313,8 @@ class DelayedStore:
 
     def delete(self, offset: int) -> bool:
         """Drop one held message (an operator's); False if it is not held."""
-        if (offset in self.routed or offset > self.writer.committer.committed
+        if (offset in self.routed or offset in self.in_flight
+                or offset > self.writer.committer.committed
                 or self._fetch(offset, fresh=True) is None):
             return False
         if not self.index.remove(offset):
@@ -390,6 +393,7 @@ class DelayedStore:
             message = self._fetch(offset)
             if message is not None:
                 batch.append((offset, message))  # recorded as routed once its targets hold it
+                self.in_flight.add(offset)  # no longer held: not to delete through the API
             else:
                 self.writer.batch.routed.add(offset)
                 log.error("a held message could not be read; it is dropped", exchange=self.name,
@@ -409,6 +413,7 @@ class DelayedStore:
         next leader routes it again."""
         if self.closed or not self.leading:
             return
+        self.in_flight.discard(offset)
         self.writer.batch.routed.add(offset)
         self.writer.schedule()
 

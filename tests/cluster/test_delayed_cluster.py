@@ -3,7 +3,8 @@ pika): the exchange's log is a hidden replicated log placed as a quorum queue is
 messages published with confirms through a node that is not its leader survive `kill -9` of
 the leader, and each is routed exactly once, within a stated lateness of its due time, by the
 new leader. And a copy routed twice (the leader killed after routing, before its ROUTED
-record could be committed: both replicas paused) is delivered once. The nodes fsync their
+record could be committed: both replicas paused) is delivered once, and a copy its target
+had not answered when the leader died is routed again by the next one. The nodes fsync their
 queue logs before confirming (LEVERET_QUEUE_FSYNC=always)."""
 
 from __future__ import annotations
@@ -509,6 +510,54 @@ def test_a_copy_a_target_refuses_is_routed_again_until_taken(
     assert ids == sorted(due), ids
 
 
+def test_a_copy_unanswered_when_the_leader_dies_is_routed_again_by_the_next_one(
+        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
+    """Issue 30's loss. The target (a durable classic queue) is on a replica's node, paused
+    (SIGSTOP) just before the messages fall due: the leader routes the copies into its link
+    to that node, where they wait unread, unanswered. The other replica runs, so what the
+    leader writes then commits. The leader is killed before the paused link times out (2 s
+    of silence, which would refuse the copies), and the target's node while still paused
+    (it never took them), then restarted. A held message is recorded as routed (ROUTED)
+    only once every target holds its copy, so none was: the next leader routes the messages
+    again and the target gets each once. (When the leader wrote ROUTED as it routed, that
+    record was committed and the messages were lost: 0 of 10 came.) Meanwhile a message
+    routed and awaiting its target's answer is no longer held: the API does not delete it
+    (which would record it as routed)."""
+    abc, cluster = abc3, shared[1]
+    nodes = dict(zip("abc", abc, strict=True))
+    conn = connect(nodes["a"])
+    conn.channel().exchange_declare("dx7", "x-delayed-message", durable=True,
+                                    arguments={"x-delayed-type": "direct"})
+    conn.close()
+    leader, members = log_leader(etcd, cluster, "dx7")
+    assert sorted(members) == ["a", "b", "c"]
+    target = next(node for name, node in sorted(nodes.items()) if name != leader)
+    conn = connect(target)
+    ch = conn.channel()
+    ch.queue_declare("dq7", durable=True)
+    ch.queue_bind("dq7", "dx7", "k")
+    conn.close()
+    # one copy first, so that the leader's tunnel to the target's node is open
+    warm = publish_delayed(nodes[leader], "dx7", ["warm"], 100)
+    check_once(collect(target, "dq7", 1, timeout=30, settle_s=0.5), warm)
+    due = publish_delayed(nodes[leader], "dx7", [f"unanswered-{i}" for i in range(10)], 2000)
+    held_path = "/api/leveret/exchanges/%2F/dx7/delayed"
+    first = ok(nodes[leader], "GET", held_path + "?count=1")[0]["id"]
+    time.sleep(max(0.0, min(due.values()) - 0.4 - time.time()))
+    with paused(target):
+        # routed at the due time into the paused link; killed well before it times out
+        time.sleep(max(0.0, max(due.values()) + 0.3 - time.time()))
+        # routed, its answer awaited: no longer held, so not deleted (nor recorded as routed)
+        assert api(nodes[leader], "DELETE", f"{held_path}/{first}")[0] == 404
+        time.sleep(max(0.0, max(due.values()) + 0.6 - time.time()))
+        nodes[leader].kill()
+        target.kill()
+    target.start()
+    wait_until(lambda: log_leader(etcd, cluster, "dx7")[0] != leader, timeout=60)
+    got = collect(target, "dq7", len(due), timeout=60)
+    check_once(got, due)
+
+
 def test_a_transient_delayed_exchange_and_its_log_go_with_the_declaring_node(
         abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
     """Both records are put with the declaring node's lease: killed, both are gone."""
@@ -555,16 +604,18 @@ def test_a_copy_refused_for_two_minutes_is_dropped_and_counted(
                timeout=200)
     view = api_get(nodes[leader], "/api/exchanges/%2F/dx5")
     assert view["messages_delayed"] == 0
+    assert delayed_metric(nodes[leader], "dx5", "leveret_exchange_delayed_refused_total") == [
+        1.0]
 
 
-def delayed_metric(node: ClusterNode, exchange: str) -> list[float]:
-    """The node's leveret_exchange_messages_delayed samples of `exchange` (/metrics)."""
+def delayed_metric(node: ClusterNode, exchange: str,
+                   name: str = "leveret_exchange_messages_delayed") -> list[float]:
+    """The node's samples of the series `name` of `exchange` (/metrics)."""
     with urlopen(f"http://127.0.0.1:{node.management_port}/metrics", timeout=10) as response:
         text = response.read().decode()
     return [sample.value for family in text_string_to_metric_families(text)
             for sample in family.samples
-            if sample.name == "leveret_exchange_messages_delayed"
-            and sample.labels.get("exchange") == exchange]
+            if sample.name == name and sample.labels.get("exchange") == exchange]
 
 
 def test_every_node_shows_lists_and_deletes_what_the_log_leader_holds(
