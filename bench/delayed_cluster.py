@@ -20,6 +20,11 @@ persistent, --window confirms outstanding.
    killed (-9) at once, T is 2 s later (during the election); measured: from T until the
    bound durable queue (on a surviving node) holds all --due messages, through a survivor.
    The killed node is restarted before the next round.
+5. burst (--burst messages, 0 to skip): due at one instant T, routed by the log's leader to a
+   durable queue on another node (each copy waits for that node's confirm before its ROUTED
+   record is written); measured: from T until the queue holds them all. Then the leader is
+   killed: what the new leader routes again (its `delayed_routed`, 5 s after its election;
+   0 when every ROUTED record was committed).
 
 Prints a Markdown table; writes bench/results/delayed-cluster-<timestamp>.json.
 """
@@ -137,12 +142,59 @@ def failover_round(nodes: dict[str, Any], etcd: Any, cluster: str,
     return leader, took
 
 
+def burst_round(nodes: dict[str, Any], etcd: Any, cluster: str,
+                args: argparse.Namespace, figures: dict[str, Any]) -> str:
+    """The --burst round (5. above); the node killed."""
+    from support.cluster import api_get
+
+    conn = channel(nodes["a"].port)
+    delayed_exchange(conn, "burst-x")
+    conn.close()
+    leader = log_leader(etcd, cluster, "burst-x")
+    target = next(name for name in sorted(nodes) if name != leader)
+    conn = channel(nodes[target].port)
+    conn.declare_queue("burst-q")
+    declare(conn, commands.Queue.Bind(queue="burst-q", exchange="burst-x",
+                                      routing_key="k"), "Queue.BindOk")
+    due_at = int(time.time() * 1000) + 5_000 + args.burst // 5
+    publish(conn, template("burst-x", "k", args.body_size, due_at - int(time.time() * 1000)),
+            args.burst, args.window)
+    conn.close()
+    time.sleep(max(0.0, due_at / 1000 - time.time()))
+    t0 = time.monotonic()
+    probe = connect("127.0.0.1", nodes[target].port)
+    while (count := queue_count(probe, "burst-q")) < args.burst:
+        if time.monotonic() - t0 > 300:
+            raise RuntimeError(f"only {count} of {args.burst} routed after 5 min")
+        time.sleep(0.05)
+    took = time.monotonic() - t0
+    probe.close()
+    figures["burst_routed_s_after_due"] = round(took, 2)
+    figures["burst_routing_per_s"] = round(args.burst / took)
+    time.sleep(1.0)
+    nodes[leader].kill()
+    deadline = time.monotonic() + 60
+    while log_leader(etcd, cluster, "burst-x") == leader:
+        if time.monotonic() > deadline:
+            raise RuntimeError("no new leader")
+        time.sleep(0.2)
+    time.sleep(5.0)
+    new_leader = nodes[log_leader(etcd, cluster, "burst-x")]
+    figures["burst_rerouted_after_failover"] = api_get(
+        new_leader, "/api/exchanges/%2F/burst-x")["delayed_routed"]
+    print(f"burst: {args.burst} due at T, to a queue on another node than the leader, all "
+          f"there {took:.2f} s after T; routed again after the leader's kill: "
+          f"{figures['burst_rerouted_after_failover']}", flush=True)
+    return leader
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate-count", type=int, default=50_000)
     parser.add_argument("--held", type=int, default=100_000)
     parser.add_argument("--due", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--burst", type=int, default=0)
     parser.add_argument("--body-size", type=int, default=100)
     parser.add_argument("--window", type=int, default=2000)
     parser.add_argument("--fsync", default="always")
@@ -161,7 +213,8 @@ def main() -> None:
     for node in nodes.values():
         node.env.pop("LEVERET_CLUSTER_LEASE_TTL_S", None)  # the tests' 2 s: the default here
     figures: dict[str, Any] = {"body_size": args.body_size, "window": args.window,
-                               "fsync": args.fsync, "held": args.held, "due": args.due}
+                               "fsync": args.fsync, "held": args.held, "due": args.due,
+                               "burst": args.burst}
 
     def wait_linked() -> None:
         deadline = time.monotonic() + 120
@@ -183,6 +236,8 @@ def main() -> None:
             wait_linked()
         figures["failover_all_routed_s_after_due"] = late
         figures["failover_median_s"] = median(late) if late else None
+        if args.burst:
+            nodes[burst_round(nodes, etcd, cluster, args, figures)].start(timeout=120)
     finally:
         for node in nodes.values():
             if node.proc is not None and node.proc.poll() is None:
