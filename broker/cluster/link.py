@@ -225,6 +225,12 @@ class Link:
         self._check_open()
         self._queue(lf.encode_tunnel(tunnel_id, data))
 
+    def flush(self) -> None:
+        """Write what this turn queued now rather than at its end (a tunnel session's
+        deliveries sent in the callback that committed them: `TunnelSession.flush_now`)."""
+        if self.close_reason is None:
+            self._flush()
+
     def _check_open(self) -> None:
         if self.close_reason is not None:
             raise LinkClosed(self.close_reason)

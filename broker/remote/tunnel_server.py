@@ -87,6 +87,11 @@ class TunnelTransport:
     def is_closing(self) -> bool:
         return self.closing or self.link.closed
 
+    def flush(self) -> None:
+        """What was written goes to the link's socket now, not at the end of the turn."""
+        if not self.closing:
+            self.link.flush()
+
     def close(self) -> None:
         if self.closing:
             return
@@ -119,6 +124,14 @@ class TunnelSession(Session):
     of a turn on to its client while this one makes the rest."""
 
     flush_early_bytes = FLUSH_EARLY_BYTES
+
+    def flush_now(self) -> None:
+        """As a client's session, and through the link too: the link also leaves at the end
+        of the turn, and a process stopped in between (SIGSTOP past an election) would send a
+        forwarded consumer, on waking, deliveries its successor has redelivered (issue 28)."""
+        super().flush_now()
+        if isinstance(self.transport, TunnelTransport):
+            self.transport.flush()
 
     def on_channel_open(self, number: int) -> None:
         self.channels[number] = TunnelChannel(self, number)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -32,6 +33,7 @@ from leveret.broker.cluster.link import (
 )
 from leveret.broker.cluster.link_frames import FrameDecoder, FrameError, FrameType
 from leveret.broker.cluster.link_handshake import PROTOCOL_VERSION, hello, proof
+from leveret.broker.remote.tunnel_server import TunnelTransport
 
 SECRET = b"s3cret-shared-by-the-nodes"
 SERVER = LinkConfig(cluster="c1", node="a", secret=SECRET)
@@ -263,6 +265,29 @@ async def test_one_way_messages_arrive_in_order(
         await link.send("note", n)
     await link.call("echo")  # after every message before it
     assert got == list(range(200))
+    await link.close()
+
+
+async def test_a_tunnel_flushed_now_is_on_the_socket_before_the_turn_ends(
+        start_server: Callable[..., Awaitable[Server]]) -> None:
+    """A tunnel's bytes wait for the end of the turn, unless flushed (a replicated quorum
+    queue's deliveries to a forwarded consumer, written in the callback that committed them:
+    a process stopped after it must not send them on waking, issue 28)."""
+    server = await start_server()
+    peer = await RawPeer.open(server.port)
+    (link,) = await server.link_count(1)
+    fd = peer.writer.get_extra_info("socket").fileno()
+
+    def readable() -> bool:
+        return bool(select.select([fd], [], [], 0.2)[0])
+
+    transport = TunnelTransport(link, 5, lambda: None)
+    transport.write(b"deliveries")  # no await from here on: the loop's turn goes on
+    assert not readable()  # queued for the end of the turn
+    transport.flush()
+    assert readable()
+    frame = await peer.frame()
+    assert frame.type is FrameType.TUNNEL
     await link.close()
 
 
