@@ -3,9 +3,12 @@
 A durable classic queue keeps its messages in its own log of the storage engine. Persistent
 messages are appended before they are confirmed (one chunk per turn of the event loop); acks
 and discards are appended as ranges of settled offsets, deliveries as ranges of delivered
-offsets (so the redelivered flag survives a restart); the queue's writer (writer.py) owns that
-turn's batch, its append, the commit point and the confirms. Whole segments below the lowest
-unsettled offset are deleted, so disk use follows the backlog, not the history.
+offsets (so the redelivered flag survives a restart), the ids of delayed exchanges' copies it
+took as TAKEN records (so that a copy routed again after a restart is dropped: delayed_ids.py;
+like acks, their offsets are settled at once, and they go with their segment); the queue's
+writer (writer.py) owns that turn's batch, its append, the commit point and the confirms.
+Whole segments below the lowest unsettled offset are deleted, so disk use follows the
+backlog, not the history.
 
 A FIFO queue keeps at most a page of ready messages in memory: once the page is full, new
 messages (persistent or not) go to the log only, and are read back a page at a time as the
