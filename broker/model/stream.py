@@ -98,6 +98,7 @@ class _Run:
     # the ids of the delayed copies among its records (delayed_ids.py), kept in its chunk's
     # tracking trailer: a restart or a new leader reads them back (`_load_taken`)
     taken: list[tuple[bytes, int]] = field(default_factory=list)
+    written: bool = False  # its chunk is in the log (a later one of the turn may fail)
 
 
 @dataclass
@@ -438,12 +439,17 @@ class StreamQueue(MemberAnswers, Queue):
                         publishers=sargs.stored_publishers(run.publishers) or None,
                         chunk_type=run.chunk_type,
                         records_crc=run.chunk_type == STREAM_ENTRIES, taken=run.taken or None)
+            run.written = True
         if not batch.runs and batch.publishers:
             log_.append([], publishers=sargs.stored_publishers(batch.publishers))
 
     def _append_failed(self, batch: _Batch, error: StorageError) -> bool:
         log.error("stream append failed", stream=self.name, vhost=self.vhost.name,
                   error=str(error))
+        for run in batch.runs:  # delayed copies not stored: their exchange may send them again
+            if not run.written:
+                for name, offset in run.taken:
+                    self.taken_ids.forget(name.decode(), offset)
         return False  # the chunk was not written: its publishes are nacked
 
     def commit_pending(self) -> None:
