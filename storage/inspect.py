@@ -86,8 +86,9 @@ def _chunk_dict(position: int, header: ck.ChunkHeader, body: bytes) -> dict[str,
         "size": header.total_size,
         "crc_ok": crc_ok,
         "tracking": [
-            {"kind": "publisher" if kind == 0 else "consumer", "name": name, "value": value}
-            for kind, name, value, _ref in entries
+            {"kind": ("publisher", "consumer", "taken")[kind], "name": name, "value": value}
+            | ({"count": ref} if kind == 2 else {})
+            for kind, name, value, ref in entries
         ],
     }
 

@@ -391,13 +391,15 @@ class Log:
         publishers: Mapping[bytes, int] | None = None,
         chunk_type: int = ck.ChunkType.USER,
         records_crc: bool = False,
+        taken: Sequence[tuple[bytes, int]] | None = None,
     ) -> int:
         """Write `records` as one chunk; return the offset of the first one.
 
         With no records but some publishers, only the publishers' ids are stored, in a tracking
         chunk that takes no offset (the return value is then the next offset). With
         `records_crc`, the chunk also keeps the zlib CRC-32 of its record bytes
-        (ChunkView.records_crc; docs/FORMAT.md 3.1, version 3)."""
+        (ChunkView.records_crc; docs/FORMAT.md 3.1, version 3). `taken`: marks taken, (name,
+        value), kept in the chunk's trailer with it (`taken()`; only with records)."""
         self._check_writable()
         if not ck.takes_offsets(chunk_type):
             raise ValueError(
@@ -405,10 +407,13 @@ class Log:
             )
         if not records and not publishers:
             raise ValueError("append needs records or publishers")
+        if taken and not records:
+            raise ValueError("marks taken go with records")
         if not records:
             chunk_type = ck.ChunkType.TRACKING_DELTA
         first = self._next
-        trailer = tracking.publisher_trailer(publishers, first) if publishers else b""
+        trailer = (tracking.data_trailer(publishers, first, taken) if publishers or taken
+                   else b"")
         chunk = ck.encode_chunk(
             chunk_type,
             first,
@@ -423,6 +428,8 @@ class Log:
         self._write_chunk(chunk)
         if publishers:
             self._tracking.set_publishers(publishers, first)
+        if taken:
+            self._tracking.add_taken(taken)
         return first
 
     def store_offsets(self, consumers: Mapping[bytes, int]) -> None:
@@ -840,6 +847,10 @@ class Log:
 
     def tracking(self) -> Tracking:
         return self._tracking.public()
+
+    def taken(self) -> dict[bytes, list[int]]:
+        """The marks taken that the log keeps, by name, oldest first (append's `taken`)."""
+        return {name: list(marks) for name, marks in self._tracking.taken.items()}
 
     def reader(
         self,

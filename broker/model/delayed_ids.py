@@ -10,8 +10,10 @@ majority holds, which is the newest routed copies; so each log keeps the last `W
 queue took (routing is in due order, not offset order: a window of ids, not a high-water mark).
 
 The header is the broker's: `take` removes it from the copy the queue keeps, so a consumer
-never sees it (a stream keeps messages as they come, and skips this check: see
-docs/DELAYED-MESSAGES.md).
+never sees it. Where the ids are kept beyond memory (docs/DELAYED-MESSAGES.md): a durable
+classic or quorum queue writes TAKEN records (`pack_taken`) with the copies, a stream puts
+them in the tracking trailer of the chunk holding the copy; a restart or a new leader reads
+them back. A non-durable classic queue keeps them in memory only.
 
 It must not know the cluster, AMQP or the storage engine.
 Threading: single-threaded, on the event loop.
@@ -89,7 +91,8 @@ _TAKEN = struct.Struct(">QH")  # offset, length of the log id that follows
 
 
 def pack_taken(log_id: str, offset: int) -> bytes:
-    """A record of a copy taken (a quorum queue keeps them in its log: quorum.py)."""
+    """A record of a copy taken (durable classic and quorum queues keep them in their log:
+    durable.py's TAKEN chunks)."""
     raw = log_id.encode()
     return _TAKEN.pack(offset, len(raw)) + raw
 

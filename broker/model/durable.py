@@ -3,9 +3,12 @@
 A durable classic queue keeps its messages in its own log of the storage engine. Persistent
 messages are appended before they are confirmed (one chunk per turn of the event loop); acks
 and discards are appended as ranges of settled offsets, deliveries as ranges of delivered
-offsets (so the redelivered flag survives a restart); the queue's writer (writer.py) owns that
-turn's batch, its append, the commit point and the confirms. Whole segments below the lowest
-unsettled offset are deleted, so disk use follows the backlog, not the history.
+offsets (so the redelivered flag survives a restart), the ids of delayed exchanges' copies it
+took as TAKEN records (so that a copy routed again after a restart is dropped: delayed_ids.py;
+like acks, their offsets are settled at once, and they go with their segment); the queue's
+writer (writer.py) owns that turn's batch, its append, the commit point and the confirms.
+Whole segments below the lowest unsettled offset are deleted, so disk use follows the
+backlog, not the history.
 
 A FIFO queue keeps at most a page of ready messages in memory: once the page is full, new
 messages (persistent or not) go to the log only, and are read back a page at a time as the
@@ -36,6 +39,7 @@ from typing import Any
 
 from leveret.broker.model import snapshot
 from leveret.broker.model.consumer import Consumer
+from leveret.broker.model.delayed_ids import pack_taken, unpack_taken
 from leveret.broker.model.intervals import IntervalSet, pack_ranges
 from leveret.broker.model.message import Confirm, InboundMessage, QueuedMessage
 from leveret.broker.model.queue import ClassicQueue, QueueOwner
@@ -51,6 +55,7 @@ log = logs.get("leveret.durable")
 
 ACKS = 16  # chunk type: ranges of settled offsets
 DELIVERED = 17  # chunk type: ranges of delivered offsets
+TAKEN = 20  # chunk type: ids of delayed exchanges' copies taken (delayed_ids.py)
 SEGMENT_BYTES = 16 * 1024 * 1024
 PAGE_MESSAGES = 2048
 PAGE_BYTES = 8 * 1024 * 1024
@@ -80,7 +85,7 @@ class _Batch:
     dead_lettered: list[QueuedMessage] = field(default_factory=list)  # held (quorum)
     sends: list[tuple[Consumer, QueuedMessage]] = field(default_factory=list)  # (quorum)
     settled_entries: dict[int, QueuedMessage] = field(default_factory=dict)  # by offset
-    taken: list[tuple[str, int]] = field(default_factory=list)  # delayed copies (quorum)
+    taken: list[tuple[str, int]] = field(default_factory=list)  # delayed copies taken
 
 
 _ranges = pack_ranges  # a record of [start, end) pairs
@@ -197,8 +202,8 @@ class PagedStore:
 
 
 class DurableClassicQueue(ClassicQueue):
-    CHUNK_TYPES: tuple[int, ...] = (USER, ACKS, DELIVERED)  # every chunk type of its log
-    STATE_TYPES: tuple[int, ...] = (ACKS, DELIVERED)  # what recovery reads before the messages
+    CHUNK_TYPES: tuple[int, ...] = (USER, ACKS, DELIVERED, TAKEN)  # every chunk type of its log
+    STATE_TYPES: tuple[int, ...] = (ACKS, DELIVERED, TAKEN)  # read by recovery before messages
     paged_level: int | None = None  # the priority the paged store holds (None: every one)
 
     def __init__(self, vhost: QueueOwner, name: str, *, env: StorageEnv,
@@ -333,6 +338,14 @@ class DurableClassicQueue(ClassicQueue):
             self._mark_delivered(entry)
         return entry
 
+    def took_delayed(self, log_id: str, offset: int) -> None:
+        """A delayed copy's id is written with it (a TAKEN record, read back by recovery), so
+        that a copy routed again after a restart is dropped too (delayed_ids.py). Written for
+        a transient copy as well: it was taken, once (a restart loses it, as any transient
+        message)."""
+        self.writer.batch.taken.append((log_id, offset))
+        self.writer.schedule()
+
     def _mark_delivered(self, entry: QueuedMessage) -> None:
         if isinstance(entry.store_ref, int) and not entry.redelivered:
             self.writer.batch.delivered.add(entry.store_ref)
@@ -395,6 +408,10 @@ class DurableClassicQueue(ClassicQueue):
             if ranges.range_count:
                 offset = self.log.append([_ranges(ranges)], chunk_type=chunk_type)
                 self.settled_offsets.add(offset)
+        if batch.taken:  # with the copies, under the same commit (and fsync)
+            records = [pack_taken(*taken) for taken in batch.taken]
+            first = self.log.append(records, chunk_type=TAKEN)
+            self.settled_offsets.add_range(first, first + len(records))
         if ledger is not None and batch.settled.range_count:
             known = batch.settled_entries
 
@@ -597,6 +614,8 @@ class DurableClassicQueue(ClassicQueue):
                         for low, high in _parse_ranges(record):
                             self.delivered_offsets.add_range(low, high)
                             self.recovered_delivered(low, high)
+                    elif chunk.chunk_type == TAKEN:
+                        self.taken_ids.seen(*unpack_taken(bytes(record)))
                     elif chunk.chunk_type == ACKS:
                         for low, high in _parse_ranges(record):
                             settled.add_range(low, high)

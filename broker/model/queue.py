@@ -190,7 +190,8 @@ class Queue:
         return delayed_ids.take(self.taken_ids, message, self.took_delayed)
 
     def took_delayed(self, log_id: str, offset: int) -> None:
-        """A delayed copy was taken (a quorum queue records its id in its log)."""
+        """A delayed copy was taken (a durable queue or a stream records its id in its log;
+        a non-durable classic queue only in `taken_ids`)."""
 
     def dispatch(self) -> None:
         """Deliver to consumers that have credit."""

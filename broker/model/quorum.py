@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from leveret.broker.model.consumer import Consumer
-from leveret.broker.model.delayed_ids import MARK, TakenIds, pack_taken, unpack_taken
+from leveret.broker.model.delayed_ids import MARK, TakenIds
 from leveret.broker.model.delayed_retry import DelayedRetry, resolve
 from leveret.broker.model.durable import (
     ACKS,
@@ -76,7 +76,6 @@ _COUNTS_AT = struct.Struct(">QIIq")  # the same, and when a delayed retry makes 
 DEFAULT_PRIORITY = 4  # a message without a priority (RabbitMQ 4.x)
 TOP_PRIORITY = 31
 DEFAULT_DELIVERY_LIMIT = 20
-TAKEN = 20  # chunk type: ids of delayed exchanges' copies taken (delayed_ids.py)
 DEAD_LETTERS = 19  # chunk type: messages dead-lettered at least once, until their targets have them
 _DEAD = struct.Struct(">QB")  # offset, reason
 REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
@@ -108,8 +107,8 @@ def _ms(value: object) -> int | None:
 
 class QuorumQueue(MemberAnswers, DurableClassicQueue):
     type = "quorum"
-    CHUNK_TYPES = (*DurableClassicQueue.CHUNK_TYPES, RETURNS, DEAD_LETTERS, TAKEN)
-    STATE_TYPES = (*DurableClassicQueue.STATE_TYPES, RETURNS, DEAD_LETTERS, TAKEN)
+    CHUNK_TYPES = (*DurableClassicQueue.CHUNK_TYPES, RETURNS, DEAD_LETTERS)
+    STATE_TYPES = (*DurableClassicQueue.STATE_TYPES, RETURNS, DEAD_LETTERS)
     paged_level = DEFAULT_PRIORITY
 
     def __init__(self, vhost: QueueOwner, name: str, *, env: StorageEnv,
@@ -262,9 +261,6 @@ class QuorumQueue(MemberAnswers, DurableClassicQueue):
         finally:
             reader.close()
         self._truncate()
-
-    def took_delayed(self, log_id: str, offset: int) -> None:
-        self.writer.batch.taken.append((log_id, offset))
 
     def _drop_state(self) -> None:
         self.taken_ids = TakenIds()  # a leader's recovery reads them back from the log
@@ -839,18 +835,11 @@ class QuorumQueue(MemberAnswers, DurableClassicQueue):
                                        REASONS.index(self.dead_letters[entry])))
         if dead:
             self._append_settled(dead, DEAD_LETTERS)
-        self._write_taken(batch)
         if batch.sends:
             last = self.log.next_offset - 1
             self._unsent.append((last, batch.sends))
             if self.replication.local:  # written is enough on one node: a crash keeps it
                 self._send_recorded(last)
-
-    def _write_taken(self, batch: _Batch) -> None:
-        """The ids of the delayed copies taken in this batch, replicated with the messages:
-        a new leader drops the same copies (delayed_ids.py)."""
-        if batch.taken:
-            self._append_settled([pack_taken(*taken) for taken in batch.taken], TAKEN)
 
     def _append_settled(self, records: list[bytes], chunk_type: int) -> None:
         """A chunk of the queue's own records: its offsets are settled at once (they hold no
@@ -877,9 +866,6 @@ class QuorumQueue(MemberAnswers, DurableClassicQueue):
         few records, read in full at every restart (a snapshot leaves them to their chunks).
         A return whose delayed retry is not due yet holds its message until then (it cannot
         have been delivered again since)."""
-        if chunk_type == TAKEN:
-            self.taken_ids.seen(*unpack_taken(bytes(record)))
-            return None
         if chunk_type == RETURNS:
             offset, delivered, acquired, ready_at = _returned(bytes(record))
             self.recovered_counts[offset] = (delivered, acquired)

@@ -33,7 +33,7 @@ from leveret.broker.model import args as qargs
 from leveret.broker.model import stream_args as sargs
 from leveret.broker.model import superstream
 from leveret.broker.model.consumer import Consumer
-from leveret.broker.model.delayed_ids import MARK
+from leveret.broker.model.delayed_ids import MARK, TakenIds
 from leveret.broker.model.errors import NotImplementedFeature, PreconditionFailed
 from leveret.broker.model.log_queue import MemberAnswers
 from leveret.broker.model.message import Confirm, InboundMessage
@@ -95,6 +95,10 @@ class _Run:
     # the last publishing id of each publisher of this run, stored with its chunk
     publishers: dict[str | bytes, int] = field(default_factory=dict)
     any_filter: bool = False
+    # the ids of the delayed copies among its records (delayed_ids.py), kept in its chunk's
+    # tracking trailer: a restart or a new leader reads them back (`_load_taken`)
+    taken: list[tuple[bytes, int]] = field(default_factory=list)
+    written: bool = False  # its chunk is in the log (a later one of the turn may fail)
 
 
 @dataclass
@@ -196,6 +200,8 @@ class StreamQueue(MemberAnswers, Queue):
         self._tracking_timer: Timer | None = None
         self._retention_timer: Timer | None = None
         self.stats_deduplicated = 0
+        self._taking: tuple[str, int] | None = None  # the id of the copy being published
+        self._load_taken()
         self._arm_retention_timer()
 
     # -- configuration ------------------------------------------------------------------------
@@ -244,7 +250,21 @@ class StreamQueue(MemberAnswers, Queue):
     # -- the replication's answers (docs/REPLICATION.md) -------------------------------------
 
     def took_role(self) -> None:
-        """A new role changes nothing here: the role is asked when it matters."""
+        """A new leader takes the ids of the delayed copies its log holds (those the last
+        leader took); otherwise the role is asked when it matters."""
+        self._load_taken()
+
+    def _load_taken(self) -> None:
+        """The delayed copies' ids the log keeps (each chunk's tracking trailer, and the
+        tracking snapshot that starts each segment): the newest 100,000 per exchange log."""
+        self.taken_ids = TakenIds()
+        for name, offsets in self.log.taken().items():
+            log_id = name.decode()
+            for offset in offsets:
+                self.taken_ids.seen(log_id, offset)
+
+    def took_delayed(self, log_id: str, offset: int) -> None:
+        self._taking = (log_id, offset)
 
     # -- counts -------------------------------------------------------------------------------
 
@@ -274,11 +294,14 @@ class StreamQueue(MemberAnswers, Queue):
         leader = self.replication.forward_to
         if leader is not None:  # a replica: the leader writes, and confirms
             return bool(leader.publish(message, confirm))
+        taking = None
         if MARK in message.header:  # a delayed exchange's copy (delayed_ids.py)
-            kept = self.delayed_copy(message)
+            self._taking = None
+            kept = self.delayed_copy(message)  # (took_delayed sets _taking)
             if kept is None:
                 return True  # taken already: a delayed exchange's new leader routed it again
             message = kept
+            taking, self._taking = self._taking, None
         writer = self.writer
         batch = writer.batch
         headers = message.headers
@@ -312,6 +335,8 @@ class StreamQueue(MemberAnswers, Queue):
         record = self.env.encode_record(message)
         run.records.append(record)
         run.filters.append(value)
+        if taking is not None:  # a delayed copy: its id goes in its chunk's trailer
+            run.taken.append((taking[0].encode(), taking[1]))
         if value is not None:
             run.any_filter = True
         if len(run.records) >= run.limit:
@@ -413,13 +438,18 @@ class StreamQueue(MemberAnswers, Queue):
             log_.append(run.records, run.filters if run.any_filter else None,
                         publishers=sargs.stored_publishers(run.publishers) or None,
                         chunk_type=run.chunk_type,
-                        records_crc=run.chunk_type == STREAM_ENTRIES)
+                        records_crc=run.chunk_type == STREAM_ENTRIES, taken=run.taken or None)
+            run.written = True
         if not batch.runs and batch.publishers:
             log_.append([], publishers=sargs.stored_publishers(batch.publishers))
 
     def _append_failed(self, batch: _Batch, error: StorageError) -> bool:
         log.error("stream append failed", stream=self.name, vhost=self.vhost.name,
                   error=str(error))
+        for run in batch.runs:  # delayed copies not stored: their exchange may send them again
+            if not run.written:
+                for name, offset in run.taken:
+                    self.taken_ids.forget(name.decode(), offset)
         return False  # the chunk was not written: its publishes are nacked
 
     def commit_pending(self) -> None:

@@ -394,6 +394,25 @@ def test_rounds_of_kill_and_restart_route_every_delayed_message_once(
     print(f"\nlateness max per round: {[round(x, 2) for x in worst]}")
 
 
+def send_copy(node: ClusterNode, queue: str, body: bytes, ident: str) -> None:
+    """Publish with a confirm through `node`, with the id header a delayed exchange's leader
+    routes a copy with; tried again for 30 s while the queue's leader is being replaced."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            conn = connect(node)
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.basic_publish("", queue, body, pika.BasicProperties(
+                headers={"x-leveret-delayed-id": ident}))
+            conn.close()
+            return
+        except (pika.exceptions.AMQPError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
 def test_a_quorum_queue_keeps_the_ids_it_took_across_its_leader_change(
         abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
     """The ids of delayed copies a quorum queue took are records of its log (replicated
@@ -406,29 +425,12 @@ def test_a_quorum_queue_keeps_the_ids_it_took_across_its_leader_change(
     conn.channel().queue_declare("qids", durable=True, arguments={
         "x-queue-type": "quorum", "x-queue-leader-locator": "client-local"})
     conn.close()
-
-    def send(node: ClusterNode, body: bytes, ident: str) -> None:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                conn = connect(node)
-                ch = conn.channel()
-                ch.confirm_delivery()
-                ch.basic_publish("", "qids", body, pika.BasicProperties(
-                    headers={"x-leveret-delayed-id": ident}))
-                conn.close()
-                return
-            except (pika.exceptions.AMQPError, OSError):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.3)
-
-    send(nodes["b"], b"first", "somelog:41")
+    send_copy(nodes["b"], "qids", b"first", "somelog:41")
     nodes["a"].kill()
     wait_until(lambda: in_etcd(etcd, cluster, "qids")[0].node != "a",  # type: ignore[union-attr]
                timeout=60)
-    send(nodes["c"], b"again", "somelog:41")
-    send(nodes["c"], b"next", "somelog:42")
+    send_copy(nodes["c"], "qids", b"again", "somelog:41")
+    send_copy(nodes["c"], "qids", b"next", "somelog:42")
     conn = connect(nodes["b"])
     ch = conn.channel()
     got = []
@@ -439,6 +441,38 @@ def test_a_quorum_queue_keeps_the_ids_it_took_across_its_leader_change(
         got.append((body, props.headers or {}))
     conn.close()
     assert got == [(b"first", {}), (b"next", {})]
+
+
+def test_a_stream_keeps_the_ids_it_took_across_its_leader_change(
+        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
+    """As a quorum queue (above), a stream: the ids of the delayed copies it took are in
+    its chunks' tracking trailers, replicated with them; after `kill -9` of its leader, the
+    new leader drops a second copy of an id the old one took, and consumers read the
+    stream's offsets as before (no offset taken by the ids)."""
+    abc, cluster = abc3, shared[1]
+    nodes = dict(zip("abc", abc, strict=True))
+    conn = connect(nodes["a"])
+    conn.channel().queue_declare("sids", durable=True, arguments={
+        "x-queue-type": "stream", "x-queue-leader-locator": "client-local"})
+    conn.close()
+    send_copy(nodes["b"], "sids", b"first", "somelog:41")
+    nodes["a"].kill()
+    wait_until(lambda: in_etcd(etcd, cluster, "sids")[0].node != "a",  # type: ignore[union-attr]
+               timeout=60)
+    send_copy(nodes["c"], "sids", b"again", "somelog:41")
+    send_copy(nodes["c"], "sids", b"next", "somelog:42")
+    conn = connect(nodes["c"])
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=10)
+    got: list[tuple[bytes, dict[str, Any]]] = []
+    ch.basic_consume("sids", lambda _c, method, props, body: got.append(
+        (body, dict(props.headers or {}))), arguments={"x-stream-offset": "first"})
+    deadline = time.monotonic() + 10
+    while len(got) < 2 and time.monotonic() < deadline:
+        conn.process_data_events(0.1)
+    conn.process_data_events(0.5)  # a duplicate would come here
+    conn.close()
+    assert got == [(b"first", {"x-stream-offset": 0}), (b"next", {"x-stream-offset": 1})]
 
 
 def test_a_delayed_exchange_without_its_log_refuses_to_hold_until_declared_again(

@@ -176,3 +176,37 @@ def test_a_lavinmq_style_delayed_exchange_survives_a_restart(tmp_path: Path) -> 
         conn.close()
     finally:
         broker.kill()
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "stream"])
+def test_a_queue_keeps_the_delayed_ids_it_took_across_kill_9(tmp_path: Path,
+                                                              queue_type: str) -> None:
+    """A durable classic queue (TAKEN records in its log) and a stream (the ids in its
+    chunks' tracking trailers) drop, after a `kill -9` and a restart, a copy whose
+    `x-leveret-delayed-id` they took before it (a client may set the header: the publish is
+    then treated as a delayed exchange's copy); a copy with another id is kept."""
+    broker = BrokerProcess(tmp_path / "data").start()
+    persistent = 2
+
+    def send(ch: object, ident: str, body: bytes) -> None:
+        ch.basic_publish("", "tq", body, pika.BasicProperties(  # type: ignore[attr-defined]
+            delivery_mode=persistent, headers={"x-leveret-delayed-id": ident}))
+
+    try:
+        conn, ch = channel(broker)
+        ch.queue_declare("tq", durable=True,  # type: ignore[attr-defined]
+                         arguments={"x-queue-type": queue_type})
+        send(ch, "0123456789abcdef0123456789abcdef:7", b"first")
+        send(ch, "0123456789abcdef0123456789abcdef:7", b"again")  # dropped: taken
+        assert count(ch, "tq") == 1
+        conn.close()
+        broker.kill()
+        broker.restart()
+        conn, ch = channel(broker)
+        send(ch, "0123456789abcdef0123456789abcdef:7", b"after the restart")  # dropped
+        send(ch, "0123456789abcdef0123456789abcdef:8", b"another id")  # kept
+        got = count(ch, "tq")
+        conn.close()
+        assert got == 2, got
+    finally:
+        broker.kill()

@@ -322,6 +322,89 @@ def test_a_paged_durable_queue_keeps_its_count_when_a_write_fails(tmp_path: Path
         server.stop()
 
 
+def test_a_stream_forgets_the_delayed_ids_of_copies_it_failed_to_store(tmp_path: Path) -> None:
+    """A delayed exchange's copy whose append failed is nacked and not in the stream: its id
+    (x-leveret-delayed-id) is forgotten, so the copy sent again (the exchange holds a refused
+    copy again) is stored, once; a copy with an id taken before is still dropped."""
+    server = InProcessBroker(tmp_path / "data").start()
+    try:
+        conn = connect(server.port)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(STREAM, durable=True, arguments={"x-queue-type": "stream"})
+
+        def send(body: bytes, ident: str) -> bool:
+            try:
+                ch.basic_publish("", STREAM, body, pika.BasicProperties(
+                    delivery_mode=2, headers={"x-leveret-delayed-id": ident}))
+                return True
+            except pika.exceptions.NackError:
+                return False
+
+        assert send(b"kept", "somelog:1")
+        queue = server.call(lambda: server.broker.vhosts["/"].queues[STREAM])
+        append = queue.log.append
+
+        def full(*args: object, **kwargs: object) -> int:
+            raise DiskFullError(queue.log.directory, "No space left on device", errno=28)
+
+        server.call(lambda: setattr(queue.log, "append", full))
+        assert not send(b"refused", "somelog:2")
+        server.call(lambda: setattr(queue.log, "append", append))
+        assert send(b"sent again", "somelog:2")
+        assert send(b"kept again", "somelog:1")  # confirmed, and dropped: taken before
+        conn.close()
+        got, _ = read_stream(server.port, STREAM)
+        assert got == [(0, b"kept"), (1, b"sent again")]
+    finally:
+        server.stop()
+
+
+def test_a_failed_turn_forgets_only_the_ids_of_the_copies_it_did_not_store(
+        tmp_path: Path) -> None:
+    """Two delayed copies in one turn, one chunk each (a chunk bound of one record): the
+    first chunk is written, the second fails. The turn's publishes are nacked, but the first
+    copy is in the stream: its id stays taken (sent again, it is dropped), the second's is
+    forgotten (sent again, it is stored)."""
+    from support import fuzzwire as fw
+    from support.rawamqp import RawClient
+
+    server = InProcessBroker(tmp_path / "data", stream_chunk_min_records=1,
+                             stream_chunk_max_records=1).start()
+    try:
+        client = RawClient(server.port).handshake()
+        client.open_channel(1)
+        client.send(fw.method_frame(1, fw.make(C.Queue.Declare, queue=STREAM, durable=True,
+                                               arguments={"x-queue-type": "stream"})))
+        client.next_method()
+        queue = server.call(lambda: server.broker.vhosts["/"].queues[STREAM])
+        append = queue.log.append
+
+        def second_fails(*args: object, **kwargs: object) -> int:
+            if kwargs.get("taken") == [(b"somelog", 4)]:
+                raise DiskFullError(queue.log.directory, "No space left on device", errno=28)
+            return append(*args, **kwargs)  # type: ignore[arg-type]
+
+        server.call(lambda: setattr(queue.log, "append", second_fails))
+        client.send(b"".join(fw.publish(1, "", STREAM, f"copy {i}".encode(), delivery_mode=2,
+                                        headers={"x-leveret-delayed-id": f"somelog:{i}"})
+                             for i in (3, 4)))  # one write: one turn
+        client.close_connection()
+        client.close()
+        server.call(lambda: setattr(queue.log, "append", append))
+        conn = connect(server.port)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in (3, 4):
+            ch.basic_publish("", STREAM, f"copy {i} again".encode(), pika.BasicProperties(
+                delivery_mode=2, headers={"x-leveret-delayed-id": f"somelog:{i}"}))
+        conn.close()
+        got, _ = read_stream(server.port, STREAM)
+        assert got == [(0, b"copy 3"), (1, b"copy 4 again")]
+    finally:
+        server.stop()
+
+
 # -- the data directory and the metadata database ----------------------------------------------
 
 

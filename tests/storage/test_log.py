@@ -384,3 +384,27 @@ def test_publishers_without_records_take_no_offset(open_log: OpenLog, tmp_path: 
     log.close()
     again = open_log()
     assert again.tracking().publishers == {b"p": 2, b"q": 9}
+
+
+def test_marks_taken_stay_with_the_log_across_rolls_retention_and_a_restart(
+    open_log: OpenLog, tmp_path: Path
+) -> None:
+    """`append(..., taken=...)` keeps marks in the chunk's trailer: they take no offset, a
+    reader sees the records only, and the log keeps them (`taken()`) through segment rolls
+    (each segment's tracking snapshot), retention of the segments that held them, and a
+    reopen; marks without records are refused."""
+    log = open_log(max_segment_chunks=2)
+    log.append([b"a"], taken=[(b"log1", 7)])
+    log.append([b"b", b"c"], taken=[(b"log1", 8), (b"log2", 3)])
+    for i in range(4):
+        log.append([b"m%d" % i])  # two rolls: the first segments hold no mark's chunk now
+    assert log.next_offset == 7
+    assert log.truncate_before(5)
+    assert log.first_offset > 2
+    assert _read_all(log)[0][1] in (b"m2", b"m3")
+    with pytest.raises(ValueError, match="go with records"):
+        log.append([], publishers={b"p": 1}, taken=[(b"log1", 9)])
+    log.close()
+    again = open_log()
+    assert again.taken() == {b"log1": [7, 8], b"log2": [3]}
+    assert again.tracking().publishers == {} and again.tracking().consumers == {}

@@ -77,3 +77,48 @@ def test_validation() -> None:
         tr.publisher_trailer({b"p": True}, 0)
     with pytest.raises(ValueError, match="64-bit"):
         tr.publisher_trailer({b"p": 2**63}, 0)
+
+
+def test_marks_taken_round_trip_as_runs_and_keep_the_newest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Marks taken (TAKEN entries: a run of consecutive values of a name is one entry) go
+    through a chunk's trailer and a snapshot in their order; each name keeps its newest
+    MAX_TAKEN; publishers and consumers do not see them."""
+    monkeypatch.setattr(tr, "MAX_TAKEN", 5)
+    trailer = tr.data_trailer({b"p": 3}, 9, [(b"log1", 7), (b"log1", 8), (b"log2", 1),
+                                             (b"log1", 9), (b"log1", 2)])
+    entries = list(tr.decode_entries(trailer))
+    assert entries == [(tr.PUBLISHER, b"p", 3, 9), (tr.TAKEN, b"log1", 7, 3),
+                       (tr.TAKEN, b"log1", 2, 1), (tr.TAKEN, b"log2", 1, 1)]
+    state = tr.TrackingState()
+    state.apply(ChunkType.USER, trailer)
+    assert state.public() == tr.Tracking({b"p": 3}, {})
+    assert {n: list(m) for n, m in state.taken.items()} == {b"log1": [7, 8, 9, 2], b"log2": [1]}
+    state.add_taken([(b"log1", 20), (b"log1", 21)])  # over 5: the oldest (7) goes
+    assert list(state.taken[b"log1"]) == [8, 9, 2, 20, 21]
+    again = tr.TrackingState()
+    again.apply(ChunkType.TRACKING_SNAPSHOT, state.snapshot_trailer())
+    assert again.taken == state.taken and again.publishers == state.publishers
+    assert tr.TrackingState().taken == {} and not tr.TrackingState()
+    assert again  # marks alone make a state to snapshot
+
+
+def test_a_snapshot_keeps_the_newest_runs_of_each_name_within_its_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot holds MAX_SNAPSHOT_TAKEN_RUNS runs at most (it is one chunk, shipped in
+    one link frame): past it, each name keeps its newest runs, the state as the snapshot."""
+    monkeypatch.setattr(tr, "MAX_SNAPSHOT_TAKEN_RUNS", 4)
+    state = tr.TrackingState()
+    state.add_taken([(b"a", v) for v in (1, 3, 5, 6, 9)] + [(b"b", 100), (b"b", 200)])
+    state.trim(first_offset=0)
+    assert {n: list(m) for n, m in state.taken.items()} == {b"a": [5, 6, 9], b"b": [100, 200]}
+    again = tr.TrackingState()
+    again.apply(ChunkType.TRACKING_SNAPSHOT, state.snapshot_trailer())
+    assert again.taken == state.taken
+
+
+def test_marks_taken_are_checked() -> None:
+    with pytest.raises(ValueError, match="not negative"):
+        tr.data_trailer(None, 0, [(b"log", -1)])
+    with pytest.raises(TypeError, match="bytes"):
+        tr.data_trailer(None, 0, [("log", 1)])  # type: ignore[list-item]

@@ -228,3 +228,25 @@ async def test_single_active_consumer_spans_the_protocols(lev: StreamBroker, nam
             await asyncio.sleep(0.05)
     assert got == [b"two"]
     ch.connection.close()
+
+
+async def test_delayed_copies_ids_stay_out_of_what_stream_consumers_read(
+        lev: StreamBroker, name: str) -> None:
+    """A delayed exchange's copies (published here with the id header a client may set, as
+    the exchange routes them) keep their ids in the tracking trailer of their chunk
+    (docs/FORMAT.md 3.6): a stream-protocol subscriber reads the kept messages at dense
+    offsets, without the header, and a copy with an id taken before is not stored."""
+    ch = channel(lev)
+    ch.confirm_delivery()
+    ch.queue_declare(name, durable=True, arguments=STREAM)
+    for body, ident in ((b"first", "log1:7"), (b"again", "log1:7"), (b"other", "log1:8"),
+                        (b"plain", None)):
+        headers = {"h": 1} if ident is None else {"x-leveret-delayed-id": ident, "h": 1}
+        ch.basic_publish("", name, body, pika.BasicProperties(headers=headers))
+    ch.connection.close()
+    got = await stream_read(lev, name, 3)
+    await asyncio.sleep(0.3)
+    assert [(offset, bytes(message.body)) for offset, message in got] == [
+        (0, b"first"), (1, b"other"), (2, b"plain")]
+    for _offset, message in got:
+        assert message.application_properties == {b"h": 1}
