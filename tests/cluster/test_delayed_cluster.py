@@ -413,66 +413,54 @@ def send_copy(node: ClusterNode, queue: str, body: bytes, ident: str) -> None:
             time.sleep(0.3)
 
 
-def test_a_quorum_queue_keeps_the_ids_it_took_across_its_leader_change(
-        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
-    """The ids of delayed copies a quorum queue took are records of its log (replicated
-    with the messages): after `kill -9` of its leader, the new leader drops a second copy
-    of an id the old one took. (The copies are published here with the id header, as a
-    delayed exchange's leader routes them, to reach the target's leader change directly.)"""
-    abc, cluster = abc3, shared[1]
-    nodes = dict(zip("abc", abc, strict=True))
-    conn = connect(nodes["a"])
-    conn.channel().queue_declare("qids", durable=True, arguments={
-        "x-queue-type": "quorum", "x-queue-leader-locator": "client-local"})
-    conn.close()
-    send_copy(nodes["b"], "qids", b"first", "somelog:41")
-    nodes["a"].kill()
-    wait_until(lambda: in_etcd(etcd, cluster, "qids")[0].node != "a",  # type: ignore[union-attr]
-               timeout=60)
-    send_copy(nodes["c"], "qids", b"again", "somelog:41")
-    send_copy(nodes["c"], "qids", b"next", "somelog:42")
-    conn = connect(nodes["b"])
+def read_back(node: ClusterNode, name: str, queue_type: str) -> list[tuple[bytes, dict[str, Any]]]:
+    """Every message of a quorum queue (basic.get) or stream (a consumer from its first
+    offset, then half a second more for a duplicate to show), with its headers."""
+    conn = connect(node)
     ch = conn.channel()
-    got = []
-    while True:
-        method, props, body = ch.basic_get("qids", auto_ack=True)
-        if method is None:
-            break
-        got.append((body, props.headers or {}))
-    conn.close()
-    assert got == [(b"first", {}), (b"next", {})]
-
-
-def test_a_stream_keeps_the_ids_it_took_across_its_leader_change(
-        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer) -> None:
-    """As a quorum queue (above), a stream: the ids of the delayed copies it took are in
-    its chunks' tracking trailers, replicated with them; after `kill -9` of its leader, the
-    new leader drops a second copy of an id the old one took, and consumers read the
-    stream's offsets as before (no offset taken by the ids)."""
-    abc, cluster = abc3, shared[1]
-    nodes = dict(zip("abc", abc, strict=True))
-    conn = connect(nodes["a"])
-    conn.channel().queue_declare("sids", durable=True, arguments={
-        "x-queue-type": "stream", "x-queue-leader-locator": "client-local"})
-    conn.close()
-    send_copy(nodes["b"], "sids", b"first", "somelog:41")
-    nodes["a"].kill()
-    wait_until(lambda: in_etcd(etcd, cluster, "sids")[0].node != "a",  # type: ignore[union-attr]
-               timeout=60)
-    send_copy(nodes["c"], "sids", b"again", "somelog:41")
-    send_copy(nodes["c"], "sids", b"next", "somelog:42")
-    conn = connect(nodes["c"])
-    ch = conn.channel()
-    ch.basic_qos(prefetch_count=10)
     got: list[tuple[bytes, dict[str, Any]]] = []
-    ch.basic_consume("sids", lambda _c, method, props, body: got.append(
-        (body, dict(props.headers or {}))), arguments={"x-stream-offset": "first"})
-    deadline = time.monotonic() + 10
-    while len(got) < 2 and time.monotonic() < deadline:
-        conn.process_data_events(0.1)
-    conn.process_data_events(0.5)  # a duplicate would come here
+    if queue_type == "quorum":
+        while (message := ch.basic_get(name, auto_ack=True))[0] is not None:
+            got.append((message[2], dict(message[1].headers or {})))
+    else:
+        ch.basic_qos(prefetch_count=10)
+        ch.basic_consume(name, lambda _c, method, props, body: got.append(
+            (body, dict(props.headers or {}))), arguments={"x-stream-offset": "first"})
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            conn.process_data_events(0.1)
+        conn.process_data_events(0.5)
     conn.close()
-    assert got == [(b"first", {"x-stream-offset": 0}), (b"next", {"x-stream-offset": 1})]
+    return got
+
+
+@pytest.mark.parametrize("queue_type", ["quorum", "stream"])
+def test_a_replicated_target_keeps_the_ids_it_took_across_its_leader_change(
+        abc3: Three, shared: tuple[Three, str], etcd: EtcdServer, queue_type: str) -> None:
+    """The ids of the delayed copies a quorum queue or a stream took are replicated with the
+    copies (a quorum queue's TAKEN records, a stream's chunk tracking trailers): after
+    `kill -9` of its leader, the new leader drops a second copy of an id the old one took,
+    and a stream's consumers read its offsets as before (no offset taken by the ids). (The
+    copies are published here with the id header, as a delayed exchange's leader routes
+    them, to reach the target's leader change directly.)"""
+    abc, cluster = abc3, shared[1]
+    nodes = dict(zip("abc", abc, strict=True))
+    name = f"ids-{queue_type}"
+    conn = connect(nodes["a"])
+    conn.channel().queue_declare(name, durable=True, arguments={
+        "x-queue-type": queue_type, "x-queue-leader-locator": "client-local"})
+    conn.close()
+    send_copy(nodes["b"], name, b"first", "somelog:41")
+    nodes["a"].kill()
+    wait_until(lambda: in_etcd(etcd, cluster, name)[0].node != "a",  # type: ignore[union-attr]
+               timeout=60)
+    send_copy(nodes["c"], name, b"again", "somelog:41")
+    send_copy(nodes["c"], name, b"next", "somelog:42")
+    got = read_back(nodes["c"], name, queue_type)
+    if queue_type == "quorum":
+        assert got == [(b"first", {}), (b"next", {})]
+    else:
+        assert got == [(b"first", {"x-stream-offset": 0}), (b"next", {"x-stream-offset": 1})]
 
 
 def test_a_delayed_exchange_without_its_log_refuses_to_hold_until_declared_again(
