@@ -243,11 +243,12 @@ def _recorded(store: DelayedStore | None, offset: int) -> Callable[..., None]:
     local quorum queue's copy is, or before a copy held again is, would lose the message with
     this node (issue 30's fault suite: docs/DELAYED-MESSAGES.md, "Under the fault suite")."""
     left = [2]
+    term = store.term if store is not None else 0
 
     def settled(_confirm: Confirm | None = None) -> None:
         left[0] -= 1
         if left[0] == 0 and store is not None:
-            store.routed_one(offset)
+            store.routed_one(offset, term)
 
     return settled
 

@@ -224,6 +224,7 @@ class DelayedStore:
         self.leading = leading  # only the leader (or the one node) indexes and routes
         self._followed = 0  # a replica: where its reading of ROUTED records got to
         self.in_flight: set[int] = set()  # routed, its targets' answers awaited (`routed_one`)
+        self.term = 0  # one more at each change of role: answers to an older term's copies
         if leading:
             self._recover()
             self.scheduler.call_soon(self._kick)  # after the rest of the topology is restored
@@ -270,6 +271,7 @@ class DelayedStore:
     def _forget(self) -> None:
         self._followed = 0
         self.in_flight.clear()
+        self.term += 1
         self.floor = self.log.first_offset
         if self._timer is not None:
             self._timer.cancel()
@@ -407,11 +409,13 @@ class DelayedStore:
             self.routed_total += len(batch)
             self._route(batch)
 
-    def routed_one(self, offset: int) -> None:
+    def routed_one(self, offset: int, term: int | None = None) -> None:
         """A message routed by `route` is held by its targets (or was held again, or dropped):
         recorded as routed, in the next ROUTED record. Not by a deposed or closed store: the
-        next leader routes it again."""
-        if self.closed or not self.leading:
+        next leader routes it again. Nor for the copies of an older `term` (a leader deposed
+        and elected again while they were on their way): this term routes the message again
+        and records it once its own copies are answered."""
+        if self.closed or not self.leading or (term is not None and term != self.term):
             return
         self.in_flight.discard(offset)
         self.writer.batch.routed.add(offset)

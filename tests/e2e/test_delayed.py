@@ -463,3 +463,39 @@ def test_a_copy_a_full_queue_of_this_node_refuses_is_dropped_as_before(
     view = Http.of(managed_broker).ok("/api/exchanges/%2F/dx-full")
     assert view["messages_delayed"] == 0 and view["delayed_refused"] == 0
     conn.close()
+
+
+def test_an_answer_to_an_older_terms_copy_records_nothing(broker: InProcessBroker,
+                                                           ch: Any) -> None:
+    """A leader deposed and elected again while its copies were on their way routes what
+    they carried again: an answer to an older term's copy must not record the message as
+    routed (only this term's answers do), or a refusal of this term's copy would find it
+    recorded and a failover then would skip it."""
+    delayed(ch, "dterm")
+    bound_queue(ch, "dterm")
+    send(ch, "dterm", b"later", delay=600_000)
+    vhost = broker.broker.vhosts["/"]
+
+    def held() -> list[int]:
+        store = vhost.exchanges["dterm"].store
+        head = store.index.peek(store.routed)
+        return [] if head is None else [head[1]]
+
+    def change_role() -> tuple[int, int]:
+        store = vhost.exchanges["dterm"].store
+        term = store.term
+        store.follow()  # deposed ...
+        store.lead()  # ... and elected again
+        return term, store.term
+
+    (offset,) = broker.call(held)
+    old, new = broker.call(change_role)
+    assert new != old
+    broker.call(lambda: vhost.exchanges["dterm"].store.routed_one(offset, old))
+    time.sleep(0.3)  # a ROUTED record, if one were written, is written by now
+    assert broker.call(held) == [offset]
+    broker.call(lambda: vhost.exchanges["dterm"].store.routed_one(offset, new))
+    deadline = time.monotonic() + 5
+    while broker.call(held) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert broker.call(held) == []
