@@ -84,13 +84,18 @@ def abc3(shared: tuple[Three, str]) -> Three:
     return three
 
 
+def declare_delayed(via: ClusterNode, exchange: str, durable: bool = True) -> None:
+    """A delayed direct exchange declared through `via`."""
+    conn = connect(via)
+    conn.channel().exchange_declare(exchange, "x-delayed-message", durable=durable,
+                                    arguments={"x-delayed-type": "direct"})
+    conn.close()
+
+
 def setup(via: ClusterNode, target_node: ClusterNode, exchange: str, queue: str) -> None:
     """A delayed direct exchange declared through `via`, and a quorum queue led by
     `target_node`, bound to it with the key "k"."""
-    conn = connect(via)
-    conn.channel().exchange_declare(exchange, "x-delayed-message", durable=True,
-                                    arguments={"x-delayed-type": "direct"})
-    conn.close()
+    declare_delayed(via, exchange)
     conn = connect(target_node)
     ch = conn.channel()
     ch.queue_declare(queue, durable=True, arguments={
@@ -197,10 +202,7 @@ def test_the_log_is_placed_like_a_quorum_queue_and_survives_kill_of_its_leader(
     abc, cluster = abc3, shared[1]
     a, b, c = abc
     nodes = {"a": a, "b": b, "c": c}
-    conn = connect(a)
-    conn.channel().exchange_declare("dx", "x-delayed-message", durable=True,
-                                    arguments={"x-delayed-type": "direct"})
-    conn.close()
+    declare_delayed(a, "dx")
     leader, members = log_leader(etcd, cluster, "dx")
     assert sorted(members) == ["a", "b", "c"]
     target = next(node for name, node in nodes.items() if name != leader)
@@ -284,10 +286,7 @@ def test_a_publish_waits_for_a_leader_30_s_at_most_and_a_deleted_exchange_nacks_
     the exchange is deleted is nacked at once."""
     abc, cluster = abc3, shared[1]
     nodes = dict(zip("abc", abc, strict=True))
-    conn = connect(nodes["a"])
-    conn.channel().exchange_declare("dx7", "x-delayed-message", durable=True,
-                                    arguments={"x-delayed-type": "direct"})
-    conn.close()
+    declare_delayed(nodes["a"], "dx7")
     leader, _members = log_leader(etcd, cluster, "dx7")
     survivor, other = (node for name, node in sorted(nodes.items()) if name != leader)
     nodes[leader].kill()
@@ -343,10 +342,7 @@ def test_a_copy_routed_twice_is_delivered_once(
     paused, so the new leader's log has no ROUTED record for them and routes them again:
     the target drops the second copies by their id."""
     nodes = dict(zip("abcd", abcd, strict=True))
-    conn = connect(nodes["a"])
-    conn.channel().exchange_declare("dx2", "x-delayed-message", durable=True,
-                                    arguments={"x-delayed-type": "direct"})
-    conn.close()
+    declare_delayed(nodes["a"], "dx2")
     leader, members = log_leader(etcd, cluster, "dx2")
     assert len(members) == 3
     replicas = [nodes[name] for name in members if name != leader]
@@ -377,10 +373,7 @@ def test_rounds_of_kill_and_restart_route_every_delayed_message_once(
     held, checks each is routed once within the bound, then restarts the killed node (its
     member catches up from its own log) before the next round."""
     nodes = dict(zip("abc", abc, strict=True))
-    conn = connect(abc[0])
-    conn.channel().exchange_declare("dxs", "x-delayed-message", durable=True,
-                                    arguments={"x-delayed-type": "direct"})
-    conn.close()
+    declare_delayed(abc[0], "dxs")
     leader, _members = log_leader(etcd, cluster, "dxs")
     target = next(node for name, node in nodes.items() if name != leader)
     setup(abc[0], target, "dxs", "dqs")
@@ -492,10 +485,7 @@ def test_a_delayed_exchange_without_its_log_refuses_to_hold_until_declared_again
         ch.basic_publish("dx3", "k", b"later", pika.BasicProperties(headers={"x-delay": 50}))
     assert closed.value.reply_code == 541
     assert "delayed exchange has no log" in closed.value.reply_text
-    conn = connect(a)
-    conn.channel().exchange_declare("dx3", "x-delayed-message", durable=True,
-                                    arguments={"x-delayed-type": "direct"})
-    conn.close()
+    declare_delayed(a, "dx3")
     assert log_leader(etcd, cluster, "dx3")[0] in ("a", "b", "c")
     due = publish_delayed(b, "dx3", ["after"], 50)
     got = collect(a, "dq3", 2, timeout=30, settle_s=0.5)
@@ -512,10 +502,7 @@ def test_a_copy_a_target_refuses_is_routed_again_until_taken(
     arrives once."""
     abc, cluster = abc3, shared[1]
     nodes = dict(zip("abc", abc, strict=True))
-    conn = connect(nodes["a"])
-    conn.channel().exchange_declare("dx4", "x-delayed-message", durable=True,
-                                    arguments={"x-delayed-type": "direct"})
-    conn.close()
+    declare_delayed(nodes["a"], "dx4")
     leader, _members = log_leader(etcd, cluster, "dx4")
     target = next(node for name, node in nodes.items() if name != leader)
     conn = connect(target)
@@ -547,10 +534,7 @@ def test_a_copy_unanswered_when_the_leader_dies_is_routed_again_by_the_next_one(
     (which would record it as routed)."""
     abc, cluster = abc3, shared[1]
     nodes = dict(zip("abc", abc, strict=True))
-    conn = connect(nodes["a"])
-    conn.channel().exchange_declare("dx7", "x-delayed-message", durable=True,
-                                    arguments={"x-delayed-type": "direct"})
-    conn.close()
+    declare_delayed(nodes["a"], "dx7")
     leader, members = log_leader(etcd, cluster, "dx7")
     assert sorted(members) == ["a", "b", "c"]
     target = next(node for name, node in sorted(nodes.items()) if name != leader)
@@ -585,10 +569,7 @@ def test_a_transient_delayed_exchange_and_its_log_go_with_the_declaring_node(
     """Both records are put with the declaring node's lease: killed, both are gone."""
     abc, cluster = abc3, shared[1]
     b = abc[1]
-    conn = connect(b)
-    conn.channel().exchange_declare("tdx", "x-delayed-message", durable=False,
-                                    arguments={"x-delayed-type": "direct"})
-    conn.close()
+    declare_delayed(b, "tdx", durable=False)
     assert log_leader(etcd, cluster, "tdx")[0] in ("a", "b", "c")
 
     async def records() -> tuple[object, object]:
@@ -609,10 +590,7 @@ def test_a_copy_refused_for_two_minutes_is_dropped_and_counted(
     """The target's node stays down: the copy is held again once a second, 120 times, then
     dropped and counted in the exchange's `delayed_refused` (on the log's leader)."""
     nodes = dict(zip("abc", abc, strict=True))
-    conn = connect(nodes["a"])
-    conn.channel().exchange_declare("dx5", "x-delayed-message", durable=True,
-                                    arguments={"x-delayed-type": "direct"})
-    conn.close()
+    declare_delayed(nodes["a"], "dx5")
     leader, _members = log_leader(etcd, cluster, "dx5")
     target = next(node for name, node in nodes.items() if name != leader)
     conn = connect(target)
@@ -650,10 +628,7 @@ def test_every_node_shows_lists_and_deletes_what_the_log_leader_holds(
     (Last of the shared cluster's tests: it leaves the old leader killed.)"""
     abc, cluster = abc3, shared[1]
     nodes = dict(zip("abc", abc, strict=True))
-    conn = connect(abc[0])
-    conn.channel().exchange_declare("dxm", "x-delayed-message", durable=True,
-                                    arguments={"x-delayed-type": "direct"})
-    conn.close()
+    declare_delayed(abc[0], "dxm")
     leader, _members = log_leader(etcd, cluster, "dxm")
     others = [nodes[name] for name in sorted(nodes) if name != leader]
     for message_id, delay_ms in (("m0", 3_600_000), ("m1", 3_500_000), ("m2", 3_700_000)):
